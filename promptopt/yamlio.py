@@ -1,0 +1,107 @@
+"""Safe YAML reading with errors that name the file and key, and atomic file writing."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from promptopt.errors import ConfigError
+
+
+def load_yaml(path: str | Path) -> dict:
+    """yaml.safe_load a mapping; any problem becomes one ConfigError line naming the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: file not found")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{path}: invalid YAML{where}: {problem}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+class Fields:
+    """Typed access to one YAML mapping; errors read `file: key: expected ..., got ...`."""
+
+    def __init__(self, data: Any, where: str, key_path: str = "") -> None:
+        if not isinstance(data, dict):
+            raise ConfigError(f"{where}: {key_path or 'top level'}: expected a mapping, got {type(data).__name__}")
+        self.data, self.where, self.key_path = data, where, key_path
+
+    def _name(self, key: str) -> str:
+        return f"{self.key_path}.{key}" if self.key_path else key
+
+    def fail(self, key: str, expected: str, got: Any = ...) -> ConfigError:
+        tail = "" if got is ... else f", got {got!r}"
+        return ConfigError(f"{self.where}: {self._name(key)}: expected {expected}{tail}")
+
+    def get(self, key: str, types: type | tuple, default: Any = ..., expected: str | None = None) -> Any:
+        if key not in self.data or self.data[key] is None:
+            if default is ...:
+                raise self.fail(key, expected or _describe(types), "nothing")
+            return default
+        value = self.data[key]
+        if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
+            raise self.fail(key, expected or _describe(types), value)
+        if not isinstance(value, types):
+            raise self.fail(key, expected or _describe(types), value)
+        return value
+
+    def choice(self, key: str, options: tuple[str, ...], default: Any = ...) -> str:
+        value = self.get(key, str, default, expected="one of " + ", ".join(options))
+        if value not in options and value is not default:
+            raise self.fail(key, "one of " + ", ".join(options), value)
+        return value
+
+    def sub(self, key: str, default: Any = ...) -> Fields:
+        return Fields(self.get(key, dict, {} if default is ... else default), self.where, self._name(key))
+
+    def reject_unknown(self, allowed: set[str]) -> None:
+        unknown = sorted(set(self.data) - allowed)
+        if unknown:
+            raise ConfigError(
+                f"{self.where}: {self._name(unknown[0])}: unknown key (allowed: {', '.join(sorted(allowed))})"
+            )
+
+
+def _describe(types: type | tuple) -> str:
+    names = {str: "a string", int: "an integer", float: "a number", bool: "true/false", list: "a list", dict: "a mapping"}
+    types = types if isinstance(types, tuple) else (types,)
+    return " or ".join(names.get(t, t.__name__) for t in types)
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Write via a temp file in the same folder and rename: readers never see half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_bytes_via(path: str | Path, writer) -> None:
+    """Call writer(tmp_path) then rename onto `path` (for pandas to_parquet/to_csv)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        writer(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
