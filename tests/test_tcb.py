@@ -1,0 +1,175 @@
+"""δ_TCB against independent references: float64 explicit Jacobian, 50-digit mpmath, and autograd."""
+
+from __future__ import annotations
+
+import math
+
+import mpmath
+import pytest
+import torch
+
+from promptopt.metrics import OutputGeometry, jacobian_frobenius_reference, token_constraint_bound
+
+
+def _mp_jacobian_norm(h: torch.Tensor, w: torch.Tensor, softcap: float | None = None) -> float:
+    """‖J‖_F in 50-digit arithmetic straight from the definition J = (diag(o) − o oᵀ) D W."""
+    mpmath.mp.dps = 50
+    wm = [[mpmath.mpf(float(x)) for x in row] for row in w.double()]
+    hm = [mpmath.mpf(float(x)) for x in h.double()]
+    s = [mpmath.fsum(a * b for a, b in zip(row, hm)) for row in wm]
+    gain = [mpmath.mpf(1)] * len(s)
+    if softcap is not None:
+        gain = [1 / mpmath.cosh(x / softcap) ** 2 for x in s]
+        s = [softcap * mpmath.tanh(x / softcap) for x in s]
+    top = max(s)
+    e = [mpmath.exp(x - top) for x in s]
+    total = mpmath.fsum(e)
+    o = [x / total for x in e]
+    d = len(hm)
+    weff = [[gain[i] * wm[i][k] for k in range(d)] for i in range(len(s))]
+    mu = [mpmath.fsum(o[i] * weff[i][k] for i in range(len(o))) for k in range(d)]
+    sq = mpmath.fsum(o[i] ** 2 * mpmath.fsum((weff[i][k] - mu[k]) ** 2 for k in range(d)) for i in range(len(o)))
+    return float(mpmath.sqrt(sq))
+
+
+@pytest.mark.parametrize("scale", [0.05, 0.5, 2.0, 8.0, 30.0, 120.0])
+def test_matches_float64_reference_flat_to_peaked(scale):
+    gen = torch.Generator().manual_seed(int(scale * 100))
+    w = torch.randn(3000, 48, generator=gen) * 0.4
+    h = torch.randn(24, 48, generator=gen) * scale
+    ours = token_constraint_bound(h, w)
+    ref = jacobian_frobenius_reference(h, w)
+    assert not torch.isnan(ours.tcb).any() and not torch.isnan(ours.jacobian_norm).any()
+    finite = ref > 0
+    rel = ((ours.jacobian_norm[finite] - ref[finite]) / ref[finite]).abs()
+    assert rel.max() < 1e-5
+    assert torch.equal(torch.isinf(ours.tcb), ~finite)  # +inf exactly where the reference is 0
+    assert torch.allclose(ours.tcb[finite], 1.0 / ref[finite], rtol=1e-5)
+
+
+def test_expanded_form_fails_where_anchored_form_holds():
+    """The trap from DESIGN.md: o_top ≥ 1 − 1e-7 breaks Σ o²(‖w‖² − 2w·μ + ‖μ‖²) in float32."""
+    gen = torch.Generator().manual_seed(3)
+    w = torch.randn(500, 16, generator=gen)
+    direction = w[0] / w[0].norm()
+    alpha = 1.0
+    while 1 - torch.softmax(w.double() @ (alpha * direction).double(), -1).max() > 1e-9:
+        alpha *= 1.1  # sharpen until 1 − o_top ≈ 1e-9
+    h = alpha * direction
+    o = torch.softmax(w @ h, -1)
+    assert o.max() > 1 - 1e-7
+    mu = w.T @ o
+    expanded = (o.pow(2) * (w.pow(2).sum(1) - 2 * (w @ mu) + mu.pow(2).sum())).sum().clamp_min(0).sqrt()
+    exact = _mp_jacobian_norm(h, w)
+    ours = float(token_constraint_bound(h, w).jacobian_norm)
+    assert abs(ours - exact) / exact < 1e-9
+    assert not abs(float(expanded) - exact) / exact < 1e-2
+
+
+@pytest.mark.parametrize("sharpness", [1.0, 6.0, 15.0, 35.0])
+def test_matches_mpmath_even_beyond_float64_resolution(sharpness):
+    gen = torch.Generator().manual_seed(11)
+    w = torch.randn(120, 12, generator=gen)
+    h = torch.randn(12, generator=gen) * sharpness
+    ours = float(token_constraint_bound(h[None], w).jacobian_norm[0])
+    exact = _mp_jacobian_norm(h, w)
+    assert abs(ours - exact) / exact < 1e-9
+
+
+def test_softcap_and_scale_against_mpmath():
+    gen = torch.Generator().manual_seed(5)
+    w = torch.randn(150, 10, generator=gen)
+    for sharp in (0.5, 4.0, 20.0):
+        h = torch.randn(10, generator=gen) * sharp
+        ours = float(token_constraint_bound(h[None], w, logit_softcap=7.0).jacobian_norm[0])
+        assert abs(ours - _mp_jacobian_norm(h, w, softcap=7.0)) / ours < 1e-6  # tail gains are float32
+    h = torch.randn(4, 10, generator=gen) * 3
+    scaled = token_constraint_bound(h, w, logit_scale=0.25)
+    ref = jacobian_frobenius_reference(h, w, logit_scale=0.25)
+    assert torch.allclose(scaled.jacobian_norm, ref, rtol=1e-7)
+
+
+def test_leading_dimensions_targets_and_companions():
+    gen = torch.Generator().manual_seed(1)
+    w = torch.randn(200, 8, generator=gen)
+    h = torch.randn(2, 3, 8, generator=gen) * 2
+    target = torch.randint(0, 200, (2, 3), generator=gen)
+    res = token_constraint_bound(h, w, eps=2.0, target=target)
+    assert res.tcb.shape == (2, 3)
+    z = (h.double() @ w.double().T)
+    o = torch.softmax(z, -1)
+    assert torch.allclose(res.v_eff, 1 / o.pow(2).sum(-1), rtol=1e-6)
+    top2 = z.topk(2, -1).values
+    assert torch.allclose(res.margin, top2[..., 0] - top2[..., 1], atol=1e-5)
+    assert torch.allclose(res.entropy, -(o * o.log()).sum(-1), rtol=1e-6)
+    assert torch.allclose(res.nll, -o.log().gather(-1, target[..., None]).squeeze(-1), rtol=1e-5)
+    assert torch.allclose(res.tcb, 2.0 / jacobian_frobenius_reference(h, w), rtol=1e-6)  # ε scales δ
+    # statistical approximation, by hand: δ ≈ ε / sqrt(d σ² (S2 − 2 S3 + S2²)); diffuse: ε sqrt(V_eff/(dσ²))
+    sigma2 = w.double().var(unbiased=False)
+    s2, s3 = o.pow(2).sum(-1), o.pow(3).sum(-1)
+    assert torch.allclose(res.tcb_approx, 2.0 / (8 * sigma2 * (s2 - 2 * s3 + s2**2)).sqrt(), rtol=1e-6)
+    assert torch.allclose(res.tcb_diffuse, 2.0 * ((1 / s2) / (8 * sigma2)).sqrt(), rtol=1e-6)
+
+
+def test_infinite_only_when_distribution_is_a_point_mass():
+    w = torch.zeros(4, 2)
+    w[0] = torch.tensor([1.0, 0.0])
+    w[1:] = torch.tensor([-1.0, 0.0])
+    h = torch.tensor([[500.0, 0.0], [5.0, 0.0]])  # gap 1000: exp(-1000) underflows even in float64
+    res = token_constraint_bound(h, w)
+    assert math.isinf(res.tcb[0]) and math.isfinite(res.tcb[1])
+    assert float(jacobian_frobenius_reference(h, w)[0]) == 0.0
+
+
+def test_bfloat16_weight_and_bias_are_handled():
+    gen = torch.Generator().manual_seed(2)
+    w = (torch.randn(300, 16, generator=gen)).to(torch.bfloat16)
+    b = torch.randn(300, generator=gen)
+    h = torch.randn(5, 16, generator=gen) * 3
+    res = OutputGeometry(w, bias=b)(h)
+    ref = jacobian_frobenius_reference(h, w.float(), bias=b)
+    assert torch.allclose(res.jacobian_norm, ref, rtol=1e-5)
+
+
+def test_rejects_bad_shapes():
+    with pytest.raises(ValueError):
+        OutputGeometry(torch.zeros(3))
+    with pytest.raises(ValueError):
+        token_constraint_bound(torch.zeros(2, 5), torch.zeros(10, 4))
+
+
+def test_softcapped_model_against_autograd(tiny_gemma2_dir):
+    """Gemma-2's final soft-cap: our ‖J‖_F equals the Frobenius norm of autograd's d softmax / d h."""
+    from promptopt.models import load_model
+
+    lm = load_model(str(tiny_gemma2_dir), device="cpu")
+    assert lm.geometry.logit_softcap == 30.0
+    ids = torch.tensor([[1, 422, 2210, 314, 253]])
+    with torch.no_grad():
+        hidden = lm.base(input_ids=ids).last_hidden_state[0].double()
+    head = lm.model.get_output_embeddings().weight.double()
+    hidden = hidden * 40  # push logits into the cap's curved region
+    ours = lm.geometry(hidden.float()).jacobian_norm
+    for i in range(hidden.shape[0]):
+        probs = lambda x: torch.softmax(30.0 * torch.tanh((head @ x) / 30.0), -1)  # noqa: E731
+        jac = torch.func.jacfwd(probs)(hidden[i])  # forward mode: d columns, not V rows
+        assert abs(float(ours[i]) - float(torch.linalg.matrix_norm(jac))) / float(ours[i]) < 1e-4
+
+
+@pytest.mark.slow
+def test_real_smollm2_positions(embedded_lm):
+    """Every position of real SmolLM2 text, peaked ones included, within 1e-5 of the float64 reference."""
+    tok = embedded_lm.tokenizer
+    text = "The capital of France is Paris. 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12. Once upon a time"
+    ids = torch.tensor([tok(text)["input_ids"]])
+    with torch.no_grad():
+        hidden = embedded_lm.base(input_ids=ids).last_hidden_state[0]
+    weight = embedded_lm.model.get_output_embeddings().weight
+    ours = embedded_lm.geometry(hidden)
+    assert ours.top_prob.max() > 0.999  # the counting run is very peaked
+    order = ours.top_prob.argsort()
+    picked = torch.cat([order[:5], order[-10:]])  # the flattest and the most peaked positions
+    ref = jacobian_frobenius_reference(hidden[picked], weight)
+    rel = ((ours.jacobian_norm[picked] - ref) / ref).abs()
+    assert rel.max() < 1e-5
+    assert not torch.isnan(ours.tcb).any()
