@@ -21,7 +21,6 @@ from promptopt.errors import UserError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, help="Find prompts that are accurate and stable.")
 console = Console()
-err_console = Console(stderr=True)
 
 ModelOpt = typer.Option("smollm2-135m-instruct", "--model", help="hub id, local HF folder, .gguf file, or smollm2-135m-instruct")
 DeviceOpt = typer.Option("auto", "--device", help="cpu, cuda, cuda:N or auto")
@@ -160,10 +159,10 @@ def main() -> None:
     try:
         app()  # typer reports its own usage errors (exit 2); ours arrive as UserError
     except UserError as exc:
-        err_console.print(f"error: {exc}", markup=False, highlight=False)
+        print(f"error: {exc}", file=sys.stderr)  # one line, never wrapped
         sys.exit(2)
     except KeyboardInterrupt:
-        err_console.print("interrupted", markup=False)
+        print("interrupted", file=sys.stderr)
         sys.exit(130)
 
 

@@ -1,0 +1,69 @@
+"""The CLI end to end, in subprocesses: real runs print tables; user mistakes print one line and exit 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+
+def run(*args, cwd=None):
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    return subprocess.run([sys.executable, "-m", "promptopt", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=600)
+
+
+def assert_one_line_error(proc, *fragments):
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), proc.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def test_score_on_tiny_model_writes_table_and_summary(tiny_llama_dir, tmp_path):
+    out = tmp_path / "scores.parquet"
+    proc = run("score", "--task", "sst2", "--model", str(tiny_llama_dir), "--limit", "4", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "summary" in proc.stdout and "accuracy" in proc.stdout
+    table = pd.read_parquet(out)
+    assert len(table) == 4 and {"tcb", "v_eff", "margin", "target_nll", "ppl"} <= set(table.columns)
+    assert json.loads(out.with_suffix(".json").read_text())["n"] == 4
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_score_with_a_card(tiny_llama_dir, tmp_path):
+    from promptopt.prompts import save_card
+    from promptopt.tasks import load_task
+
+    task = load_task("sst2")
+    card = tmp_path / "card.yaml"
+    save_card(task.default_prompt().with_(instruction="Is the review positive or negative?"), card)
+    proc = run("score", "--task", "sst2", "--prompt", str(card), "--model", str(tiny_llama_dir), "--limit", "2")
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.slow
+def test_trace_on_embedded_model():
+    proc = run("trace", "Count: 1, 2, 3, 4,", "--max-new-tokens", "8", "--plain")
+    assert proc.returncode == 0, proc.stderr
+    assert "tcb" in proc.stdout and "dip(s) in 8 tokens" in proc.stdout
+
+
+def test_user_mistakes(tmp_path, tiny_llama_dir):
+    assert_one_line_error(run("score", "--task", "nope"), "unknown task 'nope'")
+    assert_one_line_error(run("score", "--task", "sst2", "--model", str(tmp_path / "x.gguf")), "model file not found")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: bad\nsource: [1\n")
+    assert_one_line_error(run("score", "--task", str(bad)), "bad.yaml: invalid YAML")
+    card = tmp_path / "card.yaml"
+    card.write_text("promptopt_card: 1\ntask: sst2\ntemplate: {chat: maybe}\n")
+    assert_one_line_error(run("score", "--task", "sst2", "--prompt", str(card), "--model", str(tiny_llama_dir)), "template.chat: expected true/false")
+    assert_one_line_error(run("score", "--task", "sst2", "--split", "train"), "unknown split 'train'")
+    assert_one_line_error(run("score", "--task", "sst2", "--out", str(tmp_path / "x.txt")), "use a .parquet or .csv")
+    assert_one_line_error(run("score", "--task", "sst2", "--prompt", str(tmp_path / "none.yaml")), "none.yaml: file not found")
+    usage = run("score", "--task", "sst2", "--limit", "0")
+    assert usage.returncode == 2 and "Traceback" not in usage.stderr

@@ -1,0 +1,125 @@
+"""Model loading and the runner: prefix reuse must be invisible in the numbers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from promptopt.errors import ModelNotFoundError, UnsupportedError
+from promptopt.models import Runner, load_model
+from promptopt.models.runner import common_prefix_length
+
+
+def _uncached_logprobs(lm, ctx, cont):
+    ids = torch.tensor([ctx + cont])
+    with torch.no_grad():
+        logits = lm.model(input_ids=ids).logits[0].double()
+    logp = torch.log_softmax(logits, -1)
+    return [float(logp[len(ctx) - 1 + i, t]) for i, t in enumerate(cont)]
+
+
+def test_common_prefix_length():
+    assert common_prefix_length([[1, 2, 3], [1, 2, 4], [1, 2]]) == 2
+    assert common_prefix_length([[5], [6]]) == 0
+    assert common_prefix_length([]) == 0
+
+
+def test_prefix_cached_scores_equal_uncached_forward(tiny_lm):
+    tok = tiny_lm.tokenizer
+    shots = "Review: great fun.\nSentiment: positive\n\nReview: a dull mess.\nSentiment: negative\n\n"
+    requests = []
+    for review in ["it is charming", "bleak and desperate film", "superb"]:
+        ctx = tok(shots + f"Review: {review}\nSentiment:")["input_ids"]
+        for cont in [" negative", " positive", " rather good, I think"]:
+            whole = tok(shots + f"Review: {review}\nSentiment:" + cont)["input_ids"]
+            requests.append((ctx, whole[len(ctx):]))
+    runner = Runner(tiny_lm, batch_size=4)
+    cached = runner.loglikelihood(requests)
+    assert len(runner._prefixes) == 1  # the shot block was run once
+    for (ctx, cont), res in zip(requests, cached):
+        expected = _uncached_logprobs(tiny_lm, ctx, cont)
+        assert res.token_logprobs == pytest.approx(expected, abs=1e-4)
+    runner.use_prefix_cache = False
+    plain = runner.loglikelihood(requests)
+    for a, b in zip(cached, plain):
+        assert torch.allclose(a.hidden, b.hidden, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_token_boundary_trap_on_smollm2(embedded_lm):
+    """A block that ends in "\\n\\n" tokenizes differently alone and in context; the token-space prefix
+    must give the full-prompt numbers, not the text-split ones."""
+    tok = embedded_lm.tokenizer
+    block = "Review: a gorgeous film.\nSentiment: positive\n\n"
+    query = "Review: dull.\nSentiment:"  # block alone ends in "\n\n"; in context it is "\n", "\n"
+    assert tok(block + query)["input_ids"][: len(tok(block)["input_ids"])] != tok(block)["input_ids"]
+    ctx = tok(block + query)["input_ids"]
+    cont = tok(block + query + " negative")["input_ids"][len(ctx):]
+    other = tok(block + "Review: fine.\nSentiment:")["input_ids"]
+    other_cont = tok(block + "Review: fine.\nSentiment: positive")["input_ids"][len(other):]
+    res = Runner(embedded_lm).loglikelihood([(ctx, cont), (other, other_cont)])
+    assert res[0].token_logprobs == pytest.approx(_uncached_logprobs(embedded_lm, ctx, cont), abs=1e-4)
+    assert res[1].token_logprobs == pytest.approx(_uncached_logprobs(embedded_lm, other, other_cont), abs=1e-4)
+
+
+def test_batched_generation_matches_single_and_hf_generate(tiny_lm):
+    tok = tiny_lm.tokenizer
+    prompts = ["Question: what is 2+3?\nAnswer:", "The capital of France is", "Once"]
+    contexts = [tok(p)["input_ids"] for p in prompts]
+    runner = Runner(tiny_lm, batch_size=3)
+    batched = runner.generate(contexts, max_new_tokens=8)
+    for ctx, got in zip(contexts, batched):
+        single = Runner(tiny_lm, batch_size=1).generate([ctx], max_new_tokens=8)[0]
+        assert got.tokens == single.tokens
+        assert torch.allclose(got.hidden, single.hidden, atol=1e-4)
+        with torch.no_grad():
+            ref = tiny_lm.model.generate(torch.tensor([ctx]), max_new_tokens=8, do_sample=False, pad_token_id=2)
+        ref_tokens = ref[0, len(ctx):].tolist()
+        assert got.tokens == [t for t in ref_tokens[: len(got.tokens)]]
+        assert got.hidden.shape == (len(got.tokens), tiny_lm.geometry.hidden_size)
+
+
+def test_stop_strings_and_sampling_are_reproducible(tiny_lm):
+    ctx = tiny_lm.tokenizer("Hello there")["input_ids"]
+    runner = Runner(tiny_lm)
+    first = runner.generate([ctx], max_new_tokens=12, temperature=1.0, seed=7)[0]
+    second = runner.generate([ctx], max_new_tokens=12, temperature=1.0, seed=7)[0]
+    assert first.tokens == second.tokens
+    text = tiny_lm.tokenizer.decode(first.tokens)
+    if len(text.strip()) > 2:
+        stop_at = text.strip()[1]
+        cut = runner.generate([ctx], max_new_tokens=12, temperature=1.0, seed=7, stop=[stop_at])[0]
+        assert cut.finish_reason == "stop" and stop_at not in cut.text
+
+
+def test_load_errors_are_user_errors(tmp_path):
+    with pytest.raises(ModelNotFoundError, match="not found"):
+        load_model(str(tmp_path / "missing.gguf"))
+    with pytest.raises(ModelNotFoundError, match="config.json"):
+        load_model(str(tmp_path))
+    with pytest.raises(ModelNotFoundError, match="unknown model"):
+        load_model("not a model spec")
+    if not torch.cuda.is_available():
+        with pytest.raises(UnsupportedError, match="CUDA"):
+            load_model("smollm2-135m-instruct", quantize="4bit")
+        with pytest.raises(UnsupportedError, match="CUDA"):
+            load_model("smollm2-135m-instruct", device="cuda")
+
+
+@pytest.mark.slow
+def test_embedded_default_is_cached_as_plain_folder(embedded_lm, embedded_dir):
+    """The GGUF is de-quantized once; the cached HF folder reloads with identical logits."""
+    assert (embedded_dir / "config.json").is_file()
+    assert "quantization_config" not in (embedded_dir / "config.json").read_text()
+    from transformers import AutoModelForCausalLM
+
+    from promptopt.models.load import _resolve
+
+    _, folder, filename = _resolve("smollm2-135m-instruct")
+    direct = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32)
+    ids = torch.tensor([embedded_lm.tokenizer("The sea is")["input_ids"]])
+    with torch.no_grad():
+        assert torch.equal(direct(input_ids=ids).logits, embedded_lm.model(input_ids=ids).logits)
+    assert embedded_lm.has_chat_template
+    assert embedded_lm.stop_token_ids == {2}
+    assert embedded_lm.geometry.vocab_size == 49152

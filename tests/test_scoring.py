@@ -1,0 +1,95 @@
+"""Scoring on the real embedded model and real data, and the plumbing on a tiny model."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from promptopt.errors import PromptTooLongError, UserError
+from promptopt.metrics import wilson_interval
+from promptopt.scoring import Scorer
+from promptopt.tasks import load_task
+
+
+def test_wilson_interval_hand_values():
+    # 8/10 at 95%: centre (0.8 + 1.92/10)/1.384, half-width 1.96*sqrt(0.016 + 0.0096)/1.384
+    low, high = wilson_interval(8, 10)
+    assert low == pytest.approx(0.4901624, abs=1e-6) and high == pytest.approx(0.9433178, abs=1e-6)
+    assert wilson_interval(0, 5)[0] == 0.0
+    assert all(math.isnan(x) for x in wilson_interval(0, 0))
+    with pytest.raises(ValueError):
+        wilson_interval(3, 2)
+
+
+def test_tiny_model_multiple_choice_plumbing(tiny_lm):
+    task = load_task("arc_easy")
+    result = Scorer(tiny_lm, task, batch_size=3).score(task.default_prompt(), task.dev[:5])
+    table = result.table
+    assert list(table["item_id"]) == [i.id for i in task.dev[:5]]
+    assert table["tcb"].gt(0).all() and np.isfinite(table["tcb"]).all()
+    assert table["correct"].equals(table["acc_norm"])  # arc_easy's metric
+    assert result.summary["n"] == 5 and 0 <= result.summary["accuracy"] <= 1
+
+
+def test_leaked_exemplar_and_wrong_task_are_rejected(tiny_lm):
+    task = load_task("sst2")
+    prompt = task.default_prompt()
+    with pytest.raises(UserError, match="is also an evaluated item"):
+        Scorer(tiny_lm, task).score(prompt, task.pool[:3])
+    with pytest.raises(UserError, match="is for task 'sst2', not 'boolq'"):
+        Scorer(tiny_lm, load_task("boolq")).score(prompt, task.dev[:1])
+
+
+def test_prompt_longer_than_context_is_a_clear_error(tiny_lm):
+    task = load_task("sst2")
+    prompt = task.default_prompt().with_(instruction="word " * 600)  # tiny model's window is 512
+    with pytest.raises(PromptTooLongError, match=r"item sst2-\d+: prompt is \d+ tokens but model .* takes 512"):
+        Scorer(tiny_lm, task).score(prompt, task.dev[:1])
+
+
+@pytest.mark.slow
+def test_sst2_on_embedded_model(embedded_lm):
+    task = load_task("sst2")
+    result = Scorer(embedded_lm, task).score(task.default_prompt(), task.dev[:40])
+    assert result.summary["accuracy"] > 0.5  # above chance on real SST-2 items
+    table = result.table
+    # independent check: a plain HF forward of the full text per choice picks the same answers
+    prompt = task.default_prompt()
+    tok = embedded_lm.tokenizer
+    for item, row in zip(task.dev[:4], table.itertuples()):
+        context = prompt.context(item.question, item.choices)
+        scores = []
+        for word in ("negative", "positive"):
+            ctx_ids = tok(context)["input_ids"]
+            ids = tok(context + " " + word)["input_ids"]
+            with torch.no_grad():
+                logp = torch.log_softmax(embedded_lm.model(input_ids=torch.tensor([ids])).logits[0].double(), -1)
+            scores.append(sum(float(logp[i - 1, ids[i]]) for i in range(len(ctx_ids), len(ids))))
+        assert row.pred == int(np.argmax(scores))
+        assert scores[item.gold] == pytest.approx(row.gold_logprob, abs=1e-3)
+    assert table["v_eff"].between(1, 49152).all() and table["tcb"].gt(0).all()
+    # the critical state predicts " negative"/" positive"; its nll of the gold token matches the choice score
+    one_token = table["gold_logprob"].abs()
+    assert np.allclose(one_token, table["target_nll"], atol=1e-3)
+
+
+@pytest.mark.slow
+def test_generative_tasks_on_embedded_model(embedded_lm):
+    arith = load_task("basic_arithmetic")
+    res = Scorer(embedded_lm, arith).score(arith.default_prompt(), arith.dev[:6])
+    table = res.table
+    assert (table["critical_index"] >= 0).all()
+    for row in table.itertuples():  # the critical token is where the extracted number starts
+        if row.pred:
+            assert embedded_lm.tokenizer.decode([int(row.predicted_token)]).strip()[:1] in row.pred[:1] + "-"
+    humaneval = load_task("humaneval")
+    prompt = humaneval.default_prompt()
+    item = humaneval.test[0]
+    solved = item.__class__(item.id, item.question, item.gold, item.target, None, item.meta)
+    scorer = Scorer(embedded_lm, humaneval)
+    assert scorer._judge(solved, item.target)[2]  # the reference solution passes in the sandbox
+    assert not scorer._judge(solved, "    return None\n")[2]
+    assert prompt.exemplars == ()
