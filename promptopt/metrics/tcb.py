@@ -172,46 +172,51 @@ class OutputGeometry:
         f64 = torch.float64
         rows = torch.arange(n, device=h.device)
 
-        # Pass 1: float32 logits over the vocabulary, then the top-K recomputed exactly in float64.
+        # Pass 1: float32 logits; the top K+1 are found there, the top K recomputed exactly in float64.
         z, gain = self._logits_and_gain(h)
-        z = z.double()
-        top_idx = z.topk(k, dim=-1).indices  # (n, K)
+        top_idx = z.topk(min(k + 1, self.vocab_size), dim=-1).indices
+        tail_ref = z.gather(1, top_idx[:, k:]).amax(-1) if top_idx.shape[1] > k else torch.zeros(n, device=h.device)
+        top_idx = top_idx[:, :k]
         w_top = self.weight[top_idx].to(f64)  # (n, K, d)
         s_top = torch.einsum("nkd,nd->nk", w_top, h.to(f64))
         if self.bias is not None:
             s_top = s_top + self.bias[top_idx].to(f64)
         z_top, g_top = self._transform(s_top)
-        z.scatter_(1, top_idx, z_top)
         order = z_top.argsort(dim=-1, descending=True)  # re-rank inside K in exact arithmetic
-        top_idx, z_top, w_top = (
-            top_idx.gather(1, order),
-            z_top.gather(1, order),
-            w_top.gather(1, order[..., None].expand(-1, -1, self.hidden_size)),
-        )
+        top_idx, z_top = top_idx.gather(1, order), z_top.gather(1, order)
+        w_top = w_top.gather(1, order[..., None].expand(-1, -1, self.hidden_size))
         g_top = None if g_top is None else g_top.gather(1, order)
 
-        logp = torch.log_softmax(z, dim=-1)
-        o = logp.exp()
-        o_top = o.gather(1, top_idx)  # (n, K), o_top[:, 0] is the predicted token
-        s2 = o.pow(2).sum(-1)
-        s3 = o.pow(3).sum(-1)
-        entropy = -(o * logp).sum(-1)
+        # The tail (outside K) stays float32, relative to its own largest logit r: e_i = exp(z_i − r) ≤ 1.
+        # Its true probabilities are f·e_i with f = exp(r − logsumexp(z)), a float64 scalar per position.
+        e = torch.exp(z - tail_ref[:, None]).scatter_(1, top_idx, 0.0)  # (n, V) float32
+        ge = e if gain is None else e * gain
+        e2 = e * e
+        sum_e = e.sum(-1, dtype=f64)
+        sum_e2 = e2.sum(-1, dtype=f64)
+        z_max = z_top[:, 0]
+        log_norm = z_max + torch.log(torch.exp(z_top - z_max[:, None]).sum(-1) + torch.exp(tail_ref.to(f64) - z_max) * sum_e)
+        f = torch.exp(tail_ref.to(f64) - log_norm)  # tail scale
+        logp_top = z_top - log_norm[:, None]
+        o_top = logp_top.exp()  # (n, K) float64, o_top[:, 0] is the predicted token
 
-        # Tail weights (everything outside K), rescaled to O(1) for a float32 product with W.
-        o_tail = o.scatter(1, top_idx, 0.0)
-        gain = None if gain is None else gain.double()  # chain-rule factors, float32-accurate (tail only)
-        a1 = o_tail if gain is None else o_tail * gain  # Σ o_j w'_j  =  Σ (o_j g_j) w_j
-        a2 = o_tail.pow(2) if gain is None else o_tail.pow(2) * gain
-        coef = torch.stack([a1, a2], dim=1)  # (n, 2, V)
-        scale = coef.abs().amax(-1, keepdim=True).clamp_min(torch.finfo(f64).tiny)
-        m = self._weighted_rows((coef / scale).float()).to(f64) * scale  # (n, 2, d)
-        m1, m2 = m[:, 0], m[:, 1]
-        tail_sum1 = o_tail.sum(-1)
-        tail_sum2 = o_tail.pow(2).sum(-1)
-        g2r = self.row_sq_norms.to(h.device)[None, :]
+        s2 = o_top.pow(2).sum(-1) + f.pow(2) * sum_e2
+        s3 = o_top.pow(3).sum(-1) + f.pow(3) * (e2 * e).sum(-1, dtype=f64)
+        tail_elog = (e * (z - tail_ref[:, None])).sum(-1, dtype=f64)  # Σ e_i (z_i − r)
+        tail_entropy = torch.where(f > 0, f * (torch.log(f.clamp_min(torch.finfo(f64).tiny)) * sum_e + tail_elog), 0.0)
+        entropy = -(o_top * logp_top).sum(-1) - tail_entropy
+
+        # Tail sums through one float32 product with W: Σ o_j w'_j and Σ o_j² w'_j.
+        coef = torch.stack([ge, e * ge], dim=1)  # (n, 2, V)
+        m = self._weighted_rows(coef).to(f64)
+        m1 = f[:, None] * m[:, 0]
+        m2 = f.pow(2)[:, None] * m[:, 1]
+        tail_sum1 = f * sum_e
+        tail_sum2 = f.pow(2) * sum_e2
+        g2r = self.row_sq_norms.to(device=h.device, dtype=torch.float32)[None, :]
         if gain is not None:
-            g2r = g2r * gain.pow(2)
-        tail_sq = (o_tail.pow(2) * g2r).sum(-1)  # Σ_tail o_i² ‖w'_i‖²
+            g2r = g2r * gain * gain
+        tail_sq = f.pow(2) * (e2 * g2r).sum(-1, dtype=f64)  # Σ_tail o_i² ‖w'_i‖²
 
         # Exact rows: w'_i for i in K, anchored on the top token.
         w_eff = w_top if g_top is None else w_top * g_top[..., None]
@@ -235,7 +240,12 @@ class OutputGeometry:
         tcb_diffuse = eps * (v_eff / d_sigma2).sqrt()
 
         pred = top_idx[:, 0]
-        nll = -(logp[rows, pred] if target is None else logp[rows, target])
+        if target is None:
+            nll = -logp_top[:, 0]
+        else:  # exact when the target is among the top K, float32 logit otherwise
+            in_top = top_idx == target[:, None]
+            z_target = torch.where(in_top.any(-1), (z_top * in_top).sum(-1), z[rows, target].to(f64))
+            nll = log_norm - z_target
         return {
             "tcb": tcb,
             "jacobian_norm": jac,
@@ -252,7 +262,7 @@ class OutputGeometry:
         }
 
     def _weighted_rows(self, coef: torch.Tensor) -> torch.Tensor:
-        """coef (n, r, V) float32 -> Σ_i coef_i w_i, shape (n, r, d), vocab-chunked."""
+        """coef (n, r, V) float32 -> Σ_i coef_i w_i, shape (n, r, d), vocabulary-chunked."""
         out = torch.zeros(*coef.shape[:2], self.hidden_size, dtype=torch.float32, device=coef.device)
         for start, stop, w in self._chunks():
             out += coef[..., start:stop] @ w

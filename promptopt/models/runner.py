@@ -131,17 +131,43 @@ class Runner:
             for row, seq in enumerate(batch):
                 hidden_of[seq] = hidden[row, : len(seq) - prefix_len].float()
 
-        geometry = self.lm.geometry
-        results = []
+        # One batched vocabulary projection for every position any request needs (a per-request matvec
+        # would re-read W each time); positions shared by requests are projected once.
+        slots: dict[tuple[tuple[int, ...], int], int] = {}
+        rows, wanted_row, wanted_token = [], [], []
         for (ctx, cont), seq in zip(requests, fed):
-            h = hidden_of[seq][len(ctx) - 1 - prefix_len :]  # positions predicting each continuation token
-            with torch.inference_mode():
-                logp = torch.log_softmax(geometry.logits(h.to(geometry.weight.device)), dim=-1).cpu()
-            target = torch.tensor(list(cont))
-            token_lp = logp[torch.arange(len(cont)), target]
-            greedy = bool((logp.argmax(-1) == target).all())
-            results.append(LoglikelihoodResult(float(token_lp.sum()), token_lp.tolist(), greedy, h[0].cpu().clone()))
+            first = len(ctx) - 1 - prefix_len
+            for i, token in enumerate(cont):
+                if (seq, first + i) not in slots:
+                    slots[(seq, first + i)] = len(rows)
+                    rows.append(hidden_of[seq][first + i])
+                wanted_row.append(slots[(seq, first + i)])
+                wanted_token.append(token)
+        logprobs, argmax = self._target_logprobs(torch.stack(rows), torch.tensor(wanted_row), torch.tensor(wanted_token))
+        results, cursor = [], 0
+        for (ctx, cont), seq in zip(requests, fed):
+            span = slice(cursor, cursor + len(cont))
+            cursor += len(cont)
+            token_lp = logprobs[span]
+            greedy = bool((argmax[torch.tensor(wanted_row[span])] == torch.tensor(wanted_token[span])).all())
+            first = len(ctx) - 1 - prefix_len
+            results.append(LoglikelihoodResult(float(token_lp.sum()), token_lp.tolist(), greedy, hidden_of[seq][first].cpu().clone()))
         return results
+
+    def _target_logprobs(self, rows: torch.Tensor, row_index: torch.Tensor, tokens: torch.Tensor, chunk: int = 256):
+        """log p(token | row) for each (row_index, token) pair, plus each row's argmax; chunked so the
+        full (rows × vocab) matrix never exists at once."""
+        geometry = self.lm.geometry
+        out = torch.empty(len(tokens), dtype=torch.float32)
+        argmax = torch.empty(rows.shape[0], dtype=torch.long)
+        with torch.inference_mode():
+            for start in range(0, rows.shape[0], chunk):
+                logits = geometry.logits(rows[start : start + chunk].to(geometry.weight.device))
+                logp = torch.log_softmax(logits, dim=-1).cpu()
+                argmax[start : start + chunk] = logits.argmax(-1).cpu()
+                mask = (row_index >= start) & (row_index < start + chunk)
+                out[mask] = logp[row_index[mask] - start, tokens[mask]]
+        return out, argmax
 
     # --- generation -----------------------------------------------------------------------------
     def generate(
