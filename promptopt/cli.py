@@ -29,7 +29,12 @@ QuantizeOpt = typer.Option(None, "--quantize", help="4bit or 8bit through bitsan
 
 
 def _quiet_libraries() -> None:
+    import warnings
+
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import optuna
+
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     import transformers
 
     transformers.logging.set_verbosity_error()
@@ -143,6 +148,108 @@ def trace(
         table.add_row(str(row.step), repr(row.token), _fmt(row.tcb), _fmt(row.v_eff), _fmt(row.margin), _fmt(row.nll), "▼ dip" if row.dip else "")
     console.print(table)
     console.print(f"{int(frame['dip'].sum())} dip(s) in {len(frame)} tokens; text: {''.join(frame['token'])!r}")
+
+
+def _search_config(**kwargs):
+    from promptopt.search import SearchConfig
+
+    subsets = kwargs.pop("subsets")
+    return SearchConfig(subsets=subsets.split(",") if subsets else None, **kwargs)
+
+
+def _print_search_result(result) -> None:
+    from promptopt.search.study import dashboard_command
+
+    best = result.best_params
+    console.print(
+        f"best trial #{result.best_number}: instruction={best.get('instruction')!r} template={best.get('template')!r} "
+        f"k={best.get('k')} exemplars={[ex for ex in _card_exemplar_ids(result.card_path)]}"
+    )
+    rows = []
+    for split, summary in (("dev", result.dev), ("test", result.test)):
+        rows.append({"split": split, "n": summary["n"], "accuracy": summary["accuracy"], "tcb_mean": summary.get("tcb_mean"),
+                     "tcb_geomean": summary.get("tcb_geomean"), "ppl_mean": summary["ppl_mean"]})
+    import pandas as pd
+
+    _print_frame(pd.DataFrame(rows), list(rows[0]), "best prompt", 5)
+    if result.pareto is not None:
+        _print_frame(result.pareto[["number", "accuracy", "signed_stability", "instruction", "template", "k"]], ["number", "accuracy", "signed_stability", "instruction", "template", "k"], "Pareto front", 20)
+    states = result.trials["state"].value_counts().to_dict()
+    console.print(f"trials: {states}; wall {result.wall_seconds:.1f}s; cache hit rate {result.cache_hit_rate:.2f}")
+    console.print(f"wrote {result.card_path} and the trials table in {result.card_path.parent}")
+    console.print(f"dashboard: {dashboard_command(result.config)}")
+
+
+def _card_exemplar_ids(path) -> list[str]:
+    from promptopt.prompts import load_card
+
+    return [ex.id for ex in load_card(path)[0].exemplars]
+
+
+@app.command()
+def search(
+    task: str = typer.Option(..., "--task", help="built-in task name or task YAML"),
+    strategy: str = typer.Option("tcb", "--strategy", help="tcb, ppl, accuracy or pareto"),
+    trials: int = typer.Option(20, "--trials", help="finished (complete or pruned) trials to reach"),
+    model: str = ModelOpt,
+    storage: Optional[str] = typer.Option(None, "--storage", help="Optuna storage URL (default: SQLite in --out)"),
+    seed: int = typer.Option(1234, "--seed"),
+    out: Path = typer.Option(Path("runs/search"), "--out", help="run directory"),
+    space: Optional[str] = typer.Option(None, "--space", help="search space YAML (default: the task's built-in space)"),
+    study_name: Optional[str] = typer.Option(None, "--study-name", help="default: <task>-<strategy>"),
+    resume: bool = typer.Option(False, "--resume", help="continue (or join) an existing study"),
+    n_workers: int = typer.Option(1, "--n-workers", help="worker processes sharing the study"),
+    minibatch: int = typer.Option(16, "--minibatch", help="dev items per pruning step"),
+    pruning: bool = typer.Option(True, "--pruning/--no-pruning", help="Wilcoxon paired pruning on dev items"),
+    dev_limit: Optional[int] = typer.Option(None, "--dev-limit", min=1, help="use only the first N dev items"),
+    test_limit: Optional[int] = typer.Option(None, "--test-limit", min=1, help="use only the first N test items"),
+    subsets: Optional[str] = typer.Option(None, "--subsets", help="comma-separated subsets (e.g. MMLU subjects)"),
+    batch_size: int = typer.Option(16, "--batch-size", min=1),
+    device: str = DeviceOpt,
+    dtype: Optional[str] = DtypeOpt,
+    quantize: Optional[str] = QuantizeOpt,
+) -> None:
+    """Search instructions × exemplar sets × orders × templates with Optuna; write the best prompt card."""
+    from promptopt.search import run_search
+
+    _quiet_libraries()
+    config = _search_config(
+        task=task, strategy=strategy, trials=trials, model=model, storage=storage, seed=seed, out=str(out), space=space,
+        study_name=study_name, resume=resume, n_workers=n_workers, minibatch=minibatch, pruning=pruning,
+        dev_limit=dev_limit, test_limit=test_limit, subsets=subsets, batch_size=batch_size, device=device, dtype=dtype,
+        quantize=quantize,
+    )
+    _print_search_result(run_search(config))
+
+
+@app.command()
+def compare(
+    task: str = typer.Option(..., "--task", help="built-in task name or task YAML"),
+    trials: int = typer.Option(20, "--trials", help="the same budget for every strategy"),
+    strategies: str = typer.Option("ppl,tcb,accuracy", "--strategies", help="comma-separated strategies"),
+    model: str = ModelOpt,
+    storage: Optional[str] = typer.Option(None, "--storage", help="Optuna storage URL (default: SQLite in --out)"),
+    seed: int = typer.Option(1234, "--seed"),
+    out: Path = typer.Option(Path("runs/compare"), "--out", help="run directory"),
+    resume: bool = typer.Option(False, "--resume"),
+    dev_limit: Optional[int] = typer.Option(None, "--dev-limit", min=1),
+    test_limit: Optional[int] = typer.Option(None, "--test-limit", min=1),
+    subsets: Optional[str] = typer.Option(None, "--subsets"),
+    device: str = DeviceOpt,
+    dtype: Optional[str] = DtypeOpt,
+    quantize: Optional[str] = QuantizeOpt,
+) -> None:
+    """Run several strategies with the same budget, seed and items; compare their winners on held-out test items."""
+    from promptopt.search.compare import run_compare
+
+    _quiet_libraries()
+    base = _search_config(
+        task=task, strategy="tcb", trials=trials, model=model, storage=storage, seed=seed, out=str(out), resume=resume,
+        dev_limit=dev_limit, test_limit=test_limit, subsets=subsets, device=device, dtype=dtype, quantize=quantize,
+    )
+    table = run_compare(base, [s.strip() for s in strategies.split(",") if s.strip()])
+    _print_frame(table, list(table.columns), f"compare · {task} · test items · {model}", 20)
+    console.print(f"wrote {out / 'compare.csv'} and one run directory per strategy under {out}")
 
 
 @app.command()

@@ -1,0 +1,87 @@
+"""Per-item result cache keyed by (model, rendered prompt, item), as a wrapper around the scorer.
+
+A configuration seen before — the same prompt card on the same item with the same model — costs nothing:
+its row comes from a SQLite file (WAL mode, safe for several worker processes on one machine).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import sqlite3
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from promptopt.prompts import Prompt
+from promptopt.scoring import Scorer
+from promptopt.tasks import Item
+
+
+def _plain(value):
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, tuple):
+        return list(value)
+    raise TypeError(f"cannot store {type(value).__name__} in the result cache")
+
+
+class ResultCache:
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(self.path, timeout=60, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("CREATE TABLE IF NOT EXISTS results (key TEXT PRIMARY KEY, row TEXT NOT NULL)")
+        self.hits = 0
+        self.misses = 0
+
+    def get_many(self, keys: list[str]) -> dict[str, dict]:
+        found: dict[str, dict] = {}
+        for start in range(0, len(keys), 500):
+            chunk = keys[start : start + 500]
+            marks = ",".join("?" * len(chunk))
+            for key, row in self._db.execute(f"SELECT key, row FROM results WHERE key IN ({marks})", chunk):
+                found[key] = json.loads(row)
+        self.hits += len(found)
+        self.misses += len(set(keys)) - len(found)
+        return found
+
+    def put_many(self, rows: dict[str, dict]) -> None:
+        data = [(key, json.dumps(row, default=_plain)) for key, row in rows.items()]
+        self._db.executemany("INSERT OR REPLACE INTO results (key, row) VALUES (?, ?)", data)
+
+    @property
+    def hit_rate(self) -> float:
+        total = self.hits + self.misses
+        return self.hits / total if total else math.nan
+
+    def close(self) -> None:
+        self._db.close()
+
+
+class CachedScorer:
+    """Scorer.score with per-item caching; returns the per-item table in the order of `items`."""
+
+    def __init__(self, scorer: Scorer, cache: ResultCache) -> None:
+        self.scorer, self.cache = scorer, cache
+        lm, spec = scorer.lm, scorer.task.spec
+        self._static = [lm.name, str(lm.model.dtype), lm.device.type, spec.name, spec.answer_type, spec.metric,
+                        spec.max_new_tokens, list(spec.stop), scorer.eps]
+
+    def key(self, prompt: Prompt, item: Item) -> str:
+        blob = json.dumps([self._static, prompt.to_card(), item.id], sort_keys=True, default=_plain)
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+    def score_table(self, prompt: Prompt, items: list[Item]) -> pd.DataFrame:
+        keys = [self.key(prompt, item) for item in items]
+        found = self.cache.get_many(keys)
+        missing = [item for item, key in zip(items, keys) if key not in found]
+        if missing:
+            table = self.scorer.score(prompt, missing).table
+            fresh = {self.key(prompt, item): row for item, row in zip(missing, table.to_dict("records"))}
+            self.cache.put_many(fresh)
+            found.update(fresh)
+        return pd.DataFrame([found[key] for key in keys])

@@ -1,0 +1,166 @@
+"""Search spaces: YAML -> typed SearchSpace, and an Optuna trial -> Prompt.
+
+```yaml
+task: sst2
+instructions:                     # name -> text; the names are the categorical choices
+  none: ""
+  zero_shot_cot: "Let's think step by step."
+exemplars:
+  candidates: 16                  # the first N pool items are the exemplar candidates
+  k: [0, 4]                       # shots, inclusive range
+  search_order: true              # search the order of the chosen shots too
+templates:                        # name -> prompt template (see promptopt.prompts.PromptTemplate)
+  review: {query: "Review: {question}\nSentiment:"}
+  good_bad: {query: "Review: {question}\nThe movie was", label_words: [bad, good]}
+```
+
+Encoding (what the sampler sees), chosen so that every sampled point decodes to a valid prompt and each
+parameter carries a meaning a TPE-style sampler can learn:
+- `instruction`, `template`: categorical over names.
+- `k`: integer in the range.
+- exemplar set: one float key in [0, 1) per candidate (`key_<id>`); the k candidates with the highest keys
+  are the shots. Random keys never produce duplicates or invalid sets (no rejected trials), and a
+  candidate that helps drifts towards high keys, which per-parameter density models learn directly.
+- order: a categorical permutation index `order_k<k>` over the k! orders (k ≤ 5), or Lehmer-code
+  integers `lehmer_k<k>_<i>` for larger k; without `search_order` the shots keep pool order.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from promptopt.errors import ConfigError, DataError
+from promptopt.prompts import Prompt, PromptTemplate
+from promptopt.tasks.data import Item, TaskData
+from promptopt.yamlio import Fields, load_yaml
+
+BUILTIN_DIR = Path(__file__).resolve().parent.parent / "search_spaces"
+_MAX_PERMUTATION_TABLE = 5
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    task: str
+    where: str
+    instructions: dict[str, str]
+    templates: dict[str, PromptTemplate]
+    candidates: int
+    k_min: int
+    k_max: int
+    search_order: bool
+
+    def check_against(self, data: TaskData) -> list[Item]:
+        """The candidate exemplars for this task; errors when the pool cannot supply them."""
+        if data.spec.name != self.task:
+            raise ConfigError(f"{self.where}: task: the space is for '{self.task}', not '{data.spec.name}'")
+        if not data.pool:
+            raise DataError(f"{self.where}: the exemplar pool of task {self.task} is empty")
+        if self.k_max > len(data.pool):
+            raise ConfigError(f"{self.where}: exemplars.k: k up to {self.k_max} but the pool has only {len(data.pool)} items")
+        if self.k_max > self.candidates:
+            raise ConfigError(f"{self.where}: exemplars.k: k up to {self.k_max} but only {self.candidates} candidates")
+        if self.candidates > len(data.pool):
+            raise ConfigError(
+                f"{self.where}: exemplars.candidates: {self.candidates} requested but the pool has only {len(data.pool)} items"
+            )
+        pool = data.pool[: self.candidates]
+        evaluated = {i.id for i in data.dev + data.test}
+        leaked = [i.id for i in pool if i.id in evaluated]
+        if leaked:
+            raise DataError(f"{self.where}: pool item {leaked[0]} is also a dev/test item")
+        for name, template in self.templates.items():
+            if template.label_words and data.spec.answer_type == "multiple_choice":
+                n_choices = len(data.dev[0].choices)
+                if len(template.label_words) != n_choices:
+                    raise ConfigError(
+                        f"{self.where}: templates.{name}.label_words: {len(template.label_words)} words for {n_choices} choices"
+                    )
+        return pool
+
+    # --- trial -> prompt ---------------------------------------------------------------------
+    def suggest(self, trial, candidates: list[Item], spec) -> Prompt:
+        """Ask the trial for every parameter and decode them into a Prompt."""
+        instruction = trial.suggest_categorical("instruction", list(self.instructions))
+        template = trial.suggest_categorical("template", list(self.templates))
+        k = trial.suggest_int("k", self.k_min, self.k_max)
+        keys = [trial.suggest_float(f"key_{i}", 0.0, 1.0) for i in range(len(candidates))]
+        chosen = sorted(sorted(range(len(candidates)), key=lambda i: (-keys[i], i))[:k])  # pool order
+        if self.search_order and k > 1:
+            chosen = [chosen[i] for i in _suggest_permutation(trial, k)]
+        shots = tuple(candidates[i].as_exemplar() for i in chosen)
+        return Prompt(task=spec.name, instruction=self.instructions[instruction], exemplars=shots, template=self.templates[template])
+
+    def param_names(self) -> dict[str, str]:
+        """Parameter name -> what it means, for reports."""
+        names = {"instruction": "instruction name", "template": "template name", "k": "number of shots"}
+        names.update({f"key_{i}": f"selection key of candidate {i}" for i in range(self.candidates)})
+        return names
+
+
+def _suggest_permutation(trial, k: int) -> list[int]:
+    if k <= _MAX_PERMUTATION_TABLE:
+        perms = list(itertools.permutations(range(k)))
+        return list(perms[trial.suggest_int(f"order_k{k}", 0, math.factorial(k) - 1)])
+    remaining = list(range(k))
+    order = []
+    for i in range(k - 1):
+        order.append(remaining.pop(trial.suggest_int(f"lehmer_k{k}_{i}", 0, len(remaining) - 1)))
+    return order + remaining
+
+
+def parse_space(data: dict, where: str) -> SearchSpace:
+    f = Fields(data, where)
+    f.reject_unknown({"task", "description", "instructions", "exemplars", "templates"})
+    instructions = f.get("instructions", dict)
+    if not instructions or not all(isinstance(v, str) for v in instructions.values()):
+        raise f.fail("instructions", "a non-empty mapping of name -> text", instructions)
+    templates_raw = f.get("templates", dict)
+    if not templates_raw:
+        raise f.fail("templates", "a non-empty mapping of name -> template")
+    templates = {}
+    for name, raw in templates_raw.items():
+        template = PromptTemplate.from_dict(raw, f"{where}: templates.{name}")
+        templates[str(name)] = PromptTemplate(**{**template.__dict__, "name": str(name)})
+    e = f.sub("exemplars")
+    e.reject_unknown({"candidates", "k", "search_order", "split"})
+    if e.get("split", str, "pool") != "pool":
+        raise e.fail("split", "pool (exemplars never come from dev or test)", e.data["split"])
+    k_range = e.get("k", (list, int))
+    if isinstance(k_range, int):
+        k_range = [k_range, k_range]
+    if len(k_range) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) for x in k_range) or not 0 <= k_range[0] <= k_range[1]:
+        raise e.fail("k", "[min, max] with 0 <= min <= max", k_range)
+    candidates = e.get("candidates", int, max(k_range[1], 8))
+    if candidates < max(1, k_range[1]):
+        raise e.fail("candidates", f"at least k max ({k_range[1]})", candidates)
+    return SearchSpace(
+        task=f.get("task", str),
+        where=where,
+        instructions={str(k): v for k, v in instructions.items()},
+        templates=templates,
+        candidates=candidates,
+        k_min=k_range[0],
+        k_max=k_range[1],
+        search_order=e.get("search_order", bool, True),
+    )
+
+
+def builtin_space_names() -> list[str]:
+    return sorted(p.stem for p in BUILTIN_DIR.glob("*.yaml"))
+
+
+def load_space(name_or_path: str) -> SearchSpace:
+    """A built-in space (by task name) or a space YAML by path."""
+    path = Path(name_or_path)
+    if name_or_path.endswith((".yaml", ".yml")) or path.is_file():
+        return parse_space(load_yaml(path), str(path))
+    builtin = BUILTIN_DIR / f"{name_or_path}.yaml"
+    if not builtin.is_file():
+        raise ConfigError(
+            f"no search space for '{name_or_path}': built-in spaces are {', '.join(builtin_space_names())}, "
+            "or pass --space PATH"
+        )
+    return parse_space(load_yaml(builtin), str(builtin))

@@ -1,0 +1,373 @@
+"""`promptopt search`: one Optuna study over instructions × exemplar sets × orders × templates.
+
+Everything a run needs is validated before the study exists (task, space, strategy, storage), so a run
+that never starts writes no study rows. Storage is any Optuna RDB URL (SQLite file in the run directory by
+default; PostgreSQL for many workers). Trials carry a heartbeat: a trial left RUNNING by a killed process
+is marked FAIL by the next worker and its parameters are enqueued again, so nothing is lost, and only
+COMPLETE/PRUNED trials count towards the budget, so nothing is counted twice.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from promptopt.errors import ConfigError, UserError
+from promptopt.search.objectives import Strategy, get_strategy
+from promptopt.search.space import SearchSpace, load_space
+from promptopt.yamlio import atomic_write_bytes_via, atomic_write_text
+
+
+@dataclass
+class SearchConfig:
+    task: str
+    strategy: str = "tcb"
+    trials: int = 20
+    model: str = "smollm2-135m-instruct"
+    out: str = "runs/search"
+    storage: str | None = None  # default: sqlite:///<out>/study.db
+    study_name: str | None = None  # default: <task>-<strategy>
+    space: str | None = None  # default: the task's built-in space
+    seed: int = 1234
+    resume: bool = False
+    n_workers: int = 1
+    minibatch: int = 16
+    pruning: bool = True
+    dev_limit: int | None = None
+    test_limit: int | None = None
+    subsets: list[str] | None = None
+    device: str = "auto"
+    dtype: str | None = None
+    quantize: str | None = None
+    batch_size: int = 16
+    heartbeat_interval: int = 20
+    grace_period: int = 60
+
+    @property
+    def storage_url(self) -> str:
+        return self.storage or f"sqlite:///{Path(self.out).resolve() / 'study.db'}"
+
+    @property
+    def name(self) -> str:
+        return self.study_name or f"{Path(self.task).stem}-{self.strategy}"
+
+
+@dataclass
+class SearchResult:
+    config: SearchConfig
+    trials: pd.DataFrame
+    best_params: dict
+    best_number: int
+    dev: dict
+    test: dict
+    card_path: Path
+    wall_seconds: float
+    cache_hit_rate: float
+    pareto: pd.DataFrame | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def redact(url: str) -> str:
+    return re.sub(r"://([^:/@]+):[^@]+@", r"://\1:***@", url)
+
+
+# --- set-up, all validated before a study exists ----------------------------------------------------
+@dataclass
+class _Context:
+    config: SearchConfig
+    strategy: Strategy
+    space: SearchSpace
+    data: object  # TaskData
+    candidates: list
+    dev: list
+    test: list
+
+
+def _context(config: SearchConfig) -> _Context:
+    from promptopt.tasks import load_task
+
+    if config.trials < 1:
+        raise ConfigError(f"--trials must be at least 1, got {config.trials}")
+    if config.n_workers < 1:
+        raise ConfigError(f"--n-workers must be at least 1, got {config.n_workers}")
+    strategy = get_strategy(config.strategy)
+    data = load_task(config.task, subsets=config.subsets)
+    space = load_space(config.space or data.spec.name)
+    candidates = space.check_against(data)
+    dev = data.dev[: config.dev_limit]
+    test = data.test[: config.test_limit]
+    return _Context(config, strategy, space, data, candidates, dev, test)
+
+
+def make_storage(config: SearchConfig):
+    """An RDBStorage with heartbeat and retry of stale trials; unreachable URLs become one clear error."""
+    from optuna import storages
+
+    url = config.storage_url
+    if url.startswith("sqlite:///"):
+        Path(url[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
+    retry_cls = getattr(storages, "RetryHeartbeatStaleTrialCallback", None) or storages.RetryFailedTrialCallback
+    callback_kw = "heartbeat_stale_trial_callback" if hasattr(storages, "RetryHeartbeatStaleTrialCallback") else "failed_trial_callback"
+    engine_kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
+    try:
+        return storages.RDBStorage(
+            url,
+            engine_kwargs=engine_kwargs,
+            heartbeat_interval=config.heartbeat_interval,
+            grace_period=config.grace_period,
+            **{callback_kw: retry_cls(max_retry=3)},
+        )
+    except Exception as exc:  # any failure to open a user-given URL is the URL's problem
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"cannot open storage {redact(url)}: {first}") from None
+
+
+def _sampler(config: SearchConfig, strategy: Strategy, worker: int, offset: int):
+    from optuna.samplers import NSGAIISampler, TPESampler
+
+    seed = config.seed + 1000 * worker + offset  # a resumed or parallel worker must not replay trial 0
+    if strategy.multi_objective:
+        return NSGAIISampler(seed=seed, population_size=max(4, min(50, config.trials // 3)))
+    return TPESampler(seed=seed, n_startup_trials=max(1, min(10, config.trials // 3)), multivariate=True, group=True)
+
+
+def _pruner(config: SearchConfig, strategy: Strategy):
+    from optuna.pruners import NopPruner, WilcoxonPruner
+
+    if not config.pruning or strategy.multi_objective:
+        return NopPruner()
+    return WilcoxonPruner(p_threshold=0.1, n_startup_steps=config.minibatch)
+
+
+def _study_exists(config: SearchConfig, storage) -> int | None:
+    """Number of trials in the named study, or None when it does not exist."""
+    import optuna
+
+    for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
+        if summary.study_name == config.name:
+            return summary.n_trials
+    return None
+
+
+def _check_study(config: SearchConfig, storage) -> None:
+    exists = _study_exists(config, storage) is not None
+    if exists and not config.resume:
+        raise UserError(
+            f"study '{config.name}' already exists in {redact(config.storage_url)}: pass --resume to continue it, "
+            "or choose another --out / --study-name"
+        )
+    if not exists and config.resume:
+        raise UserError(f"--resume: no study '{config.name}' in {redact(config.storage_url)}")
+
+
+def _open_study(config: SearchConfig, strategy: Strategy, storage, *, worker: int = 0):
+    import optuna
+
+    n_existing = _study_exists(config, storage)
+    study = optuna.create_study(
+        study_name=config.name,
+        storage=storage,
+        directions=list(strategy.directions),
+        sampler=_sampler(config, strategy, worker, n_existing or 0),
+        pruner=_pruner(config, strategy),
+        load_if_exists=True,
+    )
+    if n_existing is None:
+        study.set_metric_names(["accuracy", "signed_stability"] if strategy.multi_objective else [strategy.name])
+        study.set_user_attr("config", json.dumps(asdict(config)))
+    return study
+
+
+# --- the objective -------------------------------------------------------------------------------
+def _trial_summary(table: pd.DataFrame) -> dict:
+    from promptopt.scoring import summarize
+
+    s = summarize(table)
+    keys = ("accuracy", "tcb_mean", "tcb_median", "tcb_geomean", "v_eff_mean", "ppl_mean", "n")
+    return {k: s[k] for k in keys if k in s}
+
+
+def make_objective(ctx: _Context, cached, worker: int = 0):
+    import optuna
+
+    strategy, space = ctx.strategy, ctx.space
+    minibatch = ctx.config.minibatch
+
+    def objective(trial):
+        prompt = space.suggest(trial, ctx.candidates, ctx.data.spec)
+        trial.set_user_attr("exemplars", [ex.id for ex in prompt.exemplars])
+        trial.set_user_attr("worker", worker)
+        frames = []
+        for start in range(0, len(ctx.dev), minibatch):
+            table = cached.score_table(prompt, ctx.dev[start : start + minibatch])
+            frames.append(table)
+            if strategy.multi_objective:
+                continue
+            for offset, value in enumerate(strategy.item_values(table)):
+                trial.report(float(value), step=start + offset)  # one step per dev item: paired pruning
+            if start + minibatch < len(ctx.dev) and trial.should_prune():
+                trial.set_user_attr("metrics", _trial_summary(pd.concat(frames)))
+                raise optuna.TrialPruned()
+        full = pd.concat(frames, ignore_index=True)
+        trial.set_user_attr("metrics", _trial_summary(full))
+        values = strategy.values(full)
+        return values if strategy.multi_objective else values[0]
+
+    return objective
+
+
+def _scorers(ctx: _Context):
+    from promptopt.models import load_model
+    from promptopt.scoring import Scorer
+    from promptopt.search.cache import CachedScorer, ResultCache
+
+    cfg = ctx.config
+    lm = load_model(cfg.model, device=cfg.device, dtype=cfg.dtype, quantize=cfg.quantize)
+    scorer = Scorer(lm, ctx.data, batch_size=cfg.batch_size)
+    cache = ResultCache(Path(cfg.out) / "cache.sqlite")
+    return lm, CachedScorer(scorer, cache)
+
+
+def _count_done(study) -> int:
+    from optuna.trial import TrialState
+
+    return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
+
+
+def _optimize(ctx: _Context, study, cached, progress, worker: int = 0) -> None:
+    from optuna.study import MaxTrialsCallback
+    from optuna.trial import TrialState
+
+    if _count_done(study) >= ctx.config.trials:
+        return
+    stop = MaxTrialsCallback(ctx.config.trials, states=(TrialState.COMPLETE, TrialState.PRUNED))
+    callbacks = [stop] + ([progress] if progress else [])
+    study.optimize(make_objective(ctx, cached, worker), n_trials=None, callbacks=callbacks, gc_after_trial=False)
+
+
+def worker_main(config_dict: dict, worker: int) -> None:
+    """Entry point of a worker process: loads its own model and joins the study."""
+    import warnings
+
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    config = SearchConfig(**config_dict)
+    ctx = _context(config)
+    storage = make_storage(config)
+    study = _open_study(config, ctx.strategy, storage, worker=worker)
+    _, cached = _scorers(ctx)
+    _optimize(ctx, study, cached, None, worker)
+
+
+# --- outputs -----------------------------------------------------------------------------------
+def _write_table(frame: pd.DataFrame, path: Path) -> None:
+    frame = frame.copy()
+    for column in frame.columns:
+        if frame[column].dtype == object:
+            frame[column] = frame[column].map(lambda v: v if isinstance(v, (str, type(None))) else json.dumps(v, default=str))
+    atomic_write_bytes_via(path.with_suffix(".parquet"), lambda p: frame.to_parquet(p, index=False))
+    atomic_write_bytes_via(path.with_suffix(".csv"), lambda p: frame.to_csv(p, index=False))
+
+
+def decode(ctx: _Context, params: dict):
+    """The Prompt a set of trial parameters stands for."""
+    import optuna
+
+    return ctx.space.suggest(optuna.trial.FixedTrial(params), ctx.candidates, ctx.data.spec)
+
+
+def run_search(config: SearchConfig, *, show_progress: bool = True) -> SearchResult:
+    import optuna
+    from tqdm.auto import tqdm
+
+    from promptopt.prompts import save_card
+    from promptopt.scoring import summarize
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    ctx = _context(config)  # validates task, space, strategy before any storage is touched
+    out = Path(config.out)
+    storage = make_storage(config)
+    _check_study(config, storage)
+    start = time.perf_counter()
+    _, cached = _scorers(ctx)  # a model that fails to load fails here, before any study row exists
+    study = _open_study(config, ctx.strategy, storage)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "config.json", json.dumps(asdict(config), indent=1))
+    atomic_write_text(out / "splits.json", json.dumps(ctx.data.carving(), indent=1))
+    bar = tqdm(total=config.trials, initial=min(_count_done(study), config.trials), desc=f"search {config.name}", disable=not show_progress)
+
+    def progress(study_, trial_):
+        bar.n = min(_count_done(study_), config.trials)
+        if not ctx.strategy.multi_objective:
+            try:
+                bar.set_postfix(best=f"{study_.best_value:.4f}", trial=study_.best_trial.number)
+            except ValueError:
+                pass
+        bar.refresh()
+
+    if config.n_workers == 1:
+        _optimize(ctx, study, cached, progress)
+    else:
+        spawn = multiprocessing.get_context("spawn")
+        workers = [spawn.Process(target=worker_main, args=(asdict(config), i + 1)) for i in range(config.n_workers)]
+        for proc in workers:
+            proc.start()
+        while any(proc.is_alive() for proc in workers):
+            time.sleep(2)
+            progress(study, None)
+        failed = [proc.exitcode for proc in workers if proc.exitcode]
+        if failed:
+            raise UserError(f"{len(failed)} worker process(es) failed (exit codes {failed}); see their output above")
+        progress(study, None)
+    bar.close()
+    wall = time.perf_counter() - start
+
+    trials = study.trials_dataframe(attrs=("number", "value" if not ctx.strategy.multi_objective else "values", "state", "params", "user_attrs", "duration"))
+    _write_table(trials, out / "trials")
+    pareto = None
+    if ctx.strategy.multi_objective:
+        front = study.best_trials
+        pareto = pd.DataFrame([{"number": t.number, "accuracy": t.values[0], "signed_stability": t.values[1], **t.params} for t in front])
+        _write_table(pareto, out / "pareto_front")
+        best = max(front, key=lambda t: (t.values[0], t.values[1], -t.number))
+    else:
+        best = study.best_trial
+    prompt = decode(ctx, best.params)
+    dev_table = cached.score_table(prompt, ctx.dev)
+    test_table = cached.score_table(prompt, ctx.test)
+    dev, test = summarize(dev_table), summarize(test_table)
+    _write_table(test_table, out / "best_test_items")
+    provenance = {
+        "task": ctx.data.spec.name,
+        "model": config.model,
+        "strategy": config.strategy,
+        "study": config.name,
+        "trial": best.number,
+        "seed": config.seed,
+        "dev": {k: dev[k] for k in ("n", "accuracy", "tcb_mean", "tcb_geomean", "ppl_mean")},
+        "test": {k: test[k] for k in ("n", "accuracy", "tcb_mean", "tcb_geomean", "ppl_mean")},
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    card_path = out / "best_card.yaml"
+    save_card(prompt, card_path, provenance)
+    result = SearchResult(config, trials, best.params, best.number, dev, test, card_path, wall, cached.cache.hit_rate, pareto)
+    summary = {"study": config.name, "storage": redact(config.storage_url), "best_trial": best.number, "best_params": best.params,
+               "dev": dev, "test": test, "wall_seconds": wall, "cache_hit_rate": result.cache_hit_rate,
+               "trials": {s: int((trials["state"] == s).sum()) for s in trials["state"].unique()}}
+    atomic_write_text(out / "summary.json", json.dumps(summary, indent=1, default=str))
+    return result
+
+
+def dashboard_command(config: SearchConfig) -> str:
+    return f"optuna-dashboard {config.storage_url}"
+
+
+__all__ = ["SearchConfig", "SearchResult", "dashboard_command", "make_storage", "run_search", "worker_main"]

@@ -1,0 +1,211 @@
+"""promptopt search: encoding, strategies, reproducibility, resume, heartbeat recovery, bad input,
+several workers on one PostgreSQL study."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from dataclasses import replace
+
+import numpy as np
+import optuna
+import pandas as pd
+import pytest
+import yaml
+
+from promptopt.errors import ConfigError, UserError
+from promptopt.prompts import load_card
+from promptopt.search import SearchConfig, get_strategy, load_space, parse_space, run_search, stability
+from promptopt.search.space import builtin_space_names
+from promptopt.tasks import builtin_task_names, load_task
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+@pytest.fixture
+def config(tmp_path, tiny_llama_dir):
+    return SearchConfig(task="sst2", strategy="tcb", trials=5, model=str(tiny_llama_dir), out=str(tmp_path / "run"),
+                        dev_limit=12, test_limit=6, minibatch=4, device="cpu")
+
+
+def test_every_builtin_task_has_a_valid_space():
+    assert set(builtin_space_names()) == set(builtin_task_names())
+    for name in builtin_space_names():
+        space = load_space(name)
+        assert space.check_against(load_task(name))
+        assert {"none", "zero_shot_cot" if name != "humaneval" else "none"} <= set(space.instructions)
+
+
+def test_random_key_encoding_decodes_to_valid_prompts():
+    space = load_space("sst2")
+    data = load_task("sst2")
+    candidates = space.check_against(data)
+    sampler = optuna.samplers.RandomSampler(seed=0)
+    study = optuna.create_study(sampler=sampler)
+    seen_orders = set()
+    for _ in range(60):
+        trial = study.ask()
+        prompt = space.suggest(trial, candidates, data.spec)
+        ids = [ex.id for ex in prompt.exemplars]
+        assert len(ids) == len(set(ids)) == trial.params["k"]  # distinct shots, exactly k of them
+        assert set(ids) <= {c.id for c in candidates}  # only pool candidates, never dev/test
+        assert prompt.template.name == trial.params["template"]
+        seen_orders.add(tuple(ids))
+        study.tell(trial, 0.0)
+    assert len(seen_orders) > 30
+
+
+def test_stability_transform_and_strategies():
+    assert stability([0.1, 1.0, 1e5, np.inf, np.nan]).tolist() == pytest.approx([0.0, 1 / 6, 1.0, 1.0, 0.0])
+    table = pd.DataFrame({"correct": [True, False], "tcb": [1e5, 1e5], "ppl": [1.0, np.e]})
+    assert get_strategy("accuracy").values(table) == (0.5,)
+    assert get_strategy("ppl").item_values(table).tolist() == pytest.approx([1.0, -0.1])
+    assert get_strategy("tcb").item_values(table).tolist() == pytest.approx([1.25, -0.25])  # stably wrong is penalized
+    assert get_strategy("pareto").values(table) == pytest.approx((0.5, 0.0))
+    with pytest.raises(ConfigError, match="unknown strategy 'best'"):
+        get_strategy("best")
+
+
+def test_space_validation_names_file_and_key(tmp_path):
+    good = yaml.safe_load(open(load_space("sst2").where))
+    with pytest.raises(ConfigError, match=r"s.yaml: exemplars.k: expected \[min, max\]"):
+        parse_space({**good, "exemplars": {"k": [3, 1]}}, "s.yaml")
+    with pytest.raises(ConfigError, match=r"exemplars.split: expected pool"):
+        parse_space({**good, "exemplars": {"k": 2, "split": "dev"}}, "s.yaml")
+    big = parse_space({**good, "exemplars": {"k": [0, 100], "candidates": 100}}, "s.yaml")
+    with pytest.raises(ConfigError, match="k up to 100 but the pool has only 64 items"):
+        big.check_against(load_task("sst2"))
+    words = parse_space({**good, "templates": {"t": {"query": "{question}", "label_words": ["a", "b", "c"]}}}, "s.yaml")
+    with pytest.raises(ConfigError, match="templates.t.label_words: 3 words for 2 choices"):
+        words.check_against(load_task("sst2"))
+
+
+def test_search_writes_run_directory_and_is_reproducible(config, tmp_path):
+    first = run_search(config, show_progress=False)
+    out = tmp_path / "run"
+    for name in ("config.json", "splits.json", "trials.parquet", "trials.csv", "best_card.yaml", "summary.json", "study.db", "cache.sqlite"):
+        assert (out / name).is_file(), name
+    prompt, provenance = load_card(out / "best_card.yaml")
+    assert provenance["trial"] == first.best_number and provenance["strategy"] == "tcb"
+    assert set(ex.id for ex in prompt.exemplars) <= {i.id for i in load_task("sst2").pool}
+    done = first.trials[first.trials["state"].isin(["COMPLETE", "PRUNED"])]
+    assert len(done) == 5
+    second = run_search(replace(config, out=str(tmp_path / "again")), show_progress=False)
+    columns = [c for c in first.trials.columns if c.startswith(("params_", "value"))] + ["state"]
+    assert "value_tcb" in columns
+    pd.testing.assert_frame_equal(first.trials[columns], second.trials[columns])
+
+
+def test_resume_continues_and_cache_makes_repeats_free(config):
+    run_search(config, show_progress=False)
+    with pytest.raises(UserError, match="already exists.*--resume"):
+        run_search(config, show_progress=False)
+    resumed = run_search(replace(config, trials=8, resume=True), show_progress=False)
+    numbers = resumed.trials["number"].tolist()
+    assert numbers == sorted(set(numbers))
+    assert resumed.trials["state"].isin(["COMPLETE", "PRUNED"]).sum() == 8
+    # trials 5..7 continue the sequence instead of replaying trial 0's parameters
+    assert resumed.trials.iloc[5]["params_template"] is not None
+    assert resumed.cache_hit_rate > 0
+
+
+@pytest.mark.parametrize("strategy", ["accuracy", "ppl", "pareto"])
+def test_other_strategies(config, strategy):
+    result = run_search(replace(config, strategy=strategy, trials=4), show_progress=False)
+    assert result.trials["state"].isin(["COMPLETE", "PRUNED"]).sum() == 4
+    if strategy == "pareto":
+        assert result.pareto is not None and len(result.pareto) >= 1
+        assert {"accuracy", "signed_stability"} <= set(result.pareto.columns)
+
+
+def _study_rows(url_path) -> int:
+    if not url_path.exists():
+        return 0
+    with sqlite3.connect(url_path) as db:
+        try:
+            return db.execute("SELECT COUNT(*) FROM studies").fetchone()[0]
+        except sqlite3.OperationalError:
+            return 0
+
+
+def test_bad_input_writes_no_study_rows(config, tmp_path):
+    db = tmp_path / "run" / "study.db"
+    with pytest.raises(ConfigError, match="unknown strategy"):
+        run_search(replace(config, strategy="fastest"), show_progress=False)
+    space = tmp_path / "space.yaml"
+    space.write_text(yaml.safe_dump({"task": "sst2", "instructions": {"none": ""}, "templates": {"t": {"query": "{question}"}},
+                                     "exemplars": {"k": [0, 80], "candidates": 80}}))
+    with pytest.raises(ConfigError, match="the pool has only 64 items"):
+        run_search(replace(config, space=str(space)), show_progress=False)
+    with pytest.raises(UserError, match="model file not found"):
+        run_search(replace(config, model=str(tmp_path / "missing.gguf")), show_progress=False)
+    with pytest.raises(UserError, match="cannot open storage postgresql://u:\\*\\*\\*@127.0.0.1:1/x"):
+        run_search(replace(config, storage="postgresql://u:secret@127.0.0.1:1/x"), show_progress=False)
+    assert _study_rows(db) == 0
+
+
+def test_missing_split_in_task_is_reported_before_any_study(tmp_path, config):
+    task = tmp_path / "t.yaml"
+    spec = yaml.safe_load(open(load_task("sst2").spec.where))
+    spec["splits"]["dev"]["from"] = "train"
+    task.write_text(yaml.safe_dump(spec))
+    with pytest.raises(Exception, match="split 'train' not found"):
+        run_search(replace(config, task=str(task), space=load_space("sst2").where), show_progress=False)
+    assert _study_rows(tmp_path / "run" / "study.db") == 0
+
+
+def test_killed_worker_trial_is_failed_and_rerun(config, tmp_path, tiny_llama_dir):
+    out = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "promptopt", "search", "--task", "sst2", "--model", str(tiny_llama_dir), "--trials", "500",
+           "--dev-limit", "12", "--test-limit", "4", "--minibatch", "4", "--no-pruning", "--out", str(out), "--device", "cpu"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    db = out / "study.db"
+    deadline = time.time() + 120
+    running = None
+    while time.time() < deadline and running is None:
+        time.sleep(0.2)
+        if db.exists():
+            with sqlite3.connect(db) as conn:
+                try:
+                    row = conn.execute("SELECT number FROM trials WHERE state='RUNNING' AND number >= 2").fetchone()
+                except sqlite3.OperationalError:
+                    row = None
+            running = row[0] if row else None
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert running is not None, "no running trial seen"
+    storage = optuna.storages.RDBStorage(f"sqlite:///{db}")
+    killed_study = optuna.load_study(study_name="sst2-tcb", storage=storage)
+    done_before = sum(t.state.is_finished() and t.state.name != "FAIL" for t in killed_study.trials)
+    time.sleep(2)
+    cfg = replace(config, out=str(out), resume=True, trials=done_before + 2, pruning=False, grace_period=1, heartbeat_interval=1)
+    result = run_search(cfg, show_progress=False)
+    study = optuna.load_study(study_name="sst2-tcb", storage=storage)
+    states = {t.number: t.state.name for t in study.trials}
+    assert "RUNNING" not in states.values()
+    assert states[running] == "FAIL"
+    retried = [t for t in study.trials if t.system_attrs.get("failed_trial") == running]
+    assert retried and retried[0].state.name == "COMPLETE"
+    assert sum(s == "COMPLETE" for s in states.values()) == done_before + 2 == (result.trials["state"] == "COMPLETE").sum()
+
+
+def test_two_workers_share_one_postgres_study(config):
+    url = os.environ.get("PROMPTOPT_TEST_POSTGRES_URL")
+    if not url:
+        if os.environ.get("CI"):
+            pytest.fail("CI must provide PostgreSQL: .ci/run starts it and sets PROMPTOPT_TEST_POSTGRES_URL")
+        pytest.skip("PROMPTOPT_TEST_POSTGRES_URL is not set (.ci/run starts PostgreSQL and sets it)")
+    name = f"pg-{os.getpid()}-{int(time.time())}"
+    result = run_search(replace(config, storage=url, study_name=name, n_workers=2, trials=8), show_progress=False)
+    study = optuna.load_study(study_name=name, storage=url)
+    numbers = [t.number for t in study.trials]
+    assert len(numbers) == len(set(numbers)) == len(result.trials)  # each trial once, in the study and the table
+    finished = [t for t in study.trials if t.state.name in ("COMPLETE", "PRUNED")]
+    assert 8 <= len(finished) <= 9  # the budget, plus at most one trial already running in the other worker
+    assert not [t for t in study.trials if t.state.name == "RUNNING"]
+    workers = {t.user_attrs.get("worker") for t in finished}
+    assert len(workers) == 2  # both worker processes contributed
