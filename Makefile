@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/promptopt score --task sst2 --split dev --limit 100
+	$(BIN)/promptopt compare --task sst2 --trials 16 --dev-limit 64 --test-limit 300 --out runs/demo $(if $(wildcard runs/demo/studies.db),--resume,)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider
@@ -30,6 +30,7 @@ bench: $(STAMP)
 	$(BIN)/python -m pip install -q lm-eval "$(TORCH)"
 	$(BIN)/python bench/bench_tcb.py
 	$(BIN)/python bench/bench_scoring.py
+	$(BIN)/python bench/bench_search.py
 
 clean:
 	rm -rf $(VENV)

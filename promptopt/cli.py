@@ -248,7 +248,8 @@ def compare(
         dev_limit=dev_limit, test_limit=test_limit, subsets=subsets, device=device, dtype=dtype, quantize=quantize,
     )
     table = run_compare(base, [s.strip() for s in strategies.split(",") if s.strip()])
-    _print_frame(table, list(table.columns), f"compare · {task} · test items · {model}", 20)
+    shown = ["strategy", "n_test", "avg_acc", "avg_tcb", "tcb_geomean", "avg_ppl", "wall_seconds", "best_trial"]
+    _print_frame(table, shown, f"compare · {task} · test items · {model}", 20)
     console.print(f"wrote {out / 'compare.csv'} and one run directory per strategy under {out}")
 
 

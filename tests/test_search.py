@@ -209,3 +209,17 @@ def test_two_workers_share_one_postgres_study(config):
     assert not [t for t in study.trials if t.state.name == "RUNNING"]
     workers = {t.user_attrs.get("worker") for t in finished}
     assert len(workers) == 2  # both worker processes contributed
+
+
+def test_compare_same_budget_seed_and_items(config, tmp_path):
+    from promptopt.search.compare import run_compare
+
+    table = run_compare(replace(config, trials=3, out=str(tmp_path / "cmp")), ["ppl", "tcb"], show_progress=False)
+    assert table["strategy"].tolist() == ["baseline", "ppl", "tcb"]
+    assert (table["n_test"] == 6).all()
+    assert {"avg_acc", "avg_tcb", "avg_ppl", "wall_seconds"} <= set(table.columns)
+    assert (tmp_path / "cmp" / "compare.csv").is_file() and (tmp_path / "cmp" / "tcb" / "best_card.yaml").is_file()
+    studies = optuna.get_all_study_summaries(f"sqlite:///{tmp_path / 'cmp' / 'studies.db'}")
+    assert sorted(s.study_name for s in studies) == ["sst2-ppl", "sst2-tcb"]
+    with pytest.raises(ConfigError, match="unknown strategy"):
+        run_compare(replace(config, out=str(tmp_path / "cmp2")), ["tcb", "nope"], show_progress=False)

@@ -56,4 +56,4 @@ def _baseline_row(base: SearchConfig) -> dict:
     lm = load_model(base.model, device=base.device, dtype=base.dtype, quantize=base.quantize)
     start = time.perf_counter()
     result = Scorer(lm, data, batch_size=base.batch_size).score(data.default_prompt(), data.test[: base.test_limit])
-    return _row("baseline (task default prompt)", result.summary, time.perf_counter() - start)
+    return _row("baseline", result.summary, time.perf_counter() - start, {"card": "task default prompt"})

@@ -212,8 +212,10 @@ def make_objective(ctx: _Context, cached, worker: int = 0):
             for offset, value in enumerate(strategy.item_values(table)):
                 trial.report(float(value), step=start + offset)  # one step per dev item: paired pruning
             if start + minibatch < len(ctx.dev) and trial.should_prune():
-                trial.set_user_attr("metrics", _trial_summary(pd.concat(frames)))
-                raise optuna.TrialPruned()
+                partial = pd.concat(frames, ignore_index=True)
+                trial.set_user_attr("metrics", _trial_summary(partial))
+                trial.set_user_attr("partial_value", float(strategy.item_values(partial).mean()))
+                raise optuna.TrialPruned()  # Optuna keeps the last per-item report as the value; see partial_value
         full = pd.concat(frames, ignore_index=True)
         trial.set_user_attr("metrics", _trial_summary(full))
         values = strategy.values(full)
