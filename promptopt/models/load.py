@@ -211,7 +211,7 @@ def _quantization_config(quantize: str | None, dtype: torch.dtype):
     if not torch.cuda.is_available():
         raise UnsupportedError(f"quantize={quantize} uses bitsandbytes, which needs a CUDA device; none was found")
     if importlib.util.find_spec("bitsandbytes") is None:
-        raise UnsupportedError(f"quantize={quantize} needs bitsandbytes: pip install 'promptopt[gpu]'")
+        raise UnsupportedError(f"quantize={quantize} needs bitsandbytes: pip install bitsandbytes")
     from transformers import BitsAndBytesConfig
 
     if quantize == "4bit":
