@@ -34,6 +34,7 @@ class GenerationResult:
     finish_reason: str  # "eos" | "stop" | "length"
     hidden: torch.Tensor  # (len(tokens), d): the hidden state that predicted each generated token
     token_char_ends: list[int] = field(default_factory=list)  # end offset of each token in `text`'s frame
+    processor_logs: list = field(default_factory=list)  # per-sequence logs of processors that keep them
 
 
 def common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
@@ -177,25 +178,32 @@ class Runner:
         max_new_tokens: int = 256,
         stop: Sequence[str] = (),
         logits_processor=None,
+        processor_factory=None,
         temperature: float = 0.0,
         top_p: float = 1.0,
         seed: int | None = None,
     ) -> list[GenerationResult]:
         """Decode each context (greedy, or sampled when temperature > 0), stopping at EOS or a stop string.
 
-        `logits_processor` is a transformers `LogitsProcessorList` (or one processor); it sees the full
-        ids so far and the raw scores, exactly as inside `model.generate`.
+        `logits_processor` is a transformers `LogitsProcessor` (or a list of them); it sees the full ids so
+        far and the raw scores, exactly as inside `model.generate`. `processor_factory` instead builds a
+        fresh one for each batch; a processor with a `finalize(output_ids)` method returns per-row logs,
+        which land in each result's `processor_logs`.
         """
         from tqdm.auto import tqdm
         from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
 
-        processors = LogitsProcessorList()
-        if logits_processor is not None:
-            processors.extend(logits_processor if isinstance(logits_processor, list) else [logits_processor])
-        if temperature > 0:
-            processors.append(TemperatureLogitsWarper(temperature))
-            if top_p < 1.0:
-                processors.append(TopPLogitsWarper(top_p))
+        def processors_for_batch() -> LogitsProcessorList:
+            processors = LogitsProcessorList()
+            chosen = processor_factory() if processor_factory is not None else logits_processor
+            if chosen is not None:
+                processors.extend(chosen if isinstance(chosen, list) else [chosen])
+            if temperature > 0:
+                processors.append(TemperatureLogitsWarper(temperature))
+                if top_p < 1.0:
+                    processors.append(TopPLogitsWarper(top_p))
+            return processors
+
         generator = None
         if temperature > 0:
             generator = torch.Generator(device=self.lm.device).manual_seed(0 if seed is None else seed)
@@ -204,7 +212,7 @@ class Runner:
         batches = [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
         for batch in tqdm(batches, desc="generating", disable=not self.progress, leave=False):
             outs = self._generate_batch(
-                [list(contexts[i]) for i in batch], max_new_tokens, list(stop), processors, temperature > 0, generator
+                [list(contexts[i]) for i in batch], max_new_tokens, list(stop), processors_for_batch(), temperature > 0, generator
             )
             for i, out in zip(batch, outs):
                 results[i] = out
@@ -241,6 +249,7 @@ class Runner:
         texts = [""] * b
         done = [False] * b
         step_ids, step_pos = ids.to(dev), positions
+        nxt = None
         with torch.inference_mode():
             for _ in range(max_new_tokens):
                 hidden, cache = self._forward(step_ids, mask, step_pos, cache)
@@ -272,9 +281,12 @@ class Runner:
                 full_ids = torch.cat([full_ids, step_ids], 1)
                 mask = torch.cat([mask, torch.ones((b, 1), dtype=mask.dtype, device=dev)], 1)
                 step_pos = step_pos[:, -1:] + 1
+        logs = [p.finalize(nxt[:, None]) for p in processors if hasattr(p, "finalize") and nxt is not None]
         results = []
         for row in range(b):
             ends = [len(tok.decode(generated[row][: i + 1], skip_special_tokens=True)) for i in range(len(generated[row]))]
             h = torch.stack(hiddens[row]) if hiddens[row] else torch.empty(0, geometry.hidden_size)
-            results.append(GenerationResult(generated[row], texts[row], reasons[row], h, ends))
+            steps = len(generated[row]) + (reasons[row] == "eos")  # steps this row really took
+            row_logs = [log[row].truncate(steps) if hasattr(log[row], "truncate") else log[row] for log in logs]
+            results.append(GenerationResult(generated[row], texts[row], reasons[row], h, ends, row_logs))
         return results

@@ -1,0 +1,106 @@
+"""Taboo stress of a prompt on a generative task (Taboo paper §3.4): how much reasoning survives when
+the model's preferred word-initial tokens are forbidden.
+
+Per taboo rank i: Acc_taboo; conditional retention R = P(correct under taboo | correct at baseline) with
+a 95% Wilson interval on |Q_correct|; marginal retention Acc_taboo / Acc_base; injected surprisal
+(S_total per item, mean ΔS per intervention, bits); interventions per item; answer-length expansion
+(mean generated tokens under taboo / at baseline).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from promptopt.errors import UserError
+from promptopt.metrics.stats import wilson_interval
+from promptopt.prompts import Prompt
+from promptopt.robustness.taboo import TabooLogitsProcessor, word_initial_mask
+from promptopt.scoring import Scorer
+from promptopt.tasks import Item
+
+
+@dataclass
+class StressResult:
+    summary: pd.DataFrame  # one row per rank
+    items: pd.DataFrame  # one row per (rank, item)
+
+
+def _run(scorer: Scorer, prompt: Prompt, items: list[Item], *, factory, temperature: float, seed: int):
+    spec, tok = scorer.task.spec, scorer.lm.tokenizer
+    contexts = [tok(prompt.context(it.question, None, tok), add_special_tokens=prompt.add_special_tokens)["input_ids"] for it in items]
+    gens = scorer.runner.generate(
+        contexts, max_new_tokens=spec.max_new_tokens, stop=spec.stop, processor_factory=factory, temperature=temperature, seed=seed
+    )
+    rows = []
+    for item, gen in zip(items, gens):
+        answer, _, correct = scorer._judge(item, gen.text)
+        log = gen.processor_logs[0] if gen.processor_logs else None
+        rows.append(
+            {
+                "item_id": item.id,
+                "correct": bool(correct),
+                "pred": answer,
+                "generated_tokens": len(gen.tokens),
+                "interventions": log.interventions if log else 0,
+                "surprisal_bits": log.total_bits if log else 0.0,
+                "output": gen.text,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def taboo_stress(
+    scorer: Scorer,
+    prompt: Prompt,
+    items: list[Item],
+    *,
+    ranks: tuple[int, ...] = (1, 2, 4, 8),
+    mode: str = "word_initial",
+    temperature: float = 0.0,
+    seed: int = 0,
+) -> StressResult:
+    """Baseline decoding, then taboo decoding at each rank, on the same items with the same settings."""
+    if not scorer.task.spec.generative:
+        raise UserError(
+            f"taboo stress needs a generative task (answer type number, alias_match or code); "
+            f"{scorer.task.spec.name} is scored by log-likelihood"
+        )
+    if not items:
+        raise UserError("no items to stress")
+    mask = word_initial_mask(scorer.lm.tokenizer, scorer.lm.geometry.vocab_size)
+    base = _run(scorer, prompt, items, factory=None, temperature=temperature, seed=seed)
+    base_correct = base["correct"].to_numpy()
+    frames = [base.assign(rank=0)]
+    summary = [_summary_row(0, base, base_correct, base)]
+    for rank in ranks:
+        taboo = _run(scorer, prompt, items, factory=lambda r=rank: TabooLogitsProcessor(mask, r, mode=mode), temperature=temperature, seed=seed)
+        frames.append(taboo.assign(rank=rank))
+        summary.append(_summary_row(rank, taboo, base_correct, base))
+    return StressResult(pd.DataFrame(summary), pd.concat(frames, ignore_index=True))
+
+
+def _summary_row(rank: int, run: pd.DataFrame, base_correct: np.ndarray, base: pd.DataFrame) -> dict:
+    correct = run["correct"].to_numpy()
+    n_base = int(base_correct.sum())
+    kept = int((correct & base_correct).sum())
+    low, high = wilson_interval(kept, n_base)
+    acc_base = float(base_correct.mean())
+    interventions = int(run["interventions"].sum())
+    base_len = float(base["generated_tokens"].mean())
+    return {
+        "rank": rank,
+        "n": len(run),
+        "accuracy": float(correct.mean()),
+        "retention": kept / n_base if n_base else float("nan"),  # undefined without baseline-correct items
+        "retention_ci_low": low,
+        "retention_ci_high": high,
+        "n_base_correct": n_base,
+        "marginal_retention": float(correct.mean()) / acc_base if acc_base > 0 else float("nan"),
+        "surprisal_total_per_item": float(run["surprisal_bits"].mean()),
+        "mean_surprisal_per_intervention": float(run["surprisal_bits"].sum()) / interventions if interventions else 0.0,
+        "interventions_per_item": interventions / len(run),
+        "length_expansion": float(run["generated_tokens"].mean()) / base_len if base_len > 0 else float("nan"),
+    }

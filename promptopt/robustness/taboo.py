@@ -1,0 +1,129 @@
+"""Decoding-level Taboo (Taboo paper §2): at word-initial steps, mask the model's top-i candidates.
+
+At step t, if the *nominal* top candidate is word-initial, the i highest logits are set to −inf and
+decoding (greedy or sampled) continues from the rest; otherwise nothing changes. The injected surprisal
+
+    ΔS_t = log2 P_nom(x_nom) − log2 P_nom(x*) ≥ 0   (bits, under the unmasked distribution)
+
+is logged per sequence. x* is whatever token was actually emitted, read from `input_ids` at the next call
+(or by `finalize`), so greedy and sampling share one code path. Mid-word ablation masks the top-i only
+where the nominal top candidate is *not* word-initial: a mode, not a separate implementation.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+_LOG2E = 1.0 / math.log(2.0)
+
+
+def word_initial_mask(tokenizer, vocab_size: int | None = None) -> torch.Tensor:
+    """Boolean mask over the vocabulary: tokens that start a new word.
+
+    Byte-level BPE marks a leading space with 'Ġ', SentencePiece with '▁'; other tokenizers fall back to
+    decoding each token and checking for a leading space. Special tokens are never word-initial.
+    """
+    size = vocab_size or len(tokenizer)
+    tokens = tokenizer.convert_ids_to_tokens(list(range(min(size, len(tokenizer)))))
+    special = set(tokenizer.all_special_ids)
+    strings = [t if isinstance(t, str) else "" for t in tokens]
+    n_bpe = sum(s.startswith("Ġ") for s in strings)
+    n_sp = sum(s.startswith("▁") for s in strings)
+    if max(n_bpe, n_sp) >= 0.05 * len(strings):
+        marker = "Ġ" if n_bpe >= n_sp else "▁"
+        flags = [s.startswith(marker) for s in strings]
+    else:
+        flags = [tokenizer.decode([i]).startswith(" ") for i in range(len(strings))]
+    mask = torch.zeros(size, dtype=torch.bool)
+    mask[: len(flags)] = torch.tensor(flags, dtype=torch.bool)
+    for i in special:
+        if i < size:
+            mask[i] = False
+    return mask
+
+
+@dataclass
+class TabooLog:
+    """What happened to one sequence: per intervened step, its index and ΔS in bits."""
+
+    steps: list[int] = field(default_factory=list)
+    delta_bits: list[float] = field(default_factory=list)
+
+    def truncate(self, n_steps: int) -> TabooLog:
+        keep = [i for i, s in enumerate(self.steps) if s < n_steps]
+        return TabooLog([self.steps[i] for i in keep], [self.delta_bits[i] for i in keep])
+
+    @property
+    def interventions(self) -> int:
+        return len(self.steps)
+
+    @property
+    def total_bits(self) -> float:
+        return float(sum(self.delta_bits))
+
+
+class TabooLogitsProcessor:
+    """A transformers LogitsProcessor (callable on (input_ids, scores)) that applies the taboo mask.
+
+    Usable with `model.generate(logits_processor=LogitsProcessorList([proc]))` and with promptopt's own
+    decoding loop. After generation, call `finalize(output_ids)` to account for the last step, then read
+    `logs[row]`. One processor serves one batch of sequences; call `reset()` before reusing it.
+    """
+
+    def __init__(self, word_initial: torch.Tensor, rank: int = 1, *, mode: str = "word_initial") -> None:
+        if rank < 1:
+            raise ValueError(f"taboo rank must be >= 1, got {rank}")
+        if mode not in ("word_initial", "mid_word"):
+            raise ValueError(f"mode must be word_initial or mid_word, got {mode!r}")
+        self.word_initial = word_initial.bool()
+        self.rank = rank
+        self.mode = mode
+        self.reset()
+
+    def reset(self) -> None:
+        self.logs: list[TabooLog] = []
+        self._step = 0
+        self._pending: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # rows, nominal logp, nominal id
+
+    def _settle(self, chosen: torch.Tensor) -> None:
+        """Record ΔS for the interventions of the previous step, now that the emitted tokens are known."""
+        if self._pending is None:
+            return
+        rows, logp, nominal = self._pending
+        picked = chosen[rows].to(logp.device)
+        delta = (logp.gather(1, nominal[:, None]) - logp.gather(1, picked[:, None])).squeeze(1) * _LOG2E
+        for row, value in zip(rows.tolist(), delta.clamp_min(0.0).tolist()):
+            self.logs[row].steps.append(self._step - 1)
+            self.logs[row].delta_bits.append(value)
+        self._pending = None
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        batch = scores.shape[0]
+        while len(self.logs) < batch:
+            self.logs.append(TabooLog())
+        if self._step > 0:
+            self._settle(input_ids[:, -1])
+        mask = self.word_initial.to(scores.device)
+        if mask.shape[0] < scores.shape[1]:  # padded embedding rows are never word-initial
+            mask = torch.cat([mask, mask.new_zeros(scores.shape[1] - mask.shape[0])])
+        nominal = scores.argmax(-1)
+        initial = mask[nominal]
+        trigger = initial if self.mode == "word_initial" else ~initial
+        rows = trigger.nonzero().squeeze(1)
+        if rows.numel():
+            logp = torch.log_softmax(scores[rows].float(), dim=-1)
+            self._pending = (rows, logp, nominal[rows])
+            top = scores[rows].topk(self.rank, dim=-1).indices
+            scores = scores.clone()
+            scores[rows[:, None], top] = float("-inf")
+        self._step += 1
+        return scores
+
+    def finalize(self, output_ids: torch.Tensor) -> list[TabooLog]:
+        """Account for the last step's interventions (the emitted tokens are the last column)."""
+        if self._pending is not None:
+            self._settle(output_ids[:, -1])
+        return self.logs
