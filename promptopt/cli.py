@@ -235,6 +235,8 @@ def compare(
     dev_limit: Optional[int] = typer.Option(None, "--dev-limit", min=1),
     test_limit: Optional[int] = typer.Option(None, "--test-limit", min=1),
     subsets: Optional[str] = typer.Option(None, "--subsets"),
+    suite: str = typer.Option("default", "--suite", help="perturbation suite for the robustness columns, or 'none'"),
+    robust_limit: Optional[int] = typer.Option(None, "--robust-limit", min=1, help="test items used for robustness (default: all)"),
     device: str = DeviceOpt,
     dtype: Optional[str] = DtypeOpt,
     quantize: Optional[str] = QuantizeOpt,
@@ -247,10 +249,95 @@ def compare(
         task=task, strategy="tcb", trials=trials, model=model, storage=storage, seed=seed, out=str(out), resume=resume,
         dev_limit=dev_limit, test_limit=test_limit, subsets=subsets, device=device, dtype=dtype, quantize=quantize,
     )
-    table = run_compare(base, [s.strip() for s in strategies.split(",") if s.strip()])
-    shown = ["strategy", "n_test", "avg_acc", "avg_tcb", "tcb_geomean", "avg_ppl", "wall_seconds", "best_trial"]
+    table = run_compare(base, [s.strip() for s in strategies.split(",") if s.strip()],
+                        suite=None if suite == "none" else suite, robust_limit=robust_limit)
+    shown = ["strategy", "avg_acc", "avg_tcb", "avg_ppl", "acc_var_pert", "pdr", "acc_worst", "taboo_retention_i1", "wall_seconds"]
     _print_frame(table, shown, f"compare · {task} · test items · {model}", 20)
     console.print(f"wrote {out / 'compare.csv'} and one run directory per strategy under {out}")
+
+
+def _load_for_card(task: str, prompt_path: Optional[Path], model: str, device: str, dtype, quantize, subsets, batch_size: int = 16):
+    from promptopt.models import load_model
+    from promptopt.prompts import load_card
+    from promptopt.scoring import Scorer
+    from promptopt.tasks import load_task
+
+    data = load_task(task, subsets=subsets.split(",") if subsets else None)
+    prompt = load_card(prompt_path)[0] if prompt_path else data.default_prompt()
+    lm = load_model(model, device=device, dtype=dtype, quantize=quantize)
+    return data, prompt, Scorer(lm, data, batch_size=batch_size, progress=True)
+
+
+@app.command()
+def evaluate(
+    task: str = typer.Option(..., "--task", help="built-in task name or task YAML"),
+    prompt: Optional[Path] = typer.Option(None, "--prompt", help="prompt card (default: the task's own prompt)"),
+    suite: str = typer.Option("default", "--suite", help="built-in suite name (default, quick) or a suite YAML"),
+    model: str = ModelOpt,
+    split: str = typer.Option("test", "--split", help="dev or test"),
+    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="only the first N items"),
+    out: Optional[Path] = typer.Option(None, "--out", help="write families (.csv) and a .json summary"),
+    subsets: Optional[str] = typer.Option(None, "--subsets"),
+    device: str = DeviceOpt,
+    dtype: Optional[str] = DtypeOpt,
+    quantize: Optional[str] = QuantizeOpt,
+) -> None:
+    """Robustness of a prompt under a perturbation suite: per-family accuracy, PDR, AccVar, Acc_worst."""
+    from promptopt.robustness.suite import evaluate_robustness, load_suite
+
+    _quiet_libraries()
+    the_suite = load_suite(suite)
+    data, the_prompt, scorer = _load_for_card(task, prompt, model, device, dtype, quantize, subsets)
+    result = evaluate_robustness(scorer, the_prompt, data.split(split)[:limit], the_suite, pool=data.pool)
+    columns = ["family", "n_variants", "dropped_not_applicable", "dropped_protection", "dropped_similarity",
+               "acc_clean_same_items", "acc_perturbed", "pdr", "tcb_clean_mean", "tcb_perturbed_mean"]
+    _print_frame(result.families, columns, f"robustness · {data.spec.name} · suite {the_suite.name}", 50)
+    _print_summary(result.summary, "summary")
+    if out is not None:
+        from promptopt.yamlio import atomic_write_bytes_via, atomic_write_text
+
+        atomic_write_bytes_via(out.with_suffix(".csv"), lambda p: result.families.to_csv(p, index=False))
+        atomic_write_text(out.with_suffix(".json"), json.dumps(result.summary, indent=1, default=str))
+
+
+@app.command()
+def stress(
+    task: str = typer.Option(..., "--task", help="a generative task (number, alias_match or code answers)"),
+    prompt: Optional[Path] = typer.Option(None, "--prompt", help="prompt card (default: the task's own prompt)"),
+    ranks: str = typer.Option("1,2,4,8", "--ranks", help="taboo ranks i (top-i masked)"),
+    mid_word: bool = typer.Option(False, "--mid-word", help="ablation: mask only where the nominal token is mid-word"),
+    temperature: float = typer.Option(0.0, "--temperature", min=0.0, help="0 = greedy; > 0 samples with --seed"),
+    seed: int = typer.Option(0, "--seed"),
+    model: str = ModelOpt,
+    split: str = typer.Option("test", "--split"),
+    limit: Optional[int] = typer.Option(None, "--limit", min=1),
+    out: Optional[Path] = typer.Option(None, "--out", help="write the per-rank table (.csv) and per-item rows (.parquet)"),
+    subsets: Optional[str] = typer.Option(None, "--subsets"),
+    device: str = DeviceOpt,
+    dtype: Optional[str] = DtypeOpt,
+    quantize: Optional[str] = QuantizeOpt,
+) -> None:
+    """Decoding-level taboo stress: retention (95% Wilson CI), injected surprisal and length expansion per rank."""
+    from promptopt.robustness import taboo_stress
+
+    _quiet_libraries()
+    try:
+        rank_list = tuple(int(r) for r in ranks.split(",") if r.strip())
+    except ValueError:
+        raise UserError(f"--ranks {ranks!r}: expected comma-separated positive integers") from None
+    if not rank_list or min(rank_list) < 1:
+        raise UserError(f"--ranks {ranks!r}: expected comma-separated positive integers")
+    data, the_prompt, scorer = _load_for_card(task, prompt, model, device, dtype, quantize, subsets)
+    result = taboo_stress(scorer, the_prompt, data.split(split)[:limit], ranks=rank_list,
+                          mode="mid_word" if mid_word else "word_initial", temperature=temperature, seed=seed)
+    columns = ["rank", "n", "accuracy", "retention", "retention_ci_low", "retention_ci_high", "marginal_retention",
+               "mean_surprisal_per_intervention", "surprisal_total_per_item", "interventions_per_item", "length_expansion"]
+    _print_frame(result.summary, columns, f"taboo stress · {data.spec.name} · {'mid-word' if mid_word else 'word-initial'}", 20)
+    if out is not None:
+        from promptopt.yamlio import atomic_write_bytes_via
+
+        atomic_write_bytes_via(out.with_suffix(".csv"), lambda p: result.summary.to_csv(p, index=False))
+        atomic_write_bytes_via(out.with_suffix(".parquet"), lambda p: result.items.to_parquet(p, index=False))
 
 
 @app.command()

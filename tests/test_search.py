@@ -214,10 +214,11 @@ def test_two_workers_share_one_postgres_study(config):
 def test_compare_same_budget_seed_and_items(config, tmp_path):
     from promptopt.search.compare import run_compare
 
-    table = run_compare(replace(config, trials=3, out=str(tmp_path / "cmp")), ["ppl", "tcb"], show_progress=False)
+    table = run_compare(replace(config, trials=3, out=str(tmp_path / "cmp")), ["ppl", "tcb"], suite="quick", show_progress=False)
     assert table["strategy"].tolist() == ["baseline", "ppl", "tcb"]
     assert (table["n_test"] == 6).all()
-    assert {"avg_acc", "avg_tcb", "avg_ppl", "wall_seconds"} <= set(table.columns)
+    assert {"avg_acc", "avg_tcb", "avg_ppl", "wall_seconds", "acc_var_pert", "pdr", "acc_worst", "taboo_retention_i1"} <= set(table.columns)
+    assert table["acc_worst"].notna().all() and table["acc_worst_family"].notna().all()
     assert (tmp_path / "cmp" / "compare.csv").is_file() and (tmp_path / "cmp" / "tcb" / "best_card.yaml").is_file()
     studies = optuna.get_all_study_summaries(f"sqlite:///{tmp_path / 'cmp' / 'studies.db'}")
     assert sorted(s.study_name for s in studies) == ["sst2-ppl", "sst2-tcb"]

