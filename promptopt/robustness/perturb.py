@@ -94,12 +94,22 @@ class _NlpaugOperator(Operator):
     """nlpaug with whitespace tokens: its default tokenizer re-spaces punctuation ("didn ' t") and would
     change the text beyond the words it means to change."""
 
+    _warmed: set[str] = set()
+
     def augmenter(self, stopwords: list[str]):
         raise NotImplementedError
 
     def apply(self, prompt, item, seed, context):
-        _seed_everything(seed)
-        augmented = self.augmenter(protected_words(prompt, item)).augment(item.question)
+        aug = self.augmenter(protected_words(prompt, item))
+        model = getattr(aug, "model", None)
+        if model is not None and hasattr(model, "predict"):  # candidates may come from a set: fix their order
+            predict = model.predict
+            model.predict = lambda *args, **kwargs: sorted(predict(*args, **kwargs) or [])
+        if self.name not in _NlpaugOperator._warmed:  # first use loads WordNet/lexicons and draws random numbers
+            aug.augment("the quick brown fox jumps over the lazy dog")
+            _NlpaugOperator._warmed.add(self.name)
+        _seed_everything(seed)  # seeded right before the draw: the variant depends on the seed alone
+        augmented = aug.augment(item.question)
         text = augmented[0] if isinstance(augmented, list) else augmented
         return Variant(prompt, replace(item, question=text)) if text else None
 
