@@ -78,6 +78,18 @@ def _print_summary(summary: dict, title: str) -> None:
     console.print(table)
 
 
+def _load_for_card(task: str, prompt_path: Optional[Path], model: str, device: str, dtype, quantize, subsets, batch_size: int = 16):
+    from promptopt.models import load_model
+    from promptopt.prompts import load_card
+    from promptopt.scoring import Scorer
+    from promptopt.tasks import load_task
+
+    data = load_task(task, subsets=subsets.split(",") if subsets else None)
+    prompt = load_card(prompt_path)[0] if prompt_path else data.default_prompt()
+    lm = load_model(model, device=device, dtype=dtype, quantize=quantize)
+    return data, prompt, Scorer(lm, data, batch_size=batch_size, progress=True)
+
+
 @app.command()
 def score(
     task: str = typer.Option(..., "--task", help="built-in task name or path to a task YAML"),
@@ -94,22 +106,13 @@ def score(
     quantize: Optional[str] = QuantizeOpt,
 ) -> None:
     """Score a prompt on a task: per-item correctness, δ_TCB, V_eff, margin and PPL, then a summary."""
-    from promptopt.models import load_model
-    from promptopt.prompts import load_card
-    from promptopt.scoring import Scorer
-    from promptopt.tasks import load_task
-
     _quiet_libraries()
     if out is not None and out.suffix not in (".parquet", ".csv"):
         raise UserError(f"--out {out}: use a .parquet or .csv file name")
-    data = load_task(task, subsets=subsets.split(",") if subsets else None)
-    items = data.split(split)[:limit]
-    the_prompt = load_card(prompt)[0] if prompt else data.default_prompt()
-    lm = load_model(model, device=device, dtype=dtype, quantize=quantize)
-    scorer = Scorer(lm, data, batch_size=batch_size, progress=True)
-    result = scorer.score(the_prompt, items)
+    data, the_prompt, scorer = _load_for_card(task, prompt, model, device, dtype, quantize, subsets, batch_size)
+    result = scorer.score(the_prompt, data.split(split)[:limit])
     columns = ["item_id", "correct", "pred", "gold", "tcb", "v_eff", "margin", "target_nll", "ppl"]
-    _print_frame(result.table, columns, f"{data.spec.name} · {split} · {lm.name}", rows)
+    _print_frame(result.table, columns, f"{data.spec.name} · {split} · {scorer.lm.name}", rows)
     _print_summary(result.summary, "summary")
     if out is not None:
         from promptopt.yamlio import atomic_write_bytes_via, atomic_write_text
@@ -256,18 +259,6 @@ def compare(
     console.print(f"wrote {out / 'compare.csv'} and one run directory per strategy under {out}")
 
 
-def _load_for_card(task: str, prompt_path: Optional[Path], model: str, device: str, dtype, quantize, subsets, batch_size: int = 16):
-    from promptopt.models import load_model
-    from promptopt.prompts import load_card
-    from promptopt.scoring import Scorer
-    from promptopt.tasks import load_task
-
-    data = load_task(task, subsets=subsets.split(",") if subsets else None)
-    prompt = load_card(prompt_path)[0] if prompt_path else data.default_prompt()
-    lm = load_model(model, device=device, dtype=dtype, quantize=quantize)
-    return data, prompt, Scorer(lm, data, batch_size=batch_size, progress=True)
-
-
 @app.command()
 def evaluate(
     task: str = typer.Option(..., "--task", help="built-in task name or task YAML"),
@@ -288,7 +279,7 @@ def evaluate(
     _quiet_libraries()
     the_suite = load_suite(suite)
     data, the_prompt, scorer = _load_for_card(task, prompt, model, device, dtype, quantize, subsets)
-    result = evaluate_robustness(scorer, the_prompt, data.split(split)[:limit], the_suite, pool=data.pool)
+    result = evaluate_robustness(scorer, the_prompt, data.split(split)[:limit], the_suite, pool=data.pool, progress=True)
     columns = ["family", "n_variants", "dropped_not_applicable", "dropped_protection", "dropped_similarity",
                "acc_clean_same_items", "acc_perturbed", "pdr", "tcb_clean_mean", "tcb_perturbed_mean"]
     _print_frame(result.families, columns, f"robustness · {data.spec.name} · suite {the_suite.name}", 50)

@@ -105,3 +105,21 @@ def atomic_write_bytes_via(path: str | Path, writer) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def builtin_names(folder: Path) -> list[str]:
+    return sorted(p.stem for p in Path(folder).glob("*.yaml"))
+
+
+def load_named_yaml(name_or_path: str, folder: Path, kind: str) -> tuple[dict, str]:
+    """A built-in YAML by name (from `folder`) or any YAML by path -> (mapping, where it came from)."""
+    path = Path(name_or_path)
+    if name_or_path.endswith((".yaml", ".yml")) or path.is_file():
+        return load_yaml(path), str(path)
+    builtin = Path(folder) / f"{name_or_path}.yaml"
+    if not builtin.is_file():
+        raise ConfigError(
+            f"unknown {kind} '{name_or_path}': built-in {kind}s are {', '.join(builtin_names(folder))}, "
+            f"or give the path of a {kind} YAML"
+        )
+    return load_yaml(builtin), str(builtin)

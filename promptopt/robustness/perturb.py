@@ -239,6 +239,7 @@ class LMParaphraseOperator(Operator):
     """A paraphrase written by the loaded instruct model (chat template), greedy, numbers kept."""
 
     name = "lm_paraphrase"
+    _memo: dict[tuple[str, str], str] = {}  # (model, question) -> paraphrase: the same for every prompt
     INSTRUCTION = (
         "Rewrite the following text in different words. Keep its meaning, every number and every name "
         "unchanged. Reply with the rewritten text only.\n\n{text}"
@@ -251,14 +252,22 @@ class LMParaphraseOperator(Operator):
         if not lm.has_chat_template:
             raise UnsupportedError(f"lm_paraphrase needs an instruct model with a chat template; {lm.name} has none")
         tok = lm.tokenizer
-        contexts = []
+        todo = [item for item in items if (lm.name, item.question) not in self._memo]
+        if todo:
+            contexts = []
+            for item in todo:
+                text = tok.apply_chat_template([{"role": "user", "content": self.INSTRUCTION.format(text=item.question)}],
+                                               tokenize=False, add_generation_prompt=True)
+                contexts.append(tok(text, add_special_tokens=False)["input_ids"])
+            longest = max(len(tok(item.question)["input_ids"]) for item in todo)
+            gens = context["runner"].generate(contexts, max_new_tokens=int(longest * 1.5) + 16, stop=["\n\n"])
+            for item, gen in zip(todo, gens):
+                self._memo[(lm.name, item.question)] = gen.text.strip()
+        variants = []
         for item in items:
-            text = tok.apply_chat_template([{"role": "user", "content": self.INSTRUCTION.format(text=item.question)}],
-                                           tokenize=False, add_generation_prompt=True)
-            contexts.append(tok(text, add_special_tokens=False)["input_ids"])
-        longest = max(len(tok(item.question)["input_ids"]) for item in items)
-        gens = context["runner"].generate(contexts, max_new_tokens=int(longest * 1.5) + 16, stop=["\n\n"])
-        return [Variant(prompt, replace(item, question=gen.text.strip())) if gen.text.strip() else None for item, gen in zip(items, gens)]
+            text = self._memo[(lm.name, item.question)]
+            variants.append(Variant(prompt, replace(item, question=text)) if text else None)
+        return variants
 
 
 OPERATORS = {cls.name: cls for cls in (

@@ -15,13 +15,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from promptopt.errors import ConfigError
 from promptopt.metrics.stats import accuracy_variance, performance_drop_rate, worst_case
 from promptopt.prompts import Prompt
 from promptopt.robustness.perturb import OPERATORS, Variant, protected_words, protection_holds, variant_seed
 from promptopt.scoring import Scorer
 from promptopt.tasks import Item
-from promptopt.yamlio import Fields, load_yaml
+from promptopt.yamlio import Fields, builtin_names, load_named_yaml
 
 BUILTIN_DIR = Path(__file__).resolve().parent.parent / "perturbations"
 
@@ -73,17 +72,12 @@ def parse_suite(data: dict, where: str) -> Suite:
 
 
 def builtin_suite_names() -> list[str]:
-    return sorted(p.stem for p in BUILTIN_DIR.glob("*.yaml"))
+    return builtin_names(BUILTIN_DIR)
 
 
 def load_suite(name_or_path: str) -> Suite:
-    path = Path(name_or_path)
-    if name_or_path.endswith((".yaml", ".yml")) or path.is_file():
-        return parse_suite(load_yaml(path), str(path))
-    builtin = BUILTIN_DIR / f"{name_or_path}.yaml"
-    if not builtin.is_file():
-        raise ConfigError(f"unknown suite '{name_or_path}': built-in suites are {', '.join(builtin_suite_names())}, or give a YAML path")
-    return parse_suite(load_yaml(builtin), str(builtin))
+    """A built-in suite by name or a suite YAML by path."""
+    return parse_suite(*load_named_yaml(name_or_path, BUILTIN_DIR, "suite"))
 
 
 class Similarity:
@@ -144,13 +138,23 @@ class RobustnessResult:
 
 
 def evaluate_robustness(
-    scorer: Scorer, prompt: Prompt, items: list[Item], suite: Suite, *, pool: list[Item], similarity: Similarity | None = None
+    scorer: Scorer,
+    prompt: Prompt,
+    items: list[Item],
+    suite: Suite,
+    *,
+    pool: list[Item],
+    similarity: Similarity | None = None,
+    progress: bool = False,
+    desc: str = "robustness",
 ) -> RobustnessResult:
+    from tqdm.auto import tqdm
+
     similarity = similarity or Similarity()
     clean = scorer.score(prompt, items).table.set_index("item_id")
     context = {"pool": pool, "evaluated": {i.id for i in items}, "distractors": list(suite.distractors), "lm": scorer.lm, "runner": scorer.runner}
     rows, variant_rows = [], []
-    for family in suite.families:
+    for family in tqdm(suite.families, desc=desc, disable=not progress, leave=False):
         kept, counts = make_variants(suite, family, prompt, items, context, similarity)
         tables = []
         groups: dict[str, list[Variant]] = {}

@@ -29,7 +29,7 @@ def run_compare(
     `suite=None` skips the robustness columns; `robust_limit` caps the test items they use."""
     from promptopt.models import load_model
     from promptopt.prompts import load_card
-    from promptopt.robustness.suite import load_suite
+    from promptopt.robustness.suite import Similarity, load_suite
     from promptopt.scoring import Scorer
     from promptopt.tasks import load_task
 
@@ -54,8 +54,9 @@ def run_compare(
     rows.insert(0, _row("baseline", baseline.summary, time.perf_counter() - start, {"card": "task default prompt"}))
     prompts["baseline"] = data.default_prompt()
     if the_suite is not None:
+        similarity = Similarity()  # one embedding model for every prompt
         for row in rows:
-            row.update(_robustness(scorer, prompts[row["strategy"]], test[:robust_limit], the_suite, data))
+            row.update(_robustness(scorer, prompts[row["strategy"]], test[:robust_limit], the_suite, data, similarity, show_progress))
     table = pd.DataFrame(rows)
     atomic_write_bytes_via(out / "compare.csv", lambda p: table.to_csv(p, index=False))
     atomic_write_bytes_via(out / "compare.parquet", lambda p: table.to_parquet(p, index=False))
@@ -76,11 +77,12 @@ def _row(name: str, summary: dict, wall: float | None, extra: dict | None = None
     return row
 
 
-def _robustness(scorer, prompt, items, suite, data) -> dict:
+def _robustness(scorer, prompt, items, suite, data, similarity, progress) -> dict:
     from promptopt.robustness import taboo_stress
     from promptopt.robustness.suite import evaluate_robustness
 
-    rob = evaluate_robustness(scorer, prompt, items, suite, pool=data.pool)
+    rob = evaluate_robustness(scorer, prompt, items, suite, pool=data.pool, similarity=similarity, progress=progress,
+                              desc=f"robustness {prompt.task}")
     out = {
         "acc_var_pert": rob.summary["acc_var_pert"],
         "pdr": rob.summary["pdr"],

@@ -35,7 +35,7 @@ from pathlib import Path
 from promptopt.errors import ConfigError, DataError
 from promptopt.prompts import Prompt, PromptTemplate
 from promptopt.tasks.data import Item, TaskData
-from promptopt.yamlio import Fields, load_yaml
+from promptopt.yamlio import Fields, builtin_names, load_named_yaml
 
 BUILTIN_DIR = Path(__file__).resolve().parent.parent / "search_spaces"
 _MAX_PERMUTATION_TABLE = 5
@@ -149,18 +149,9 @@ def parse_space(data: dict, where: str) -> SearchSpace:
 
 
 def builtin_space_names() -> list[str]:
-    return sorted(p.stem for p in BUILTIN_DIR.glob("*.yaml"))
+    return builtin_names(BUILTIN_DIR)
 
 
 def load_space(name_or_path: str) -> SearchSpace:
-    """A built-in space (by task name) or a space YAML by path."""
-    path = Path(name_or_path)
-    if name_or_path.endswith((".yaml", ".yml")) or path.is_file():
-        return parse_space(load_yaml(path), str(path))
-    builtin = BUILTIN_DIR / f"{name_or_path}.yaml"
-    if not builtin.is_file():
-        raise ConfigError(
-            f"no search space for '{name_or_path}': built-in spaces are {', '.join(builtin_space_names())}, "
-            "or pass --space PATH"
-        )
-    return parse_space(load_yaml(builtin), str(builtin))
+    """A built-in space (by task name) or a space YAML by path (--space)."""
+    return parse_space(*load_named_yaml(name_or_path, BUILTIN_DIR, "search space"))

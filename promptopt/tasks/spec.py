@@ -29,9 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from promptopt.errors import ConfigError
 from promptopt.prompts import PromptTemplate
-from promptopt.yamlio import Fields, load_yaml
+from promptopt.yamlio import Fields, builtin_names, load_named_yaml
 
 ANSWER_TYPES = ("multiple_choice", "number", "alias_match", "code")
 _SPLIT_ROLES = ("pool", "dev", "test")
@@ -188,18 +187,9 @@ BUILTIN_DIR = Path(__file__).parent / "builtin"
 
 
 def builtin_task_names() -> list[str]:
-    return sorted(p.stem for p in BUILTIN_DIR.glob("*.yaml"))
+    return builtin_names(BUILTIN_DIR)
 
 
 def load_task_spec(name_or_path: str) -> TaskSpec:
     """A built-in task by name, or a task YAML by path."""
-    path = Path(name_or_path)
-    if name_or_path.endswith((".yaml", ".yml")) or path.is_file():
-        return parse_task(load_yaml(path), str(path))
-    builtin = BUILTIN_DIR / f"{name_or_path}.yaml"
-    if not builtin.is_file():
-        raise ConfigError(
-            f"unknown task '{name_or_path}': built-in tasks are {', '.join(builtin_task_names())}, "
-            "or give the path of a task YAML"
-        )
-    return parse_task(load_yaml(builtin), str(builtin))
+    return parse_task(*load_named_yaml(name_or_path, BUILTIN_DIR, "task"))
