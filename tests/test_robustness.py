@@ -146,3 +146,33 @@ def test_variants_are_identical_across_processes_and_hash_seeds():
         for h in (1, 2, 3)
     }
     assert len(outputs) == 1
+
+
+def test_protection_drops_are_counted(tmp_path, monkeypatch):
+    from promptopt.robustness import perturb
+    from promptopt.robustness.perturb import Operator, Variant
+
+    class ChangeNumbers(Operator):
+        name = "change_numbers"
+
+        def apply(self, prompt, item, seed, context):
+            return Variant(prompt, Item(item.id, item.question.replace("16", "61"), item.gold, item.target))
+
+    monkeypatch.setitem(perturb.OPERATORS, "change_numbers", ChangeNumbers)
+    monkeypatch.setattr("promptopt.robustness.suite.OPERATORS", perturb.OPERATORS)
+    suite = parse_suite({"similarity_threshold": 0.0, "families": {"bad": {"operator": "change_numbers"}}}, str(tmp_path / "s.yaml"))
+    other = Item("q2", "How many legs do 2 cats have?", "8", "8")
+    kept, counts = make_variants(suite, suite.families[0], PROMPT, [ITEM, other], {}, Similarity())
+    assert counts["protection"] == 1 and counts["unchanged"] == 1 and not kept  # q2 has no 16: unchanged
+
+
+def test_lm_paraphrase_is_deterministic(tiny_lm):
+    from promptopt.models import Runner
+    from promptopt.robustness.perturb import LMParaphraseOperator
+
+    items = [Item("a", "Tom has 3 apples and buys 2 more.", "5", "5"), Item("b", "What is the capital of France?", "Paris", "Paris")]
+    context = {"lm": tiny_lm, "runner": Runner(tiny_lm)}
+    first = [v and v.item.question for v in LMParaphraseOperator().apply_many(PROMPT, items, [1, 2], context)]
+    LMParaphraseOperator._memo.clear()
+    second = [v and v.item.question for v in LMParaphraseOperator().apply_many(PROMPT, items, [1, 2], context)]
+    assert first == second and any(first)

