@@ -112,7 +112,10 @@ class Runner:
         fed = [tuple(list(ctx) + list(cont))[:-1] for ctx, cont in requests]
         unique = list(dict.fromkeys(fed))  # identical inputs (e.g. one-token choices) run once
         prefix_len, kv = self._prefix(unique, min(len(ctx) for ctx, _ in requests) - 1)
-        hidden_of: dict[tuple[int, ...], torch.Tensor] = {}
+        first_needed: dict[tuple[int, ...], int] = {}  # earliest position any request reads from each input
+        for (ctx, _), seq in zip(requests, fed):
+            first_needed[seq] = min(first_needed.get(seq, len(seq)), len(ctx) - 1 - prefix_len)
+        hidden_of: dict[tuple[int, ...], torch.Tensor] = {}  # only the needed rows, so batches can be freed
         order = sorted(unique, key=len, reverse=True)
         pad = self.lm.tokenizer.pad_token_id or 0
         batches = [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
@@ -130,14 +133,14 @@ class Runner:
             with torch.inference_mode():
                 hidden, _ = self._forward(ids.to(dev), mask.to(dev), positions.to(dev), self._cache_for(kv, len(batch)))
             for row, seq in enumerate(batch):
-                hidden_of[seq] = hidden[row, : len(seq) - prefix_len].float()
+                hidden_of[seq] = hidden[row, first_needed[seq] : len(seq) - prefix_len].float().clone()
 
         # One batched vocabulary projection for every position any request needs (a per-request matvec
         # would re-read W each time); positions shared by requests are projected once.
         slots: dict[tuple[tuple[int, ...], int], int] = {}
         rows, wanted_row, wanted_token = [], [], []
         for (ctx, cont), seq in zip(requests, fed):
-            first = len(ctx) - 1 - prefix_len
+            first = len(ctx) - 1 - prefix_len - first_needed[seq]
             for i, token in enumerate(cont):
                 if (seq, first + i) not in slots:
                     slots[(seq, first + i)] = len(rows)
@@ -151,7 +154,7 @@ class Runner:
             cursor += len(cont)
             token_lp = logprobs[span]
             greedy = bool((argmax[torch.tensor(wanted_row[span])] == torch.tensor(wanted_token[span])).all())
-            first = len(ctx) - 1 - prefix_len
+            first = len(ctx) - 1 - prefix_len - first_needed[seq]
             results.append(LoglikelihoodResult(float(token_lp.sum()), token_lp.tolist(), greedy, hidden_of[seq][first].cpu().clone()))
         return results
 
