@@ -17,12 +17,13 @@ import torch
 
 from promptopt.errors import ConfigError, PromptTooLongError, UserError
 from promptopt.metrics.stats import wilson_interval
-from promptopt.models import LoadedModel, Runner
+from promptopt.models import GenerationResult, LoadedModel, Runner
 from promptopt.prompts import Prompt
 from promptopt.tasks import Item, TaskData
 from promptopt.tasks.extract import alias_match, final_number, first_line, numbers_equal
 from promptopt.tasks.sandbox import run_python
 
+Judgement = tuple[str, int, bool]  # extracted answer, its start in the generated text (-1: none), correct
 _TCB_COLUMNS = ("tcb", "jacobian_norm", "v_eff", "margin", "entropy", "top_prob", "tcb_approx", "tcb_diffuse")
 
 
@@ -139,18 +140,26 @@ class Scorer:
             table[name] = values
         return table
 
-    def _score_generative(self, prompt: Prompt, items: list[Item]) -> pd.DataFrame:
+    def generate_answers(self, prompt: Prompt, items: list[Item], *, processor_factory=None, temperature: float = 0.0,
+                         seed: int | None = None) -> list[tuple[GenerationResult, Judgement]]:
+        """Generate each item's answer with the task's decoding settings and judge it."""
         spec, tok = self.task.spec, self.lm.tokenizer
         contexts = [prompt.context(item.question, None, tok) for item in items]
         ctx_ids = self._encode(contexts, prompt)
         for ids, item in zip(ctx_ids, items):
             self._check_length(len(ids) + spec.max_new_tokens, item.id)
-        gens = self.runner.generate(ctx_ids, max_new_tokens=spec.max_new_tokens, stop=spec.stop)
+        gens = self.runner.generate(ctx_ids, max_new_tokens=spec.max_new_tokens, stop=spec.stop,
+                                    processor_factory=processor_factory, temperature=temperature, seed=seed)
+        return [(gen, self.judge(item, gen.text)) for item, gen in zip(items, gens)]
+
+    def _score_generative(self, prompt: Prompt, items: list[Item]) -> pd.DataFrame:
+        spec, tok = self.task.spec, self.lm.tokenizer
+        judged = self.generate_answers(prompt, items)
+        contexts = [prompt.context(item.question, None, tok) for item in items]
         gold_pairs = self._pairs(contexts, [prompt.continuation(item.target) for item in items], prompt, [i.id for i in items])
         gold_results = self.runner.loglikelihood(gold_pairs)
         rows, hidden, targets, has_critical = [], [], [], []
-        for item, gen, gold_pair, gold_res in zip(items, gens, gold_pairs, gold_results):
-            answer, start, correct = self._judge(item, gen.text)
+        for item, (gen, (answer, start, correct)), gold_pair, gold_res in zip(items, judged, gold_pairs, gold_results):
             critical = next((i for i, end in enumerate(gen.token_char_ends) if end > start), None) if start >= 0 else None
             if critical is None and gen.tokens:
                 critical = 0  # no answer found: read the first generated token
@@ -182,7 +191,8 @@ class Scorer:
                 table[name] = column
         return table
 
-    def _judge(self, item: Item, text: str) -> tuple[str, int, bool]:
+    def judge(self, item: Item, text: str) -> Judgement:
+        """(extracted answer, where it starts in `text` or -1, correct)."""
         kind = self.task.spec.answer_type
         if kind == "number":
             value, start = final_number(text)

@@ -90,6 +90,6 @@ def test_generative_tasks_on_embedded_model(embedded_lm):
     item = humaneval.test[0]
     solved = item.__class__(item.id, item.question, item.gold, item.target, None, item.meta)
     scorer = Scorer(embedded_lm, humaneval)
-    assert scorer._judge(solved, item.target)[2]  # the reference solution passes in the sandbox
-    assert not scorer._judge(solved, "    return None\n")[2]
+    assert scorer.judge(solved, item.target)[2]  # the reference solution passes in the sandbox
+    assert not scorer.judge(solved, "    return None\n")[2]
     assert prompt.exemplars == ()

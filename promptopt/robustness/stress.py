@@ -29,14 +29,9 @@ class StressResult:
 
 
 def _run(scorer: Scorer, prompt: Prompt, items: list[Item], *, factory, temperature: float, seed: int):
-    spec, tok = scorer.task.spec, scorer.lm.tokenizer
-    contexts = [tok(prompt.context(it.question, None, tok), add_special_tokens=prompt.add_special_tokens)["input_ids"] for it in items]
-    gens = scorer.runner.generate(
-        contexts, max_new_tokens=spec.max_new_tokens, stop=spec.stop, processor_factory=factory, temperature=temperature, seed=seed
-    )
+    judged = scorer.generate_answers(prompt, items, processor_factory=factory, temperature=temperature, seed=seed)
     rows = []
-    for item, gen in zip(items, gens):
-        answer, _, correct = scorer._judge(item, gen.text)
+    for item, (gen, (answer, _, correct)) in zip(items, judged):
         log = gen.processor_logs[0] if gen.processor_logs else None
         rows.append(
             {
