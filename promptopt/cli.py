@@ -26,6 +26,9 @@ ModelOpt = typer.Option("smollm2-135m-instruct", "--model", help="hub id, local 
 DeviceOpt = typer.Option("auto", "--device", help="cpu, cuda, cuda:N or auto")
 DtypeOpt = typer.Option(None, "--dtype", help="float32, bfloat16, float16 (default: float32 on CPU, bf16 on GPU)")
 QuantizeOpt = typer.Option(None, "--quantize", help="4bit or 8bit through bitsandbytes (CUDA only)")
+TaskOpt = typer.Option(..., "--task", help="built-in task name or path to a task YAML")
+CardOpt = typer.Option(None, "--prompt", help="prompt card (YAML); default: the task's own prompt")
+SubsetsOpt = typer.Option(None, "--subsets", help="comma-separated subsets (e.g. MMLU subjects), or 'all'")
 
 
 def _quiet_libraries() -> None:
@@ -92,12 +95,12 @@ def _load_for_card(task: str, prompt_path: Optional[Path], model: str, device: s
 
 @app.command()
 def score(
-    task: str = typer.Option(..., "--task", help="built-in task name or path to a task YAML"),
-    prompt: Optional[Path] = typer.Option(None, "--prompt", help="prompt card (YAML); default: the task's own prompt"),
+    task: str = TaskOpt,
+    prompt: Optional[Path] = CardOpt,
     model: str = ModelOpt,
     limit: Optional[int] = typer.Option(None, "--limit", min=1, help="score only the first N items of the split"),
     split: str = typer.Option("test", "--split", help="pool, dev or test"),
-    subsets: Optional[str] = typer.Option(None, "--subsets", help="comma-separated subsets (e.g. MMLU subjects), or 'all'"),
+    subsets: Optional[str] = SubsetsOpt,
     batch_size: int = typer.Option(16, "--batch-size", min=1),
     out: Optional[Path] = typer.Option(None, "--out", help="write the per-item table (.parquet or .csv) and a .json summary"),
     rows: int = typer.Option(20, "--rows", min=0, help="how many item rows to print"),
@@ -191,7 +194,7 @@ def _card_exemplar_ids(path) -> list[str]:
 
 @app.command()
 def search(
-    task: str = typer.Option(..., "--task", help="built-in task name or task YAML"),
+    task: str = TaskOpt,
     strategy: str = typer.Option("tcb", "--strategy", help="tcb, ppl, accuracy or pareto"),
     trials: int = typer.Option(20, "--trials", help="finished (complete or pruned) trials to reach"),
     model: str = ModelOpt,
@@ -206,7 +209,7 @@ def search(
     pruning: bool = typer.Option(True, "--pruning/--no-pruning", help="Wilcoxon paired pruning on dev items"),
     dev_limit: Optional[int] = typer.Option(None, "--dev-limit", min=1, help="use only the first N dev items"),
     test_limit: Optional[int] = typer.Option(None, "--test-limit", min=1, help="use only the first N test items"),
-    subsets: Optional[str] = typer.Option(None, "--subsets", help="comma-separated subsets (e.g. MMLU subjects)"),
+    subsets: Optional[str] = SubsetsOpt,
     batch_size: int = typer.Option(16, "--batch-size", min=1),
     device: str = DeviceOpt,
     dtype: Optional[str] = DtypeOpt,
@@ -227,7 +230,7 @@ def search(
 
 @app.command()
 def compare(
-    task: str = typer.Option(..., "--task", help="built-in task name or task YAML"),
+    task: str = TaskOpt,
     trials: int = typer.Option(20, "--trials", help="the same budget for every strategy"),
     strategies: str = typer.Option("ppl,tcb,accuracy", "--strategies", help="comma-separated strategies"),
     model: str = ModelOpt,
@@ -237,7 +240,7 @@ def compare(
     resume: bool = typer.Option(False, "--resume"),
     dev_limit: Optional[int] = typer.Option(None, "--dev-limit", min=1),
     test_limit: Optional[int] = typer.Option(None, "--test-limit", min=1),
-    subsets: Optional[str] = typer.Option(None, "--subsets"),
+    subsets: Optional[str] = SubsetsOpt,
     suite: str = typer.Option("default", "--suite", help="perturbation suite for the robustness columns, or 'none'"),
     robust_limit: Optional[int] = typer.Option(None, "--robust-limit", min=1, help="test items used for robustness (default: all)"),
     device: str = DeviceOpt,
@@ -261,14 +264,14 @@ def compare(
 
 @app.command()
 def evaluate(
-    task: str = typer.Option(..., "--task", help="built-in task name or task YAML"),
-    prompt: Optional[Path] = typer.Option(None, "--prompt", help="prompt card (default: the task's own prompt)"),
+    task: str = TaskOpt,
+    prompt: Optional[Path] = CardOpt,
     suite: str = typer.Option("default", "--suite", help="built-in suite name (default, quick) or a suite YAML"),
     model: str = ModelOpt,
     split: str = typer.Option("test", "--split", help="dev or test"),
     limit: Optional[int] = typer.Option(None, "--limit", min=1, help="only the first N items"),
     out: Optional[Path] = typer.Option(None, "--out", help="write families (.csv) and a .json summary"),
-    subsets: Optional[str] = typer.Option(None, "--subsets"),
+    subsets: Optional[str] = SubsetsOpt,
     device: str = DeviceOpt,
     dtype: Optional[str] = DtypeOpt,
     quantize: Optional[str] = QuantizeOpt,
@@ -294,7 +297,7 @@ def evaluate(
 @app.command()
 def stress(
     task: str = typer.Option(..., "--task", help="a generative task (number, alias_match or code answers)"),
-    prompt: Optional[Path] = typer.Option(None, "--prompt", help="prompt card (default: the task's own prompt)"),
+    prompt: Optional[Path] = CardOpt,
     ranks: str = typer.Option("1,2,4,8", "--ranks", help="taboo ranks i (top-i masked)"),
     mid_word: bool = typer.Option(False, "--mid-word", help="ablation: mask only where the nominal token is mid-word"),
     temperature: float = typer.Option(0.0, "--temperature", min=0.0, help="0 = greedy; > 0 samples with --seed"),
@@ -303,7 +306,7 @@ def stress(
     split: str = typer.Option("test", "--split"),
     limit: Optional[int] = typer.Option(None, "--limit", min=1),
     out: Optional[Path] = typer.Option(None, "--out", help="write the per-rank table (.csv) and per-item rows (.parquet)"),
-    subsets: Optional[str] = typer.Option(None, "--subsets"),
+    subsets: Optional[str] = SubsetsOpt,
     device: str = DeviceOpt,
     dtype: Optional[str] = DtypeOpt,
     quantize: Optional[str] = QuantizeOpt,
