@@ -252,8 +252,8 @@ def _optimize(ctx: _Context, study, cached, progress, worker: int = 0) -> None:
     study.optimize(make_objective(ctx, cached, worker), n_trials=None, callbacks=callbacks, gc_after_trial=False)
 
 
-def worker_main(config_dict: dict, worker: int) -> None:
-    """Entry point of a worker process: loads its own model and joins the study."""
+def worker_main(config_dict: dict, worker: int, ready=None) -> None:
+    """Entry point of a worker process: loads its own model, signals `ready`, and joins the study."""
     import warnings
 
     import optuna
@@ -265,6 +265,8 @@ def worker_main(config_dict: dict, worker: int) -> None:
     storage = make_storage(config)
     study = _open_study(config, ctx.strategy, storage, worker=worker)
     _, cached = _scorers(ctx)
+    if ready is not None:
+        ready.set()
     _optimize(ctx, study, cached, None, worker)
 
 
@@ -314,20 +316,23 @@ def run_search(config: SearchConfig, *, show_progress: bool = True) -> SearchRes
                 pass
         bar.refresh()
 
-    if config.n_workers == 1:
-        _optimize(ctx, study, cached, progress)
-    else:
-        spawn = multiprocessing.get_context("spawn")
-        workers = [spawn.Process(target=worker_main, args=(asdict(config), i + 1)) for i in range(config.n_workers)]
-        for proc in workers:
-            proc.start()
-        while any(proc.is_alive() for proc in workers):
-            time.sleep(2)
-            progress(study, None)
-        failed = [proc.exitcode for proc in workers if proc.exitcode]
-        if failed:
-            raise UserError(f"{len(failed)} worker process(es) failed (exit codes {failed}); see their output above")
-        progress(study, None)
+    # This process is worker 0 (its model is loaded anyway, for the final evaluation); the others are spawned.
+    spawn = multiprocessing.get_context("spawn")
+    ready = [spawn.Event() for _ in range(1, config.n_workers)]
+    workers = [spawn.Process(target=worker_main, args=(asdict(config), i, ready[i - 1])) for i in range(1, config.n_workers)]
+    for proc in workers:
+        proc.start()
+    while not all(event.is_set() for event in ready):  # start together: every worker has its model loaded
+        if any(not proc.is_alive() and not event.is_set() for proc, event in zip(workers, ready)):
+            break  # a worker died while loading; its exit code is reported below
+        time.sleep(0.2)
+    _optimize(ctx, study, cached, progress)
+    for proc in workers:
+        proc.join()
+    failed = [proc.exitcode for proc in workers if proc.exitcode]
+    if failed:
+        raise UserError(f"{len(failed)} worker process(es) failed (exit codes {failed}); see their output above")
+    progress(study, None)
     bar.close()
     wall = time.perf_counter() - start
 
