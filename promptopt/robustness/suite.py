@@ -104,7 +104,7 @@ def make_variants(suite: Suite, family: Family, prompt: Prompt, items: list[Item
     """Variants of one family for every item (× variants_per_item), with drop counts by reason."""
     operator = OPERATORS[family.operator](**family.options)
     counts = {"not_applicable": 0, "protection": 0, "unchanged": 0, "similarity": 0}
-    kept: list[tuple[Variant, Item]] = []
+    kept: list[Variant] = []
     for index in range(suite.variants_per_item):
         seeds = [variant_seed(suite.seed, family.name, item.id, index) for item in items]
         made = operator.apply_many(prompt, items, seeds, {**context, "index": index, "seed": suite.seed})
@@ -122,11 +122,11 @@ def make_variants(suite: Suite, family: Family, prompt: Prompt, items: list[Item
             scores = similarity([o.question for _, o in candidates], [v.item.question for v, _ in candidates])
             for (variant, item), score in zip(candidates, scores):
                 if score >= suite.similarity_threshold:
-                    kept.append((variant, item))
+                    kept.append(variant)
                 else:
                     counts["similarity"] += 1
         else:
-            kept.extend(candidates)
+            kept.extend(variant for variant, _ in candidates)
     return kept, counts
 
 
@@ -158,7 +158,7 @@ def evaluate_robustness(
         kept, counts = make_variants(suite, family, prompt, items, context, similarity)
         tables = []
         groups: dict[str, list[Variant]] = {}
-        for variant, _ in kept:
+        for variant in kept:
             groups.setdefault(json.dumps(variant.prompt.to_card(), sort_keys=True), []).append(variant)
         for group in groups.values():
             table = scorer.score(group[0].prompt, [v.item for v in group]).table
