@@ -21,7 +21,7 @@ def main() -> None:
 
     torch.set_num_threads(2)
     lm = load_model("smollm2-135m-instruct", device="cpu")
-    mask = word_initial_mask(lm.tokenizer, lm.geometry.vocab_size)
+    mask = word_initial_mask(lm.tokenizer, lm.output_head.vocab_size)
     text = "Question: Janet's ducks lay 16 eggs per day. She eats three for breakfast. How many are left?\nAnswer:"
     ids = torch.tensor([lm.tokenizer(text)["input_ids"]])
 

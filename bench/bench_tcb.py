@@ -56,11 +56,11 @@ def main() -> None:
     hidden = torch.stack([r.hidden for r in results])
 
     n_explicit = 16
-    t_closed = best_of(lambda: lm.geometry(hidden[:n_explicit]))
+    t_closed = best_of(lambda: lm.output_head(hidden[:n_explicit]))
     t_explicit = best_of(lambda: explicit_jacobian_norm(hidden[:n_explicit], weight), repeats=1)
     with torch.no_grad():
-        agree = torch.allclose(lm.geometry(hidden[:n_explicit]).jacobian_norm.float(), explicit_jacobian_norm(hidden[:n_explicit], weight), rtol=1e-3)
-    print(f"[1a] closed form vs explicit V×d Jacobian ({n_explicit} positions, V={lm.geometry.vocab_size}, d={lm.geometry.hidden_size})")
+        agree = torch.allclose(lm.output_head(hidden[:n_explicit]).jacobian_norm.float(), explicit_jacobian_norm(hidden[:n_explicit], weight), rtol=1e-3)
+    print(f"[1a] closed form vs explicit V×d Jacobian ({n_explicit} positions, V={lm.output_head.vocab_size}, d={lm.output_head.hidden_size})")
     print(f"     explicit {t_explicit * 1e3 / n_explicit:.1f} ms/position, closed form {t_closed * 1e3 / n_explicit:.2f} ms/position")
     print(f"     speed-up {t_explicit / t_closed:.1f}x   (agree within 1e-3: {agree})")
 

@@ -36,7 +36,7 @@ def trace_generation(
     if not gen.tokens:
         return pd.DataFrame(columns=["step", "token", "tcb", "jacobian_norm", "v_eff", "margin", "nll", "dip"])
     with torch.inference_mode():
-        res = lm.geometry(gen.hidden.to(lm.geometry.weight.device), target=torch.tensor(gen.tokens))
+        res = lm.output_head(gen.hidden.to(lm.output_head.weight.device), target=torch.tensor(gen.tokens))
     tcb = res.tcb.cpu().numpy()
     return pd.DataFrame(
         {

@@ -76,7 +76,7 @@ def test_batched_generation_matches_single_and_hf_generate(tiny_lm):
             ref = tiny_lm.model.generate(torch.tensor([ctx]), max_new_tokens=8, do_sample=False, pad_token_id=2)
         ref_tokens = ref[0, len(ctx):].tolist()
         assert got.tokens == [t for t in ref_tokens[: len(got.tokens)]]
-        assert got.hidden.shape == (len(got.tokens), tiny_lm.geometry.hidden_size)
+        assert got.hidden.shape == (len(got.tokens), tiny_lm.output_head.hidden_size)
 
 
 def test_stop_strings_and_sampling_are_reproducible(tiny_lm):
@@ -122,4 +122,4 @@ def test_embedded_default_is_cached_as_plain_folder(embedded_lm, embedded_dir):
         assert torch.equal(direct(input_ids=ids).logits, embedded_lm.model(input_ids=ids).logits)
     assert embedded_lm.has_chat_template
     assert embedded_lm.stop_token_ids == {2}
-    assert embedded_lm.geometry.vocab_size == 49152
+    assert embedded_lm.output_head.vocab_size == 49152

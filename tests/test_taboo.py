@@ -103,7 +103,7 @@ def test_with_model_generate_and_our_loop_agree(tiny_lm):
 
     from promptopt.models import Runner
 
-    mask = word_initial_mask(tiny_lm.tokenizer, tiny_lm.geometry.vocab_size)
+    mask = word_initial_mask(tiny_lm.tokenizer, tiny_lm.output_head.vocab_size)
     ids = tiny_lm.tokenizer("The weather today is")["input_ids"]
     hf_proc = TabooLogitsProcessor(mask, rank=1)
     with torch.no_grad():

@@ -126,7 +126,7 @@ def test_data_problems_are_reported(tmp_path):
     with pytest.raises(DataError, match="data file not found"):
         load_task(str(_write_task(tmp_path, tmp_path / "missing.jsonl")))
     data_file.write_text("\n".join(json.dumps({"q": "a", "b": 0}) for _ in range(5)))
-    with pytest.raises(DataError, match="field 'a' not found"):
+    with pytest.raises(DataError, match=r"d.jsonl line \d+: fields.answer: column 'a' not found"):
         load_task(str(_write_task(tmp_path, data_file)))
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")

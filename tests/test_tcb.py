@@ -143,13 +143,13 @@ def test_softcapped_model_against_autograd(tiny_gemma2_dir):
     from promptopt.models import load_model
 
     lm = load_model(str(tiny_gemma2_dir), device="cpu")
-    assert lm.geometry.logit_softcap == 30.0
+    assert lm.output_head.logit_softcap == 30.0
     ids = torch.tensor([[1, 422, 2210, 314, 253]])
     with torch.no_grad():
         hidden = lm.base(input_ids=ids).last_hidden_state[0].double()
     head = lm.model.get_output_embeddings().weight.double()
     hidden = hidden * 40  # push logits into the cap's curved region
-    ours = lm.geometry(hidden.float()).jacobian_norm
+    ours = lm.output_head(hidden.float()).jacobian_norm
     for i in range(hidden.shape[0]):
         probs = lambda x: torch.softmax(30.0 * torch.tanh((head @ x) / 30.0), -1)  # noqa: E731
         jac = torch.func.jacfwd(probs)(hidden[i])  # forward mode: d columns, not V rows
@@ -165,7 +165,7 @@ def test_real_smollm2_positions(embedded_lm):
     with torch.no_grad():
         hidden = embedded_lm.base(input_ids=ids).last_hidden_state[0]
     weight = embedded_lm.model.get_output_embeddings().weight
-    ours = embedded_lm.geometry(hidden)
+    ours = embedded_lm.output_head(hidden)
     assert ours.top_prob.max() > 0.999  # the counting run is very peaked
     order = ours.top_prob.argsort()
     picked = torch.cat([order[:5], order[-10:]])  # the flattest and the most peaked positions

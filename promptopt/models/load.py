@@ -45,7 +45,7 @@ class LoadedModel:
     name: str
     device: torch.device
     context_length: int
-    _geometry: OutputGeometry | None = field(default=None, repr=False)
+    _output_head: OutputGeometry | None = field(default=None, repr=False)
 
     @property
     def base(self) -> torch.nn.Module:
@@ -59,10 +59,11 @@ class LoadedModel:
         return "cache" if "cache" in params else "past_key_values"
 
     @property
-    def geometry(self) -> OutputGeometry:
-        if self._geometry is None:
-            self._geometry = output_geometry(self.model)
-        return self._geometry
+    def output_head(self) -> OutputGeometry:
+        """The LM head as δ_TCB sees it (W, bias, logit scale, soft-cap); the math is in metrics/tcb.py."""
+        if self._output_head is None:
+            self._output_head = output_geometry(self.model)
+        return self._output_head
 
     @property
     def has_chat_template(self) -> bool:
@@ -107,11 +108,11 @@ def verify_geometry(lm: LoadedModel) -> float:
     ids = torch.tensor([[lm.tokenizer.eos_token_id or 0] * 3], device=lm.device)
     with torch.inference_mode():
         hidden = lm.base(input_ids=ids).last_hidden_state[:, -1]
-        ours = lm.geometry.logits(hidden.to(lm.geometry.weight.device)).float().cpu()
+        ours = lm.output_head.logits(hidden.to(lm.output_head.weight.device)).float().cpu()
         theirs = lm.model(input_ids=ids).logits[:, -1].float().cpu()
     diff = float((ours - theirs).abs().max())
     tol = 1e-3 * max(1.0, float(theirs.abs().max()))
-    if lm.geometry.weight.dtype != torch.float32:
+    if lm.output_head.weight.dtype != torch.float32:
         tol *= 50
     if not diff <= tol:
         raise UnsupportedError(

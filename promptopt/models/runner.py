@@ -161,7 +161,7 @@ class Runner:
     def _target_logprobs(self, rows: torch.Tensor, row_index: torch.Tensor, tokens: torch.Tensor, chunk: int = 256):
         """log p(token | row) for each (row_index, token) pair, plus each row's argmax; chunked so the
         full (rows × vocab) matrix never exists at once."""
-        geometry = self.lm.geometry
+        geometry = self.lm.output_head
         out = torch.empty(len(tokens), dtype=torch.float32)
         argmax = torch.empty(rows.shape[0], dtype=torch.long)
         with torch.inference_mode():
@@ -224,7 +224,7 @@ class Runner:
     def _generate_batch(self, contexts, max_new_tokens, stop, processors, sample, generator):
         tok = self.lm.tokenizer
         dev = self.lm.device
-        geometry = self.lm.geometry
+        geometry = self.lm.output_head
         prefix_len, kv = self._prefix(contexts, min(len(c) for c in contexts) - 1)
         b = len(contexts)
         suffixes = [c[prefix_len:] for c in contexts]

@@ -65,7 +65,7 @@ def taboo_stress(
         )
     if not items:
         raise UserError("no items to stress")
-    mask = word_initial_mask(scorer.lm.tokenizer, scorer.lm.geometry.vocab_size)
+    mask = word_initial_mask(scorer.lm.tokenizer, scorer.lm.output_head.vocab_size)
     base = _run(scorer, prompt, items, factory=None, temperature=temperature, seed=seed)
     base_correct = base["correct"].to_numpy()
     frames = [base.assign(rank=0)]

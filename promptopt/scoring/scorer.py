@@ -1,8 +1,12 @@
 """Score a prompt over task items: correctness plus δ_TCB, V_eff, margin and local PPL at the critical point.
 
-Critical prediction point (DESIGN.md): multiple choice — the position that predicts the first token of the
-answer; generative tasks — the position that predicts the first token of the final answer (the final
-number after the chain of thought, the short answer, the first token of the code).
+How an item is asked and judged comes from its task's answer type (tasks/answers.py): log-likelihood
+types score every choice's continuation; generative types generate, extract and judge. Critical
+prediction point: log-likelihood types — the position that predicts the first token of the answer;
+generative types — the position that predicts the first token of the extracted answer (the final number
+after the chain of thought, the chosen letter, the short answer, the first token of the code). When a
+generation has no extractable answer the first generated token is read and `critical_fallback` says so.
+δ_TCB and its companions are computed by `promptopt.metrics.tcb` on the model's output head.
 """
 
 from __future__ import annotations
@@ -17,13 +21,11 @@ import torch
 
 from promptopt.errors import ConfigError, PromptTooLongError, UserError
 from promptopt.metrics.stats import wilson_interval
+from promptopt.metrics.tcb import OutputGeometry
 from promptopt.models import GenerationResult, LoadedModel, Runner
 from promptopt.prompts import Prompt
 from promptopt.tasks import Item, TaskData
-from promptopt.tasks.extract import alias_match, final_number, first_line, numbers_equal
-from promptopt.tasks.sandbox import run_python
-
-Judgement = tuple[str, int, bool]  # extracted answer, its start in the generated text (-1: none), correct
+from promptopt.tasks.answers import Judgement
 _TCB_COLUMNS = ("tcb", "jacobian_norm", "v_eff", "margin", "entropy", "top_prob", "tcb_approx", "tcb_diffuse")
 
 
@@ -77,24 +79,25 @@ class Scorer:
         leaked = {ex.id for ex in prompt.exemplars} & {it.id for it in items}
         if leaked:
             raise UserError(f"exemplar {sorted(leaked)[0]} is also an evaluated item (exemplars must come from the pool)")
-        if self.task.spec.answer_type == "multiple_choice" and prompt.template.label_words:
+        if self.task.spec.answer.has_choices and prompt.template.label_words:
             prompt.choice_texts(items[0].choices)  # raises if the label words do not fit
 
     # --- scoring --------------------------------------------------------------------------------
     def score(self, prompt: Prompt, items: list[Item]) -> ScoreResult:
         self._check(prompt, items)
         start = time.perf_counter()
-        if self.task.spec.answer_type == "multiple_choice":
-            table = self._score_choices(prompt, items)
-        else:
+        if self.task.spec.answer.generative:
             table = self._score_generative(prompt, items)
+        else:
+            table = self._score_choices(prompt, items)
         wall = time.perf_counter() - start
         return ScoreResult(table, summarize(table, wall_seconds=wall))
 
     def _tcb(self, hidden: torch.Tensor, targets: list[int]) -> dict[str, np.ndarray]:
-        geometry = self.lm.geometry
+        """δ_TCB = ε/‖J‖_F and its companions at the critical states (exact closed form, metrics/tcb.py)."""
+        head: OutputGeometry = self.lm.output_head
         with torch.inference_mode():
-            res = geometry(hidden.to(geometry.weight.device), eps=self.eps, target=torch.tensor(targets))
+            res = head(hidden.to(head.weight.device), eps=self.eps, target=torch.tensor(targets))
         out = {name: getattr(res, name).cpu().numpy() for name in _TCB_COLUMNS}
         out["target_nll"] = res.nll.cpu().numpy()
         out["predicted_token"] = res.top_token.cpu().numpy()
@@ -144,25 +147,27 @@ class Scorer:
                          seed: int | None = None) -> list[tuple[GenerationResult, Judgement]]:
         """Generate each item's answer with the task's decoding settings and judge it."""
         spec, tok = self.task.spec, self.lm.tokenizer
-        contexts = [prompt.context(item.question, None, tok) for item in items]
+        contexts = [prompt.context(item.question, item.choices, tok) for item in items]
         ctx_ids = self._encode(contexts, prompt)
         for ids, item in zip(ctx_ids, items):
             self._check_length(len(ids) + spec.max_new_tokens, item.id)
         gens = self.runner.generate(ctx_ids, max_new_tokens=spec.max_new_tokens, stop=spec.stop,
                                     processor_factory=processor_factory, temperature=temperature, seed=seed)
-        return [(gen, self.judge(item, gen.text)) for item, gen in zip(items, gens)]
+        return [(gen, self.judge(item, gen.text, prompt)) for item, gen in zip(items, gens)]
 
     def _score_generative(self, prompt: Prompt, items: list[Item]) -> pd.DataFrame:
         spec, tok = self.task.spec, self.lm.tokenizer
         judged = self.generate_answers(prompt, items)
-        contexts = [prompt.context(item.question, None, tok) for item in items]
-        gold_pairs = self._pairs(contexts, [prompt.continuation(item.target) for item in items], prompt, [i.id for i in items])
+        contexts = [prompt.context(item.question, item.choices, tok) for item in items]
+        golds = [prompt.continuation(spec.answer.gold_continuation(prompt, item)) for item in items]
+        gold_pairs = self._pairs(contexts, golds, prompt, [i.id for i in items])
         gold_results = self.runner.loglikelihood(gold_pairs)
         rows, hidden, targets, has_critical = [], [], [], []
         for item, (gen, (answer, start, correct)), gold_pair, gold_res in zip(items, judged, gold_pairs, gold_results):
             critical = next((i for i, end in enumerate(gen.token_char_ends) if end > start), None) if start >= 0 else None
-            if critical is None and gen.tokens:
-                critical = 0  # no answer found: read the first generated token
+            fallback = critical is None and bool(gen.tokens)
+            if fallback:
+                critical = 0  # no answer found: read the first generated token, and say so
             has_critical.append(critical is not None)
             if critical is not None:
                 hidden.append(gen.hidden[critical])
@@ -170,12 +175,13 @@ class Scorer:
             rows.append(
                 {
                     "item_id": item.id,
-                    "gold": item.gold if spec.answer_type != "code" else item.meta.get("entry_point"),
+                    "gold": spec.answer.gold_label(item),
                     "pred": answer,
                     "correct": correct,
                     "generated_tokens": len(gen.tokens),
                     "finish_reason": gen.finish_reason,
                     "critical_index": critical if critical is not None else -1,
+                    "critical_fallback": fallback,
                     "gold_logprob": gold_res.logprob,
                     "ppl": math.exp(-gold_res.logprob / len(gold_pair[1])),
                     "output": gen.text,
@@ -191,19 +197,10 @@ class Scorer:
                 table[name] = column
         return table
 
-    def judge(self, item: Item, text: str) -> Judgement:
-        """(extracted answer, where it starts in `text` or -1, correct)."""
-        kind = self.task.spec.answer_type
-        if kind == "number":
-            value, start = final_number(text)
-            return value or "", start, numbers_equal(value, item.gold)
-        if kind == "alias_match":
-            answer, start = first_line(text)
-            return answer, start, alias_match(answer, item.gold)
-        program = f"{item.question}{text}\n\n{item.gold}\n\ncheck({item.meta['entry_point']})\n"
-        result = run_python(program, timeout=self.task.spec.code_timeout)
-        start = len(text) - len(text.lstrip())
-        return result.status, start, result.passed
+    def judge(self, item: Item, text: str, prompt: Prompt | None = None) -> Judgement:
+        """(extracted answer, where it starts in `text` or -1, correct), by the task's answer type; the
+        prompt says how choices were shown (letters, label words or text)."""
+        return self.task.spec.answer.judge(self.task.spec, item, text, prompt or self.task.default_prompt())
 
 
 def summarize(table: pd.DataFrame, *, wall_seconds: float | None = None) -> dict:

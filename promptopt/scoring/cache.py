@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from promptopt.prompts import Prompt
-from promptopt.scoring import Scorer
+from promptopt.scoring.scorer import Scorer
 from promptopt.tasks import Item
 
 

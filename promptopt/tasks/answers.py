@@ -1,0 +1,213 @@
+"""Answer types: one registry entry per way of asking and judging (lm-eval's output types + filters).
+
+Each type says
+- how a data row becomes an `Item` (`make_item`),
+- how it is scored: `generative = False` scores each choice's continuation by log-likelihood;
+  `generative = True` generates with the task's decoding settings, then extracts and judges (`judge`),
+- where its **critical prediction point** is (where δ_TCB, V_eff, margin and local PPL are read):
+  log-likelihood types at the position that predicts the first token of the answer; generative types at
+  the position that predicts the first token of the extracted answer (`judge` returns where it starts;
+  when nothing was extracted the scorer says so instead of reading some other token),
+- which continuation the PPL is read on (`gold_continuation`).
+
+Adding a type is one class here with `@register`; nothing else branches on type names.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, ClassVar
+
+import numpy as np
+
+from promptopt.errors import ConfigError
+from promptopt.tasks.extract import alias_match, choice_answer, final_number, first_line, gsm8k_gold, numbers_equal
+from promptopt.tasks.fields import RowRef
+from promptopt.tasks.item import Item
+
+Judgement = tuple[str, int, bool]  # extracted answer, where it starts in the generated text (-1: none), correct
+ANSWER_TYPES: dict[str, AnswerType] = {}
+
+
+def register(cls: type[AnswerType]) -> type[AnswerType]:
+    ANSWER_TYPES[cls.name] = cls()
+    return cls
+
+
+def get_answer_type(name: str, where: str = "answer.type") -> AnswerType:
+    if name not in ANSWER_TYPES:
+        raise ConfigError(f"{where}: expected one of {', '.join(ANSWER_TYPES)}, got {name!r}")
+    return ANSWER_TYPES[name]
+
+
+class AnswerType:
+    name: ClassVar[str]
+    generative: ClassVar[bool]
+    required: ClassVar[tuple[str, ...]] = ("question", "answer")  # fields the task must declare
+    has_choices: ClassVar[bool] = False  # items carry choices (and a gold index)
+
+    def make_item(self, spec, ref: RowRef, row: dict) -> Item:
+        raise NotImplementedError
+
+    def judge(self, spec, item: Item, text: str, prompt) -> Judgement:
+        raise NotImplementedError(f"answer type {self.name} is scored by log-likelihood, not judged")
+
+    def gold_label(self, item: Item) -> Any:
+        """What the per-item table shows as `gold`."""
+        return item.gold
+
+    def gold_continuation(self, prompt, item: Item) -> str:
+        """The answer text whose log-likelihood gives the item's PPL: the gold choice as the prompt shows
+        choices (label word, letter or text), else the item's target (e.g. a reference solution)."""
+        if item.choices is not None and isinstance(item.gold, int):
+            return prompt.choice_texts(item.choices)[item.gold]
+        return item.target
+
+    # --- shared row readers -------------------------------------------------------------------------
+    @staticmethod
+    def _base(spec, ref: RowRef, row: dict) -> tuple[str, str]:
+        fields = spec.fields
+        item_id = fields["id"].text(row, ref) if "id" in fields else ref.id
+        return item_id, fields["question"].text(row, ref)
+
+    @staticmethod
+    def _choices_and_gold(spec, ref: RowRef, row: dict) -> tuple[list[str], int]:
+        fields = spec.fields
+        choices = fields["choices"].choices(row, ref)
+        labels = fields["choice_labels"].choices(row, ref) if "choice_labels" in fields else None
+        answer = fields["answer"].target(row, ref)
+        return choices, gold_index(answer, choices, labels, ref, fields["answer"].key)
+
+
+def gold_index(value: Any, choices: list[str], labels: list[str] | None, ref: RowRef, key: str) -> int:
+    """The gold choice as an index: an integer (or digits), a choice label ('B'), or the choice's text."""
+    if isinstance(value, bool):
+        index = int(value)
+    elif isinstance(value, (int, np.integer)):
+        index = int(value)
+    elif labels is not None and str(value) in labels:
+        index = labels.index(str(value))
+    elif isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        index = int(value)
+    elif isinstance(value, str) and value in choices:
+        index = choices.index(value)
+    elif isinstance(value, str) and value.strip() in [c.strip() for c in choices]:
+        index = [c.strip() for c in choices].index(value.strip())
+    else:
+        raise ref.fail(key, f"answer {value!r} is not a choice index, label or choice text (choices: {choices})")
+    if not 0 <= index < len(choices):
+        raise ref.fail(key, f"answer index {index} is out of range for {len(choices)} choices")
+    return index
+
+
+@register
+class MultipleChoice(AnswerType):
+    """Each choice's continuation scored by log-likelihood (lm-eval's acc; acc_norm divides by length)."""
+
+    name = "multiple_choice"
+    generative = False
+    required = ("question", "choices", "answer")
+    has_choices = True
+
+    def make_item(self, spec, ref, row):
+        item_id, question = self._base(spec, ref, row)
+        choices, gold = self._choices_and_gold(spec, ref, row)
+        return Item(item_id, question, gold, choices[gold], tuple(choices), where=ref.where)
+
+
+@register
+class MultipleChoiceGenerated(MultipleChoice):
+    """The model writes its choice (a letter or the option's text), which is extracted and judged: how chat
+    models answer, and what taboo stress needs for multiple-choice tasks."""
+
+    name = "multiple_choice_gen"
+    generative = True
+
+    def judge(self, spec, item, text, prompt):
+        shown = prompt.choice_texts(item.choices)
+        index, start = choice_answer(text, shown)
+        if index is None and shown != list(item.choices):  # letters or label words shown: the text counts too
+            index, start = choice_answer(text, list(item.choices))
+        if index is None:
+            return "", -1, False
+        return shown[index], start, index == item.gold
+
+
+@register
+class Number(AnswerType):
+    """A final number (GSM8K's '#### N', 'the answer is N', else the last number), compared numerically."""
+
+    name = "number"
+    generative = True
+
+    def make_item(self, spec, ref, row):
+        fields = spec.fields
+        item_id, question = self._base(spec, ref, row)
+        if "choices" in fields:  # e.g. basic_arithmetic: the gold is the text of the keyed choice
+            choices, gold = self._choices_and_gold(spec, ref, row)
+            answer = choices[gold]
+        else:
+            answer = fields["answer"].text(row, ref)
+        target = fields["target"].text(row, ref) if "target" in fields else None
+        if spec.gold_format == "gsm8k":
+            try:
+                gold = gsm8k_gold(answer)
+            except ValueError:
+                raise ref.fail(fields["answer"].key, "answer has no '#### N'") from None
+            solution = re.sub(r"<<[^>]*>>", "", answer)  # drop calculator annotations from shown solutions
+            return Item(item_id, question, gold, target or solution, where=ref.where)
+        return Item(item_id, question, answer.strip(), target or answer.strip(), where=ref.where)
+
+    def judge(self, spec, item, text, prompt):
+        value, start = final_number(text)
+        return value or "", start, numbers_equal(value, item.gold)
+
+
+@register
+class AliasMatch(AnswerType):
+    """A short answer (the first line) matched against the gold aliases after SQuAD normalization."""
+
+    name = "alias_match"
+    generative = True
+
+    def make_item(self, spec, ref, row):
+        fields = spec.fields
+        item_id, question = self._base(spec, ref, row)
+        answer = fields["answer"].resolve(row, ref)
+        aliases = tuple(str(a) for a in (answer if isinstance(answer, (list, tuple)) else [answer]) if a is not None)
+        if not aliases:
+            raise ref.fail(fields["answer"].key, "no answer aliases")
+        target = fields["target"].text(row, ref) if "target" in fields else aliases[0]
+        return Item(item_id, question, aliases, target, where=ref.where)
+
+    def judge(self, spec, item, text, prompt):
+        answer, start = first_line(text)
+        return answer, start, alias_match(answer, item.gold)
+
+
+@register
+class Code(AnswerType):
+    """A completion run against the item's unit tests in the code sandbox (passed = exit status 0)."""
+
+    name = "code"
+    generative = True
+    required = ("question", "answer", "test", "entry_point")
+
+    def make_item(self, spec, ref, row):
+        fields = spec.fields
+        item_id, question = self._base(spec, ref, row)
+        meta = {"entry_point": fields["entry_point"].text(row, ref)}
+        test = fields["test"].text(row, ref)
+        target = fields["target"].text(row, ref) if "target" in fields else fields["answer"].text(row, ref)
+        return Item(item_id, question, test, target, None, meta, where=ref.where)
+
+    def gold_label(self, item):
+        return item.meta["entry_point"]  # the test program itself is too long to show
+
+    def judge(self, spec, item, text, prompt):
+        from promptopt.tasks.sandbox import run_python
+
+        program = f"{item.question}{text}\n\n{item.gold}\n\ncheck({item.meta['entry_point']})\n"
+        result = run_python(program, timeout=spec.code_timeout)
+        start = len(text) - len(text.lstrip())
+        return result.status, start, result.passed

@@ -1,0 +1,205 @@
+"""How a task reads a data row: lm-evaluation-harness's `doc_to_text` / `doc_to_choice` / `doc_to_target`.
+
+A field spec is one of
+- a **column name**: the column's value (a dotted path reaches into nested rows: `doc.question`,
+  `choices.text`, `answers.0`);
+- a **Jinja template** (`{{ ... }}` or `{% ... %}`) over the row, as in lm-eval: rendered in a sandbox,
+  and a name the row does not have is an error, never an empty string. For `doc_to_choice` the rendered
+  text is a Python literal list (lm-eval's PIQA: `"{{[sol1, sol2]}}"`); for `doc_to_target` rendered digits
+  are an index;
+- a **`{column}` format string** (the short form): `"sst2-{idx}"`, `"{passage}\nQuestion: {question}?"`;
+- a **list** (choices): each entry a column name, a template, or a literal word (`[negative, positive]`).
+
+A name that is a column is never taken as a literal; a literal entry beside column entries, or one that
+is one typo away from a column, is an error. Templates are compiled when the task YAML is read, so a
+syntax error names the file and key before any data is loaded.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from promptopt.errors import ConfigError, DataError
+
+_FORMAT_FIELD = re.compile(r"\{([^{}]+)\}")
+_JINJA_MARK = re.compile(r"\{\{|\{%")
+_IDENTIFIER = re.compile(r"^[A-Za-z_][\w.-]*$")
+_ENV = None
+
+
+def _jinja_env():
+    """One sandboxed, immutable environment with strict undefined names (lm-eval's choice)."""
+    global _ENV
+    if _ENV is None:
+        import jinja2
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        _ENV = ImmutableSandboxedEnvironment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    return _ENV
+
+
+@dataclass(frozen=True)
+class RowRef:
+    """Where a row came from, for error messages: `data/piqa.jsonl line 6`, `validation row 12`."""
+
+    id: str
+    where: str
+
+    def fail(self, key: str, message: str) -> DataError:
+        return DataError(f"{self.where}: {key}: {message}")
+
+
+def lookup(row: Any, path: str) -> tuple[bool, Any]:
+    """(found, value) for a column name or dotted path."""
+    value = row
+    for part in path.split("."):
+        if isinstance(value, dict) and part in value:
+            value = value[part]
+        elif isinstance(value, (list, tuple)) and part.isdigit() and int(part) < len(value):
+            value = value[int(part)]
+        else:
+            return False, None
+    return True, value
+
+
+def _columns(row: Any) -> str:
+    return ", ".join(map(str, row)) if isinstance(row, dict) else "-"
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """One compiled field: `resolve(row, ref)` gives its value for a row."""
+
+    key: str  # the YAML key, for messages (`doc_to_choice`, `fields.question`)
+    raw: Any
+    kind: str  # column | jinja | format | list | literal
+    template: Any = None
+    entries: tuple[FieldSpec, ...] = ()
+
+    @classmethod
+    def parse(cls, raw: Any, key: str, where: str) -> FieldSpec:
+        if isinstance(raw, bool) or raw is None:
+            raise ConfigError(f"{where}: {key}: expected a column name, a template or a list, got {raw!r}")
+        if isinstance(raw, int):
+            return cls(key, raw, "literal")
+        if isinstance(raw, list):
+            if not raw:
+                raise ConfigError(f"{where}: {key}: expected a non-empty list")
+            entries = []
+            for i, entry in enumerate(raw):
+                if not isinstance(entry, (str, int)) or isinstance(entry, bool):
+                    raise ConfigError(f"{where}: {key}[{i}]: expected a column name, a template or a word, got {entry!r}")
+                entries.append(cls.parse(str(entry), f"{key}[{i}]", where))
+            return cls(key, raw, "list", entries=tuple(entries))
+        if not isinstance(raw, str):
+            raise ConfigError(f"{where}: {key}: expected a column name, a template or a list, got {type(raw).__name__}")
+        if _JINJA_MARK.search(raw):
+            import jinja2
+
+            try:
+                template = _jinja_env().from_string(raw)
+            except jinja2.TemplateSyntaxError as exc:
+                raise ConfigError(f"{where}: {key}: invalid Jinja template (line {exc.lineno}: {exc.message})") from None
+            return cls(key, raw, "jinja", template=template)
+        if _FORMAT_FIELD.search(raw):
+            return cls(key, raw, "format")
+        return cls(key, raw, "column")
+
+    # --- per row ----------------------------------------------------------------------------------
+    def resolve(self, row: dict, ref: RowRef) -> Any:
+        if self.kind == "literal":
+            return self.raw
+        if self.kind == "column":
+            found, value = lookup(row, self.raw)
+            if not found:
+                raise ref.fail(self.key, f"column '{self.raw}' not found (columns: {_columns(row)})")
+            return value
+        if self.kind == "format":
+            def field(match: re.Match) -> str:
+                found, value = lookup(row, match.group(1))
+                if not found:
+                    raise ref.fail(self.key, f"column '{match.group(1)}' not found (columns: {_columns(row)})")
+                return str(value)
+
+            return _FORMAT_FIELD.sub(field, self.raw)
+        if self.kind == "jinja":
+            import jinja2
+
+            try:
+                return self.template.render(**row) if isinstance(row, dict) else self.template.render()
+            except jinja2.UndefinedError as exc:
+                raise ref.fail(self.key, f"template uses {exc.message} (columns: {_columns(row)})") from None
+            except jinja2.TemplateError as exc:
+                raise ref.fail(self.key, f"template failed: {exc}") from None
+            except Exception as exc:  # an expression over the row (indexing, a filter) failed on its values
+                raise ref.fail(self.key, f"template failed: {type(exc).__name__}: {exc}") from None
+        return self._resolve_list(row, ref)
+
+    def _resolve_list(self, row: dict, ref: RowRef) -> list:
+        is_column = [e.kind == "column" and lookup(row, e.raw)[0] for e in self.entries]
+        if any(is_column) and not all(is_column):
+            bad = next(e for e, col in zip(self.entries, is_column) if not col)
+            raise ref.fail(bad.key, f"'{bad.raw}' is not a column but other entries are (columns: {_columns(row)})")
+        values = []
+        for entry, column in zip(self.entries, is_column):
+            if column or entry.kind != "column":
+                values.append(entry.resolve(row, ref))
+                continue
+            # a bare word that is not a column: a literal choice, unless it is one typo away from a column
+            if isinstance(row, dict):
+                close = difflib.get_close_matches(entry.raw, [str(c) for c in row], n=1, cutoff=0.8)
+                if close and _IDENTIFIER.match(entry.raw):
+                    raise ref.fail(
+                        entry.key,
+                        f"'{entry.raw}' is not a column; did you mean '{close[0]}'? "
+                        f"(write a literal word that looks like a column as \"{{{{ '{entry.raw}' }}}}\")",
+                    )
+            values.append(entry.raw)
+        return values
+
+    # --- typed views ------------------------------------------------------------------------------
+    def text(self, row: dict, ref: RowRef) -> str:
+        value = self.resolve(row, ref)
+        if isinstance(value, (list, tuple, dict)):
+            raise ref.fail(self.key, f"expected text, got a {type(value).__name__} ({_short(value)})")
+        if value is None:
+            raise ref.fail(self.key, "is empty (null)")
+        return str(value)
+
+    def choices(self, row: dict, ref: RowRef) -> list[str]:
+        """A list of at least two choice texts; anything else is an error naming the row."""
+        value = self.resolve(row, ref)
+        if self.kind == "jinja" and isinstance(value, str):
+            try:
+                value = ast.literal_eval(value.strip())
+            except (ValueError, SyntaxError):
+                raise ref.fail(self.key, f"template must render a list such as ['a', 'b'], got {_short(value)}") from None
+        if isinstance(value, str):
+            raise ref.fail(
+                self.key,
+                f"'{self.raw}' holds text ({_short(value)}), not a list of choices; name several columns as a list, "
+                f"e.g. [{self.raw}, other_column]",
+            )
+        if isinstance(value, dict):
+            value = list(value.values())
+        if not isinstance(value, (list, tuple)) or len(value) < 2:
+            raise ref.fail(self.key, f"expected a list of at least two choices, got {_short(value)}")
+        if any(isinstance(v, (list, tuple, dict)) or v is None for v in value):
+            raise ref.fail(self.key, f"every choice must be text, got {_short(value)}")
+        return [str(v) for v in value]
+
+    def target(self, row: dict, ref: RowRef) -> Any:
+        """A target as lm-eval reads it: a rendered template of digits is an index."""
+        value = self.resolve(row, ref)
+        if self.kind == "jinja" and isinstance(value, str) and value.strip().isdigit():
+            return int(value.strip())
+        return value
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
