@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import tempfile
 import warnings
-from dataclasses import replace
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -29,10 +28,10 @@ def main() -> None:
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     with tempfile.TemporaryDirectory() as tmp:
-        base = SearchConfig(task="sst2", strategy="tcb", trials=TRIALS, dev_limit=DEV, test_limit=32, device="cpu", seed=7)
-        pruned = run_search(replace(base, out=f"{tmp}/pruned"), show_progress=False)
-        full = run_search(replace(base, out=f"{tmp}/full", pruning=False), show_progress=False)
-        replay = run_search(replace(base, out=f"{tmp}/pruned", study_name="replay"), show_progress=False)
+        base = SearchConfig.build(task="sst2", strategy="tcb", trials=TRIALS, dev_limit=DEV, test_limit=32, device="cpu", seed=7)
+        pruned = run_search(base.replace(out=f"{tmp}/pruned"), show_progress=False)
+        full = run_search(base.replace(out=f"{tmp}/full", pruning=False), show_progress=False)
+        replay = run_search(base.replace(out=f"{tmp}/pruned", study_name="replay"), show_progress=False)
 
     def best(result):  # a pruned trial's stored value is its last per-item report: compare complete ones
         return result.trials.loc[result.trials["state"] == "COMPLETE", "value_tcb"].max()

@@ -29,6 +29,17 @@ QuantizeOpt = typer.Option(None, "--quantize", help="4bit or 8bit through bitsan
 TaskOpt = typer.Option(..., "--task", help="built-in task name or path to a task YAML")
 CardOpt = typer.Option(None, "--prompt", help="prompt card (YAML); default: the task's own prompt")
 SubsetsOpt = typer.Option(None, "--subsets", help="comma-separated subsets (e.g. MMLU subjects), or 'all'")
+BatchOpt = typer.Option(16, "--batch-size", min=1)
+# search and compare share these
+StorageOpt = typer.Option(None, "--storage", help="Optuna storage URL (default: SQLite in --out)")
+SeedOpt = typer.Option(1234, "--seed")
+SpaceOpt = typer.Option(None, "--space", help="search space YAML (default: the task's built-in space)")
+ResumeOpt = typer.Option(False, "--resume", help="continue (or join) an existing study")
+WorkersOpt = typer.Option(1, "--n-workers", help="worker processes sharing the study")
+MinibatchOpt = typer.Option(16, "--minibatch", help="dev items per pruning step")
+PruningOpt = typer.Option(True, "--pruning/--no-pruning", help="Wilcoxon paired pruning on dev items")
+DevLimitOpt = typer.Option(None, "--dev-limit", min=1, help="use only the first N dev items")
+TestLimitOpt = typer.Option(None, "--test-limit", min=1, help="use only the first N test items")
 
 
 def _quiet_libraries() -> None:
@@ -81,16 +92,18 @@ def _print_summary(summary: dict, title: str) -> None:
     console.print(table)
 
 
-def _load_for_card(task: str, prompt_path: Optional[Path], model: str, device: str, dtype, quantize, subsets, batch_size: int = 16):
-    from promptopt.models import load_model
-    from promptopt.prompts import load_card
-    from promptopt.scoring import Scorer
-    from promptopt.tasks import load_task
+def _subsets(subsets: Optional[str]):
+    return tuple(x.strip() for x in subsets.split(",") if x.strip()) if subsets else None
 
-    data = load_task(task, subsets=subsets.split(",") if subsets else None)
-    prompt = load_card(prompt_path)[0] if prompt_path else data.default_prompt()
-    lm = load_model(model, device=device, dtype=dtype, quantize=quantize)
-    return data, prompt, Scorer(lm, data, batch_size=batch_size, progress=True)
+
+def _session(task: str, model: str, device: str, dtype, quantize, subsets, batch_size: int = 16, out=None):
+    """The experiment session every command starts from (task checked now, model loaded on first use)."""
+    from promptopt.experiments import Session
+    from promptopt.models import ModelConfig
+    from promptopt.tasks import DataConfig
+
+    return Session(model=ModelConfig(spec=model, device=device, dtype=dtype, quantize=quantize),
+                   data=DataConfig(task=task, subsets=_subsets(subsets)), out=out, batch_size=batch_size, progress=True)
 
 
 @app.command()
@@ -101,7 +114,7 @@ def score(
     limit: Optional[int] = typer.Option(None, "--limit", min=1, help="score only the first N items of the split"),
     split: str = typer.Option("test", "--split", help="pool, dev or test"),
     subsets: Optional[str] = SubsetsOpt,
-    batch_size: int = typer.Option(16, "--batch-size", min=1),
+    batch_size: int = BatchOpt,
     out: Optional[Path] = typer.Option(None, "--out", help="write the per-item table (.parquet or .csv) and a .json summary"),
     rows: int = typer.Option(20, "--rows", min=0, help="how many item rows to print"),
     device: str = DeviceOpt,
@@ -112,7 +125,9 @@ def score(
     _quiet_libraries()
     if out is not None and out.suffix not in (".parquet", ".csv"):
         raise UserError(f"--out {out}: use a .parquet or .csv file name")
-    data, the_prompt, scorer = _load_for_card(task, prompt, model, device, dtype, quantize, subsets, batch_size)
+    session = _session(task, model, device, dtype, quantize, subsets, batch_size)
+    the_prompt, data = session.prompt(prompt), session.data
+    scorer = session.scorer
     result = scorer.score(the_prompt, data.split(split)[:limit])
     columns = ["item_id", "correct", "pred", "gold", "tcb", "v_eff", "margin", "target_nll", "ppl"]
     _print_frame(result.table, columns, f"{data.spec.name} · {split} · {scorer.lm.name}", rows)
@@ -156,11 +171,11 @@ def trace(
     console.print(f"{int(frame['dip'].sum())} dip(s) in {len(frame)} tokens; text: {''.join(frame['token'])!r}")
 
 
-def _search_config(**kwargs):
+def _search_config(**flat):
     from promptopt.search import SearchConfig
 
-    subsets = kwargs.pop("subsets")
-    return SearchConfig(subsets=subsets.split(",") if subsets else None, **kwargs)
+    flat["subsets"] = _subsets(flat.get("subsets"))
+    return SearchConfig.build(**flat)
 
 
 def _print_search_result(result) -> None:
@@ -169,7 +184,7 @@ def _print_search_result(result) -> None:
     best = result.best_params
     console.print(
         f"best trial #{result.best_number}: instruction={best.get('instruction')!r} template={best.get('template')!r} "
-        f"k={best.get('k')} exemplars={[ex for ex in _card_exemplar_ids(result.card_path)]}"
+        f"k={best.get('k')} exemplars={[ex.id for ex in result.prompt.exemplars]}"
     )
     rows = []
     for split, summary in (("dev", result.dev), ("test", result.test)):
@@ -186,31 +201,25 @@ def _print_search_result(result) -> None:
     console.print(f"dashboard: {dashboard_command(result.config)}")
 
 
-def _card_exemplar_ids(path) -> list[str]:
-    from promptopt.prompts import load_card
-
-    return [ex.id for ex in load_card(path)[0].exemplars]
-
-
 @app.command()
 def search(
     task: str = TaskOpt,
     strategy: str = typer.Option("tcb", "--strategy", help="tcb, ppl, accuracy or pareto"),
     trials: int = typer.Option(20, "--trials", help="finished (complete or pruned) trials to reach"),
     model: str = ModelOpt,
-    storage: Optional[str] = typer.Option(None, "--storage", help="Optuna storage URL (default: SQLite in --out)"),
-    seed: int = typer.Option(1234, "--seed"),
+    storage: Optional[str] = StorageOpt,
+    seed: int = SeedOpt,
     out: Path = typer.Option(Path("runs/search"), "--out", help="run directory"),
-    space: Optional[str] = typer.Option(None, "--space", help="search space YAML (default: the task's built-in space)"),
+    space: Optional[str] = SpaceOpt,
     study_name: Optional[str] = typer.Option(None, "--study-name", help="default: <task>-<strategy>"),
-    resume: bool = typer.Option(False, "--resume", help="continue (or join) an existing study"),
-    n_workers: int = typer.Option(1, "--n-workers", help="worker processes sharing the study"),
-    minibatch: int = typer.Option(16, "--minibatch", help="dev items per pruning step"),
-    pruning: bool = typer.Option(True, "--pruning/--no-pruning", help="Wilcoxon paired pruning on dev items"),
-    dev_limit: Optional[int] = typer.Option(None, "--dev-limit", min=1, help="use only the first N dev items"),
-    test_limit: Optional[int] = typer.Option(None, "--test-limit", min=1, help="use only the first N test items"),
+    resume: bool = ResumeOpt,
+    n_workers: int = WorkersOpt,
+    minibatch: int = MinibatchOpt,
+    pruning: bool = PruningOpt,
+    dev_limit: Optional[int] = DevLimitOpt,
+    test_limit: Optional[int] = TestLimitOpt,
     subsets: Optional[str] = SubsetsOpt,
-    batch_size: int = typer.Option(16, "--batch-size", min=1),
+    batch_size: int = BatchOpt,
     device: str = DeviceOpt,
     dtype: Optional[str] = DtypeOpt,
     quantize: Optional[str] = QuantizeOpt,
@@ -234,13 +243,18 @@ def compare(
     trials: int = typer.Option(20, "--trials", help="the same budget for every strategy"),
     strategies: str = typer.Option("ppl,tcb,accuracy", "--strategies", help="comma-separated strategies"),
     model: str = ModelOpt,
-    storage: Optional[str] = typer.Option(None, "--storage", help="Optuna storage URL (default: SQLite in --out)"),
-    seed: int = typer.Option(1234, "--seed"),
+    storage: Optional[str] = StorageOpt,
+    seed: int = SeedOpt,
     out: Path = typer.Option(Path("runs/compare"), "--out", help="run directory"),
-    resume: bool = typer.Option(False, "--resume"),
-    dev_limit: Optional[int] = typer.Option(None, "--dev-limit", min=1),
-    test_limit: Optional[int] = typer.Option(None, "--test-limit", min=1),
+    space: Optional[str] = SpaceOpt,
+    resume: bool = ResumeOpt,
+    n_workers: int = WorkersOpt,
+    minibatch: int = MinibatchOpt,
+    pruning: bool = PruningOpt,
+    dev_limit: Optional[int] = DevLimitOpt,
+    test_limit: Optional[int] = TestLimitOpt,
     subsets: Optional[str] = SubsetsOpt,
+    batch_size: int = BatchOpt,
     suite: str = typer.Option("default", "--suite", help="perturbation suite for the robustness columns, or 'none'"),
     robust_limit: Optional[int] = typer.Option(None, "--robust-limit", min=1, help="test items used for robustness (default: all)"),
     device: str = DeviceOpt,
@@ -248,12 +262,13 @@ def compare(
     quantize: Optional[str] = QuantizeOpt,
 ) -> None:
     """Run several strategies with the same budget, seed and items; compare their winners on held-out test items."""
-    from promptopt.search.compare import run_compare
+    from promptopt.experiments import run_compare
 
     _quiet_libraries()
     base = _search_config(
-        task=task, strategy="tcb", trials=trials, model=model, storage=storage, seed=seed, out=str(out), resume=resume,
-        dev_limit=dev_limit, test_limit=test_limit, subsets=subsets, device=device, dtype=dtype, quantize=quantize,
+        task=task, strategy="tcb", trials=trials, model=model, storage=storage, seed=seed, out=str(out), space=space,
+        resume=resume, n_workers=n_workers, minibatch=minibatch, pruning=pruning, dev_limit=dev_limit,
+        test_limit=test_limit, subsets=subsets, batch_size=batch_size, device=device, dtype=dtype, quantize=quantize,
     )
     table = run_compare(base, [s.strip() for s in strategies.split(",") if s.strip()],
                         suite=None if suite == "none" else suite, robust_limit=robust_limit)
@@ -281,8 +296,9 @@ def evaluate(
 
     _quiet_libraries()
     the_suite = load_suite(suite)
-    data, the_prompt, scorer = _load_for_card(task, prompt, model, device, dtype, quantize, subsets)
-    result = evaluate_robustness(scorer, the_prompt, data.split(split)[:limit], the_suite, pool=data.pool, progress=True)
+    session = _session(task, model, device, dtype, quantize, subsets)
+    the_prompt, data = session.prompt(prompt), session.data
+    result = evaluate_robustness(session.scorer, the_prompt, data.split(split)[:limit], the_suite, pool=data.pool, progress=True)
     columns = ["family", "n_variants", "dropped_not_applicable", "dropped_protection", "dropped_similarity",
                "acc_clean_same_items", "acc_perturbed", "pdr", "tcb_clean_mean", "tcb_perturbed_mean"]
     _print_frame(result.families, columns, f"robustness · {data.spec.name} · suite {the_suite.name}", 50)
@@ -321,8 +337,9 @@ def stress(
         raise UserError(f"--ranks {ranks!r}: expected comma-separated positive integers") from None
     if not rank_list or min(rank_list) < 1:
         raise UserError(f"--ranks {ranks!r}: expected comma-separated positive integers")
-    data, the_prompt, scorer = _load_for_card(task, prompt, model, device, dtype, quantize, subsets)
-    result = taboo_stress(scorer, the_prompt, data.split(split)[:limit], ranks=rank_list,
+    session = _session(task, model, device, dtype, quantize, subsets)
+    the_prompt, data = session.prompt(prompt), session.data
+    result = taboo_stress(session.scorer, the_prompt, data.split(split)[:limit], ranks=rank_list,
                           mode="mid_word" if mid_word else "word_initial", temperature=temperature, seed=seed)
     columns = ["rank", "n", "accuracy", "retention", "retention_ci_low", "retention_ci_high", "marginal_retention",
                "mean_surprisal_per_intervention", "surprisal_total_per_item", "interventions_per_item", "length_expansion"]

@@ -9,7 +9,6 @@ import sqlite3
 import subprocess
 import sys
 import time
-from dataclasses import replace
 
 import numpy as np
 import optuna
@@ -28,8 +27,8 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 @pytest.fixture
 def config(tmp_path, tiny_llama_dir):
-    return SearchConfig(task="sst2", strategy="tcb", trials=5, model=str(tiny_llama_dir), out=str(tmp_path / "run"),
-                        dev_limit=12, test_limit=6, minibatch=4, device="cpu")
+    return SearchConfig.build(task="sst2", strategy="tcb", trials=5, model=str(tiny_llama_dir), out=str(tmp_path / "run"),
+                              dev_limit=12, test_limit=6, minibatch=4, device="cpu")
 
 
 def test_every_builtin_task_has_a_valid_space():
@@ -94,7 +93,7 @@ def test_search_writes_run_directory_and_is_reproducible(config, tmp_path):
     assert set(ex.id for ex in prompt.exemplars) <= {i.id for i in load_task("sst2").pool}
     done = first.trials[first.trials["state"].isin(["COMPLETE", "PRUNED"])]
     assert len(done) == 5
-    second = run_search(replace(config, out=str(tmp_path / "again")), show_progress=False)
+    second = run_search(config.replace(out=str(tmp_path / "again")), show_progress=False)
     columns = [c for c in first.trials.columns if c.startswith(("params_", "value"))] + ["state"]
     assert "value_tcb" in columns
     pd.testing.assert_frame_equal(first.trials[columns], second.trials[columns])
@@ -104,7 +103,7 @@ def test_resume_continues_and_cache_makes_repeats_free(config):
     run_search(config, show_progress=False)
     with pytest.raises(UserError, match="already exists.*--resume"):
         run_search(config, show_progress=False)
-    resumed = run_search(replace(config, trials=8, resume=True), show_progress=False)
+    resumed = run_search(config.replace(trials=8, resume=True), show_progress=False)
     numbers = resumed.trials["number"].tolist()
     assert numbers == sorted(set(numbers))
     assert resumed.trials["state"].isin(["COMPLETE", "PRUNED"]).sum() == 8
@@ -115,7 +114,7 @@ def test_resume_continues_and_cache_makes_repeats_free(config):
 
 @pytest.mark.parametrize("strategy", ["accuracy", "ppl", "pareto"])
 def test_other_strategies(config, strategy):
-    result = run_search(replace(config, strategy=strategy, trials=4), show_progress=False)
+    result = run_search(config.replace(strategy=strategy, trials=4), show_progress=False)
     assert result.trials["state"].isin(["COMPLETE", "PRUNED"]).sum() == 4
     if strategy == "pareto":
         assert result.pareto is not None and len(result.pareto) >= 1
@@ -135,16 +134,16 @@ def _study_rows(url_path) -> int:
 def test_bad_input_writes_no_study_rows(config, tmp_path):
     db = tmp_path / "run" / "study.db"
     with pytest.raises(ConfigError, match="unknown strategy"):
-        run_search(replace(config, strategy="fastest"), show_progress=False)
+        run_search(config.replace(strategy="fastest"), show_progress=False)
     space = tmp_path / "space.yaml"
     space.write_text(yaml.safe_dump({"task": "sst2", "instructions": {"none": ""}, "templates": {"t": {"query": "{question}"}},
                                      "exemplars": {"k": [0, 80], "candidates": 80}}))
     with pytest.raises(ConfigError, match="the pool has only 64 items"):
-        run_search(replace(config, space=str(space)), show_progress=False)
+        run_search(config.replace(space=str(space)), show_progress=False)
     with pytest.raises(UserError, match="model file not found"):
-        run_search(replace(config, model=str(tmp_path / "missing.gguf")), show_progress=False)
+        run_search(config.replace(model=str(tmp_path / "missing.gguf")), show_progress=False)
     with pytest.raises(UserError, match="cannot open storage postgresql://u:\\*\\*\\*@127.0.0.1:1/x"):
-        run_search(replace(config, storage="postgresql://u:secret@127.0.0.1:1/x"), show_progress=False)
+        run_search(config.replace(storage="postgresql://u:secret@127.0.0.1:1/x"), show_progress=False)
     assert _study_rows(db) == 0
 
 
@@ -154,7 +153,7 @@ def test_missing_split_in_task_is_reported_before_any_study(tmp_path, config):
     spec["splits"]["dev"]["from"] = "train"
     task.write_text(yaml.safe_dump(spec))
     with pytest.raises(Exception, match="split 'train' not found"):
-        run_search(replace(config, task=str(task), space=load_space("sst2").where), show_progress=False)
+        run_search(config.replace(task=str(task), space=load_space("sst2").where), show_progress=False)
     assert _study_rows(tmp_path / "run" / "study.db") == 0
 
 
@@ -182,7 +181,7 @@ def test_killed_worker_trial_is_failed_and_rerun(config, tmp_path, tiny_llama_di
     killed_study = optuna.load_study(study_name="sst2-tcb", storage=storage)
     done_before = sum(t.state.is_finished() and t.state.name != "FAIL" for t in killed_study.trials)
     time.sleep(2)
-    cfg = replace(config, out=str(out), resume=True, trials=done_before + 2, pruning=False, grace_period=1, heartbeat_interval=1)
+    cfg = config.replace(out=str(out), resume=True, trials=done_before + 2, pruning=False, grace_period=1, heartbeat_interval=1)
     result = run_search(cfg, show_progress=False)
     study = optuna.load_study(study_name="sst2-tcb", storage=storage)
     states = {t.number: t.state.name for t in study.trials}
@@ -200,7 +199,7 @@ def test_two_workers_share_one_postgres_study(config):
             pytest.fail("CI must provide PostgreSQL: .ci/run starts it and sets PROMPTOPT_TEST_POSTGRES_URL")
         pytest.skip("PROMPTOPT_TEST_POSTGRES_URL is not set (.ci/run starts PostgreSQL and sets it)")
     name = f"pg-{os.getpid()}-{int(time.time())}"
-    result = run_search(replace(config, storage=url, study_name=name, n_workers=2, trials=8), show_progress=False)
+    result = run_search(config.replace(storage=url, study_name=name, n_workers=2, trials=8), show_progress=False)
     study = optuna.load_study(study_name=name, storage=url)
     numbers = [t.number for t in study.trials]
     assert len(numbers) == len(set(numbers)) == len(result.trials)  # each trial once, in the study and the table
@@ -212,15 +211,15 @@ def test_two_workers_share_one_postgres_study(config):
 
 
 def test_compare_same_budget_seed_and_items(config, tmp_path):
-    from promptopt.search.compare import run_compare
+    from promptopt.experiments import run_compare
 
-    table = run_compare(replace(config, trials=3, out=str(tmp_path / "cmp")), ["ppl", "tcb"], suite="quick", show_progress=False)
+    table = run_compare(config.replace(trials=3, out=str(tmp_path / "cmp")), ["ppl", "tcb"], suite="quick", show_progress=False)
     assert table["strategy"].tolist() == ["baseline", "ppl", "tcb"]
     assert (table["n_test"] == 6).all()
     assert {"avg_acc", "avg_tcb", "avg_ppl", "wall_seconds", "acc_var_pert", "pdr", "acc_worst", "taboo_retention_i1"} <= set(table.columns)
     assert table["acc_worst"].notna().all() and table["acc_worst_family"].notna().all()
     assert (tmp_path / "cmp" / "compare.csv").is_file() and (tmp_path / "cmp" / "tcb" / "best_card.yaml").is_file()
-    studies = optuna.get_all_study_summaries(f"sqlite:///{tmp_path / 'cmp' / 'studies.db'}")
+    studies = optuna.get_all_study_summaries(f"sqlite:///{tmp_path / 'cmp' / 'study.db'}")
     assert sorted(s.study_name for s in studies) == ["sst2-ppl", "sst2-tcb"]
     with pytest.raises(ConfigError, match="unknown strategy"):
-        run_compare(replace(config, out=str(tmp_path / "cmp2")), ["tcb", "nope"], show_progress=False)
+        run_compare(config.replace(out=str(tmp_path / "cmp2")), ["tcb", "nope"], show_progress=False)

@@ -270,3 +270,33 @@ def load_model(
     if verify:
         verify_geometry(lm)
     return lm
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """Which model to load and how: validated when built, loaded by `load()`."""
+
+    spec: str = EMBEDDED_DEFAULT  # hub id, local HF folder, .gguf file or the embedded default
+    device: str = "auto"
+    dtype: str | None = None
+    quantize: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.spec:
+            raise ModelNotFoundError("model: expected a hub id, a local folder, a .gguf file or smollm2-135m-instruct")
+        if self.dtype is not None and self.dtype not in _DTYPES:
+            raise UnsupportedError(f"dtype {self.dtype!r}: expected one of {', '.join(_DTYPES)}")
+        if self.quantize not in (None, "4bit", "8bit"):
+            raise UnsupportedError(f"quantize {self.quantize!r}: expected 4bit or 8bit")
+        if self.device != "auto" and not (self.device == "cpu" or self.device.startswith("cuda")):
+            raise UnsupportedError(f"device {self.device!r}: expected cpu, cuda, cuda:N or auto")
+
+    def check(self) -> None:
+        """What can be known without loading: the model resolves, the device exists, 4/8-bit has CUDA."""
+        _resolve(self.spec)
+        device = _pick_device(self.device)
+        if self.quantize is not None and device.type != "cuda":
+            raise UnsupportedError(f"quantize={self.quantize} needs a CUDA device (bitsandbytes); this run is on {device.type}")
+
+    def load(self) -> LoadedModel:
+        return load_model(self.spec, device=self.device, dtype=self.dtype, quantize=self.quantize)

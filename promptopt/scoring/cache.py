@@ -10,13 +10,14 @@ import hashlib
 import json
 import math
 import sqlite3
+import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from promptopt.prompts import Prompt
-from promptopt.scoring.scorer import Scorer
+from promptopt.scoring.scorer import Scorer, ScoreResult, summarize
 from promptopt.tasks import Item
 
 
@@ -63,7 +64,10 @@ class ResultCache:
 
 
 class CachedScorer:
-    """Scorer.score with per-item caching; returns the per-item table in the order of `items`."""
+    """A Scorer with per-item caching, usable wherever a Scorer is (`score`, `lm`, `task`, `runner`).
+
+    The key holds the model, the task's scoring settings, the whole prompt card and the item's content
+    (not only its id), so a perturbed variant of an item never reuses the clean item's row."""
 
     def __init__(self, scorer: Scorer, cache: ResultCache) -> None:
         self.scorer, self.cache = scorer, cache
@@ -71,9 +75,33 @@ class CachedScorer:
         self._static = [lm.name, str(lm.model.dtype), lm.device.type, spec.name, spec.answer_type, spec.metric,
                         spec.max_new_tokens, list(spec.stop), scorer.eps]
 
+    @property
+    def lm(self):
+        return self.scorer.lm
+
+    @property
+    def task(self):
+        return self.scorer.task
+
+    @property
+    def runner(self):
+        return self.scorer.runner
+
     def key(self, prompt: Prompt, item: Item) -> str:
-        blob = json.dumps([self._static, prompt.to_card(), item.id], sort_keys=True, default=_plain)
+        content = [item.id, item.question, list(item.choices) if item.choices else None, repr(item.gold)]
+        blob = json.dumps([self._static, prompt.to_card(), content], sort_keys=True, default=_plain)
         return hashlib.sha256(blob.encode()).hexdigest()
+
+    def score(self, prompt: Prompt, items: list[Item]) -> ScoreResult:
+        start = time.perf_counter()
+        table = self.score_table(prompt, items)
+        return ScoreResult(table, summarize(table, wall_seconds=time.perf_counter() - start))
+
+    def generate_answers(self, *args, **kwargs):
+        return self.scorer.generate_answers(*args, **kwargs)
+
+    def judge(self, *args, **kwargs):
+        return self.scorer.judge(*args, **kwargs)
 
     def score_table(self, prompt: Prompt, items: list[Item]) -> pd.DataFrame:
         keys = [self.key(prompt, item) for item in items]

@@ -21,6 +21,7 @@ parameter carries a meaning a TPE-style sampler can learn:
 - exemplar set: one float key in [0, 1) per candidate (`key_<id>`); the k candidates with the highest keys
   are the shots. Random keys never produce duplicates or invalid sets (no rejected trials), and a
   candidate that helps drifts towards high keys, which per-parameter density models learn directly.
+  With k = 0 no keys are sampled (they would not change the prompt).
 - order: a categorical permutation index `order_k<k>` over the k! orders (k ≤ 5), or Lehmer-code
   integers `lehmer_k<k>_<i>` for larger k; without `search_order` the shots keep pool order.
 """
@@ -86,6 +87,8 @@ class SearchSpace:
         instruction = trial.suggest_categorical("instruction", list(self.instructions))
         template = trial.suggest_categorical("template", list(self.templates))
         k = trial.suggest_int("k", self.k_min, self.k_max)
+        if k == 0:  # no shots: the keys would mean nothing, and sampling them would make duplicate prompts
+            return Prompt(task=spec.name, instruction=self.instructions[instruction], template=self.templates[template])
         keys = [trial.suggest_float(f"key_{i}", 0.0, 1.0) for i in range(len(candidates))]
         chosen = sorted(sorted(range(len(candidates)), key=lambda i: (-keys[i], i))[:k])  # pool order
         if self.search_order and k > 1:

@@ -13,49 +13,17 @@ import json
 import multiprocessing
 import re
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
-from promptopt.errors import ConfigError, UserError
+from promptopt.errors import UserError
+from promptopt.prompts import Prompt
+from promptopt.search.config import SearchConfig
 from promptopt.search.objectives import Strategy, get_strategy
 from promptopt.search.space import SearchSpace, load_space
 from promptopt.yamlio import atomic_write_bytes_via, atomic_write_text
-
-
-@dataclass
-class SearchConfig:
-    task: str
-    strategy: str = "tcb"
-    trials: int = 20
-    model: str = "smollm2-135m-instruct"
-    out: str = "runs/search"
-    storage: str | None = None  # default: sqlite:///<out>/study.db
-    study_name: str | None = None  # default: <task>-<strategy>
-    space: str | None = None  # default: the task's built-in space
-    seed: int = 1234
-    resume: bool = False
-    n_workers: int = 1
-    minibatch: int = 16
-    pruning: bool = True
-    dev_limit: int | None = None
-    test_limit: int | None = None
-    subsets: list[str] | None = None
-    device: str = "auto"
-    dtype: str | None = None
-    quantize: str | None = None
-    batch_size: int = 16
-    heartbeat_interval: int = 20
-    grace_period: int = 60
-
-    @property
-    def storage_url(self) -> str:
-        return self.storage or f"sqlite:///{Path(self.out).resolve() / 'study.db'}"
-
-    @property
-    def name(self) -> str:
-        return self.study_name or f"{Path(self.task).stem}-{self.strategy}"
 
 
 @dataclass
@@ -64,6 +32,7 @@ class SearchResult:
     trials: pd.DataFrame
     best_params: dict
     best_number: int
+    prompt: Prompt  # the winner, decoded
     dev: dict
     test: dict
     card_path: Path
@@ -88,20 +57,17 @@ class _Context:
     test: list
 
 
-def _context(config: SearchConfig) -> _Context:
-    from promptopt.tasks import load_task
-
-    if config.trials < 1:
-        raise ConfigError(f"--trials must be at least 1, got {config.trials}")
-    if config.n_workers < 1:
-        raise ConfigError(f"--n-workers must be at least 1, got {config.n_workers}")
-    strategy = get_strategy(config.strategy)
-    data = load_task(config.task, subsets=config.subsets)
-    space = load_space(config.space or data.spec.name)
+def _context(config: SearchConfig, data) -> _Context:
+    """Strategy, space and items of a run, checked against the task's data."""
+    strategy = get_strategy(config.study.strategy)
+    space = load_space(config.study.space or data.spec.name)
     candidates = space.check_against(data)
-    dev = data.dev[: config.dev_limit]
-    test = data.test[: config.test_limit]
-    return _Context(config, strategy, space, data, candidates, dev, test)
+    return _Context(config, strategy, space, data, candidates, config.data.dev(data), config.data.test(data))
+
+
+def check_search(config: SearchConfig, data) -> None:
+    """Everything about a search that can be checked against the task data without a model or a study."""
+    _context(config, data)
 
 
 def make_storage(config: SearchConfig):
@@ -118,8 +84,8 @@ def make_storage(config: SearchConfig):
         return storages.RDBStorage(
             url,
             engine_kwargs=engine_kwargs,
-            heartbeat_interval=config.heartbeat_interval,
-            grace_period=config.grace_period,
+            heartbeat_interval=config.study.heartbeat_interval,
+            grace_period=config.study.grace_period,
             **{callback_kw: retry_cls(max_retry=3)},
         )
     except Exception as exc:  # any failure to open a user-given URL is the URL's problem
@@ -130,18 +96,19 @@ def make_storage(config: SearchConfig):
 def _sampler(config: SearchConfig, strategy: Strategy, worker: int, offset: int):
     from optuna.samplers import NSGAIISampler, TPESampler
 
-    seed = config.seed + 1000 * worker + offset  # a resumed or parallel worker must not replay trial 0
+    study = config.study
+    seed = study.seed + 1000 * worker + offset  # a resumed or parallel worker must not replay trial 0
     if strategy.multi_objective:
-        return NSGAIISampler(seed=seed, population_size=max(4, min(50, config.trials // 3)))
-    return TPESampler(seed=seed, n_startup_trials=max(1, min(10, config.trials // 3)), multivariate=True, group=True)
+        return NSGAIISampler(seed=seed, population_size=max(4, min(50, study.trials // 3)))
+    return TPESampler(seed=seed, n_startup_trials=max(1, min(10, study.trials // 3)), multivariate=True, group=True)
 
 
 def _pruner(config: SearchConfig, strategy: Strategy):
     from optuna.pruners import NopPruner, WilcoxonPruner
 
-    if not config.pruning or strategy.multi_objective:
+    if not config.study.pruning or strategy.multi_objective:
         return NopPruner()
-    return WilcoxonPruner(p_threshold=0.1, n_startup_steps=config.minibatch)
+    return WilcoxonPruner(p_threshold=0.1, n_startup_steps=config.study.minibatch)
 
 
 def _study_exists(config: SearchConfig, storage) -> int | None:
@@ -156,12 +123,12 @@ def _study_exists(config: SearchConfig, storage) -> int | None:
 
 def _check_study(config: SearchConfig, storage) -> None:
     exists = _study_exists(config, storage) is not None
-    if exists and not config.resume:
+    if exists and not config.study.resume:
         raise UserError(
             f"study '{config.name}' already exists in {redact(config.storage_url)}: pass --resume to continue it, "
             "or choose another --out / --study-name"
         )
-    if not exists and config.resume:
+    if not exists and config.study.resume:
         raise UserError(f"--resume: no study '{config.name}' in {redact(config.storage_url)}")
 
 
@@ -179,7 +146,7 @@ def _open_study(config: SearchConfig, strategy: Strategy, storage, *, worker: in
     )
     if n_existing is None:
         study.set_metric_names(["accuracy", "signed_stability"] if strategy.multi_objective else [strategy.name])
-        study.set_user_attr("config", json.dumps(asdict(config)))
+        study.set_user_attr("config", json.dumps(config.to_dict()))
     return study
 
 
@@ -196,7 +163,7 @@ def make_objective(ctx: _Context, cached, worker: int = 0):
     import optuna
 
     strategy, space = ctx.strategy, ctx.space
-    minibatch = ctx.config.minibatch
+    minibatch = ctx.config.study.minibatch
 
     def objective(trial):
         prompt = space.suggest(trial, ctx.candidates, ctx.data.spec)
@@ -223,18 +190,6 @@ def make_objective(ctx: _Context, cached, worker: int = 0):
     return objective
 
 
-def _scorers(ctx: _Context):
-    from promptopt.models import load_model
-    from promptopt.scoring import Scorer
-    from promptopt.search.cache import CachedScorer, ResultCache
-
-    cfg = ctx.config
-    lm = load_model(cfg.model, device=cfg.device, dtype=cfg.dtype, quantize=cfg.quantize)
-    scorer = Scorer(lm, ctx.data, batch_size=cfg.batch_size)
-    cache = ResultCache(Path(cfg.out) / "cache.sqlite")
-    return lm, CachedScorer(scorer, cache)
-
-
 def _count_done(study) -> int:
     from optuna.trial import TrialState
 
@@ -245,26 +200,27 @@ def _optimize(ctx: _Context, study, cached, progress, worker: int = 0) -> None:
     from optuna.study import MaxTrialsCallback
     from optuna.trial import TrialState
 
-    if _count_done(study) >= ctx.config.trials:
+    if _count_done(study) >= ctx.config.study.trials:
         return
-    stop = MaxTrialsCallback(ctx.config.trials, states=(TrialState.COMPLETE, TrialState.PRUNED))
+    stop = MaxTrialsCallback(ctx.config.study.trials, states=(TrialState.COMPLETE, TrialState.PRUNED))
     callbacks = [stop] + ([progress] if progress else [])
     study.optimize(make_objective(ctx, cached, worker), n_trials=None, callbacks=callbacks, gc_after_trial=False)
 
 
-def worker_main(config_dict: dict, worker: int, ready=None) -> None:
-    """Entry point of a worker process: loads its own model, signals `ready`, and joins the study."""
+def worker_main(config_dict: dict, factory, worker: int, ready=None) -> None:
+    """Entry point of a worker process: builds its own scorer from the factory (model, task data, the
+    shared result cache), signals `ready`, and joins the study."""
     import warnings
 
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-    config = SearchConfig(**config_dict)
-    ctx = _context(config)
+    config = SearchConfig.from_dict(config_dict)
+    cached = factory()
+    ctx = _context(config, cached.task)
     storage = make_storage(config)
     study = _open_study(config, ctx.strategy, storage, worker=worker)
-    _, cached = _scorers(ctx)
     if ready is not None:
         ready.set()
     _optimize(ctx, study, cached, None, worker)
@@ -287,28 +243,39 @@ def decode(ctx: _Context, params: dict):
     return ctx.space.suggest(optuna.trial.FixedTrial(params), ctx.candidates, ctx.data.spec)
 
 
-def run_search(config: SearchConfig, *, show_progress: bool = True) -> SearchResult:
+def run_search(config: SearchConfig, *, scorer=None, show_progress: bool = True) -> SearchResult:
+    """Run (or resume) the study of `config` and write its run directory.
+
+    `scorer`: a CachedScorer to use (an experiment session passes its own, so the model is loaded once);
+    without one, the task data is loaded and checked first, then the model, with the result cache in the
+    run directory. Worker processes (`n_workers` > 1) build their own scorer from a ScorerFactory."""
     import optuna
     from tqdm.auto import tqdm
 
     from promptopt.prompts import save_card
-    from promptopt.scoring import summarize
+    from promptopt.scoring import ScorerFactory, summarize
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    ctx = _context(config)  # validates task, space, strategy before any storage is touched
     out = Path(config.out)
+    data = scorer.task if scorer is not None else config.data.load()
+    ctx = _context(config, data)  # validates task, space, strategy before any storage is touched
     storage = make_storage(config)
     _check_study(config, storage)
     start = time.perf_counter()
-    _, cached = _scorers(ctx)  # a model that fails to load fails here, before any study row exists
+    if scorer is None:  # a model that fails to load fails here, before any study row exists
+        scorer = ScorerFactory(model=config.model, data=config.data, cache_path=str(out / "cache.sqlite"),
+                               batch_size=config.batch_size).build(data)
+    cached = scorer
+    hits_before, misses_before = cached.cache.hits, cached.cache.misses
     study = _open_study(config, ctx.strategy, storage)
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "config.json", json.dumps(asdict(config), indent=1))
+    atomic_write_text(out / "config.json", json.dumps(config.to_dict(), indent=1))
     atomic_write_text(out / "splits.json", json.dumps(ctx.data.carving(), indent=1))
-    bar = tqdm(total=config.trials, initial=min(_count_done(study), config.trials), desc=f"search {config.name}", disable=not show_progress)
+    trials_budget = config.study.trials
+    bar = tqdm(total=trials_budget, initial=min(_count_done(study), trials_budget), desc=f"search {config.name}", disable=not show_progress)
 
     def progress(study_, trial_):
-        bar.n = min(_count_done(study_), config.trials)
+        bar.n = min(_count_done(study_), trials_budget)
         if not ctx.strategy.multi_objective:
             try:
                 bar.set_postfix(best=f"{study_.best_value:.4f}", trial=study_.best_trial.number)
@@ -318,8 +285,10 @@ def run_search(config: SearchConfig, *, show_progress: bool = True) -> SearchRes
 
     # This process is worker 0 (its model is loaded anyway, for the final evaluation); the others are spawned.
     spawn = multiprocessing.get_context("spawn")
-    ready = [spawn.Event() for _ in range(1, config.n_workers)]
-    workers = [spawn.Process(target=worker_main, args=(asdict(config), i, ready[i - 1])) for i in range(1, config.n_workers)]
+    n_workers = config.study.n_workers
+    factory = ScorerFactory(model=config.model, data=config.data, cache_path=str(cached.cache.path), batch_size=config.batch_size)
+    ready = [spawn.Event() for _ in range(1, n_workers)]
+    workers = [spawn.Process(target=worker_main, args=(config.to_dict(), factory, i, ready[i - 1])) for i in range(1, n_workers)]
     for proc in workers:
         proc.start()
     while not all(event.is_set() for event in ready):  # start together: every worker has its model loaded
@@ -353,18 +322,20 @@ def run_search(config: SearchConfig, *, show_progress: bool = True) -> SearchRes
     _write_table(test_table, out / "best_test_items")
     provenance = {
         "task": ctx.data.spec.name,
-        "model": config.model,
-        "strategy": config.strategy,
+        "model": config.model.spec,
+        "strategy": config.study.strategy,
         "study": config.name,
         "trial": best.number,
-        "seed": config.seed,
+        "seed": config.study.seed,
         "dev": {k: dev[k] for k in ("n", "accuracy", "tcb_mean", "tcb_geomean", "ppl_mean")},
         "test": {k: test[k] for k in ("n", "accuracy", "tcb_mean", "tcb_geomean", "ppl_mean")},
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     card_path = out / "best_card.yaml"
     save_card(prompt, card_path, provenance)
-    result = SearchResult(config, trials, best.params, best.number, dev, test, card_path, wall, cached.cache.hit_rate, pareto)
+    hits, misses = cached.cache.hits - hits_before, cached.cache.misses - misses_before
+    hit_rate = hits / (hits + misses) if hits + misses else float("nan")
+    result = SearchResult(config, trials, best.params, best.number, prompt, dev, test, card_path, wall, hit_rate, pareto)
     summary = {"study": config.name, "storage": redact(config.storage_url), "best_trial": best.number, "best_params": best.params,
                "dev": dev, "test": test, "wall_seconds": wall, "cache_hit_rate": result.cache_hit_rate,
                "trials": {s: int((trials["state"] == s).sum()) for s in trials["state"].unique()}}
@@ -376,4 +347,4 @@ def dashboard_command(config: SearchConfig) -> str:
     return f"optuna-dashboard {config.storage_url}"
 
 
-__all__ = ["SearchConfig", "SearchResult", "dashboard_command", "make_storage", "run_search", "worker_main"]
+__all__ = ["SearchResult", "check_search", "dashboard_command", "make_storage", "run_search", "worker_main"]

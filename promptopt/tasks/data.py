@@ -236,3 +236,34 @@ def load_task_data(spec: TaskSpec, *, subsets: list[str] | None = None) -> TaskD
         raise DataError(f"{spec.where}: item id '{dup}' occurs twice; fields.id must be unique")
     return TaskData(spec, carved["pool"], carved["dev"], carved["test"])
 
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    """Which task and which of its items an experiment uses (the carving itself is the task's, seeded)."""
+
+    task: str  # built-in name or task YAML path
+    subsets: tuple[str, ...] | None = None
+    dev_limit: int | None = None  # the first N dev items
+    test_limit: int | None = None  # the first N test items
+
+    def __post_init__(self) -> None:
+        if not self.task:
+            raise ConfigError("task: expected a built-in task name or a task YAML path")
+        if self.subsets is not None:
+            object.__setattr__(self, "subsets", tuple(self.subsets))
+        for name in ("dev_limit", "test_limit"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ConfigError(f"{name}: expected a positive integer or None, got {value!r}")
+
+    def load(self) -> TaskData:
+        from promptopt.tasks.spec import load_task_spec
+
+        return load_task_data(load_task_spec(self.task), subsets=list(self.subsets) if self.subsets else None)
+
+    def dev(self, data: TaskData) -> list[Item]:
+        return data.dev[: self.dev_limit]
+
+    def test(self, data: TaskData) -> list[Item]:
+        return data.test[: self.test_limit]

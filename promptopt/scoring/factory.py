@@ -1,0 +1,29 @@
+"""The one recipe for a scorer: settings -> (model, task data, result cache). It is picklable, so spawned
+worker processes build their own from it instead of receiving live objects."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from promptopt.models.load import ModelConfig
+from promptopt.scoring.cache import CachedScorer, ResultCache
+from promptopt.scoring.scorer import Scorer
+from promptopt.tasks.data import DataConfig, TaskData
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScorerFactory:
+    model: ModelConfig
+    data: DataConfig
+    cache_path: str | None = None  # SQLite result cache shared by every worker on this machine; None: no cache
+    batch_size: int = 16
+
+    def build(self, data: TaskData | None = None, *, progress: bool = False) -> Scorer | CachedScorer:
+        """Load the model (and the task data unless given) and wrap the scorer in the result cache."""
+        data = data if data is not None else self.data.load()
+        scorer = Scorer(self.model.load(), data, batch_size=self.batch_size, progress=progress)
+        return CachedScorer(scorer, ResultCache(Path(self.cache_path))) if self.cache_path else scorer
+
+    def __call__(self) -> Scorer | CachedScorer:
+        return self.build()

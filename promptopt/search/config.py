@@ -1,0 +1,115 @@
+"""What a search run is, grouped as users think of it: the model, the data, the study.
+
+Each group is a keyword-only frozen dataclass validated when it is built, so a bad value fails before
+anything loads or any study row exists. `SearchConfig.build(**flat)` takes the flat names the CLI uses
+(`task=`, `strategy=`, `device=` ...) and routes each to its group; `config.replace(**flat)` does the same
+for a changed copy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from promptopt.errors import ConfigError
+from promptopt.models.load import ModelConfig
+from promptopt.search.objectives import get_strategy
+from promptopt.tasks.data import DataConfig
+
+
+@dataclass(frozen=True, kw_only=True)
+class StudyConfig:
+    """The Optuna study: what a trial is worth, how many, where they are stored, how they run."""
+
+    strategy: str = "tcb"
+    trials: int = 20  # finished (complete or pruned) trials to reach
+    seed: int = 1234
+    space: str | None = None  # search space YAML; default: the task's built-in space
+    storage: str | None = None  # Optuna storage URL; default: SQLite in the run directory
+    study_name: str | None = None  # default: <task>-<strategy>
+    resume: bool = False
+    n_workers: int = 1
+    minibatch: int = 16  # dev items per pruning step
+    pruning: bool = True
+    heartbeat_interval: int = 20
+    grace_period: int = 60
+
+    def __post_init__(self) -> None:
+        get_strategy(self.strategy)
+        for name in ("trials", "n_workers", "minibatch", "heartbeat_interval", "grace_period"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name}: expected a positive integer, got {value!r}")
+        if self.study_name is not None and not re.fullmatch(r"[A-Za-z0-9_.:-]+", self.study_name):
+            raise ConfigError(f"study_name: expected letters, digits, '_', '-', '.' or ':', got {self.study_name!r}")
+
+
+_GROUPS = {"model": ModelConfig, "data": DataConfig, "study": StudyConfig}
+_MODEL_ALIASES = {"model": "spec"}  # the flat name `model` is ModelConfig.spec
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig
+    study: StudyConfig = field(default_factory=StudyConfig)
+    out: str = "runs/search"  # run directory
+    batch_size: int = 16
+
+    def __post_init__(self) -> None:
+        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise ConfigError(f"batch_size: expected a positive integer, got {self.batch_size!r}")
+
+    # --- flat names ---------------------------------------------------------------------------------
+    @classmethod
+    def build(cls, **flat: Any) -> SearchConfig:
+        """From flat keyword names (task=, strategy=, model=, device=, dev_limit=, out= ...)."""
+        groups: dict[str, dict] = {name: {} for name in _GROUPS}
+        top: dict[str, Any] = {}
+        for key, value in flat.items():
+            group, name = _route(key)
+            (groups[group] if group else top)[name] = value
+        return cls(**{g: _GROUPS[g](**kw) for g, kw in groups.items() if kw or g != "data"}, **top)
+
+    def replace(self, **flat: Any) -> SearchConfig:
+        changes: dict[str, dict] = {}
+        top: dict[str, Any] = {}
+        for key, value in flat.items():
+            group, name = _route(key)
+            if group:
+                changes.setdefault(group, {})[name] = value
+            else:
+                top[name] = value
+        updated = {g: dataclasses.replace(getattr(self, g), **kw) for g, kw in changes.items()}
+        return dataclasses.replace(self, **updated, **top)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> SearchConfig:
+        groups = {g: _GROUPS[g](**data[g]) for g in _GROUPS}
+        return cls(**groups, **{k: v for k, v in data.items() if k not in _GROUPS})
+
+    # --- derived ------------------------------------------------------------------------------------
+    @property
+    def storage_url(self) -> str:
+        return self.study.storage or f"sqlite:///{Path(self.out).resolve() / 'study.db'}"
+
+    @property
+    def name(self) -> str:
+        return self.study.study_name or f"{Path(self.data.task).stem}-{self.study.strategy}"
+
+
+def _route(key: str) -> tuple[str | None, str]:
+    if key in ("out", "batch_size"):
+        return None, key
+    if key in _MODEL_ALIASES:
+        return "model", _MODEL_ALIASES[key]
+    for group, cls in _GROUPS.items():
+        if key in {f.name for f in fields(cls)}:
+            return group, key
+    raise ConfigError(f"unknown search setting '{key}'")
