@@ -79,6 +79,22 @@ def _describe(types: type | tuple) -> str:
     return " or ".join(names.get(t, t.__name__) for t in types)
 
 
+def current_umask() -> int:
+    """The process umask. mkstemp creates 0600 files whatever the umask, so atomic writes chmod to
+    0666 & ~umask, like open() would. Read from /proc (Linux) without changing it; elsewhere set and
+    restore it, which races with threads creating files at that instant."""
+    try:
+        with open("/proc/self/status", encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write_text(path: str | Path, text: str) -> None:
     """Write via a temp file in the same folder and rename: readers never see half a file."""
     path = Path(path)
@@ -87,6 +103,7 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
+        os.chmod(tmp, 0o666 & ~current_umask())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -101,6 +118,7 @@ def atomic_write_bytes_via(path: str | Path, writer) -> None:
     os.close(fd)
     try:
         writer(tmp)
+        os.chmod(tmp, 0o666 & ~current_umask())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

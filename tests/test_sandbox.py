@@ -1,0 +1,338 @@
+"""The code sandbox contains hostile programs: no secrets, no writes outside, no network, no venv packages,
+no fork storm, no survivors, no output flood, no memory or CPU bomb; and every call returns by its time-out.
+
+bwrap-specific tests skip where bubblewrap is unavailable, except in CI ($CI set), which installs it."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import socket
+import tempfile
+import threading
+import time
+import uuid
+import warnings
+from pathlib import Path
+
+import pytest
+
+from promptopt.errors import ConfigError
+from promptopt.tasks import sandbox
+from promptopt.tasks.sandbox import SANDBOX_ID, bwrap_available, run_python
+
+MARGIN = 2.0  # seconds a call may take beyond its time-out
+
+
+@pytest.fixture
+def bwrap():
+    if not bwrap_available():
+        if os.environ.get("CI"):
+            pytest.fail("CI must provide bubblewrap: .ci/run installs it (apt-get install bubblewrap)")
+        pytest.skip("bubblewrap (bwrap) is not installed or cannot create namespaces here (apt-get install bubblewrap)")
+
+
+requires_bwrap = pytest.mark.usefixtures("bwrap")
+
+
+@pytest.fixture(autouse=True)
+def _default_mode(monkeypatch):
+    monkeypatch.delenv(sandbox.MODE_ENV, raising=False)
+
+
+def timed(program: str, **kwargs):
+    start = time.monotonic()
+    result = run_python(program, **kwargs)
+    return result, time.monotonic() - start
+
+
+def contained(attempt: str, errors: str = "OSError") -> str:
+    """A program that exits 0 only when `attempt` raises one of `errors`."""
+    body = "\n".join("    " + line for line in attempt.strip().splitlines())
+    return f"import os, sys\ntry:\n{body}\nexcept ({errors},):\n    sys.exit(0)\nsys.exit('LEAKED')\n"
+
+
+def isolated(program: str, **kwargs):
+    result, seconds = timed(program, **kwargs)
+    assert result.mode == "bwrap"
+    assert seconds < kwargs.get("timeout", 10.0) + MARGIN
+    return result, seconds
+
+
+def alive(marker: str) -> list[int]:
+    """Processes whose command line carries `marker` (scanned in /proc, no psutil)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit() and int(name) != os.getpid():
+            try:
+                cmdline = Path(f"/proc/{name}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if marker.encode() in cmdline:
+                found.append(int(name))
+    return found
+
+
+def host_uid(pid: int) -> int | None:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    return int(next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1])
+
+
+def sleeper(marker: str, seconds: int) -> str:
+    """Program text that replaces the current process by a sleeper whose command line carries `marker`."""
+    return f"os.execv(sys.executable, [sys.executable, '-S', '-c', 'import time; time.sleep({seconds})', {marker!r}])"
+
+
+class Watch:
+    """Counts the marked processes (and their host uids) while a sandboxed call runs."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker, self.most, self.uids, self._stop = marker, 0, set(), threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            pids = alive(self.marker)
+            self.most = max(self.most, len(pids))
+            self.uids |= {uid for uid in map(host_uid, pids) if uid is not None}
+            time.sleep(0.05)
+
+    def __enter__(self) -> Watch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def test_passing_and_failing_programs():
+    assert run_python("assert sum(range(4)) == 6").passed
+    failed = run_python("def f():\n    return 1\n\nassert f() == 2, 'f is off'\n")
+    assert failed.status == "failed" and not failed.passed
+    assert "AssertionError: f is off" in failed.detail and "line 4: assert f() == 2" in failed.detail
+
+
+@requires_bwrap
+@pytest.mark.parametrize("path", ["/etc/passwd", "/etc/shadow"])
+def test_system_secrets_unreadable(path):
+    result, _ = isolated(contained(f"open({path!r}).read()"))
+    assert result.passed, result.detail
+
+
+@requires_bwrap
+def test_home_unreadable():
+    home = Path.home()
+    try:
+        handle = tempfile.NamedTemporaryFile("w", dir=home, prefix=".promptopt-secret-", suffix=".txt")
+    except OSError:
+        pytest.skip(f"cannot plant a file in {home}")
+    with handle:
+        handle.write("hunter2")
+        handle.flush()
+        result, _ = isolated(contained(f"open({handle.name!r}).read()"))
+        assert result.passed, result.detail
+        name = Path(handle.name).name
+        listing = (
+            f"import os\ntry:\n    names = os.listdir({str(home)!r})\nexcept OSError:\n    names = []\n"
+            f"assert {name!r} not in names"
+        )
+        result, _ = isolated(listing)
+        assert result.passed, result.detail
+
+
+@requires_bwrap
+def test_parent_environment_invisible(monkeypatch):
+    monkeypatch.setenv("PROMPTOPT_PLANTED_SECRET", "hunter2-" + uuid.uuid4().hex)
+    secret = os.environ["PROMPTOPT_PLANTED_SECRET"]
+    program = (
+        "import os\n"
+        f"assert {secret!r} not in repr(dict(os.environ))\n"
+        "for pid in filter(str.isdigit, os.listdir('/proc')):\n"
+        "    try:\n"
+        "        data = open(f'/proc/{pid}/environ', 'rb').read()\n"
+        "    except OSError:\n"
+        "        continue\n"
+        f"    assert {secret.encode()!r} not in data, pid\n"
+    )
+    result, _ = isolated(program)
+    assert result.passed, result.detail
+
+
+@requires_bwrap
+def test_writes_outside_do_not_land(tmp_path):
+    target = tmp_path / "written-by-sandbox.txt"
+    result, _ = isolated(contained(f"open({str(target)!r}, 'w').write('x')"))
+    assert result.passed, result.detail
+    assert not target.exists()
+    result, _ = isolated(contained("open('/usr/promptopt-sandbox-probe', 'w').write('x')"))
+    assert result.passed, result.detail
+
+
+@requires_bwrap
+def test_no_network_to_local_ports():
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        server.setblocking(False)
+        port = server.getsockname()[1]
+        attempt = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)"
+        result, _ = isolated(contained(attempt))
+        assert result.passed, result.detail
+        with pytest.raises(BlockingIOError):
+            server.accept()
+    postgres, _ = isolated(contained("import socket\nsocket.create_connection(('127.0.0.1', 5432), timeout=2)"))
+    assert postgres.passed, postgres.detail
+
+
+@requires_bwrap
+@pytest.mark.parametrize("module", ["psycopg2", "yaml"])
+def test_venv_packages_not_importable(module):
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.origin:
+        pytest.skip(f"{module} is not installed in this environment")
+    site = str(Path(spec.origin).parents[1])  # the site-packages folder holding the package
+    attempt = f"import sys\nsys.path.insert(0, {site!r})\nimport {module}"
+    result, _ = isolated(contained(attempt, errors="ImportError"))
+    assert result.passed, result.detail
+    listing, _ = isolated(f"import os\nassert not os.path.isdir({site!r}) or not os.listdir({site!r})")
+    assert listing.passed, listing.detail  # absent (a venv), or masked by an empty tmpfs (the base interpreter's)
+
+
+@requires_bwrap
+def test_runs_as_unprivileged_id():
+    result, _ = isolated(f"import os\nassert os.getuid() == os.getgid() == {SANDBOX_ID}, (os.getuid(), os.getgid())")
+    assert result.passed, result.detail
+
+
+@requires_bwrap
+def test_fork_storm_contained():
+    marker = f"promptopt-storm-{uuid.uuid4().hex}"
+    program = (
+        "import os, sys, time\n"
+        "forked = 0\n"
+        "for _ in range(200):\n"
+        "    try:\n"
+        "        pid = os.fork()\n"
+        "    except OSError:\n"
+        "        break\n"
+        "    if pid == 0:\n"
+        f"        {sleeper(marker, 60)}\n"
+        "    forked += 1\n"
+        "print(forked, file=sys.stderr, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    with Watch(marker) as watch:
+        result, seconds = isolated(program, timeout=3)
+    assert result.status == "timeout"
+    assert 0 < watch.most < 200, watch.most  # the storm happened, capped by the process limit
+    assert 0 not in watch.uids  # not root on the host either
+    time.sleep(0.2)
+    assert alive(marker) == []
+
+
+@requires_bwrap
+def test_setsid_survivor_does_not_hold_the_call():
+    reproduce = "import os,time\nif os.fork()==0:\n    os.setsid(); time.sleep(15)\n"
+    _, seconds = isolated(reproduce, timeout=3)
+    marker = f"promptopt-survivor-{uuid.uuid4().hex}"
+    program = f"import os, sys\nif os.fork() == 0:\n    os.setsid()\n    {sleeper(marker, 15)}\n"
+    result, _ = isolated(program, timeout=3)
+    assert result.passed, result.detail
+    time.sleep(0.2)
+    assert alive(marker) == []
+
+
+def rss_growth(program: str, **kwargs) -> tuple[object, int]:
+    """(result, bytes by which this process's peak RSS rose above its RSS before the call)."""
+    def status(field: str) -> int:
+        line = next(line for line in Path("/proc/self/status").read_text().splitlines() if line.startswith(field))
+        return int(line.split()[1]) << 10
+
+    Path("/proc/self/clear_refs").write_text("5")  # reset the peak (VmHWM) to the current RSS
+    before = status("VmRSS:")
+    result = run_python(program, **kwargs)
+    return result, status("VmHWM:") - before
+
+
+HUGE_OUTPUT = "import sys\nchunk = 'x' * (1 << 20)\nfor _ in range(200):\n    sys.stdout.write(chunk)\n"
+
+
+@requires_bwrap
+def test_huge_output_is_capped():
+    result, growth = rss_growth(HUGE_OUTPUT, timeout=10)
+    assert result.status == "output_limit" and result.mode == "bwrap"
+    assert growth < 32 << 20, growth
+
+
+@requires_bwrap
+def test_memory_bomb_contained():
+    result, _ = isolated("x = bytearray(4 << 30)\nx[-1] = 1\n", timeout=10)
+    assert result.status == "failed" and "MemoryError" in result.detail
+
+
+@requires_bwrap
+def test_cpu_bomb_times_out():
+    result, seconds = isolated("while True:\n    pass\n", timeout=2)
+    assert result.status == "timeout" and seconds >= 2
+
+
+# --- the fallback and the explicit modes -----------------------------------------------------------------
+
+
+def test_rlimit_mode_kills_setsid_survivor():
+    marker = f"promptopt-survivor-{uuid.uuid4().hex}"
+    program = f"import os, sys\nif os.fork() == 0:\n    os.setsid()\n    {sleeper(marker, 15)}\n"
+    result, seconds = timed(program, timeout=3, sandbox="rlimit")
+    assert result.mode == "rlimit" and result.passed and seconds < 3 + MARGIN
+    time.sleep(0.2)
+    assert alive(marker) == []
+    hung = program + "import time\ntime.sleep(15)\n"  # the program hangs too: killed at its time-out
+    result, seconds = timed(hung, timeout=2, sandbox="rlimit")
+    assert result.status == "timeout" and seconds < 2 + MARGIN
+    time.sleep(0.2)
+    assert alive(marker) == []
+
+
+def test_rlimit_mode_caps_output():
+    result, growth = rss_growth(HUGE_OUTPUT, timeout=10, sandbox="rlimit")
+    assert result.status == "output_limit" and growth < 32 << 20, growth
+
+
+def test_mode_none_only_when_asked(monkeypatch):
+    reads = "open('/etc/passwd').read()"
+    assert run_python(reads, sandbox="none").mode == "none"
+    assert run_python(reads).mode != "none"
+    monkeypatch.setenv(sandbox.MODE_ENV, "none")
+    assert run_python(reads).mode == "none"
+    monkeypatch.setenv(sandbox.MODE_ENV, "rlimit")
+    assert run_python(reads).mode == "rlimit"
+    monkeypatch.setenv(sandbox.MODE_ENV, "chroot")
+    with pytest.raises(ConfigError, match="PROMPTOPT_SANDBOX"):
+        run_python(reads)
+    with pytest.raises(ConfigError, match="sandbox"):
+        run_python(reads, sandbox="jail")
+
+
+@requires_bwrap
+def test_default_mode_is_isolated():
+    result = run_python(contained("open('/etc/passwd').read()"))
+    assert result.mode == "bwrap" and result.passed
+
+
+def test_missing_bwrap_warns_once_and_falls_back(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    sandbox._probe.cache_clear()
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            first = run_python("pass", timeout=5)
+            second = run_python("pass", timeout=5)
+    finally:
+        sandbox._probe.cache_clear()
+    messages = [str(w.message) for w in caught if "bubblewrap not available" in str(w.message)]
+    assert len(messages) == 1 and "not isolated from files or the network" in messages[0]
+    assert first.mode == second.mode == "rlimit" and first.passed and second.passed
