@@ -48,7 +48,7 @@ def test_matches_float64_reference_flat_to_peaked(scale):
 
 
 def test_expanded_form_fails_where_anchored_form_holds():
-    """The trap from DESIGN.md: o_top ≥ 1 − 1e-7 breaks Σ o²(‖w‖² − 2w·μ + ‖μ‖²) in float32."""
+    """The numerical trap described in metrics/tcb.py: o_top ≥ 1 − 1e-7 breaks Σ o²(‖w‖² − 2w·μ + ‖μ‖²) in float32."""
     gen = torch.Generator().manual_seed(3)
     w = torch.randn(500, 16, generator=gen)
     direction = w[0] / w[0].norm()

@@ -34,6 +34,7 @@ from typing import Any
 from promptopt.prompts import PromptTemplate
 from promptopt.tasks.answers import ANSWER_TYPES, AnswerType, get_answer_type
 from promptopt.tasks.fields import FieldSpec
+from promptopt.tasks.sandbox import MODES as SANDBOX_MODES
 from promptopt.yamlio import Fields, builtin_names, load_named_yaml
 
 _SPLIT_ROLES = ("pool", "dev", "test")
@@ -76,6 +77,7 @@ class TaskSpec:
     k: int
     template: PromptTemplate
     code_timeout: float = 10.0
+    code_sandbox: str | None = None  # bwrap | rlimit | none; None: $PROMPTOPT_SANDBOX, else bwrap
     description: str = ""
 
     @property
@@ -145,7 +147,7 @@ def parse_task(data: dict, where: str) -> TaskSpec:
     )
 
     a = f.sub("answer")
-    a.reject_unknown({"type", "metric", "gold_format", "timeout"})
+    a.reject_unknown({"type", "metric", "gold_format", "timeout", "sandbox"})
     answer_type = a.choice("type", tuple(ANSWER_TYPES))
     answer = get_answer_type(answer_type)
     metric = a.choice("metric", ("acc", "acc_norm"), "acc")
@@ -202,6 +204,7 @@ def parse_task(data: dict, where: str) -> TaskSpec:
         k=k,
         template=template,
         code_timeout=float(a.get("timeout", (int, float), 10.0)),
+        code_sandbox=a.choice("sandbox", SANDBOX_MODES, None),
     )
 
 
