@@ -351,6 +351,16 @@ def stress(
         atomic_write_bytes_via(out.with_suffix(".parquet"), lambda p: result.items.to_parquet(p, index=False))
 
 
+@app.command("model-folder")
+def model_folder_command(model: str = ModelOpt) -> None:
+    """Print the folder (or hub id) transformers loads the model from: use it to score a card with plain
+    `AutoModelForCausalLM.from_pretrained` code (see examples/score_card_with_transformers.py)."""
+    from promptopt.models.load import model_folder
+
+    _quiet_libraries()
+    print(model_folder(model))
+
+
 @app.command()
 def tasks() -> None:
     """List the built-in tasks."""

@@ -23,6 +23,8 @@ def load_yaml(path: str | Path) -> dict:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        if "!function" in problem:  # lm-eval's Python hooks: task files here hold no code
+            problem += " (YAML files hold no code here: write the function as a Jinja template, e.g. doc_to_text: \"{{ premise }}\")"
         raise ConfigError(f"{path}: invalid YAML{where}: {problem}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")

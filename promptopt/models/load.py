@@ -184,6 +184,15 @@ def _dequantized_folder(folder: Path, filename: str) -> Path:
     return target
 
 
+def model_folder(spec: str) -> str:
+    """Where transformers loads `spec` from: the de-quantized HF folder of a GGUF (created on first use),
+    a local folder, or the hub id. Point plain `from_pretrained` code here to score outside promptopt."""
+    kind, location, gguf_file = _resolve(spec)
+    if kind == "gguf":
+        return str(_dequantized_folder(Path(location), gguf_file))
+    return str(location)
+
+
 def _pick_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -153,7 +153,10 @@ def _load_split(source: SourceSpec, split: str, subset: str | None, where: str) 
     sub = lambda text: text.replace("{subset}", subset) if subset else text  # noqa: E731
     tag = f"{subset}/{split}" if subset else split
     if split in source.files:
-        return read_file(Path(sub(source.files[split])), where, tag)
+        path = Path(sub(source.files[split])).expanduser()
+        if not path.is_absolute():  # relative to the task YAML, so a task folder can move as a whole
+            path = Path(where).parent / path
+        return read_file(path, where, tag)
     if source.package and (importlib.util.find_spec(source.package) is not None or not source.hub_path):
         location = _package_root(source, where) / sub(source.path)
         if location.is_file():

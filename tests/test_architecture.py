@@ -1,0 +1,116 @@
+"""The layout as a contract: data flows one way (models → metrics … → experiments → cli), search and
+robustness are peers that never import each other, the card loader stays light, and a whole `compare`
+loads its model once."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "promptopt"
+# lower numbers may be imported by higher ones, never the other way round
+LAYERS = {
+    "errors": 0, "yamlio": 0,
+    "metrics": 1,
+    "models": 2,
+    "prompts": 3,
+    "tasks": 4,
+    "scoring": 5,
+    "search": 6, "robustness": 6, "trace": 6,
+    "experiments": 7,
+    "cli": 8, "__main__": 8,
+}
+PEERS = {frozenset({"search", "robustness"})}
+
+
+def _unit(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if parts[0] == "promptopt" and len(parts) > 1 else None
+
+
+def _imports(path: Path) -> set[str]:
+    """Every promptopt module a file imports, at top level or inside functions (lazy imports count too)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+    return {m for m in found if m.startswith("promptopt")}
+
+
+def _edges():
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE)
+        unit = rel.parts[0].removesuffix(".py")
+        if unit == "__init__":
+            continue
+        for module in _imports(path):
+            target = _unit(module)
+            if target and target != unit:
+                yield rel, unit, target
+
+
+def test_every_unit_has_a_layer():
+    units = {p.name.removesuffix(".py") for p in PACKAGE.iterdir() if (p.suffix == ".py" or p.is_dir()) and p.name != "__pycache__"}
+    units -= {"__init__", "search_spaces", "perturbations"}  # data folders shipped as package data
+    assert units <= set(LAYERS), units - set(LAYERS)
+
+
+def test_imports_flow_one_way_and_peers_stay_apart():
+    wrong = [(str(rel), target) for rel, unit, target in _edges() if LAYERS[target] > LAYERS[unit]]
+    assert not wrong, f"imports from a higher layer: {wrong}"
+    crossing = [(str(rel), target) for rel, unit, target in _edges() if frozenset({unit, target}) in PEERS]
+    assert not crossing, f"search and robustness import each other: {crossing}"
+
+
+def test_the_check_itself_can_fail(tmp_path):
+    """Guard against a vacuous test: a lazy import of robustness inside search is seen."""
+    module = tmp_path / "bad.py"
+    module.write_text("def f():\n    from promptopt.robustness.suite import load_suite\n")
+    assert _imports(module) == {"promptopt.robustness.suite"}
+
+
+def test_card_loader_imports_no_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, promptopt.prompts; print('torch' in sys.modules, 'transformers' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=PACKAGE.parent).stdout
+    assert out.split() == ["False", "False"]
+
+
+def test_compare_loads_the_model_once(tiny_llama_dir, tmp_path, monkeypatch):
+    import promptopt.models.load as load
+    from promptopt.experiments import run_compare
+    from promptopt.search import SearchConfig
+
+    calls = []
+    real = load.load_model
+    monkeypatch.setattr(load, "load_model", lambda *a, **kw: calls.append(a) or real(*a, **kw))
+    config = SearchConfig.build(task="sst2", trials=2, model=str(tiny_llama_dir), out=str(tmp_path / "cmp"),
+                                dev_limit=8, test_limit=4, minibatch=4, device="cpu")
+    table = run_compare(config, ["ppl", "tcb", "accuracy"], suite="quick", show_progress=False)
+    assert table["strategy"].tolist() == ["baseline", "ppl", "tcb", "accuracy"]
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize("space", ["examples/custom_task/copa_space.yaml"])
+def test_compare_runs_a_custom_task_with_its_space(tiny_llama_dir, tmp_path, space):
+    import optuna
+
+    from promptopt.experiments import run_compare
+    from promptopt.search import SearchConfig
+
+    repo = PACKAGE.parent
+    config = SearchConfig.build(task=str(repo / "examples/custom_task/copa.yaml"), space=str(repo / space), trials=4,
+                                model=str(tiny_llama_dir), out=str(tmp_path / "copa"), dev_limit=6, test_limit=4,
+                                minibatch=3, device="cpu")
+    table = run_compare(config, ["accuracy"], suite=None, show_progress=False)
+    assert table["n_test"].tolist() == [4, 4]
+    study = optuna.load_study(study_name="copa-accuracy", storage=f"sqlite:///{tmp_path / 'copa' / 'study.db'}")
+    for trial in study.trials:  # k = 0 samples no exemplar keys, so it cannot make duplicate prompts
+        keys = [p for p in trial.params if p.startswith("key_")]
+        assert (trial.params["k"] == 0) == (not keys)
