@@ -204,7 +204,7 @@ def _print_search_result(result) -> None:
 @app.command()
 def search(
     task: str = TaskOpt,
-    strategy: str = typer.Option("tcb", "--strategy", help="tcb, ppl, accuracy or pareto"),
+    strategy: str = typer.Option("tcb", "--strategy", help="tcb, ppl, accuracy, pareto, acc_tcb, acc_ppl or ppl_solution (README: Search)"),
     trials: int = typer.Option(20, "--trials", help="finished (complete or pruned) trials to reach"),
     model: str = ModelOpt,
     storage: Optional[str] = StorageOpt,
@@ -257,11 +257,15 @@ def compare(
     batch_size: int = BatchOpt,
     suite: str = typer.Option("default", "--suite", help="perturbation suite for the robustness columns, or 'none'"),
     robust_limit: Optional[int] = typer.Option(None, "--robust-limit", min=1, help="test items used for robustness (default: all)"),
+    seeds: int = typer.Option(1, "--seeds", min=1, help="searches per strategy (sampler seed and exemplar candidates vary)"),
+    top_n: int = typer.Option(3, "--top-n", min=1, help="distinct top trials of each search scored on test items and stressed"),
+    select: str = typer.Option("strategy", "--select", help="strategy: each strategy's own winner; robust: best dev Acc_worst among the top-N inside the best dev accuracy's interval"),
     device: str = DeviceOpt,
     dtype: Optional[str] = DtypeOpt,
     quantize: Optional[str] = QuantizeOpt,
 ) -> None:
-    """Run several strategies with the same budget, seed and items; compare their winners on held-out test items."""
+    """Run several strategies with the same budget and items; compare their winners on held-out test items
+    with intervals and paired tests."""
     from promptopt.experiments import run_compare
 
     _quiet_libraries()
@@ -270,11 +274,42 @@ def compare(
         resume=resume, n_workers=n_workers, minibatch=minibatch, pruning=pruning, dev_limit=dev_limit,
         test_limit=test_limit, subsets=subsets, batch_size=batch_size, device=device, dtype=dtype, quantize=quantize,
     )
-    table = run_compare(base, [s.strip() for s in strategies.split(",") if s.strip()],
-                        suite=None if suite == "none" else suite, robust_limit=robust_limit)
-    shown = ["strategy", "avg_acc", "avg_tcb", "avg_ppl", "acc_var_pert", "pdr", "acc_worst", "taboo_retention_i1", "wall_seconds"]
-    _print_frame(table, shown, f"compare · {task} · test items · {model}", 20)
-    console.print(f"wrote {out / 'compare.csv'} and one run directory per strategy under {out}")
+    result = run_compare(base, [s.strip() for s in strategies.split(",") if s.strip()], seeds=seeds, top_n=top_n,
+                         select=select, suite=None if suite == "none" else suite, robust_limit=robust_limit)
+    _print_compare(result, task, model)
+    console.print(f"wrote {out / 'compare.csv'}, compare_runs.csv, compare_paired.csv, summary.json and one run directory per strategy under {out}")
+
+
+def _pm(value, sd) -> str:
+    return _fmt(value) if sd is None or sd != sd else f"{_fmt(value)} ± {_fmt(sd)}"
+
+
+def _ci(low, high) -> str:
+    return "—" if low != low else f"[{low:.3f}, {high:.3f}]"
+
+
+def _print_compare(result, task: str, model: str) -> None:
+    table = Table(title=f"compare · {task} · {result.summary['n_test']} test items · {model} · seeds {result.summary['seeds']}")
+    for name in ("strategy", "Acc", "Acc 95% CI", "δ_TCB", "PPL", "AccVar_pert", "PDR", "Acc_worst", "Acc_worst 95% CI", "taboo R(i=1)", "wall s"):
+        table.add_column(name, justify="left" if name == "strategy" else "right")
+    for _, r in result.table.iterrows():
+        table.add_row(r.strategy, _pm(r.avg_acc, r.avg_acc_sd), _ci(r.acc_ci_low, r.acc_ci_high), _pm(r.avg_tcb, r.avg_tcb_sd),
+                      _pm(r.avg_ppl, r.avg_ppl_sd), _fmt(r.acc_var_pert), _pm(r.pdr, r.pdr_sd), _pm(r.acc_worst, r.acc_worst_sd),
+                      _ci(r.get("acc_worst_ci_low", float("nan")), r.get("acc_worst_ci_high", float("nan"))),
+                      _fmt(r.taboo_retention_i1), _fmt(r.wall_seconds))
+    console.print(table)
+    paired = Table(title="paired on the same test items (a − b): 95% paired-bootstrap intervals, exact McNemar; * = significant at 0.05")
+    for name in ("a", "b", "Δ Acc", "95% CI", "McNemar p", "Δ Acc_worst", "95% CI ", "Δ PDR", "95% CI  "):
+        paired.add_column(name, justify="left" if name in ("a", "b") else "right")
+    for _, r in result.paired.iterrows():
+        paired.add_row(r.a, r.b, f"{r.delta_acc:+.3f}{' *' if r.significant else ''}", _ci(r.delta_acc_ci_low, r.delta_acc_ci_high),
+                       f"{r.mcnemar_p:.3g}", _fmt(r.get("delta_acc_worst", float("nan"))),
+                       _ci(r.get("delta_acc_worst_ci_low", float("nan")), r.get("delta_acc_worst_ci_high", float("nan"))),
+                       _fmt(r.get("delta_pdr", float("nan"))), _ci(r.get("delta_pdr_ci_low", float("nan")), r.get("delta_pdr_ci_high", float("nan"))))
+    console.print(paired)
+    for _, r in result.table.iterrows():
+        if r.strategy != "baseline":
+            console.print(f"{r.strategy}: {r.selected_by}")
 
 
 @app.command()

@@ -92,7 +92,7 @@ def test_compare_loads_the_model_once(tiny_llama_dir, tmp_path, monkeypatch):
     monkeypatch.setattr(load, "load_model", lambda *a, **kw: calls.append(a) or real(*a, **kw))
     config = SearchConfig.build(task="sst2", trials=2, model=str(tiny_llama_dir), out=str(tmp_path / "cmp"),
                                 dev_limit=8, test_limit=4, minibatch=4, device="cpu")
-    table = run_compare(config, ["ppl", "tcb", "accuracy"], suite="quick", show_progress=False)
+    table = run_compare(config, ["ppl", "tcb", "accuracy"], suite="quick", show_progress=False).table
     assert table["strategy"].tolist() == ["baseline", "ppl", "tcb", "accuracy"]
     assert len(calls) == 1
 
@@ -108,7 +108,7 @@ def test_compare_runs_a_custom_task_with_its_space(tiny_llama_dir, tmp_path, spa
     config = SearchConfig.build(task=str(repo / "examples/custom_task/copa.yaml"), space=str(repo / space), trials=4,
                                 model=str(tiny_llama_dir), out=str(tmp_path / "copa"), dev_limit=6, test_limit=4,
                                 minibatch=3, device="cpu")
-    table = run_compare(config, ["accuracy"], suite=None, show_progress=False)
+    table = run_compare(config, ["accuracy"], suite=None, show_progress=False).table
     assert table["n_test"].tolist() == [4, 4]
     study = optuna.load_study(study_name="copa-accuracy", storage=f"sqlite:///{tmp_path / 'copa' / 'study.db'}")
     for trial in study.trials:  # k = 0 samples no exemplar keys, so it cannot make duplicate prompts

@@ -62,11 +62,32 @@ def test_stability_transform_and_strategies():
     assert stability([0.1, 1.0, 1e5, np.inf, np.nan]).tolist() == pytest.approx([0.0, 1 / 6, 1.0, 1.0, 0.0])
     table = pd.DataFrame({"correct": [True, False], "tcb": [1e5, 1e5], "ppl": [1.0, np.e]})
     assert get_strategy("accuracy").values(table) == (0.5,)
-    assert get_strategy("ppl").item_values(table).tolist() == pytest.approx([1.0, -0.1])
+    assert get_strategy("acc_ppl").item_values(table).tolist() == pytest.approx([1.0, -0.1])  # the former ppl blend
+    assert get_strategy("ppl").item_values(table).tolist() == pytest.approx([0.0, -1.0])  # −NLL of the answer, nothing else
+    with_span = table.assign(answer_nll=[0.5, 2.0])
+    assert get_strategy("ppl").item_values(with_span).tolist() == pytest.approx([-0.5, -2.0])
+    assert get_strategy("ppl_solution").item_values(with_span).tolist() == pytest.approx([0.0, -1.0])
     assert get_strategy("tcb").item_values(table).tolist() == pytest.approx([1.25, -0.25])  # stably wrong is penalized
     assert get_strategy("pareto").values(table) == pytest.approx((0.5, 0.0))
     with pytest.raises(ConfigError, match="unknown strategy 'best'"):
         get_strategy("best")
+
+
+def test_tcb_selects_the_most_stable_trial_inside_the_best_accuracy_interval():
+    from promptopt.search.objectives import select_winner
+
+    trials = [
+        {"number": 0, "value": 0.80, "accuracy": 0.75, "n": 48, "signed_stability": 0.20},
+        {"number": 1, "value": 0.86, "accuracy": 0.81, "n": 48, "signed_stability": 0.22},  # best accuracy
+        {"number": 2, "value": 0.78, "accuracy": 0.70, "n": 48, "signed_stability": 0.45},  # inside [0.675, ...]: most stable
+        {"number": 3, "value": 0.50, "accuracy": 0.50, "n": 48, "signed_stability": 0.90},  # stabler, but clearly worse
+    ]
+    winner, how = select_winner(get_strategy("tcb"), trials)
+    assert winner["number"] == 2 and "inside the best trial's 95% interval" in how
+    assert select_winner(get_strategy("acc_tcb"), trials)[0]["number"] == 1
+    assert select_winner(get_strategy("accuracy"), [dict(t, value=t["accuracy"]) for t in trials])[0]["number"] == 1
+    tight = [dict(t, n=100000) for t in trials]  # with huge n the interval shrinks to the best trial itself
+    assert select_winner(get_strategy("tcb"), tight)[0]["number"] == 1
 
 
 def test_space_validation_names_file_and_key(tmp_path):
@@ -213,7 +234,8 @@ def test_two_workers_share_one_postgres_study(config):
 def test_compare_same_budget_seed_and_items(config, tmp_path):
     from promptopt.experiments import run_compare
 
-    table = run_compare(config.replace(trials=3, out=str(tmp_path / "cmp")), ["ppl", "tcb"], suite="quick", show_progress=False)
+    result = run_compare(config.replace(trials=3, out=str(tmp_path / "cmp")), ["ppl", "tcb"], suite="quick", show_progress=False)
+    table = result.table
     assert table["strategy"].tolist() == ["baseline", "ppl", "tcb"]
     assert (table["n_test"] == 6).all()
     assert {"avg_acc", "avg_tcb", "avg_ppl", "wall_seconds", "acc_var_pert", "pdr", "acc_worst", "taboo_retention_i1"} <= set(table.columns)

@@ -1,99 +1,274 @@
-"""`promptopt compare`: the δ_TCB paper's Table 4 — strategies with the same budget, seed and items,
-their winners (and the task's default prompt as the baseline) evaluated on the same held-out test items:
-Avg Acc, Avg δ_TCB, Avg PPL, and under perturbation AccVar_pert, PDR, Acc_worst, plus taboo retention at
-i = 1 for generative tasks.
+"""`promptopt compare`: do δ_TCB-guided prompts hold up better than PPL-guided ones on this task and model?
 
-One session: the model is loaded once and one result cache serves every study (a prompt two strategies
-both try is scored once); all studies live in one storage (`study.db` in the run directory by default).
+Every strategy searches with the same budget, dev and test items; with `seeds` > 1 each is searched
+several times (sampler seed and exemplar-candidate draw vary per seed). For each search the top-N
+distinct trials are scored on the same held-out test items and stressed (perturbation suite, and taboo
+retention at i = 1 for generative tasks); a prompt two searches share is evaluated once. The winner of a
+search is the strategy's own choice (`select="strategy"`) or, with `select="robust"`, the trial with the
+best Acc_worst on dev items among those whose dev accuracy is inside the best one's 95% interval.
+
+Then: per strategy mean ± sd over seeds, and for every pair of strategies (and each against the task's
+default prompt) the paired difference on the same test items — accuracy, Acc_worst, PDR — with a seeded
+95% paired-bootstrap interval and an exact McNemar p-value on per-item correctness (pairs are the same
+seed of both strategies; items of all seeds are pooled).
+
+One session: the model is loaded once, one result cache serves every study, all studies live in one
+storage (`study.db` in the run directory by default).
 """
 
 from __future__ import annotations
 
+import json
 import math
 import time
+from dataclasses import dataclass, field
+from itertools import combinations
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
+from promptopt.errors import ConfigError
 from promptopt.experiments.session import Session
+from promptopt.metrics.stats import PerItemRobustness, bootstrap_interval, mcnemar_exact, wilson_interval
 from promptopt.search import SearchConfig, get_strategy, run_search
 from promptopt.search.study import check_search
-from promptopt.yamlio import atomic_write_bytes_via
+from promptopt.yamlio import atomic_write_bytes_via, atomic_write_text
+
+SELECTIONS = ("strategy", "robust")
+_N_BOOT = 2000
+
+
+@dataclass
+class Evaluated:
+    """One prompt evaluated on the test items (and, with a suite, under perturbation)."""
+
+    test: pd.DataFrame  # per-item test table
+    robust: dict = field(default_factory=dict)  # robustness summary (+ taboo) on the robustness items
+    clean: pd.Series | None = None  # item_id -> correct, robustness items
+    variants: pd.DataFrame | None = None  # item_id, family, correct
+
+
+@dataclass
+class CompareResult:
+    table: pd.DataFrame  # one row per strategy (mean over seeds) and the baseline
+    runs: pd.DataFrame  # one row per (strategy, seed, rank): every evaluated candidate
+    paired: pd.DataFrame  # one row per pair of strategies
+    summary: dict
 
 
 def run_compare(
     base: SearchConfig,
     strategies: list[str],
     *,
+    seeds: int = 1,
+    top_n: int = 3,
+    select: str = "strategy",
     suite: str | None = "default",
     robust_limit: int | None = None,
     show_progress: bool = True,
-) -> pd.DataFrame:
-    """One study per strategy (shared storage, same seed, dev and test items), then one comparison table.
-    `suite=None` skips the robustness columns; `robust_limit` caps the test items they use."""
+) -> CompareResult:
+    """Search every strategy `seeds` times, evaluate each search's top-N prompts, compare the winners."""
     from promptopt.robustness.suite import Similarity, load_suite
 
     for name in strategies:
         get_strategy(name)  # fail on a typo before anything runs
+    if len(set(strategies)) != len(strategies) or not strategies:
+        raise ConfigError(f"strategies: expected distinct names, got {strategies}")
+    if seeds < 1 or top_n < 1:
+        raise ConfigError(f"seeds and top_n must be positive, got seeds={seeds}, top_n={top_n}")
+    if select not in SELECTIONS:
+        raise ConfigError(f"select: expected one of {', '.join(SELECTIONS)}, got {select!r}")
+    if select == "robust" and not suite:
+        raise ConfigError("select='robust' needs a perturbation suite")
     the_suite = load_suite(suite) if suite else None
     out = Path(base.out)
     storage = base.study.storage or f"sqlite:///{out.resolve() / 'study.db'}"
     session = Session(model=base.model, data=base.data, out=out, batch_size=base.batch_size)
-    for name in strategies:  # every study's space checked before the first one runs
-        check_search(base.replace(strategy=name), session.data)
-    test = session.items("test")
-    rows, prompts = [], {}
-    for name in strategies:
-        config = base.replace(strategy=name, out=str(out / name), storage=storage, study_name=None)
-        result = run_search(config, scorer=session.scorer, show_progress=show_progress)
-        rows.append(_row(name, result.test, result.wall_seconds, {"best_trial": result.best_number, "card": str(result.card_path)}))
-        prompts[name] = result.prompt
+    configs = {(name, s): _seed_config(base, name, s, seeds, out, storage) for name in strategies for s in range(seeds)}
+    for config in configs.values():  # every study's space checked before the first one runs
+        check_search(config, session.data)
+    test, dev = session.items("test"), session.items("dev")
+    evaluator = _Evaluator(session, test, the_suite, robust_limit, Similarity() if the_suite else None, show_progress)
 
     start = time.perf_counter()
     baseline_prompt = session.data.default_prompt()
-    baseline = session.scorer.score(baseline_prompt, test)
-    rows.insert(0, _row("baseline", baseline.summary, time.perf_counter() - start, {"card": "task default prompt"}))
-    prompts["baseline"] = baseline_prompt
-    if the_suite is not None:
-        similarity = Similarity()  # one embedding model for every prompt
-        for row in rows:
-            row.update(_robustness(session, prompts[row["strategy"]], test[:robust_limit], the_suite, similarity, show_progress))
-    table = pd.DataFrame(rows)
-    atomic_write_bytes_via(out / "compare.csv", lambda p: table.to_csv(p, index=False))
-    atomic_write_bytes_via(out / "compare.parquet", lambda p: table.to_parquet(p, index=False))
-    return table
-
-
-def _row(name: str, summary: dict, wall: float | None, extra: dict | None = None) -> dict:
-    row = {
-        "strategy": name,
-        "n_test": summary["n"],
-        "avg_acc": summary["accuracy"],
-        "avg_tcb": summary.get("tcb_mean"),
-        "tcb_geomean": summary.get("tcb_geomean"),
-        "avg_ppl": summary["ppl_mean"],
-        "wall_seconds": wall,
+    baseline = evaluator(baseline_prompt)
+    runs = [_run_row("baseline", 0, 0, baseline, winner=True, how="the task's default prompt", extra={"card": "task default prompt"})]
+    winners: dict[str, list[Evaluated]] = {"baseline": [baseline] * seeds}
+    baseline_wall = time.perf_counter() - start
+    walls: dict[str, float] = {"baseline": baseline_wall}
+    for (name, s), config in configs.items():
+        result = run_search(config, scorer=session.scorer, show_progress=show_progress)
+        walls[name] = walls.get(name, 0.0) + result.wall_seconds
+        ranked = result.ranking[:top_n] or [{"number": result.best_number, "prompt": result.prompt, "accuracy": result.dev["accuracy"],
+                                             "n": result.dev["n"]}]
+        chosen, how = _choose(select, ranked, result, evaluator, dev)
+        for rank, entry in enumerate(ranked):
+            evaluated = evaluator(entry["prompt"])
+            is_winner = entry["number"] == chosen["number"]
+            runs.append(_run_row(name, s, rank, evaluated, winner=is_winner, how=how if is_winner else "",
+                                 extra={"trial": entry["number"], "dev_accuracy": entry.get("accuracy"),
+                                        "card": str(result.card_path) if entry["number"] == result.best_number else ""}))
+            if is_winner:
+                winners.setdefault(name, []).append(evaluated)
+    runs_table = pd.DataFrame(runs)
+    table = _strategy_table(runs_table, winners, walls)
+    paired = _paired_table(winners, seed=base.study.seed)
+    summary = {
+        "task": session.data.spec.name, "model": base.model.spec, "strategies": strategies, "seeds": seeds,
+        "top_n": top_n, "select": select, "suite": the_suite.name if the_suite else None,
+        "n_test": len(test), "n_robust": len(test[:robust_limit]) if the_suite else 0,
+        "evaluations": evaluator.evaluations, "evaluations_reused": evaluator.reused,
+        "result_cache_hit_rate": session.scorer.cache.hit_rate,
+        "table": json.loads(table.to_json(orient="records")), "paired": json.loads(paired.to_json(orient="records")),
     }
-    row.update(extra or {})
+    _write(out, table, runs_table, paired, summary)
+    return CompareResult(table, runs_table, paired, summary)
+
+
+def _seed_config(base: SearchConfig, name: str, s: int, seeds: int, out: Path, storage: str) -> SearchConfig:
+    """Seed 0 is the plain run (same study name, sampler seed and candidates as a one-seed compare);
+    later seeds shift the sampler seed and draw other exemplar candidates from the pool."""
+    if seeds == 1:
+        return base.replace(strategy=name, out=str(out / name), storage=storage, study_name=None)
+    task = Path(base.data.task).stem
+    return base.replace(strategy=name, out=str(out / name / f"seed{s}"), storage=storage, study_name=f"{task}-{name}-seed{s}",
+                        seed=base.study.seed + 7919 * s, pool_draw=None if s == 0 else base.study.seed + s)
+
+
+class _Evaluator:
+    """Scores a prompt on the test items and stresses it, once per distinct prompt."""
+
+    def __init__(self, session, test, suite, robust_limit, similarity, progress):
+        self.session, self.test, self.suite, self.similarity, self.progress = session, test, suite, similarity, progress
+        self.robust_items = test[:robust_limit]
+        self.robust_limit = robust_limit
+        self._done: dict[str, Evaluated] = {}
+        self.evaluations = self.reused = 0
+
+    def __call__(self, prompt) -> Evaluated:
+        key = json.dumps(prompt.to_card(), sort_keys=True)
+        if key in self._done:
+            self.reused += 1
+            return self._done[key]
+        self.evaluations += 1
+        evaluated = Evaluated(self.session.scorer.score(prompt, self.test).table)
+        if self.suite is not None:
+            evaluated.robust, evaluated.clean, evaluated.variants = self.robustness(prompt, self.robust_items)
+        self._done[key] = evaluated
+        return evaluated
+
+    def robustness(self, prompt, items):
+        from promptopt.robustness import taboo_stress
+        from promptopt.robustness.suite import evaluate_robustness
+
+        scorer, data = self.session.scorer, self.session.data
+        rob = evaluate_robustness(scorer, prompt, items, self.suite, pool=data.pool, similarity=self.similarity,
+                                  progress=self.progress, desc=f"robustness {prompt.task}")
+        summary = dict(rob.summary)
+        summary["taboo_retention_i1"] = math.nan  # log-likelihood tasks generate nothing to stress
+        if data.spec.generative:
+            stress = taboo_stress(scorer, prompt, items, ranks=(1,)).summary.set_index("rank")
+            summary["taboo_retention_i1"] = stress.loc[1, "retention"]
+        clean = scorer.score(prompt, items).table.set_index("item_id")["correct"].astype(bool)
+        variants = rob.variants[["item_id", "family", "correct"]] if len(rob.variants) else pd.DataFrame(columns=["item_id", "family", "correct"])
+        return summary, clean, variants
+
+
+def _choose(select, ranked, result, evaluator, dev):
+    if select == "strategy":
+        return ranked[0], result.selection
+    best = max(ranked, key=lambda e: (e["accuracy"], -e["number"]))
+    low, _ = wilson_interval(round(best["accuracy"] * best["n"]), best["n"])
+    eligible = [e for e in ranked if e["accuracy"] >= low]
+    scored = []
+    for entry in eligible:  # robustness measured on dev items: the test items stay held out
+        summary, _, _ = evaluator.robustness(entry["prompt"], dev[: evaluator.robust_limit])
+        scored.append((summary["acc_worst"], entry["accuracy"], -entry["number"], entry))
+    acc_worst, _, _, chosen = max(scored, key=lambda x: x[:3])
+    return chosen, (f"best dev Acc_worst ({acc_worst:.3f}) among {len(eligible)} of the top {len(ranked)} trials whose dev "
+                    f"accuracy is inside the best one's 95% interval (≥ {low:.3f})")
+
+
+def _run_row(strategy, seed, rank, ev: Evaluated, *, winner, how, extra) -> dict:
+    t = ev.test
+    n, k = len(t), int(t["correct"].sum())
+    low, high = wilson_interval(k, n)
+    tcb = t["tcb"].replace([np.inf], np.nan)
+    row = {"strategy": strategy, "seed": seed, "rank": rank, "winner": winner, "n_test": n, "avg_acc": k / n,
+           "acc_ci_low": low, "acc_ci_high": high, "avg_tcb": float(tcb.mean()), "tcb_geomean": float(np.exp(np.log(tcb.dropna()).mean())),
+           "avg_ppl": float(t["ppl"].mean()), "selected_by": how}
+    r = ev.robust
+    for key in ("acc_var_pert", "acc_var_families", "pdr", "pdr_pooled", "acc_worst", "acc_worst_family_min",
+                "acc_worst_family", "tcb_perturbed_mean", "taboo_retention_i1"):
+        row[key] = r.get(key, math.nan)
+    for key in ("acc_worst", "pdr", "acc_var_pert"):
+        ci = r.get(f"{key}_ci95", [math.nan, math.nan])
+        row[f"{key}_ci_low"], row[f"{key}_ci_high"] = ci
+    row.update(extra)
     return row
 
 
-def _robustness(session: Session, prompt, items, suite, similarity, progress) -> dict:
-    from promptopt.robustness import taboo_stress
-    from promptopt.robustness.suite import evaluate_robustness
+def _strategy_table(runs: pd.DataFrame, winners: dict, walls: dict) -> pd.DataFrame:
+    """Per strategy: the winners' numbers, mean over seeds (± sd across seeds when there are several)."""
+    rows = []
+    chosen = runs[runs["winner"]]
+    for name, group in chosen.groupby("strategy", sort=False):
+        row = {"strategy": name, "n_seeds": len(winners[name]) if name != "baseline" else 1, "n_test": int(group["n_test"].iloc[0])}
+        for key in ("avg_acc", "avg_tcb", "tcb_geomean", "avg_ppl", "acc_var_pert", "pdr", "pdr_pooled", "acc_worst",
+                    "acc_worst_family_min", "taboo_retention_i1"):
+            values = group[key].astype(float)
+            row[key] = float(values.mean())
+            row[f"{key}_sd"] = float(values.std(ddof=1)) if len(values) > 1 else math.nan
+        if len(group) == 1:  # one search: its own intervals
+            for key in ("acc_ci_low", "acc_ci_high", "acc_worst_ci_low", "acc_worst_ci_high", "pdr_ci_low", "pdr_ci_high"):
+                row[key] = group[key].iloc[0]
+        else:  # several: the pooled Wilson interval of accuracy over seeds × items
+            k = float((group["avg_acc"] * group["n_test"]).sum())
+            row["acc_ci_low"], row["acc_ci_high"] = wilson_interval(round(k), int(group["n_test"].sum()))
+        row["acc_worst_family"] = group["acc_worst_family"].iloc[0]
+        row["selected_by"] = group["selected_by"].iloc[0]
+        row["wall_seconds"] = walls.get(name, math.nan)
+        rows.append(row)
+    return pd.DataFrame(rows)
 
-    scorer = session.scorer
-    rob = evaluate_robustness(scorer, prompt, items, suite, pool=session.data.pool, similarity=similarity,
-                              progress=progress, desc=f"robustness {prompt.task}")
-    out = {
-        "acc_var_pert": rob.summary["acc_var_pert"],
-        "pdr": rob.summary["pdr"],
-        "acc_worst": rob.summary["acc_worst"],
-        "acc_worst_family": rob.summary["acc_worst_family"],
-        "tcb_perturbed": rob.summary["tcb_perturbed_mean"],
-        "taboo_retention_i1": math.nan,  # log-likelihood tasks generate nothing to stress
-    }
-    if session.data.spec.generative:
-        stress = taboo_stress(scorer, prompt, items, ranks=(1,)).summary.set_index("rank")
-        out["taboo_retention_i1"] = stress.loc[1, "retention"]
-    return out
+
+def _paired_table(winners: dict, *, seed: int) -> pd.DataFrame:
+    """Every pair of strategies on the same test items: Δ accuracy, Δ Acc_worst, Δ PDR (first − second)."""
+    rows = []
+    for a, b in combinations(list(winners), 2):
+        row = {"a": a, "b": b}
+        acc_a = np.concatenate([ev.test["correct"].to_numpy(dtype=bool) for ev in winners[a]])
+        acc_b = np.concatenate([ev.test["correct"].to_numpy(dtype=bool) for ev in winners[b]])
+        row["n_pairs"] = len(acc_a)
+        row["delta_acc"] = float(acc_a.mean() - acc_b.mean())
+        row["delta_acc_ci_low"], row["delta_acc_ci_high"] = bootstrap_interval(
+            lambda idx: acc_a[idx].mean() - acc_b[idx].mean(), len(acc_a), n_boot=_N_BOOT, seed=seed)
+        row["only_a_correct"], row["only_b_correct"], row["mcnemar_p"] = mcnemar_exact(acc_a, acc_b)
+        if winners[a][0].clean is not None:
+            pa, pb = _pooled(winners[a]), _pooled(winners[b])
+            for key in ("acc_worst", "pdr"):
+                point = pa.metrics()[key] - pb.metrics()[key]
+                row[f"delta_{key}"] = float(point)
+                row[f"delta_{key}_ci_low"], row[f"delta_{key}_ci_high"] = bootstrap_interval(
+                    lambda idx, key=key: pa.metrics(idx)[key] - pb.metrics(idx)[key], len(pa.items), n_boot=_N_BOOT // 4, seed=seed)
+        row["significant"] = bool(row["mcnemar_p"] < 0.05 and not (row["delta_acc_ci_low"] <= 0 <= row["delta_acc_ci_high"]))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _pooled(evaluations: list[Evaluated]) -> PerItemRobustness:
+    """Items of every seed, keyed (seed, item), so two strategies' seeds pair up item by item."""
+    clean = pd.concat([ev.clean.rename(lambda i, s=s: f"{s}:{i}") for s, ev in enumerate(evaluations)])
+    variants = pd.concat([ev.variants.assign(item_id=ev.variants["item_id"].map(lambda i, s=s: f"{s}:{i}"))
+                          for s, ev in enumerate(evaluations)], ignore_index=True)
+    return PerItemRobustness(clean, variants)
+
+
+def _write(out: Path, table, runs, paired, summary) -> None:
+    atomic_write_bytes_via(out / "compare.csv", lambda p: table.to_csv(p, index=False))
+    atomic_write_bytes_via(out / "compare.parquet", lambda p: table.to_parquet(p, index=False))
+    atomic_write_bytes_via(out / "compare_runs.csv", lambda p: runs.to_csv(p, index=False))
+    atomic_write_bytes_via(out / "compare_paired.csv", lambda p: paired.to_csv(p, index=False))
+    atomic_write_text(out / "summary.json", json.dumps(summary, indent=1, default=str))

@@ -43,3 +43,133 @@ def worst_case(accuracies: dict[str, float]) -> tuple[str | None, float]:
         return None, float("nan")
     family = min(valid, key=lambda k: (valid[k], k))
     return family, valid[family]
+
+
+# --- paired comparisons ------------------------------------------------------------------------------
+def mcnemar_exact(a, b) -> tuple[int, int, float]:
+    """Exact two-sided McNemar test on paired per-item correctness: (only a correct, only b correct, p).
+
+    Under H0 the discordant items split as Binomial(n, 1/2); p = min(1, 2·P(X ≤ min(n01, n10)))."""
+    import numpy as np
+
+    a, b = np.asarray(a, dtype=bool), np.asarray(b, dtype=bool)
+    if a.shape != b.shape:
+        raise ValueError(f"paired arrays differ in shape: {a.shape} vs {b.shape}")
+    only_a, only_b = int((a & ~b).sum()), int((~a & b).sum())
+    n = only_a + only_b
+    if n == 0:
+        return only_a, only_b, 1.0
+    tail = sum(math.comb(n, k) for k in range(min(only_a, only_b) + 1)) / 2**n
+    return only_a, only_b, min(1.0, 2 * tail)
+
+
+def bootstrap_interval(statistic, n_items: int, *, n_boot: int = 2000, seed: int = 0, level: float = 0.95):
+    """Percentile interval of `statistic(index_array)` over items resampled with replacement.
+
+    The statistic receives the resampled item indices, so paired quantities (a difference between two
+    prompts on the same items, a robustness metric over an item and its variants) resample together.
+    Seeded: the same call gives the same interval. NaN resamples are dropped."""
+    import numpy as np
+
+    if n_items == 0:
+        return float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    values = np.array([statistic(rng.integers(0, n_items, n_items)) for _ in range(n_boot)], dtype=float)
+    values = values[np.isfinite(values)]
+    if not len(values):
+        return float("nan"), float("nan")
+    alpha = (1 - level) / 2
+    return float(np.quantile(values, alpha)), float(np.quantile(values, 1 - alpha))
+
+
+# --- robustness over the same items --------------------------------------------------------------------
+class PerItemRobustness:
+    """Per-item counts behind every robustness metric: clean correctness, and per family the number of
+    kept variants and how many were correct. Metrics on any (re)sample of items are a few reductions."""
+
+    def __init__(self, clean, variants) -> None:
+        import numpy as np
+        import pandas as pd
+
+        clean = pd.Series(clean, dtype=bool)
+        v = variants if isinstance(variants, pd.DataFrame) else pd.DataFrame(variants, columns=["item_id", "family", "correct"])
+        unknown = set(v["item_id"]) - set(clean.index)
+        if unknown:
+            raise ValueError(f"variants of items without a clean result: {sorted(unknown)[:3]}")
+        self.items = list(clean.index)
+        self.families = sorted(v["family"].unique()) if len(v) else []
+        row = {item: i for i, item in enumerate(self.items)}
+        col = {family: j for j, family in enumerate(self.families)}
+        self.clean = clean.to_numpy(dtype=float)
+        self.n = np.zeros((len(self.items), len(self.families)))
+        self.k = np.zeros_like(self.n)
+        for item, family, correct in zip(v["item_id"], v["family"], v["correct"].astype(bool)):
+            self.n[row[item], col[family]] += 1
+            self.k[row[item], col[family]] += correct
+
+    def metrics(self, index=None) -> dict:
+        import numpy as np
+
+        idx = np.arange(len(self.items)) if index is None else np.asarray(index)
+        clean, n, k = self.clean[idx], self.n[idx], self.k[idx]
+        out = {"acc_clean": float(clean.mean()) if len(idx) else float("nan")}
+        family_acc, family_pdr = {}, {}
+        for j, family in enumerate(self.families):
+            touched = n[:, j] > 0
+            if not touched.any():
+                family_acc[family] = family_pdr[family] = float("nan")
+                continue
+            family_acc[family] = float(k[:, j].sum() / n[:, j].sum())
+            family_pdr[family] = performance_drop_rate(float(clean[touched].mean()), family_acc[family])
+        defined = [x for x in family_pdr.values() if x == x]
+        n_item, k_item = n.sum(1), k.sum(1)
+        out["pdr"] = float(np.mean(defined)) if defined else float("nan")
+        out["pdr_pooled"] = (performance_drop_rate(float((clean * n_item).sum() / n_item.sum()), float(k_item.sum() / n_item.sum()))
+                             if n_item.sum() else float("nan"))
+        all_ok = k_item == n_item
+        out["acc_worst"] = float((clean.astype(bool) & all_ok).mean()) if len(idx) else float("nan")
+        worst_family, out["acc_worst_family_min"] = worst_case(family_acc)
+        out["acc_worst_family"] = worst_family
+        versions = 1 + n_item  # the clean version and every kept variant
+        mean = (clean + k_item) / versions
+        out["acc_var"] = float((mean * (1 - mean)).mean()) if len(idx) else float("nan")  # Bernoulli variance per item
+        out["acc_var_families"] = accuracy_variance([x for x in family_acc.values() if x == x])
+        out["pdr_by_family"] = family_pdr
+        out["acc_by_family"] = family_acc
+        return out
+
+
+def robustness_metrics(clean, variants) -> dict:
+    """Robustness of one prompt from per-item correctness, every metric on the same items.
+
+    clean: mapping item_id -> correct on the clean prompt (every evaluated item).
+    variants: rows (item_id, family, correct) for every kept perturbed variant.
+
+    - acc_clean            = mean_i clean_i
+    - pdr_by_family[f]     = 1 − acc(variants of f) / mean(clean_i | items f perturbed)
+    - pdr (PromptBench)    = mean over families of their PDR (families where it is defined)
+    - pdr_pooled           = 1 − acc(all variants) / mean(clean of each variant's item)
+    - acc_worst            = mean_i [clean_i ∧ every kept variant of i correct]   (robust accuracy)
+    - acc_worst_family_min = min over families of acc(variants of f)   (families cover unequal item sets)
+    - acc_var              = mean_i Var(correctness over i's clean + perturbed versions)
+    - acc_var_families     = population variance of the family accuracies
+    """
+    return PerItemRobustness(clean, variants).metrics()
+
+
+def robustness_intervals(clean, variants, *, n_boot: int = 1000, seed: int = 0) -> dict:
+    """95% bootstrap intervals for acc_worst, acc_var, pdr and pdr_pooled, resampling items together
+    with their variants (seeded: the same call gives the same interval)."""
+    per_item = PerItemRobustness(clean, variants)
+    cache: dict = {}
+
+    def stat(name):
+        def compute(index):
+            key = index.tobytes()
+            if key not in cache:
+                cache[key] = per_item.metrics(index)
+            return cache[key][name]
+        return compute
+
+    return {f"{name}_ci95": list(bootstrap_interval(stat(name), len(per_item.items), n_boot=n_boot, seed=seed))
+            for name in ("acc_worst", "acc_var", "pdr", "pdr_pooled")}

@@ -2,8 +2,11 @@
 
 Per family: how many variants were made and dropped (not applicable / protection / unchanged /
 similarity), perturbed accuracy, clean accuracy on the same items, PDR, mean δ_TCB clean vs perturbed.
-Summary: clean Acc, AccVar_pert (variance over families), Acc_worst (and which family), PDR = 1 − mean
-perturbed Acc / clean Acc (PromptBench; NaN and said so when clean Acc is 0).
+Summary: every metric on the same items (formulas in `promptopt.metrics.stats.robustness_metrics`) —
+PDR as the mean of per-family PDRs (PromptBench) and pooled, Acc_worst per item (right on the clean
+prompt and on every kept variant), AccVar_pert as the mean per-item variance over an item's versions,
+each with a seeded 95% bootstrap interval over items; the family-level numbers keep their own names.
+PDR is NaN, and said so, when clean accuracy is 0.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from promptopt.metrics.stats import accuracy_variance, performance_drop_rate, worst_case
+from promptopt.metrics.stats import performance_drop_rate, robustness_intervals, robustness_metrics
 from promptopt.prompts import Prompt
 from promptopt.robustness.perturb import OPERATORS, Variant, protected_words, protection_holds, variant_seed
 from promptopt.scoring import Scorer
@@ -179,15 +182,21 @@ def evaluate_robustness(
         if len(perturbed):
             variant_rows.append(perturbed.assign(family=family.name))
     families = pd.DataFrame(rows)
-    acc_clean = float(clean["correct"].mean())
-    per_family = {r["family"]: r["acc_perturbed"] for r in rows}
-    worst_family, acc_worst = worst_case(per_family)
-    valid = [v for v in per_family.values() if v == v]
-    mean_pert = float(np.mean(valid)) if valid else float("nan")
-    pdr = performance_drop_rate(acc_clean, mean_pert) if valid else float("nan")
+    variants_long = (pd.concat(variant_rows, ignore_index=True)[["item_id", "family", "correct"]] if variant_rows
+                     else pd.DataFrame(columns=["item_id", "family", "correct"]))
+    clean_correct = clean["correct"].astype(bool)
+    metrics = robustness_metrics(clean_correct, variants_long)
+    intervals = robustness_intervals(clean_correct, variants_long, seed=suite.seed)
+    acc_clean = metrics["acc_clean"]
     summary = {
-        "suite": suite.name, "n_items": len(items), "acc_clean": acc_clean, "acc_perturbed_mean": mean_pert,
-        "acc_var_pert": accuracy_variance(valid), "acc_worst": acc_worst, "acc_worst_family": worst_family, "pdr": pdr,
+        "suite": suite.name, "n_items": len(items), "acc_clean": acc_clean,
+        "acc_perturbed_mean": float(np.nanmean(list(metrics["acc_by_family"].values()))) if metrics["acc_by_family"] else float("nan"),
+        "acc_var_pert": metrics["acc_var"], "acc_var_pert_ci95": intervals["acc_var_ci95"],
+        "acc_var_families": metrics["acc_var_families"],
+        "acc_worst": metrics["acc_worst"], "acc_worst_ci95": intervals["acc_worst_ci95"],
+        "acc_worst_family_min": metrics["acc_worst_family_min"], "acc_worst_family": metrics["acc_worst_family"],
+        "pdr": metrics["pdr"], "pdr_ci95": intervals["pdr_ci95"],
+        "pdr_pooled": metrics["pdr_pooled"], "pdr_pooled_ci95": intervals["pdr_pooled_ci95"],
         "pdr_note": "undefined: clean accuracy is 0" if acc_clean == 0 else "",
         "tcb_clean_mean": _finite_mean(clean["tcb"]),
         "tcb_perturbed_mean": _finite_mean(pd.concat([t["tcb"] for t in variant_rows])) if variant_rows else float("nan"),

@@ -134,6 +134,7 @@ class Scorer:
                     "acc_norm": pred_norm == item.gold,
                     "gold_logprob": gold_res.logprob,
                     "ppl": math.exp(-gold_res.logprob / gold_tokens),
+                    "answer_nll": -gold_res.logprob / gold_tokens,
                 }
             )
             cursor += n
@@ -159,11 +160,17 @@ class Scorer:
         spec, tok = self.task.spec, self.lm.tokenizer
         judged = self.generate_answers(prompt, items)
         contexts = [prompt.context(item.question, item.choices, tok) for item in items]
+        ids = [i.id for i in items]
         golds = [prompt.continuation(spec.answer.gold_continuation(prompt, item)) for item in items]
-        gold_pairs = self._pairs(contexts, golds, prompt, [i.id for i in items])
+        gold_pairs = self._pairs(contexts, golds, prompt, ids)
+        spans = [spec.answer.answer_span(prompt, item) for item in items]
+        span_pairs = self._pairs([c + prompt.continuation(pre) if pre else c for c, (pre, _) in zip(contexts, spans)],
+                                 [ans if pre else prompt.continuation(ans) for pre, ans in spans], prompt, ids)
         gold_results = self.runner.loglikelihood(gold_pairs)
+        span_results = gold_results if span_pairs == gold_pairs else self.runner.loglikelihood(span_pairs)
         rows, hidden, targets, has_critical = [], [], [], []
-        for item, (gen, (answer, start, correct)), gold_pair, gold_res in zip(items, judged, gold_pairs, gold_results):
+        for item, (gen, (answer, start, correct)), gold_pair, gold_res, span_pair, span_res in zip(
+                items, judged, gold_pairs, gold_results, span_pairs, span_results):
             critical = next((i for i, end in enumerate(gen.token_char_ends) if end > start), None) if start >= 0 else None
             fallback = critical is None and bool(gen.tokens)
             if fallback:
@@ -184,6 +191,7 @@ class Scorer:
                     "critical_fallback": fallback,
                     "gold_logprob": gold_res.logprob,
                     "ppl": math.exp(-gold_res.logprob / len(gold_pair[1])),
+                    "answer_nll": -span_res.logprob / len(span_pair[1]),
                     "output": gen.text,
                 }
             )

@@ -27,6 +27,7 @@ class StudyConfig:
     strategy: str = "tcb"
     trials: int = 20  # finished (complete or pruned) trials to reach
     seed: int = 1234
+    pool_draw: int | None = None  # None: the first N pool items are the candidates; else a seeded draw
     space: str | None = None  # search space YAML; default: the task's built-in space
     storage: str | None = None  # Optuna storage URL; default: SQLite in the run directory
     study_name: str | None = None  # default: <task>-<strategy>

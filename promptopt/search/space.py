@@ -53,8 +53,11 @@ class SearchSpace:
     k_max: int
     search_order: bool
 
-    def check_against(self, data: TaskData) -> list[Item]:
-        """The candidate exemplars for this task; errors when the pool cannot supply them."""
+    def check_against(self, data: TaskData, *, pool_draw: int | None = None) -> list[Item]:
+        """The candidate exemplars for this task; errors when the pool cannot supply them.
+
+        pool_draw: None takes the first `candidates` pool items; an integer takes a seeded random draw of
+        them from the whole pool (several seeds of one comparison search different candidate sets)."""
         if data.spec.name != self.task:
             raise ConfigError(f"{self.where}: task: the space is for '{self.task}', not '{data.spec.name}'")
         if not data.pool:
@@ -67,7 +70,13 @@ class SearchSpace:
             raise ConfigError(
                 f"{self.where}: exemplars.candidates: {self.candidates} requested but the pool has only {len(data.pool)} items"
             )
-        pool = data.pool[: self.candidates]
+        if pool_draw is None:
+            pool = data.pool[: self.candidates]
+        else:
+            import numpy as np
+
+            order = np.random.default_rng([pool_draw, len(data.pool)]).permutation(len(data.pool))
+            pool = [data.pool[i] for i in sorted(order[: self.candidates])]
         evaluated = {i.id for i in data.dev + data.test}
         leaked = [i.id for i in pool if i.id in evaluated]
         if leaked:

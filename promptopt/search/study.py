@@ -13,7 +13,7 @@ import json
 import multiprocessing
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -21,7 +21,7 @@ import pandas as pd
 from promptopt.errors import UserError
 from promptopt.prompts import Prompt
 from promptopt.search.config import SearchConfig
-from promptopt.search.objectives import Strategy, get_strategy
+from promptopt.search.objectives import Strategy, get_strategy, select_winner
 from promptopt.search.space import SearchSpace, load_space
 from promptopt.yamlio import atomic_write_bytes_via, atomic_write_text
 
@@ -39,6 +39,8 @@ class SearchResult:
     wall_seconds: float
     cache_hit_rate: float
     pareto: pd.DataFrame | None = None
+    selection: str = ""  # how the winner was chosen, in words
+    ranking: list = field(default_factory=list)  # distinct trials in the strategy's order of preference
 
 
 def redact(url: str) -> str:
@@ -61,7 +63,7 @@ def _context(config: SearchConfig, data) -> _Context:
     """Strategy, space and items of a run, checked against the task's data."""
     strategy = get_strategy(config.study.strategy)
     space = load_space(config.study.space or data.spec.name)
-    candidates = space.check_against(data)
+    candidates = space.check_against(data, pool_draw=config.study.pool_draw)
     return _Context(config, strategy, space, data, candidates, config.data.dev(data), config.data.test(data))
 
 
@@ -154,9 +156,14 @@ def _open_study(config: SearchConfig, strategy: Strategy, storage, *, worker: in
 def _trial_summary(table: pd.DataFrame) -> dict:
     from promptopt.scoring import summarize
 
+    from promptopt.search.objectives import signed_stability
+
     s = summarize(table)
     keys = ("accuracy", "tcb_mean", "tcb_median", "tcb_geomean", "v_eff_mean", "ppl_mean", "n")
-    return {k: s[k] for k in keys if k in s}
+    out = {k: s[k] for k in keys if k in s}
+    out["signed_stability"] = float(signed_stability(table).mean())
+    out["answer_nll_mean"] = float(table["answer_nll"].mean()) if "answer_nll" in table else float("nan")
+    return out
 
 
 def make_objective(ctx: _Context, cached, worker: int = 0):
@@ -312,9 +319,9 @@ def run_search(config: SearchConfig, *, scorer=None, show_progress: bool = True)
         front = study.best_trials
         pareto = pd.DataFrame([{"number": t.number, "accuracy": t.values[0], "signed_stability": t.values[1], **t.params} for t in front])
         _write_table(pareto, out / "pareto_front")
-        best = max(front, key=lambda t: (t.values[0], t.values[1], -t.number))
-    else:
-        best = study.best_trial
+    candidates = _candidates(study, ctx.strategy)
+    winner, selection = select_winner(ctx.strategy, candidates)
+    best = next(t for t in study.trials if t.number == winner["number"])
     prompt = decode(ctx, best.params)
     dev_table = cached.score_table(prompt, ctx.dev)
     test_table = cached.score_table(prompt, ctx.test)
@@ -326,6 +333,7 @@ def run_search(config: SearchConfig, *, scorer=None, show_progress: bool = True)
         "strategy": config.study.strategy,
         "study": config.name,
         "trial": best.number,
+        "selection": selection,
         "seed": config.study.seed,
         "dev": {k: dev[k] for k in ("n", "accuracy", "tcb_mean", "tcb_geomean", "ppl_mean")},
         "test": {k: test[k] for k in ("n", "accuracy", "tcb_mean", "tcb_geomean", "ppl_mean")},
@@ -335,12 +343,48 @@ def run_search(config: SearchConfig, *, scorer=None, show_progress: bool = True)
     save_card(prompt, card_path, provenance)
     hits, misses = cached.cache.hits - hits_before, cached.cache.misses - misses_before
     hit_rate = hits / (hits + misses) if hits + misses else float("nan")
-    result = SearchResult(config, trials, best.params, best.number, prompt, dev, test, card_path, wall, hit_rate, pareto)
+    result = SearchResult(config, trials, best.params, best.number, prompt, dev, test, card_path, wall, hit_rate, pareto,
+                          selection=selection, ranking=_ranking(ctx.strategy, candidates, winner))
+    for entry in result.ranking:
+        entry["prompt"] = decode(ctx, entry["params"])
     summary = {"study": config.name, "storage": redact(config.storage_url), "best_trial": best.number, "best_params": best.params,
+               "selection": selection,
                "dev": dev, "test": test, "wall_seconds": wall, "cache_hit_rate": result.cache_hit_rate,
                "trials": {s: int((trials["state"] == s).sum()) for s in trials["state"].unique()}}
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=1, default=str))
     return result
+
+
+def _candidates(study, strategy) -> list[dict]:
+    """Finished trials as the selection rule sees them (the Pareto front for multi-objective studies)."""
+    from optuna.trial import TrialState
+
+    trials = study.best_trials if strategy.multi_objective else study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    out = []
+    for t in trials:
+        metrics = t.user_attrs.get("metrics", {})
+        out.append({"number": t.number, "params": t.params, "value": t.value if not strategy.multi_objective else None,
+                    "values": t.values, "accuracy": metrics.get("accuracy", float("nan")), "n": metrics.get("n", 0),
+                    "signed_stability": metrics.get("signed_stability", float("-inf"))})
+    return out
+
+
+def _ranking(strategy, candidates: list[dict], winner: dict) -> list[dict]:
+    """Trials in the order the strategy prefers them (the winner first, then by the same rule), one per
+    distinct prompt: what `compare --top-n` evaluates."""
+    rest = [c for c in candidates if c["number"] != winner["number"]]
+    ranked = [winner]
+    while rest:
+        nxt, _ = select_winner(strategy, rest)
+        ranked.append(nxt)
+        rest = [c for c in rest if c["number"] != nxt["number"]]
+    seen, distinct = set(), []
+    for c in ranked:
+        key = json.dumps(c["params"], sort_keys=True)
+        if key not in seen:
+            seen.add(key)
+            distinct.append(c)
+    return distinct
 
 
 def dashboard_command(config: SearchConfig) -> str:

@@ -63,6 +63,11 @@ class AnswerType:
             return prompt.choice_texts(item.choices)[item.gold]
         return item.target
 
+    def answer_span(self, prompt, item: Item) -> tuple[str, str]:
+        """(reasoning prefix, final answer) inside the gold continuation: the PPL-guided baseline reads the
+        NLL of the final answer only, conditioned on the prefix. Default: the whole continuation."""
+        return "", self.gold_continuation(prompt, item)
+
     # --- shared row readers -------------------------------------------------------------------------
     @staticmethod
     def _base(spec, ref: RowRef, row: dict) -> tuple[str, str]:
@@ -157,6 +162,16 @@ class Number(AnswerType):
             solution = re.sub(r"<<[^>]*>>", "", answer)  # drop calculator annotations from shown solutions
             return Item(item_id, question, gold, target or solution, where=ref.where)
         return Item(item_id, question, answer.strip(), target or answer.strip(), where=ref.where)
+
+    def answer_span(self, prompt, item):
+        target = item.target
+        if "####" in target:  # GSM8K-style reference: the reasoning, then '#### N'
+            cut = target.rindex("####") + 4
+            return target[:cut] + " ", target[cut:].strip()
+        value, start = final_number(target)
+        if value is not None and start > 0:
+            return target[:start], target[start:]
+        return "", target
 
     def judge(self, spec, item, text, prompt):
         value, start = final_number(text)

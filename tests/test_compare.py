@@ -1,0 +1,88 @@
+"""`compare` as an honest experiment: several seeds, top-N winners, paired statistics on the same items,
+robust selection. Plumbing on the tiny random model; one end-to-end run on the embedded model."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from promptopt.experiments import run_compare
+from promptopt.experiments.compare import Evaluated, _choose, _paired_table
+from promptopt.metrics.stats import mcnemar_exact
+from promptopt.search import SearchConfig
+
+
+def _evaluated(correct, clean=None, variants=None):
+    test = pd.DataFrame({"item_id": [f"i{j}" for j in range(len(correct))], "correct": correct})
+    return Evaluated(test, {}, clean, variants)
+
+
+def test_paired_table_against_hand_values():
+    a = [True] * 8 + [False] * 2
+    b = [True] * 5 + [False] * 5
+    clean = pd.Series([True, True, False], index=["x", "y", "z"])
+    winners = {"baseline": [_evaluated(b, clean, pd.DataFrame([("x", "typo", False)], columns=["item_id", "family", "correct"]))],
+               "tcb": [_evaluated(a, clean, pd.DataFrame([("x", "typo", True)], columns=["item_id", "family", "correct"]))]}
+    row = _paired_table(winners, seed=0).iloc[0]
+    assert (row.a, row.b) == ("baseline", "tcb")
+    assert row.delta_acc == pytest.approx(-0.3)
+    assert (row.only_a_correct, row.only_b_correct) == (0, 3)
+    assert row.mcnemar_p == pytest.approx(mcnemar_exact(b, a)[2]) == pytest.approx(0.25)
+    assert row.delta_acc_worst == pytest.approx(1 / 3 - 2 / 3)  # baseline loses x under the typo
+    assert row.delta_acc_ci_low <= row.delta_acc <= row.delta_acc_ci_high
+    assert not row.significant  # 3 discordant items cannot reach p < 0.05
+
+
+class _FakeEvaluator:
+    robust_limit = None
+
+    def __init__(self, acc_worst):
+        self.acc_worst = acc_worst
+
+    def robustness(self, prompt, items):
+        return {"acc_worst": self.acc_worst[prompt]}, None, None
+
+
+def test_select_robust_picks_the_more_robust_of_two_candidates():
+    ranked = [{"number": 3, "prompt": "brittle", "accuracy": 0.80, "n": 50},
+              {"number": 7, "prompt": "sturdy", "accuracy": 0.76, "n": 50},   # inside the best one's interval
+              {"number": 9, "prompt": "sturdier", "accuracy": 0.40, "n": 50}]  # more robust but far less accurate
+    evaluator = _FakeEvaluator({"brittle": 0.50, "sturdy": 0.70, "sturdier": 0.90})
+    chosen, how = _choose("robust", ranked, None, evaluator, dev=[])
+    assert chosen["number"] == 7 and "best dev Acc_worst (0.700)" in how and "2 of the top 3" in how
+
+    class _Result:
+        selection = "best tcb value on dev"
+    assert _choose("strategy", ranked, _Result(), evaluator, dev=[])[0]["number"] == 3
+
+
+def test_seeds_top_n_and_outputs(tiny_llama_dir, tmp_path):
+    config = SearchConfig.build(task="sst2", trials=3, model=str(tiny_llama_dir), out=str(tmp_path / "cmp"),
+                                dev_limit=8, test_limit=6, minibatch=4, device="cpu")
+    result = run_compare(config, ["accuracy", "tcb"], seeds=2, top_n=2, suite=None, show_progress=False)
+    assert result.table["strategy"].tolist() == ["baseline", "accuracy", "tcb"]
+    assert result.table.set_index("strategy").loc["tcb", "n_seeds"] == 2
+    runs = result.runs[result.runs["strategy"] != "baseline"]
+    assert set(runs["seed"]) == {0, 1} and runs.groupby(["strategy", "seed"])["winner"].sum().eq(1).all()
+    assert {(r.a, r.b) for r in result.paired.itertuples()} == {("baseline", "accuracy"), ("baseline", "tcb"), ("accuracy", "tcb")}
+    assert (result.paired["n_pairs"] == 12).all()  # 2 seeds × 6 test items
+    summary = json.loads((tmp_path / "cmp" / "summary.json").read_text())
+    assert summary["seeds"] == 2 and summary["evaluations"] + summary["evaluations_reused"] >= 5
+    for name in ("compare.csv", "compare.parquet", "compare_runs.csv", "compare_paired.csv"):
+        assert (tmp_path / "cmp" / name).is_file()
+    assert (tmp_path / "cmp" / "tcb" / "seed1" / "best_card.yaml").is_file()
+    again = run_compare(config.replace(out=str(tmp_path / "again")), ["accuracy", "tcb"], seeds=2, top_n=2, suite=None, show_progress=False)
+    pd.testing.assert_frame_equal(result.paired, again.paired)  # seeded: the same command prints the same numbers
+
+
+@pytest.mark.slow
+def test_two_seeds_end_to_end_on_the_embedded_model(embedded_lm, tmp_path):
+    config = SearchConfig.build(task="sst2", trials=2, out=str(tmp_path / "e2e"), dev_limit=8, test_limit=12, minibatch=8, device="cpu")
+    result = run_compare(config, ["ppl", "tcb"], seeds=2, top_n=1, suite="quick", robust_limit=6, show_progress=False)
+    table = result.table.set_index("strategy")
+    assert np.isfinite(table.loc["tcb", ["avg_acc", "acc_worst", "avg_tcb"]].astype(float)).all()
+    assert table.loc["ppl", "n_seeds"] == 2 and not np.isnan(table.loc["ppl", "avg_acc_sd"])
+    assert result.paired["mcnemar_p"].between(0, 1).all() and "delta_acc_worst" in result.paired

@@ -1,0 +1,66 @@
+"""Statistics against hand-computed values: robustness metrics on the same items (with unequal family
+coverage and an item that flips under one variant only), exact McNemar, seeded bootstrap intervals."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from promptopt.metrics.stats import bootstrap_interval, mcnemar_exact, robustness_intervals, robustness_metrics
+
+CLEAN = {"a": True, "b": True, "c": False, "d": True}
+VARIANTS = pd.DataFrame(
+    [("a", "synonym", True), ("b", "synonym", False), ("c", "synonym", False), ("d", "synonym", True),
+     ("a", "reorder", True),                                  # reorder covers item a only
+     ("b", "typo", True), ("b", "typo", True), ("d", "typo", False)],  # d flips under one variant only
+    columns=["item_id", "family", "correct"],
+)
+
+
+def test_robustness_metrics_by_hand():
+    m = robustness_metrics(CLEAN, VARIANTS)
+    assert m["acc_clean"] == 0.75
+    assert m["pdr_by_family"] == pytest.approx({"reorder": 0.0, "synonym": 1 / 3, "typo": 1 / 3})
+    assert m["pdr"] == pytest.approx(2 / 9)  # mean of per-family PDRs
+    assert m["pdr_pooled"] == pytest.approx(2 / 7)  # 1 − (5/8) / (7/8)
+    assert m["acc_worst"] == 0.25  # only a is right clean and under every variant
+    assert (m["acc_worst_family"], m["acc_worst_family_min"]) == ("synonym", 0.5)
+    assert m["acc_var"] == pytest.approx((0 + 3 / 16 + 0 + 2 / 9) / 4)  # per-item variance over versions
+    assert m["acc_var_families"] == pytest.approx(np.var([0.5, 1.0, 2 / 3]))
+    # the old summary (mean family accuracy over clean accuracy on all items) would say 0.037
+    assert 1 - np.mean([0.5, 1.0, 2 / 3]) / 0.75 == pytest.approx(0.037, abs=1e-3)
+
+
+def test_items_without_variants_count_with_their_clean_answer():
+    m = robustness_metrics({"a": True, "b": False, "c": True}, VARIANTS.iloc[[0, 4]])  # variants of a only
+    assert m["acc_worst"] == pytest.approx(2 / 3) and m["acc_var"] == 0.0 and m["pdr"] == 0.0
+
+
+def test_robustness_intervals_are_seeded_and_cover_the_estimate():
+    clean = {f"i{j}": j % 3 != 0 for j in range(60)}
+    rows = [(f"i{j}", "typo", (j % 3 != 0) and j % 7 != 0) for j in range(60)]
+    first = robustness_intervals(clean, rows, n_boot=300, seed=5)
+    assert first == robustness_intervals(clean, rows, n_boot=300, seed=5)
+    point = robustness_metrics(clean, pd.DataFrame(rows, columns=["item_id", "family", "correct"]))
+    for name in ("acc_worst", "acc_var", "pdr", "pdr_pooled"):
+        low, high = first[f"{name}_ci95"]
+        assert low <= point[name] <= high and high - low > 0
+
+
+def test_mcnemar_exact_by_hand():
+    a = [True] * 5 + [False] + [True] * 4
+    b = [False] * 5 + [True] + [True] * 4
+    assert mcnemar_exact(a, b) == (5, 1, pytest.approx(14 / 64))  # 2 · (C(6,0) + C(6,1)) / 2^6
+    assert mcnemar_exact(a, a) == (0, 0, 1.0)
+    assert mcnemar_exact([True] * 10, [False] * 10)[2] == pytest.approx(2 / 1024)
+    with pytest.raises(ValueError):
+        mcnemar_exact([True], [True, False])
+
+
+def test_bootstrap_interval_known_cases():
+    values = np.array([0.0, 1.0] * 50)
+    low, high = bootstrap_interval(lambda idx: values[idx].mean(), 100, n_boot=2000, seed=0)
+    assert 0.38 < low < 0.43 and 0.57 < high < 0.62  # ≈ 0.5 ± 1.96·0.05
+    assert bootstrap_interval(lambda idx: 3.0, 10, seed=1) == (3.0, 3.0)
+    assert (low, high) == bootstrap_interval(lambda idx: values[idx].mean(), 100, n_boot=2000, seed=0)
