@@ -234,7 +234,12 @@ def search(
         dev_limit=dev_limit, test_limit=test_limit, subsets=subsets, batch_size=batch_size, device=device, dtype=dtype,
         quantize=quantize,
     )
-    _print_search_result(run_search(config))
+    expand = None
+    if config.study.strategy == "robust":
+        from promptopt.robustness import VariantExpander
+
+        expand = VariantExpander("cheap")
+    _print_search_result(run_search(config, expand=expand))
 
 
 @app.command()

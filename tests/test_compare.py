@@ -86,3 +86,38 @@ def test_two_seeds_end_to_end_on_the_embedded_model(embedded_lm, tmp_path):
     assert np.isfinite(table.loc["tcb", ["avg_acc", "acc_worst", "avg_tcb"]].astype(float)).all()
     assert table.loc["ppl", "n_seeds"] == 2 and not np.isnan(table.loc["ppl", "avg_acc_sd"])
     assert result.paired["mcnemar_p"].between(0, 1).all() and "delta_acc_worst" in result.paired
+
+
+def test_robust_strategy_rewards_answers_that_survive_perturbation():
+    from promptopt.search import get_strategy
+    from promptopt.search.study import _with_robust_correct
+    from promptopt.tasks import Item
+
+    items = [Item(f"i{j}", f"question {j}", 0, "a", ("a", "b")) for j in range(4)]
+
+    class FakeCached:  # variant prompts "sturdy" keep every answer; "brittle" loses items i0 and i1
+        def score_table(self, prompt, its):
+            return pd.DataFrame({"item_id": [i.id for i in its], "correct": [prompt == "sturdy" or i.id not in ("i0", "i1") for i in its]})
+
+    clean = pd.DataFrame({"item_id": [i.id for i in items], "correct": [True, True, True, False]})
+    robust = get_strategy("robust")
+    sturdy = _with_robust_correct(clean, [("sturdy", items)], FakeCached())
+    brittle = _with_robust_correct(clean, [("brittle", items)], FakeCached())
+    assert sturdy["robust_correct"].tolist() == [True, True, True, False]
+    assert brittle["robust_correct"].tolist() == [False, False, True, False]
+    assert robust.values(sturdy)[0] == 0.75 > robust.values(brittle)[0] == 0.25
+    assert get_strategy("accuracy").values(sturdy) == get_strategy("accuracy").values(brittle)  # accuracy cannot tell
+
+
+def test_robust_search_runs_with_cached_variants(tiny_llama_dir, tmp_path):
+    from promptopt.errors import ConfigError
+    from promptopt.robustness import VariantExpander
+    from promptopt.search import run_search
+
+    config = SearchConfig.build(task="sst2", strategy="robust", trials=2, model=str(tiny_llama_dir), out=str(tmp_path / "rob"),
+                                dev_limit=6, test_limit=4, minibatch=3, device="cpu")
+    with pytest.raises(ConfigError, match="needs perturbed variants"):
+        run_search(config, show_progress=False)
+    result = run_search(config, expand=VariantExpander("cheap"), show_progress=False)
+    metrics = [m for m in result.trials["user_attrs_metrics"]]
+    assert all(m["robust_accuracy"] <= m["accuracy"] for m in metrics)

@@ -86,8 +86,13 @@ def run_compare(
     storage = base.study.storage or f"sqlite:///{out.resolve() / 'study.db'}"
     session = Session(model=base.model, data=base.data, out=out, batch_size=base.batch_size)
     configs = {(name, s): _seed_config(base, name, s, seeds, out, storage) for name in strategies for s in range(seeds)}
+    expand = None
+    if any(get_strategy(name).needs_variants for name in strategies):
+        from promptopt.robustness import VariantExpander
+
+        expand = VariantExpander("cheap")
     for config in configs.values():  # every study's space checked before the first one runs
-        check_search(config, session.data)
+        check_search(config, session.data, expand)
     test, dev = session.items("test"), session.items("dev")
     evaluator = _Evaluator(session, test, the_suite, robust_limit, Similarity() if the_suite else None, show_progress)
 
@@ -99,7 +104,7 @@ def run_compare(
     baseline_wall = time.perf_counter() - start
     walls: dict[str, float] = {"baseline": baseline_wall}
     for (name, s), config in configs.items():
-        result = run_search(config, scorer=session.scorer, show_progress=show_progress)
+        result = run_search(config, scorer=session.scorer, expand=expand, show_progress=show_progress)
         walls[name] = walls.get(name, 0.0) + result.wall_seconds
         ranked = result.ranking[:top_n] or [{"number": result.best_number, "prompt": result.prompt, "accuracy": result.dev["accuracy"],
                                              "n": result.dev["n"]}]

@@ -1,6 +1,7 @@
 """Robustness: decoding-level taboo stress (taboo, stress) and perturbation suites (perturb, suite)."""
 
 from promptopt.robustness.stress import StressResult, taboo_stress
+from promptopt.robustness.suite import VariantExpander
 from promptopt.robustness.taboo import TabooLog, TabooLogitsProcessor, word_initial_mask
 
-__all__ = ["StressResult", "TabooLog", "TabooLogitsProcessor", "taboo_stress", "word_initial_mask"]
+__all__ = ["StressResult", "TabooLog", "TabooLogitsProcessor", "VariantExpander", "taboo_stress", "word_initial_mask"]

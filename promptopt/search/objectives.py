@@ -15,6 +15,8 @@ so per-item values can be reported to a paired pruner (Optuna's WilcoxonPruner) 
 |                |                                                       |   inside the best one's 95% interval |
 | `acc_tcb`      | same value as `tcb`                                   | best value (the former `tcb`)        |
 | `pareto`       | (accuracy, mean signed stability), NSGA-II            | highest accuracy on the front        |
+| `robust`       | correct_i ∧ every cheap perturbed variant of i        | best value (robust dev accuracy)     |
+|                | correct (synonym, keyboard typo, exemplar reorder)    |                                      |
 
 stability_i = (clip(log10 δ_TCB,i, −1, 5) + 1) / 6 ∈ [0, 1] (scale-free: δ spans 1 … 50,000);
 sign_i = +1 when item i is correct, −1 when wrong, so a stably wrong answer is penalized, never rewarded.
@@ -67,6 +69,8 @@ class Strategy:
     directions: tuple[str, ...]
     description: str
     selection: str = "best"  # best | stable_within_ci
+    needs_variants: bool = False  # the trial value reads perturbed variants of the dev items
+
 
     @property
     def multi_objective(self) -> bool:
@@ -85,6 +89,8 @@ class Strategy:
             return correct - LAMBDA_PPL * np.log(table["ppl"].to_numpy(dtype=float))  # log ppl = nll per token
         if self.name in ("tcb", "acc_tcb"):
             return correct + LAMBDA_TCB * signed_stability(table)
+        if self.name == "robust":
+            return table["robust_correct"].to_numpy(dtype=float)
         raise ValueError(f"{self.name} has no per-item value")
 
     def values(self, table: pd.DataFrame) -> tuple[float, ...]:
@@ -122,6 +128,8 @@ STRATEGIES = {
                     selection="stable_within_ci"),
     "acc_tcb": Strategy("acc_tcb", ("maximize",), f"accuracy + {LAMBDA_TCB}·mean signed stability"),
     "pareto": Strategy("pareto", ("maximize", "maximize"), "Pareto front of (accuracy, mean signed stability)"),
+    "robust": Strategy("robust", ("maximize",), "dev accuracy counting an item only if its cheap perturbed variants are right too",
+                       needs_variants=True),
 }
 
 

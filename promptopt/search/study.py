@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from promptopt.errors import UserError
+from promptopt.errors import ConfigError, UserError
 from promptopt.prompts import Prompt
 from promptopt.search.config import SearchConfig
 from promptopt.search.objectives import Strategy, get_strategy, select_winner
@@ -57,19 +57,32 @@ class _Context:
     candidates: list
     dev: list
     test: list
+    expand: object = None  # (scorer, prompt, items) -> [(variant prompt, variant items)], for `robust`
 
 
-def _context(config: SearchConfig, data) -> _Context:
+def _context(config: SearchConfig, data, expand=None) -> _Context:
     """Strategy, space and items of a run, checked against the task's data."""
     strategy = get_strategy(config.study.strategy)
+    if strategy.needs_variants and expand is None:
+        raise ConfigError(f"strategy '{strategy.name}' needs perturbed variants of the dev items: run it through the "
+                          "promptopt CLI or pass expand= (promptopt.robustness.VariantExpander)")
     space = load_space(config.study.space or data.spec.name)
     candidates = space.check_against(data, pool_draw=config.study.pool_draw)
-    return _Context(config, strategy, space, data, candidates, config.data.dev(data), config.data.test(data))
+    return _Context(config, strategy, space, data, candidates, config.data.dev(data), config.data.test(data), expand)
 
 
-def check_search(config: SearchConfig, data) -> None:
+def _with_robust_correct(table: pd.DataFrame, groups, cached) -> pd.DataFrame:
+    """Add robust_correct: the item is right on the clean prompt and on every one of its variants."""
+    ok = dict(zip(table["item_id"], table["correct"].astype(bool)))
+    for variant_prompt, items in groups:
+        for item_id, correct in zip([i.id for i in items], cached.score_table(variant_prompt, items)["correct"]):
+            ok[item_id] = ok[item_id] and bool(correct)
+    return table.assign(robust_correct=table["item_id"].map(ok).astype(bool))
+
+
+def check_search(config: SearchConfig, data, expand=None) -> None:
     """Everything about a search that can be checked against the task data without a model or a study."""
-    _context(config, data)
+    _context(config, data, expand)
 
 
 def make_storage(config: SearchConfig):
@@ -162,6 +175,8 @@ def _trial_summary(table: pd.DataFrame) -> dict:
     keys = ("accuracy", "tcb_mean", "tcb_median", "tcb_geomean", "v_eff_mean", "ppl_mean", "n")
     out = {k: s[k] for k in keys if k in s}
     out["signed_stability"] = float(signed_stability(table).mean())
+    if "robust_correct" in table:
+        out["robust_accuracy"] = float(table["robust_correct"].mean())
     out["answer_nll_mean"] = float(table["answer_nll"].mean()) if "answer_nll" in table else float("nan")
     return out
 
@@ -178,7 +193,10 @@ def make_objective(ctx: _Context, cached, worker: int = 0):
         trial.set_user_attr("worker", worker)
         frames = []
         for start in range(0, len(ctx.dev), minibatch):
-            table = cached.score_table(prompt, ctx.dev[start : start + minibatch])
+            batch = ctx.dev[start : start + minibatch]
+            table = cached.score_table(prompt, batch)
+            if strategy.needs_variants:
+                table = _with_robust_correct(table, ctx.expand(cached, prompt, batch), cached)
             frames.append(table)
             if strategy.multi_objective:
                 continue
@@ -214,7 +232,7 @@ def _optimize(ctx: _Context, study, cached, progress, worker: int = 0) -> None:
     study.optimize(make_objective(ctx, cached, worker), n_trials=None, callbacks=callbacks, gc_after_trial=False)
 
 
-def worker_main(config_dict: dict, factory, worker: int, ready=None) -> None:
+def worker_main(config_dict: dict, factory, worker: int, ready=None, expand=None) -> None:
     """Entry point of a worker process: builds its own scorer from the factory (model, task data, the
     shared result cache), signals `ready`, and joins the study."""
     import warnings
@@ -225,7 +243,7 @@ def worker_main(config_dict: dict, factory, worker: int, ready=None) -> None:
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     config = SearchConfig.from_dict(config_dict)
     cached = factory()
-    ctx = _context(config, cached.task)
+    ctx = _context(config, cached.task, expand)
     storage = make_storage(config)
     study = _open_study(config, ctx.strategy, storage, worker=worker)
     if ready is not None:
@@ -250,7 +268,7 @@ def decode(ctx: _Context, params: dict):
     return ctx.space.suggest(optuna.trial.FixedTrial(params), ctx.candidates, ctx.data.spec)
 
 
-def run_search(config: SearchConfig, *, scorer=None, show_progress: bool = True) -> SearchResult:
+def run_search(config: SearchConfig, *, scorer=None, expand=None, show_progress: bool = True) -> SearchResult:
     """Run (or resume) the study of `config` and write its run directory.
 
     `scorer`: a CachedScorer to use (an experiment session passes its own, so the model is loaded once);
@@ -265,7 +283,7 @@ def run_search(config: SearchConfig, *, scorer=None, show_progress: bool = True)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     out = Path(config.out)
     data = scorer.task if scorer is not None else config.data.load()
-    ctx = _context(config, data)  # validates task, space, strategy before any storage is touched
+    ctx = _context(config, data, expand)  # validates task, space, strategy before any storage is touched
     storage = make_storage(config)
     _check_study(config, storage)
     start = time.perf_counter()
@@ -295,7 +313,7 @@ def run_search(config: SearchConfig, *, scorer=None, show_progress: bool = True)
     n_workers = config.study.n_workers
     factory = ScorerFactory(model=config.model, data=config.data, cache_path=str(cached.cache.path), batch_size=config.batch_size)
     ready = [spawn.Event() for _ in range(1, n_workers)]
-    workers = [spawn.Process(target=worker_main, args=(config.to_dict(), factory, i, ready[i - 1])) for i in range(1, n_workers)]
+    workers = [spawn.Process(target=worker_main, args=(config.to_dict(), factory, i, ready[i - 1], expand)) for i in range(1, n_workers)]
     for proc in workers:
         proc.start()
     while not all(event.is_set() for event in ready):  # start together: every worker has its model loaded
