@@ -391,6 +391,33 @@ def stress(
         atomic_write_bytes_via(out.with_suffix(".parquet"), lambda p: result.items.to_parquet(p, index=False))
 
 
+diagnose_app = typer.Typer(no_args_is_help=True, help="Analyses of a run or a model (see README: Diagnose).")
+app.add_typer(diagnose_app, name="diagnose")
+
+
+@diagnose_app.command("proxy")
+def diagnose_proxy(
+    run_dir: Path = typer.Argument(..., help="a search run directory (or one strategy's directory of a compare run)"),
+    trials: int = typer.Option(8, "--trials", min=3, help="prompts (trials spread over the study's values) to stress"),
+    limit: Optional[int] = typer.Option(40, "--limit", min=1, help="dev items per prompt"),
+    suite: str = typer.Option("quick", "--suite", help="perturbation suite that measures robustness"),
+    seed: int = typer.Option(0, "--seed", help="bootstrap seed"),
+) -> None:
+    """Is δ_TCB a good proxy for robustness here? Spearman ρ of cheap signals vs measured Acc_worst and PDR."""
+    from promptopt.experiments.proxy import proxy_correlations
+
+    _quiet_libraries()
+    result = proxy_correlations(run_dir, n_trials=trials, limit=limit, suite=suite, seed=seed)
+    _print_frame(result.prompts, list(result.prompts.columns), f"proxy · {run_dir} · prompts", 50)
+    table = Table(title="Spearman ρ across prompts, 95% bootstrap interval over prompts (* = excludes 0)")
+    for name in ("signal", "target", "n", "ρ", "95% CI"):
+        table.add_column(name, justify="left" if name in ("signal", "target") else "right")
+    for _, r in result.correlations.iterrows():
+        table.add_row(r.signal, r.target, str(r.n_prompts), f"{r.spearman:+.3f}{' *' if r.interval_excludes_0 else ''}", _ci(r.ci_low, r.ci_high))
+    console.print(table)
+    console.print(f"wrote {run_dir / 'proxy_prompts.csv'} and {run_dir / 'proxy_correlations.csv'}")
+
+
 @app.command("model-folder")
 def model_folder_command(model: str = ModelOpt) -> None:
     """Print the folder (or hub id) transformers loads the model from: use it to score a card with plain

@@ -121,3 +121,24 @@ def test_robust_search_runs_with_cached_variants(tiny_llama_dir, tmp_path):
     result = run_search(config, expand=VariantExpander("cheap"), show_progress=False)
     metrics = [m for m in result.trials["user_attrs_metrics"]]
     assert all(m["robust_accuracy"] <= m["accuracy"] for m in metrics)
+
+
+def test_proxy_correlations_on_a_finished_study(tiny_llama_dir, tmp_path):
+    from promptopt.experiments.proxy import correlation_table, proxy_correlations
+    from promptopt.search import run_search
+
+    prompts = pd.DataFrame({"log10_tcb": [0.1, 0.2, 0.3, 0.4], "signed_stability": [1, 2, 3, 4], "ppl": [4, 3, 2, 1],
+                            "margin": [1, 3, 2, 4], "v_eff": [1, 1, 1, 1], "accuracy": [0.5, 0.6, 0.7, 0.8],
+                            "acc_worst": [0.1, 0.2, 0.3, 0.4], "pdr": [0.4, 0.3, 0.2, 0.1]})
+    table = correlation_table(prompts, n_boot=200).set_index(["signal", "target"])
+    assert table.loc[("log10_tcb", "acc_worst"), "spearman"] == pytest.approx(1.0)
+    assert table.loc[("ppl", "acc_worst"), "spearman"] == pytest.approx(-1.0)
+    assert table.loc[("margin", "pdr"), "spearman"] == pytest.approx(-0.8)
+    assert np.isnan(table.loc[("v_eff", "pdr"), "spearman"])
+
+    config = SearchConfig.build(task="sst2", strategy="accuracy", trials=4, model=str(tiny_llama_dir), out=str(tmp_path / "run"),
+                                dev_limit=6, test_limit=4, minibatch=6, pruning=False, device="cpu")
+    run_search(config, show_progress=False)
+    result = proxy_correlations(tmp_path / "run", n_trials=3, limit=4, suite="quick", show_progress=False)
+    assert len(result.prompts) == 3 and len(result.correlations) == 12
+    assert (tmp_path / "run" / "proxy_correlations.csv").is_file()

@@ -64,3 +64,13 @@ def test_bootstrap_interval_known_cases():
     assert 0.38 < low < 0.43 and 0.57 < high < 0.62  # ≈ 0.5 ± 1.96·0.05
     assert bootstrap_interval(lambda idx: 3.0, 10, seed=1) == (3.0, 3.0)
     assert (low, high) == bootstrap_interval(lambda idx: values[idx].mean(), 100, n_boot=2000, seed=0)
+
+
+def test_spearman_against_hand_values():
+    from promptopt.metrics.stats import spearman
+
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    # ranks x = 1,2,3,4; y = 1,3,2,4 -> 1 − 6·Σd²/(n(n²−1)) = 1 − 6·2/60 = 0.8
+    assert spearman([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(0.8)
+    assert np.isnan(spearman([1, 1, 1], [1, 2, 3]))

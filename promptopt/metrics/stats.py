@@ -173,3 +173,15 @@ def robustness_intervals(clean, variants, *, n_boot: int = 1000, seed: int = 0) 
 
     return {f"{name}_ci95": list(bootstrap_interval(stat(name), len(per_item.items), n_boot=n_boot, seed=seed))
             for name in ("acc_worst", "acc_var", "pdr", "pdr_pooled")}
+
+
+def spearman(x, y) -> float:
+    """Spearman rank correlation (average ranks for ties); NaN when either side is constant."""
+    import numpy as np
+    import pandas as pd
+
+    rx = pd.Series(np.asarray(x, dtype=float)).rank().to_numpy()
+    ry = pd.Series(np.asarray(y, dtype=float)).rank().to_numpy()
+    if len(rx) < 2 or rx.std() == 0 or ry.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(rx, ry)[0, 1])

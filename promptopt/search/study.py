@@ -261,6 +261,11 @@ def _write_table(frame: pd.DataFrame, path: Path) -> None:
     atomic_write_bytes_via(path.with_suffix(".csv"), lambda p: frame.to_csv(p, index=False))
 
 
+def decode_params(config: SearchConfig, data, params: dict):
+    """The Prompt a finished trial's parameters stand for, given the run's settings and task data."""
+    return decode(_context(config, data, expand=lambda *args: []), params)
+
+
 def decode(ctx: _Context, params: dict):
     """The Prompt a set of trial parameters stands for."""
     import optuna
