@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/promptopt compare --task sst2 --trials 12 --dev-limit 48 --test-limit 300 --robust-limit 100 --out runs/demo $(if $(wildcard runs/demo/study.db),--resume,)
+	$(BIN)/promptopt compare --task sst2 --trials 12 --dev-limit 48 --test-limit 300 --robust-limit 100 --top-n 1 --out runs/demo $(if $(wildcard runs/demo/study.db),--resume,)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider
