@@ -18,7 +18,7 @@ import pandas as pd
 from promptopt.experiments.session import Session
 from promptopt.search import SearchConfig, get_strategy, run_search
 from promptopt.search.study import check_search
-from promptopt.yamlio import atomic_write_bytes_via
+from promptopt.yamlio import atomic_write_bytes_via, check_output
 
 
 def run_compare(
@@ -37,6 +37,7 @@ def run_compare(
         get_strategy(name)  # fail on a typo before anything runs
     the_suite = load_suite(suite) if suite else None
     out = Path(base.out)
+    check_output(out, folder=True, what="--out")
     storage = base.study.storage or f"sqlite:///{out.resolve() / 'study.db'}"
     session = Session(model=base.model, data=base.data, out=out, batch_size=base.batch_size)
     for name in strategies:  # every study's space checked before the first one runs
