@@ -218,60 +218,38 @@ def postgres_url() -> str:
 
 
 # --- kill -9, Ctrl-C ----------------------------------------------------------------------------------
-def test_kill_9_during_a_trial_then_resume(run_dir, model):
-    search = ["search", *LIMITS, "--model", model, "--out", str(run_dir), "--resume", "--trials", "4"]
-    run = Run(*search, PROMPTOPT_FAULT_SLEEP="trial:120")
-    run.wait_for("fault-point trial")  # trial 2 is RUNNING, heartbeat and all
+def kill_at(search: list[str], phase: str) -> None:
+    """Run `search` until the fault point `phase`, then kill -9 it."""
+    run = Run(*search, PROMPTOPT_FAULT_SLEEP=f"{phase}:120")
+    run.wait_for(f"fault-point {phase}")
     run.proc.send_signal(signal.SIGKILL)
     run.finish()
-    killed = load(sqlite_url(run_dir))
-    assert [t.state.name for t in killed.trials] == ["COMPLETE", "COMPLETE", "RUNNING"]
+
+
+def test_kill_9_during_a_trial_the_rescore_and_the_card_then_resume(run_dir, model):
+    """One run directory, killed three times at three points, resumed each time; then a clean resume."""
+    search = ["search", *LIMITS, "--model", model, "--out", str(run_dir), "--resume", "--trials", "4"]
+    kill_at(search, "trial")  # trial 2 is RUNNING, heartbeat and all
+    assert [t.state.name for t in load(sqlite_url(run_dir)).trials] == ["COMPLETE", "COMPLETE", "RUNNING"]
     assert_run_dir_parses(run_dir)
     start = time.monotonic()
-    assert_ok(cli(*search))  # same host, process gone: trial 2 is failed at once, no grace period to wait
-    print(f"kill -9 -> resumed run finished in {time.monotonic() - start:.1f}s")
+    kill_at(search, "rescore")  # same host, process gone: trial 2 failed at once and re-run, then trial 4
+    print(f"kill -9 -> resumed run reached the re-score in {time.monotonic() - start:.1f}s")
     study = load(sqlite_url(run_dir))
-    assert study.trials[2].state.name == "FAIL"
+    assert study.trials[2].state.name == "FAIL" and study.trials[3].system_attrs["failed_trial"] == 2
     assert_nothing_lost_or_double(study, 4)
     assert_run_dir_parses(run_dir)
-    assert {t.user_attrs["worker"].rsplit(":", 1)[-1] for t in study.trials} == {"0"}
-
-
-def test_kill_9_during_rescore_and_card_then_resume(run_dir, model):
-    search = ["search", *LIMITS, "--model", model, "--out", str(run_dir), "--resume", "--trials", "3"]
-    for phase in ("rescore", "card"):
-        run = Run(*search, PROMPTOPT_FAULT_SLEEP=f"{phase}:120")
-        run.wait_for(f"fault-point {phase}")
-        run.proc.send_signal(signal.SIGKILL)
-        run.finish()
-        assert_run_dir_parses(run_dir)
-    final = cli(*search)
-    assert_ok(final)
-    study = load(sqlite_url(run_dir))
-    assert_nothing_lost_or_double(study, 3)
+    kill_at(search, "card")  # budget met: straight to the outputs, killed between the trials table and the card
     assert_run_dir_parses(run_dir)
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert sum(summary["trials"].values()) == len(study.trials)
-    card = yaml.safe_load((run_dir / "best_card.yaml").read_text())
-    assert card["provenance"]["trial"] == summary["best_trial"]
-
-
-def test_ctrl_c_fails_the_trial_and_resume_reruns_it(run_dir, model):
-    search = ["search", *LIMITS, "--model", model, "--out", str(run_dir), "--resume", "--trials", "3"]
-    run = Run(*search, PROMPTOPT_FAULT_SLEEP="trial:120")
-    run.wait_for("fault-point trial")
-    run.proc.send_signal(signal.SIGINT)
-    run.finish()
-    assert run.proc.returncode == 130, run.stderr
-    assert message_lines(run) == ["interrupted"], run.stderr
-    study = load(sqlite_url(run_dir))
-    states = [t.state.name for t in study.trials]
-    assert states == ["COMPLETE", "COMPLETE", "FAIL", "WAITING"]  # the interrupted trial, and its parameters queued
-    assert study.trials[3].params == study.trials[2].params
     assert_ok(cli(*search))
     study = load(sqlite_url(run_dir))
-    assert_nothing_lost_or_double(study, 3)
+    assert_nothing_lost_or_double(study, 4)
     assert_run_dir_parses(run_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert sum(summary["trials"].values()) == len(study.trials) == 5
+    card = yaml.safe_load((run_dir / "best_card.yaml").read_text())
+    assert card["provenance"]["trial"] == summary["best_trial"]
+    assert {t.user_attrs["worker"].rsplit(":", 1)[-1] for t in study.trials} == {"0"}
 
 
 def test_trial_of_a_vanished_host_is_awaited_until_stale_then_rerun(run_dir, model):
@@ -340,81 +318,97 @@ class Proxy:
             sock.close()
 
 
-def test_storage_lost_mid_trial_is_one_line_and_resume_reruns_the_trial(tmp_path, model):
+@pytest.fixture(scope="module")
+def lost_storage(tmp_path_factory, model):
+    """A search on PostgreSQL through a proxy that is cut during its first trial, then resumed with the URL
+    in $PROMPTOPT_STORAGE: (the cut run, the resumed run, the run directory, the URL, the study name)."""
     from sqlalchemy.engine import make_url
 
     url = make_url(postgres_url())
     proxy = Proxy(url.host or "127.0.0.1", url.port or 5432)
     via_proxy = url.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False)
-    name = f"lost-{os.getpid()}-{int(time.time())}"
-    out = tmp_path / "run"
-    search = ["search", *LIMITS, "--model", model, "--out", str(out), "--study-name", name, "--trials", "3"]
-    run = Run(*search, "--storage", via_proxy, PROMPTOPT_FAULT_SLEEP="trial:3")
-    run.wait_for("fault-point trial")
-    proxy.cut()
-    run.finish()
-    assert_one_error_line(run, "error: lost the storage", "re-run by --resume")
-    assert "Traceback" not in run.stderr
     real = url.render_as_string(hide_password=False)
-    try:
-        assert [t.state.name for t in load(real, name).trials] == ["RUNNING"]  # nobody could tell it otherwise
-        start = time.monotonic()
-        assert_ok(cli(*search, "--resume", PROMPTOPT_STORAGE=real))
-        print(f"storage lost -> resumed run finished in {time.monotonic() - start:.1f}s")
-        study = load(real, name)
-        assert study.trials[0].state.name == "FAIL"
-        assert_nothing_lost_or_double(study, 3)
-        assert_run_dir_parses(out)
-    finally:
-        optuna.delete_study(study_name=name, storage=real)
+    name = f"lost-{os.getpid()}-{int(time.time())}"
+    out = tmp_path_factory.mktemp("lost") / "run"
+    search = ["search", *LIMITS, "--model", model, "--out", str(out), "--study-name", name, "--trials", "3"]
+    cut = Run(*search, "--storage", via_proxy, PROMPTOPT_FAULT_SLEEP="trial:3")
+    cut.wait_for("fault-point trial")
+    proxy.cut()
+    cut.finish()
+    states_after_cut = [t.state.name for t in load(real, name).trials]
+    start = time.monotonic()
+    resumed = cli(*search, "--resume", PROMPTOPT_STORAGE=real)
+    print(f"storage lost -> resumed run finished in {time.monotonic() - start:.1f}s")
+    yield cut, states_after_cut, resumed, out, real, name
+    optuna.delete_study(study_name=name, storage=real)
 
 
-def test_storage_password_is_never_written(tmp_path, model):
-    """Given in $PROMPTOPT_STORAGE (no --storage), the URL's password appears in no written file, no
-    study or trial attribute, and nothing printed."""
+def test_storage_lost_mid_trial_is_one_line_and_resume_reruns_the_trial(lost_storage):
+    cut, states_after_cut, resumed, out, url, name = lost_storage
+    assert_one_error_line(cut, "error: lost the storage", "re-run by --resume")
+    assert "Traceback" not in cut.stderr
+    assert states_after_cut == ["RUNNING"]  # nobody could tell the storage otherwise
+    assert_ok(resumed)
+    study = load(url, name)
+    assert study.trials[0].state.name == "FAIL"
+    assert_nothing_lost_or_double(study, 3)
+    assert_run_dir_parses(out)
+
+
+def test_storage_password_is_never_written(lost_storage):
+    """Given on the command line (the cut run) or in $PROMPTOPT_STORAGE (the resumed one), the URL's
+    password appears in no written file, no study or trial attribute, and nothing printed."""
     from sqlalchemy.engine import make_url
 
-    real = postgres_url()
-    url = make_url(real)
-    password = url.password
+    cut, _, resumed, out, url, name = lost_storage
+    parsed = make_url(url)
+    password = parsed.password
     assert password, "the test URL must carry a password"
     # when the password is also the user or database name, look for it where a URL would carry it
-    needle = password if password not in f"{url.username} {url.database} {url.host}" else f":{password}@"
-    name = f"secret-{os.getpid()}-{int(time.time())}"
-    out = tmp_path / "run"
-    run = cli("search", *LIMITS, "--model", model, "--out", str(out), "--study-name", name, "--trials", "2", PROMPTOPT_STORAGE=real)
-    assert_ok(run)
-    try:
+    needle = password if password not in f"{parsed.username} {parsed.database} {parsed.host}" else f":{password}@"
+    for run in (cut, resumed):
         assert needle not in run.stdout + run.stderr
-        assert "***" in (out / "config.json").read_text()
-        for path in (p for p in out.rglob("*") if p.is_file()):
-            assert needle.encode() not in path.read_bytes(), path
-        study = load(real, name)
-        storage = optuna.storages.get_storage(real)
-        attrs = [study.user_attrs, storage.get_study_system_attrs(study._study_id)]
-        attrs += [a for t in study.trials for a in (t.user_attrs, t.system_attrs)]
-        assert needle not in json.dumps(attrs, default=str)
-    finally:
-        optuna.delete_study(study_name=name, storage=real)
+    assert "***" in (out / "config.json").read_text()
+    for path in (p for p in out.rglob("*") if p.is_file()):
+        assert needle.encode() not in path.read_bytes(), path
+    study = load(url, name)
+    storage = optuna.storages.get_storage(url)
+    attrs = [study.user_attrs, storage.get_study_system_attrs(study._study_id)]
+    attrs += [a for t in study.trials for a in (t.user_attrs, t.system_attrs)]
+    assert needle not in json.dumps(attrs, default=str)
 
 
-# --- workers that join together --------------------------------------------------------------------
-def test_workers_joining_together_sample_different_points(run_dir, model):
+# --- Ctrl-C, then workers that join together ------------------------------------------------------------
+def test_ctrl_c_then_two_workers_join_together(run_dir, model):
+    """Ctrl-C: one 'interrupted' line, exit 130, the trial FAIL and its parameters queued. Then two
+    processes join the study at the same moment: exactly one of them re-runs the queued trial, and they
+    sample different points (their sampler seeds differ), each trial naming its worker host:pid:index."""
+    interrupted = Run("search", *LIMITS, "--model", model, "--out", str(run_dir), "--resume", "--trials", "3",
+                      PROMPTOPT_FAULT_SLEEP="trial:120")
+    interrupted.wait_for("fault-point trial")
+    interrupted.proc.send_signal(signal.SIGINT)
+    interrupted.finish()
+    assert interrupted.code == 130, interrupted.stderr
+    assert message_lines(interrupted) == ["interrupted"], interrupted.stderr
+    study = load(sqlite_url(run_dir))
+    assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE", "FAIL", "WAITING"]
+    assert study.trials[3].params == study.trials[2].params  # the interrupted trial's parameters, queued
+
     search = ["search", *LIMITS, "--model", model, "--out", str(run_dir), "--resume", "--trials", "8", "--no-pruning"]
-    runs = [Run(*search), Run(*search)]
-    for run in runs:
+    for run in [Run(*search), Run(*search)]:
         assert_ok(run.finish())
     study = load(sqlite_url(run_dir))
-    assert_nothing_lost_or_double(study, 8, exact=False)
-    joined = [t for t in study.trials[2:] if "retry_history" not in t.system_attrs]
+    assert_nothing_lost_or_double(study, 8, exact=False)  # the interrupted trial re-run once, by one of them
+    assert_run_dir_parses(run_dir)
+    sampled = [t for t in study.trials[2:] if t.state.name == "COMPLETE" and "retry_history" not in t.system_attrs]
     by_worker: dict[str, list] = {}
-    for t in joined:
+    for t in sampled:
         by_worker.setdefault(t.user_attrs["worker"], []).append(t.params)
     assert len(by_worker) == 2, by_worker.keys()  # host:pid:0 of each process
     assert all(w.count(":") == 2 and w.endswith(":0") for w in by_worker)
     first, second = by_worker.values()
     assert first[: len(second)] != second[: len(first)]  # not the same sequence
-    with_keys = [json.dumps(p, sort_keys=True) for p in (t.params for t in joined) if p.get("k", 0) > 0]
+    with_keys = [json.dumps(p, sort_keys=True) for p in (t.params for t in sampled) if p.get("k", 0) > 0]
     assert len(with_keys) == len(set(with_keys)), "two trials evaluated the same exemplar keys"
 
 

@@ -7,20 +7,16 @@ run directory by default; PostgreSQL for many workers).
 
 A trial that a process could not finish (kill -9, Ctrl-C, lost storage) is marked FAIL and its parameters
 are enqueued again through the storage's retry callback, so nothing is lost; only COMPLETE/PRUNED trials
-count towards the budget, so nothing is counted twice. See `recover` for when a trial counts as abandoned.
+count towards the budget, so nothing is counted twice (recovery.py says when a trial counts as abandoned).
 """
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
-import logging
 import multiprocessing
 import os
-import socket
 import sys
-import threading
 import time
 import warnings
 from contextlib import contextmanager
@@ -33,10 +29,21 @@ from promptopt.errors import PromptTooLongError, StorageError, UserError
 from promptopt.prompts import Prompt
 from promptopt.search.config import SearchConfig, redact
 from promptopt.search.objectives import Strategy, get_strategy
+from promptopt.search.recovery import (
+    counts,
+    fault_point,
+    first_line,
+    give_back,
+    pid_namespace,
+    quiet_optuna,
+    recover,
+    retry_callback,
+    storage_errors,
+    worker_name,
+    worker_seed,
+)
 from promptopt.search.space import SearchSpace, load_space
 from promptopt.yamlio import atomic_write_bytes_via, atomic_write_text, check_output
-
-FAULT_ENV = "PROMPTOPT_FAULT_SLEEP"
 
 
 @dataclass
@@ -52,34 +59,6 @@ class SearchResult:
     wall_seconds: float
     cache_hit_rate: float
     pareto: pd.DataFrame | None = None
-
-
-def fault_point(phase: str) -> None:
-    """Test hook for tests/test_faults.py: with PROMPTOPT_FAULT_SLEEP=<phase>:<seconds> the run announces
-    `fault-point <phase>` on stderr and sleeps there, so a test can kill it at a known point. Phases:
-    trial (after a trial's first minibatch), rescore (before the winner is re-scored), card (after the
-    trials table, before the card and summary)."""
-    name, _, seconds = os.environ.get(FAULT_ENV, "").partition(":")
-    if name == phase:
-        print(f"fault-point {phase}", file=sys.stderr, flush=True)
-        time.sleep(float(seconds or 0))
-
-
-# --- who runs a trial, and with which sampler seed ----------------------------------------------------
-def worker_name(index: int) -> str:
-    """host:pid:index, recorded on every trial as user attr `worker`."""
-    return f"{socket.gethostname()}:{os.getpid()}:{index}"
-
-
-def worker_seed(seed: int, index: int, *, joined: bool, n_existing: int = 0) -> int:
-    """The sampler seed of one worker. In the run that creates the study, worker 0 uses `seed` itself and
-    worker i a seed derived from (seed, i), so a single-worker run is reproducible. A process that joins an
-    existing study (--resume, another machine) derives it from (seed, host, pid, i, trials so far), so
-    processes that join together never sample the same points."""
-    if not joined and index == 0:
-        return seed
-    parts = [seed, index] + ([socket.gethostname(), os.getpid(), n_existing] if joined else [])
-    return int.from_bytes(hashlib.sha256(json.dumps(parts).encode()).digest()[:4], "little")
 
 
 # --- set-up, all validated before a study exists ----------------------------------------------------
@@ -191,20 +170,19 @@ def make_storage(config: SearchConfig):
     if url.startswith("sqlite:///"):
         Path(url[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
     engine_kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
+    callback_kw = "heartbeat_stale_trial_callback" if hasattr(storages, "RetryHeartbeatStaleTrialCallback") else "failed_trial_callback"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # heartbeat and the retry callback are "experimental" in Optuna
-        retry_cls = getattr(storages, "RetryHeartbeatStaleTrialCallback", None) or storages.RetryFailedTrialCallback
-        callback_kw = "heartbeat_stale_trial_callback" if hasattr(storages, "RetryHeartbeatStaleTrialCallback") else "failed_trial_callback"
         try:
             return storages.RDBStorage(
                 url,
                 engine_kwargs=engine_kwargs,
                 heartbeat_interval=config.study.heartbeat_interval,
                 grace_period=config.study.grace_period,
-                **{callback_kw: retry_cls(max_retry=3)},
+                **{callback_kw: retry_callback()(max_retry=3)},
             )
         except Exception as exc:  # any failure to open a user-given URL is the URL's problem
-            raise StorageError(f"cannot open storage {redact(url)}: {_first_line(exc)}") from None
+            raise StorageError(f"cannot open storage {redact(url)}: {first_line(exc)}") from None
 
 
 def _existing_storage(config: SearchConfig):
@@ -282,171 +260,6 @@ def _open_study(config: SearchConfig, strategy: Strategy, storage, *, index: int
     return study
 
 
-# --- abandoned trials -------------------------------------------------------------------------------
-def _fail_trial(study, trial_id: int) -> bool:
-    """FAIL a RUNNING trial and enqueue its parameters through the storage's retry callback, exactly as
-    optuna.storages.fail_stale_trials does for a stale heartbeat. False if another process got there first."""
-    from optuna.exceptions import UpdateFinishedTrialError
-    from optuna.trial import TrialState
-
-    storage = study._storage  # as in fail_stale_trials: the study's (cached) view of the storage
-    try:
-        if not storage.set_trial_state_values(trial_id, state=TrialState.FAIL):
-            return False
-    except UpdateFinishedTrialError:
-        return False
-    _enqueue_retry(study, trial_id)
-    return True
-
-
-def _enqueue_retry(study, trial_id: int) -> None:
-    callback = study._storage.get_heartbeat_stale_trial_callback()
-    if callback is not None:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            callback(study, copy.deepcopy(study._storage.get_trial(trial_id)))
-
-
-def _process_gone(worker) -> bool:
-    """True when `worker` (host:pid:index) ran on this host and its process no longer exists (or is this
-    one: we run no trial while recovering, so the pid was reused)."""
-    try:
-        host, pid, _ = str(worker).rsplit(":", 2)
-        pid = int(pid)
-    except ValueError:
-        return False
-    if host != socket.gethostname():
-        return False
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
-
-
-def recover(study, grace_period: int) -> None:
-    """Fail abandoned RUNNING trials and enqueue their parameters again (at most 3 retries per trial):
-    - heartbeat older than the grace period (optuna.storages.fail_stale_trials): any host;
-    - at once, a trial of this host whose process has exited (its `worker` attr names host and pid);
-    - a trial without a `worker` attr started more than the grace period ago (its process died between
-      Optuna creating it and the objective's first line, before any heartbeat).
-    A trial of another host whose process died less than the grace period ago still looks alive; callers
-    wait for it when it alone keeps the budget from being met (see `_optimize`)."""
-    import datetime
-
-    import optuna
-    from optuna.trial import TrialState
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        optuna.storages.fail_stale_trials(study)
-    now = datetime.datetime.now()
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        worker = trial.user_attrs.get("worker")
-        started = trial.datetime_start or now
-        if _process_gone(worker) or (worker is None and (now - started).total_seconds() > grace_period):
-            _fail_trial(study, trial._trial_id)
-
-
-def _counts(study) -> tuple[int, int, int]:
-    """(finished = COMPLETE + PRUNED, RUNNING, WAITING) trials."""
-    from optuna.trial import TrialState
-
-    states = [t.state for t in study.get_trials(deepcopy=False)]
-    done = sum(s in (TrialState.COMPLETE, TrialState.PRUNED) for s in states)
-    return done, states.count(TrialState.RUNNING), states.count(TrialState.WAITING)
-
-
-def _give_back(study, trial_id: int | None) -> None:
-    """The trial this process was running when it stopped (Ctrl-C, an error): FAIL it (Optuna usually has)
-    and enqueue its parameters, so --resume re-runs them. Best effort: with the storage gone the trial stays
-    RUNNING and the next `recover` fails it."""
-    from optuna.trial import TrialState
-
-    if trial_id is None:
-        return
-    try:
-        state = study._storage.get_trial(trial_id).state
-        if state == TrialState.RUNNING:
-            _fail_trial(study, trial_id)
-        elif state == TrialState.FAIL:
-            _enqueue_retry(study, trial_id)
-    except Exception:  # the storage is gone: recover() on resume handles the trial
-        pass
-
-
-# --- errors from the storage and from Optuna's logging ---------------------------------------------
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return redact(text.splitlines()[0]) if text else type(exc).__name__
-
-
-def _storage_cause(exc: BaseException | None):
-    """The SQLAlchemy error behind `exc`, if any (Optuna may wrap or replace it while handling it)."""
-    from sqlalchemy.exc import SQLAlchemyError
-
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        if isinstance(exc, SQLAlchemyError):
-            return exc
-        seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__
-    return None
-
-
-@contextmanager
-def storage_errors(config: SearchConfig):
-    """A storage that fails mid-run (server gone, network cut, disk full) becomes one StorageError line."""
-    try:
-        yield
-    except UserError:
-        raise
-    except Exception as exc:
-        cause = _storage_cause(exc)
-        if cause is None:
-            raise
-        raise StorageError(
-            f"lost the storage {redact(config.storage_url)} ({_first_line(getattr(cause, 'orig', None) or cause)}); "
-            "a trial left RUNNING is failed and re-run by --resume"
-        ) from None
-
-
-class _FailedTrialLog(logging.Filter):
-    """Optuna logs each failed trial with its traceback, then re-raises the error to us; the CLI reports
-    that error in one line, so the log would only repeat it as a traceback."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        return not (message.startswith("Trial ") and " failed with " in message)
-
-
-def _heartbeat_hook(previous):
-    def hook(args):  # Optuna's heartbeat thread dies with the storage; the main thread reports that once
-        if "_record_heartbeat" in getattr(args.thread, "name", "") and _storage_cause(args.exc_value) is not None:
-            return
-        previous(args)
-
-    hook.promptopt = True
-    return hook
-
-
-def quiet_optuna() -> None:
-    """Optuna at WARNING, without the failed-trial tracebacks and heartbeat-thread tracebacks that repeat
-    the error the run reports itself."""
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    logger = logging.getLogger("optuna.study._optimize")
-    if not any(isinstance(f, _FailedTrialLog) for f in logger.filters):
-        logger.addFilter(_FailedTrialLog())
-    if not getattr(threading.excepthook, "promptopt", False):
-        threading.excepthook = _heartbeat_hook(threading.excepthook)
-
-
 # --- the objective -------------------------------------------------------------------------------
 def _trial_summary(table: pd.DataFrame) -> dict:
     from promptopt.scoring import summarize
@@ -457,7 +270,7 @@ def _trial_summary(table: pd.DataFrame) -> dict:
 
 
 def make_objective(ctx: _Context, cached, worker: str):
-    """The trial function; `objective.current` is the id of the trial it is running (for `_give_back`)."""
+    """The trial function; `objective.current` is the id of the trial it is running (for `give_back`)."""
     import optuna
 
     strategy, space = ctx.strategy, ctx.space
@@ -465,7 +278,8 @@ def make_objective(ctx: _Context, cached, worker: str):
 
     def objective(trial):
         objective.current = trial._trial_id
-        trial.set_user_attr("worker", worker)  # first: names the process that owns the trial (see recover)
+        trial.set_user_attr("worker_pidns", pid_namespace())  # first: the process that owns the trial (recover)
+        trial.set_user_attr("worker", worker)
         prompt = space.suggest(trial, ctx.candidates, ctx.data.spec)
         trial.set_user_attr("exemplars", [ex.id for ex in prompt.exemplars])
         frames = []
@@ -506,7 +320,7 @@ def _optimize(ctx: _Context, study, cached, progress, worker: str, note=None) ->
     waiting_since = None
     while True:
         recover(study, study_config.grace_period)
-        done, running, waiting = _counts(study)
+        done, running, waiting = counts(study)
         if not waiting and done >= budget:
             return
         if not waiting and done + running >= budget:
@@ -522,7 +336,7 @@ def _optimize(ctx: _Context, study, cached, progress, worker: str, note=None) ->
             study.optimize(objective, n_trials=1, callbacks=callbacks, gc_after_trial=False)
         except BaseException as exc:
             if not isinstance(exc, PromptTooLongError):  # a prompt too long would fail again
-                _give_back(study, objective.current)
+                give_back(study, objective.current)
             raise
 
 
@@ -530,7 +344,11 @@ def worker_main(config_dict: dict, factory, index: int, joined: bool, ready=None
     """Entry point of a worker process: builds its own scorer from the factory (model, task data, the
     shared result cache), signals `ready`, and joins the study. A user error goes to `errors` (the parent
     reports it in one line); Ctrl-C exits quietly with status 130."""
+    import transformers
+
     quiet_optuna()
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()  # the parent shows the progress
     config = SearchConfig.from_dict(config_dict)
     try:
         with storage_errors(config):
@@ -571,18 +389,27 @@ def _workers(config: SearchConfig, factory, joined: bool):
         ok = True
     finally:
         if not ok:
-            for proc in procs:
-                if proc.is_alive():
-                    os.kill(proc.pid, 2)  # SIGINT: the worker fails and re-queues its trial
+            _interrupt(procs)
         for proc in procs:
-            proc.join(timeout=None if ok else 15)
-            if proc.is_alive():
-                proc.terminate()
-                proc.join()
+            proc.join()
     failed = [proc.exitcode for proc in procs if proc.exitcode]
     if failed:
         message = errors.get(timeout=1) if errors is not None and not errors.empty() else None
         raise UserError(message or f"{len(failed)} worker process(es) failed (exit codes {failed}); see their output above")
+
+
+def _interrupt(procs, grace: float = 5.0) -> None:
+    """Stop workers early: a terminal's Ctrl-C reached them already, so give them a moment; then SIGINT (each
+    fails and re-queues its trial), then SIGTERM for any that still does not stop."""
+    import signal
+
+    for sig in (None, signal.SIGINT, signal.SIGTERM):
+        alive = [proc for proc in procs if proc.is_alive()]
+        for proc in alive if sig is not None else ():
+            os.kill(proc.pid, sig)
+        deadline = time.monotonic() + grace
+        for proc in alive:
+            proc.join(timeout=max(0.0, deadline - time.monotonic()))
 
 
 # --- outputs -----------------------------------------------------------------------------------
@@ -651,10 +478,10 @@ def _run(ctx: _Context, storage, cached, factory, current: dict, start: float, s
     atomic_write_text(out / "config.json", json.dumps(config.public_dict(), indent=1))
     atomic_write_text(out / "splits.json", json.dumps(ctx.data.carving(), indent=1))
     budget = config.study.trials
-    bar = tqdm(total=budget, initial=min(_counts(study)[0], budget), desc=f"search {config.name}", disable=not show_progress)
+    bar = tqdm(total=budget, initial=min(counts(study)[0], budget), desc=f"search {config.name}", disable=not show_progress)
 
     def progress(study_, trial_):
-        bar.n = min(_counts(study_)[0], budget)
+        bar.n = min(counts(study_)[0], budget)
         if not ctx.strategy.multi_objective:
             try:
                 bar.set_postfix(best=f"{study_.best_value:.4f}", trial=study_.best_trial.number)
@@ -735,4 +562,4 @@ def dashboard_command(config: SearchConfig) -> str:
     return f"optuna-dashboard {redact(config.storage_url)}"
 
 
-__all__ = ["SearchResult", "check_search", "dashboard_command", "make_storage", "recover", "redact", "run_search", "worker_main"]
+__all__ = ["SearchResult", "check_search", "dashboard_command", "make_storage", "redact", "run_search", "worker_main"]
