@@ -457,6 +457,15 @@ def test_identity_names_what_may_change(model):
             check_resumable("s", then, identity(_context(base.replace(**change), data)))
 
 
+def test_resume_scrubs_a_password_left_by_an_older_version():
+    from promptopt.search.study import scrub_stored_config
+
+    study = optuna.create_study()
+    study.set_user_attr("config", json.dumps({"study": {"storage": "postgresql://u:hunter2@h/db", "seed": 1}}))
+    scrub_stored_config(study)
+    assert json.loads(study.user_attrs["config"]) == {"study": {"storage": "postgresql://u:***@h/db", "seed": 1}}
+
+
 # --- bad input: one line, exit 2, nothing created --------------------------------------------------------
 def test_bad_input_is_one_line_and_creates_nothing(tmp_path, model, capfd, monkeypatch):
     import torch

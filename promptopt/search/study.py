@@ -217,6 +217,20 @@ def _check_study(config: SearchConfig, storage, current: dict) -> None:
         check_resumable(config.name, then, current)
 
 
+def scrub_stored_config(study) -> None:
+    """Studies created before passwords were redacted hold the storage URL in clear in their "config"
+    attribute (shown by optuna-dashboard): rewrite it redacted when such a study is resumed."""
+    raw = study.user_attrs.get("config")
+    try:
+        stored = json.loads(raw) if raw else None
+        url = stored["study"]["storage"] if stored else None
+    except (ValueError, KeyError, TypeError):
+        return
+    if url and redact(url) != url:
+        stored["study"]["storage"] = redact(url)
+        study.set_user_attr("config", json.dumps(stored))
+
+
 def _sampler(config: SearchConfig, strategy: Strategy, seed: int):
     from optuna.samplers import NSGAIISampler, TPESampler
 
@@ -474,6 +488,7 @@ def _run(ctx: _Context, storage, cached, factory, current: dict, start: float, s
     joined = config.study.resume
     hits_before, misses_before = cached.cache.hits, cached.cache.misses
     study = _open_study(config, ctx.strategy, storage, index=0, joined=joined, create=not joined, current=current)
+    scrub_stored_config(study)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "config.json", json.dumps(config.public_dict(), indent=1))
     atomic_write_text(out / "splits.json", json.dumps(ctx.data.carving(), indent=1))
