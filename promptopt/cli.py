@@ -31,7 +31,8 @@ CardOpt = typer.Option(None, "--prompt", help="prompt card (YAML); default: the 
 SubsetsOpt = typer.Option(None, "--subsets", help="comma-separated subsets (e.g. MMLU subjects), or 'all'")
 BatchOpt = typer.Option(16, "--batch-size", min=1)
 # search and compare share these
-StorageOpt = typer.Option(None, "--storage", help="Optuna storage URL (default: SQLite in --out)")
+StorageOpt = typer.Option(None, "--storage", envvar="PROMPTOPT_STORAGE", show_envvar=True,
+                          help="Optuna storage URL (default: SQLite in --out); a URL with a password is best given in $PROMPTOPT_STORAGE (or PGPASSWORD / ~/.pgpass), and is never written with its password")
 SeedOpt = typer.Option(1234, "--seed")
 SpaceOpt = typer.Option(None, "--space", help="search space YAML (default: the task's built-in space)")
 ResumeOpt = typer.Option(False, "--resume", help="continue (or join) an existing study")
@@ -92,6 +93,15 @@ def _print_summary(summary: dict, title: str) -> None:
     console.print(table)
 
 
+def _check_out_files(*paths: Optional[Path]) -> None:
+    """Output files are checked before any scoring, so a bad --out never costs a finished computation."""
+    from promptopt.yamlio import check_output
+
+    for path in paths:
+        if path is not None:
+            check_output(path, folder=False, what="--out")
+
+
 def _subsets(subsets: Optional[str]):
     return tuple(x.strip() for x in subsets.split(",") if x.strip()) if subsets else None
 
@@ -125,6 +135,7 @@ def score(
     _quiet_libraries()
     if out is not None and out.suffix not in (".parquet", ".csv"):
         raise UserError(f"--out {out}: use a .parquet or .csv file name")
+    _check_out_files(out, out.with_suffix(".json") if out else None)
     session = _session(task, model, device, dtype, quantize, subsets, batch_size)
     the_prompt, data = session.prompt(prompt), session.data
     scorer = session.scorer
@@ -336,6 +347,7 @@ def evaluate(
 
     _quiet_libraries()
     the_suite = load_suite(suite)
+    _check_out_files(*((out.with_suffix(".csv"), out.with_suffix(".json")) if out else ()))
     session = _session(task, model, device, dtype, quantize, subsets)
     the_prompt, data = session.prompt(prompt), session.data
     result = evaluate_robustness(session.scorer, the_prompt, data.split(split)[:limit], the_suite, pool=data.pool, progress=True)
@@ -377,6 +389,7 @@ def stress(
         raise UserError(f"--ranks {ranks!r}: expected comma-separated positive integers") from None
     if not rank_list or min(rank_list) < 1:
         raise UserError(f"--ranks {ranks!r}: expected comma-separated positive integers")
+    _check_out_files(*((out.with_suffix(".csv"), out.with_suffix(".parquet")) if out else ()))
     session = _session(task, model, device, dtype, quantize, subsets)
     the_prompt, data = session.prompt(prompt), session.data
     result = taboo_stress(session.scorer, the_prompt, data.split(split)[:limit], ranks=rank_list,
@@ -447,6 +460,10 @@ def main() -> None:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
+    except SystemExit as exc:
+        if exc.code == 130:  # typer turns Ctrl-C into a silent exit 130
+            print("interrupted", file=sys.stderr)
+        raise
 
 
 if __name__ == "__main__":

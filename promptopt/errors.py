@@ -24,3 +24,12 @@ class PromptTooLongError(UserError):
 
 class UnsupportedError(UserError):
     """A requested feature that this environment or model cannot provide (e.g. 4-bit without CUDA)."""
+
+
+class StorageError(UserError):
+    """The Optuna storage cannot be opened, or was lost during a run (trials left running are failed and
+    re-run on --resume)."""
+
+
+class CacheError(UserError):
+    """The SQLite result cache is unreadable or corrupt; it only holds cached scores, so deleting it is safe."""

@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from promptopt.errors import ConfigError
+from promptopt.errors import ConfigError, UserError
 
 
 def load_yaml(path: str | Path) -> dict:
@@ -125,6 +125,22 @@ def atomic_write_bytes_via(path: str | Path, writer) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def check_output(path: str | Path, *, folder: bool, what: str) -> None:
+    """Fail before any work if `path` cannot be written: a file where a folder is expected or the reverse,
+    or a read-only or forbidden location. Creates nothing."""
+    path = Path(path)
+    if path.exists() and folder != path.is_dir():
+        kind = "a file" if folder else "a directory"
+        raise UserError(f"{what} {path}: is {kind}; expected {'a directory' if folder else 'a file name'}")
+    existing = path if path.is_dir() else path.parent
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UserError(f"{what} {path}: {existing} is not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(f"{what} {path}: cannot write in {existing} (read-only file system or permission denied)")
 
 
 def builtin_names(folder: Path) -> list[str]:

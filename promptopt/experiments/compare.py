@@ -33,7 +33,7 @@ from promptopt.experiments.session import Session
 from promptopt.metrics.stats import PerItemRobustness, bootstrap_interval, mcnemar_exact, wilson_interval
 from promptopt.search import SearchConfig, get_strategy, run_search
 from promptopt.search.study import check_search
-from promptopt.yamlio import atomic_write_bytes_via, atomic_write_text
+from promptopt.yamlio import atomic_write_bytes_via, atomic_write_text, check_output
 
 SELECTIONS = ("strategy", "robust")
 _N_BOOT = 2000
@@ -83,6 +83,7 @@ def run_compare(
         raise ConfigError("select='robust' needs a perturbation suite")
     the_suite = load_suite(suite) if suite else None
     out = Path(base.out)
+    check_output(out, folder=True, what="--out")
     storage = base.study.storage or f"sqlite:///{out.resolve() / 'study.db'}"
     session = Session(model=base.model, data=base.data, out=out, batch_size=base.batch_size)
     configs = {(name, s): _seed_config(base, name, s, seeds, out, storage) for name in strategies for s in range(seeds)}

@@ -139,6 +139,8 @@ def _resolve(spec: str) -> tuple[str, Path | str, str | None]:
     if spec.endswith(".gguf"):
         if not path.is_file():
             raise ModelNotFoundError(f"model file not found: {spec}")
+        if path.stat().st_size == 0:
+            raise ModelNotFoundError(f"model file {spec} is empty")
         return "gguf", path.parent, path.name
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -166,8 +168,12 @@ def _dequantized_folder(folder: Path, filename: str) -> Path:
     if (target / "config.json").is_file():
         return target
     log.info("de-quantizing %s once (cached in %s)", filename, target)
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32)
+    except Exception as exc:  # a truncated or foreign file fails deep in the parser (struct.error, mmap, KeyError...)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelNotFoundError(f"cannot read GGUF file {folder / filename} (truncated or not a GGUF model?): {first}") from None
     model.hf_quantizer = None  # save_pretrained refuses a GGUF-loaded model otherwise
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
@@ -306,6 +312,10 @@ class ModelConfig:
         device = _pick_device(self.device)
         if self.quantize is not None and device.type != "cuda":
             raise UnsupportedError(f"quantize={self.quantize} needs a CUDA device (bitsandbytes); this run is on {device.type}")
+
+    def resolved_dtype(self) -> str:
+        """The dtype a load would compute in (by default it depends on the device): part of what a score means."""
+        return str(_pick_dtype(self.dtype, _pick_device(self.device))).removeprefix("torch.")
 
     def load(self) -> LoadedModel:
         return load_model(self.spec, device=self.device, dtype=self.dtype, quantize=self.quantize)

@@ -11,11 +11,13 @@ import json
 import math
 import sqlite3
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from promptopt.errors import CacheError
 from promptopt.prompts import Prompt
 from promptopt.scoring.scorer import Scorer, ScoreResult, summarize
 from promptopt.tasks import Item
@@ -30,29 +32,60 @@ def _plain(value):
 
 
 class ResultCache:
+    """The SQLite file is opened at once when it exists (so a corrupt one is reported before any work) and
+    created only on the first write (so a run that fails validation leaves no file behind)."""
+
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.path, timeout=60, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("CREATE TABLE IF NOT EXISTS results (key TEXT PRIMARY KEY, row TEXT NOT NULL)")
+        self._conn: sqlite3.Connection | None = None
         self.hits = 0
         self.misses = 0
+        if self.path.exists():
+            with self._errors():
+                self._db.execute("SELECT COUNT(*) FROM (SELECT 1 FROM results LIMIT 1)").fetchone()
+
+    @property
+    def _db(self) -> sqlite3.Connection:
+        if self._conn is None:
+            with self._errors():
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                conn = sqlite3.connect(self.path, timeout=60, isolation_level=None)
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute("CREATE TABLE IF NOT EXISTS results (key TEXT PRIMARY KEY, row TEXT NOT NULL)")
+            self._conn = conn
+        return self._conn
+
+    @contextmanager
+    def _errors(self):
+        """SQLite failures name the file; a damaged one can simply be deleted (it only caches scores)."""
+        try:
+            yield
+        except sqlite3.OperationalError as exc:
+            if "locked" in str(exc) or "busy" in str(exc):
+                raise CacheError(f"result cache {self.path}: {exc} (another process holds it)") from None
+            raise CacheError(f"result cache {self.path} is unreadable ({exc}): delete it (it only holds cached scores) and run again") from None
+        except (sqlite3.DatabaseError, json.JSONDecodeError) as exc:
+            raise CacheError(f"result cache {self.path} is corrupt ({exc}): delete it (it only holds cached scores) and run again") from None
 
     def get_many(self, keys: list[str]) -> dict[str, dict]:
         found: dict[str, dict] = {}
-        for start in range(0, len(keys), 500):
-            chunk = keys[start : start + 500]
-            marks = ",".join("?" * len(chunk))
-            for key, row in self._db.execute(f"SELECT key, row FROM results WHERE key IN ({marks})", chunk):
-                found[key] = json.loads(row)
+        if not keys or (self._conn is None and not self.path.exists()):
+            self.misses += len(set(keys))
+            return found
+        with self._errors():
+            for start in range(0, len(keys), 500):
+                chunk = keys[start : start + 500]
+                marks = ",".join("?" * len(chunk))
+                for key, row in self._db.execute(f"SELECT key, row FROM results WHERE key IN ({marks})", chunk):
+                    found[key] = json.loads(row)
         self.hits += len(found)
         self.misses += len(set(keys)) - len(found)
         return found
 
     def put_many(self, rows: dict[str, dict]) -> None:
         data = [(key, json.dumps(row, default=_plain)) for key, row in rows.items()]
-        self._db.executemany("INSERT OR REPLACE INTO results (key, row) VALUES (?, ?)", data)
+        with self._errors():
+            self._db.executemany("INSERT OR REPLACE INTO results (key, row) VALUES (?, ?)", data)
 
     @property
     def hit_rate(self) -> float:
@@ -60,7 +93,9 @@ class ResultCache:
         return self.hits / total if total else math.nan
 
     def close(self) -> None:
-        self._db.close()
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
 
 
 class CachedScorer:
@@ -102,6 +137,9 @@ class CachedScorer:
 
     def judge(self, *args, **kwargs):
         return self.scorer.judge(*args, **kwargs)
+
+    def check_fits(self, prompt: Prompt, items: list[Item]) -> None:
+        self.scorer.check_fits(prompt, items)
 
     def score_table(self, prompt: Prompt, items: list[Item]) -> pd.DataFrame:
         keys = [self.key(prompt, item) for item in items]

@@ -82,6 +82,23 @@ class Scorer:
         if self.task.spec.answer.has_choices and prompt.template.label_words:
             prompt.choice_texts(items[0].choices)  # raises if the label words do not fit
 
+    def check_fits(self, prompt: Prompt, items: list[Item]) -> None:
+        """Raise PromptTooLongError if `prompt` on one of `items` would not fit the model, as scoring would,
+        but without running the model (a search checks its longest prompts this way before it starts)."""
+        tok = self.lm.tokenizer
+        contexts = [prompt.context(item.question, item.choices, tok) for item in items]
+        if self.task.spec.answer.generative:
+            for ids, item in zip(self._encode(contexts, prompt), items):
+                self._check_length(len(ids) + self.task.spec.max_new_tokens, item.id)
+            return
+        ctxs, conts, ids = [], [], []
+        for ctx, item in zip(contexts, items):
+            for text in prompt.choice_texts(item.choices):
+                ctxs.append(ctx)
+                conts.append(prompt.continuation(text))
+                ids.append(item.id)
+        self._pairs(ctxs, conts, prompt, ids)
+
     # --- scoring --------------------------------------------------------------------------------
     def score(self, prompt: Prompt, items: list[Item]) -> ScoreResult:
         self._check(prompt, items)

@@ -88,7 +88,15 @@ class SearchConfig:
         return dataclasses.replace(self, **updated, **top)
 
     def to_dict(self) -> dict:
+        """Everything, secrets included: for worker processes (passed in memory), never for writing."""
         return asdict(self)
+
+    def public_dict(self) -> dict:
+        """What may be written or shown (config.json, the study's attributes): the storage password redacted."""
+        data = asdict(self)
+        if data["study"]["storage"]:
+            data["study"]["storage"] = redact(data["study"]["storage"])
+        return data
 
     @classmethod
     def from_dict(cls, data: dict) -> SearchConfig:
@@ -98,11 +106,24 @@ class SearchConfig:
     # --- derived ------------------------------------------------------------------------------------
     @property
     def storage_url(self) -> str:
+        """The URL to connect with (it may hold a password: print or write `redact(url)` instead)."""
         return self.study.storage or f"sqlite:///{Path(self.out).resolve() / 'study.db'}"
+
+    @property
+    def default_storage(self) -> bool:
+        """Whether the study lives in the run directory's SQLite file (created only with the study)."""
+        return self.study.storage is None
 
     @property
     def name(self) -> str:
         return self.study.study_name or f"{Path(self.data.task).stem}-{self.study.strategy}"
+
+
+def redact(url: str) -> str:
+    """`url` with its password (user:PASSWORD@ or ?password=) replaced by ***: every URL that is printed or
+    written goes through here."""
+    url = re.sub(r"^([A-Za-z][\w+.-]*://)([^/@:]*):[^/]*@", r"\1\2:***@", url)  # up to the host's last '@'
+    return re.sub(r"([?&]password=)[^&]*", r"\1***", url, flags=re.IGNORECASE)
 
 
 def _route(key: str) -> tuple[str | None, str]:

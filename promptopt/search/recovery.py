@@ -1,0 +1,247 @@
+"""What happens when a run does not end normally: who owns a trial, abandoned trials and their retries,
+a lost storage, Ctrl-C, and the fault-injection hook the tests use.
+
+Every trial records its owner (`worker` = host:pid:index, and `worker_pidns`). A trial whose process can
+no longer finish it is FAILed and its parameters are queued again through the storage's retry callback
+(Optuna's RetryHeartbeatStaleTrialCallback, at most 3 retries per trial); `recover` says when a trial
+counts as abandoned, `give_back` handles the trial this process was running when it stopped.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import hashlib
+import json
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+import warnings
+from contextlib import contextmanager
+
+from promptopt.errors import StorageError, UserError
+from promptopt.search.config import SearchConfig, redact
+
+FAULT_ENV = "PROMPTOPT_FAULT_SLEEP"
+
+
+def fault_point(phase: str) -> None:
+    """Test hook for tests/test_faults.py: with PROMPTOPT_FAULT_SLEEP=<phase>:<seconds> the run announces
+    `fault-point <phase>` on stderr and sleeps there, so a test can kill it at a known point. Phases:
+    trial (after a trial's first minibatch), rescore (before the winner is re-scored), card (after the
+    trials table, before the card and summary)."""
+    name, _, seconds = os.environ.get(FAULT_ENV, "").partition(":")
+    if name == phase:
+        print(f"fault-point {phase}", file=sys.stderr, flush=True)
+        time.sleep(float(seconds or 0))
+
+
+# --- who runs a trial, and with which sampler seed ----------------------------------------------------
+def worker_name(index: int) -> str:
+    """host:pid:index, recorded on every trial as user attr `worker`."""
+    return f"{socket.gethostname()}:{os.getpid()}:{index}"
+
+
+def pid_namespace() -> str:
+    """This process's PID namespace (Linux), recorded as `worker_pidns`: containers that share a host name
+    but not their PIDs must not judge each other's processes."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+
+
+_OWNER_ATTRS = ("worker", "worker_pidns")
+
+
+def worker_seed(seed: int, index: int, *, joined: bool, n_existing: int = 0) -> int:
+    """The sampler seed of one worker. In the run that creates the study, worker 0 uses `seed` itself and
+    worker i a seed derived from (seed, i), so a single-worker run is reproducible. A process that joins an
+    existing study (--resume, another machine) derives it from (seed, host, pid, i, trials so far), so
+    processes that join together never sample the same points."""
+    if not joined and index == 0:
+        return seed
+    parts = [seed, index] + ([socket.gethostname(), os.getpid(), n_existing] if joined else [])
+    return int.from_bytes(hashlib.sha256(json.dumps(parts).encode()).digest()[:4], "little")
+
+
+def retry_callback():
+    """Optuna's retry callback, except that the queued copy does not inherit the dead process's `worker`
+    attrs (until the objective's first line sets its own, the retry must not look like that process's)."""
+    from optuna import storages
+
+    base = getattr(storages, "RetryHeartbeatStaleTrialCallback", None) or storages.RetryFailedTrialCallback
+
+    class Retry(base):
+        def __call__(self, study, trial) -> None:
+            trial = copy.deepcopy(trial)
+            trial.user_attrs = {k: v for k, v in trial.user_attrs.items() if k not in _OWNER_ATTRS}
+            super().__call__(study, trial)
+
+    return Retry
+
+
+# --- abandoned trials -------------------------------------------------------------------------------
+def _fail_trial(study, trial_id: int) -> bool:
+    """FAIL a RUNNING trial and enqueue its parameters through the storage's retry callback, exactly as
+    optuna.storages.fail_stale_trials does for a stale heartbeat. False if another process got there first."""
+    from optuna.exceptions import UpdateFinishedTrialError
+    from optuna.trial import TrialState
+
+    storage = study._storage  # as in fail_stale_trials: the study's (cached) view of the storage
+    try:
+        if not storage.set_trial_state_values(trial_id, state=TrialState.FAIL):
+            return False
+    except UpdateFinishedTrialError:
+        return False
+    _enqueue_retry(study, trial_id)
+    return True
+
+
+def _enqueue_retry(study, trial_id: int) -> None:
+    callback = study._storage.get_heartbeat_stale_trial_callback()
+    if callback is not None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            callback(study, copy.deepcopy(study._storage.get_trial(trial_id)))
+
+
+def _process_gone(attrs: dict) -> bool:
+    """True when the trial's `worker` (host:pid:index) ran on this host, in this PID namespace, and its
+    process no longer exists (or is this one: we run no trial while recovering, so the pid was reused)."""
+    try:
+        host, pid, _ = str(attrs.get("worker")).rsplit(":", 2)
+        pid = int(pid)
+    except ValueError:
+        return False
+    if host != socket.gethostname() or attrs.get("worker_pidns", "") != pid_namespace():
+        return False
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def recover(study, grace_period: int) -> None:
+    """Fail abandoned RUNNING trials and enqueue their parameters again (at most 3 retries per trial):
+    - heartbeat older than the grace period (optuna.storages.fail_stale_trials): any host;
+    - at once, a trial of this host whose process has exited (its `worker` attr names host and pid);
+    - a trial without a `worker` attr started more than the grace period ago (its process died between
+      Optuna creating it and the objective's first line, before any heartbeat).
+    A trial of another host whose process died less than the grace period ago still looks alive; callers
+    wait for it when it alone keeps the budget from being met (see `_optimize`)."""
+    import optuna
+    from optuna.trial import TrialState
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        optuna.storages.fail_stale_trials(study)
+    now = datetime.datetime.now()
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        started = trial.datetime_start or now
+        unowned = "worker" not in trial.user_attrs
+        if _process_gone(trial.user_attrs) or (unowned and (now - started).total_seconds() > grace_period):
+            _fail_trial(study, trial._trial_id)
+
+
+def counts(study) -> tuple[int, int, int]:
+    """(finished = COMPLETE + PRUNED, RUNNING, WAITING) trials."""
+    from optuna.trial import TrialState
+
+    states = [t.state for t in study.get_trials(deepcopy=False)]
+    done = sum(s in (TrialState.COMPLETE, TrialState.PRUNED) for s in states)
+    return done, states.count(TrialState.RUNNING), states.count(TrialState.WAITING)
+
+
+def give_back(study, trial_id: int | None) -> None:
+    """The trial this process was running when it stopped (Ctrl-C, an error): FAIL it (Optuna usually has)
+    and enqueue its parameters, so --resume re-runs them. Best effort: with the storage gone the trial stays
+    RUNNING and the next `recover` fails it."""
+    from optuna.trial import TrialState
+
+    if trial_id is None:
+        return
+    try:
+        state = study._storage.get_trial(trial_id).state
+        if state == TrialState.RUNNING:
+            _fail_trial(study, trial_id)
+        elif state == TrialState.FAIL:
+            _enqueue_retry(study, trial_id)
+    except Exception:  # the storage is gone: recover() on resume handles the trial
+        pass
+
+
+# --- errors from the storage and from Optuna's logging ---------------------------------------------
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return redact(text.splitlines()[0]) if text else type(exc).__name__
+
+
+def _storage_cause(exc: BaseException | None):
+    """The SQLAlchemy error behind `exc`, if any (Optuna may wrap or replace it while handling it)."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, SQLAlchemyError):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+@contextmanager
+def storage_errors(config: SearchConfig):
+    """A storage that fails mid-run (server gone, network cut, disk full) becomes one StorageError line."""
+    try:
+        yield
+    except UserError:
+        raise
+    except Exception as exc:
+        cause = _storage_cause(exc)
+        if cause is None:
+            raise
+        raise StorageError(
+            f"lost the storage {redact(config.storage_url)} ({first_line(getattr(cause, 'orig', None) or cause)}); "
+            "a trial left RUNNING is failed and re-run by --resume"
+        ) from None
+
+
+class _FailedTrialLog(logging.Filter):
+    """Optuna logs each failed trial with its traceback, then re-raises the error to us; the CLI reports
+    that error in one line, so the log would only repeat it as a traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not (message.startswith("Trial ") and " failed with " in message)
+
+
+def _heartbeat_hook(previous):
+    def hook(args):  # Optuna's heartbeat thread dies with the storage; the main thread reports that once
+        if "_record_heartbeat" in getattr(args.thread, "name", "") and _storage_cause(args.exc_value) is not None:
+            return
+        previous(args)
+
+    hook.promptopt = True
+    return hook
+
+
+def quiet_optuna() -> None:
+    """Optuna at WARNING, without the failed-trial tracebacks and heartbeat-thread tracebacks that repeat
+    the error the run reports itself."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    logger = logging.getLogger("optuna.study._optimize")
+    if not any(isinstance(f, _FailedTrialLog) for f in logger.filters):
+        logger.addFilter(_FailedTrialLog())
+    if not getattr(threading.excepthook, "promptopt", False):
+        threading.excepthook = _heartbeat_hook(threading.excepthook)
