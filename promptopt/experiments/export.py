@@ -208,9 +208,10 @@ def build_card(session: Session, prompt: Prompt, *, dev_items: list, test_items:
         raise UserError(f"task {prompt.task}: no test items to measure the card on")
     scorer, data, spec = session.scorer, session.data, session.data.spec
     lm = scorer.lm
-    metrics = {"test": measured(scorer.score_table(prompt, test_items))}
+    table = scorer.score_table if hasattr(scorer, "score_table") else (lambda p, items: scorer.score(p, items).table)
+    metrics = {"test": measured(table(prompt, test_items))}
     if dev_items:
-        metrics = {"dev": measured(scorer.score_table(prompt, dev_items)), **metrics}
+        metrics = {"dev": measured(table(prompt, dev_items)), **metrics}
     metrics["robustness"] = robustness
     first = test_items[0]
     text, ids = render_check(prompt, first, lm.tokenizer)
