@@ -43,6 +43,13 @@ def assert_one_line_error(proc, *fragments):
         assert fragment in lines[0], lines[0]
 
 
+def run_example(*args):
+    """The example as a user runs it: a script, with this checkout's promptopt first on the path."""
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, str(REPO / "examples" / "production_load_prompt.py"), *map(str, args)],
+                          capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
+
+
 def edit_card(source: Path, target: Path, change) -> Path:
     data = yaml.safe_load(source.read_text())
     change(data)
@@ -368,8 +375,7 @@ def test_export_verify_and_plain_transformers_on_the_embedded_model(tmp_path):
     assert proc.returncode == 0, proc.stderr
     proc = run_cli("verify", tmp_path / "card.yaml", "--limit", "6")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    example = subprocess.run([sys.executable, str(REPO / "examples" / "production_load_prompt.py"), str(tmp_path / "card.yaml"), "--limit", "6"],
-                             capture_output=True, text=True, cwd=REPO, timeout=600)
+    example = run_example(tmp_path / "card.yaml", "--limit", "6")
     assert example.returncode == 0, example.stdout + example.stderr
     assert "on 6 recorded test items" in example.stdout
 
@@ -387,6 +393,5 @@ def test_example_runs_a_generative_card(tmp_path):
     session = Session(model=ModelConfig(device="cpu"), data=DataConfig(task="basic_arithmetic", test_limit=5))
     card = build_card(session, session.data.default_prompt(), dev_items=[], test_items=session.items("test"))
     (tmp_path / "arith.yaml").write_text(card_yaml(card))
-    example = subprocess.run([sys.executable, str(REPO / "examples" / "production_load_prompt.py"), str(tmp_path / "arith.yaml")],
-                             capture_output=True, text=True, cwd=REPO, timeout=600)
+    example = run_example(tmp_path / "arith.yaml")
     assert example.returncode == 0, example.stdout + example.stderr

@@ -274,7 +274,11 @@ def build_report(run_dir: str | Path, *, card: Path | None = None, robustness: l
                                                         "tcb_clean_mean", "tcb_perturbed_mean") if c in frame.columns]]))
         measured = True
     for path, frame in taboo_frames:
-        sections.append(_fig_html(_taboo_fig(frame, f"Taboo retention vs rank · {path}"), 400))
+        if frame["retention"].notna().any():
+            sections.append(_fig_html(_taboo_fig(frame, f"Taboo retention vs rank · {path}"), 400))
+        else:
+            sections.append(f'<p class="note">Taboo retention · {html.escape(str(path))}: undefined at every rank '
+                            "(no item was answered correctly without taboo).</p>")
         measured = True
     if not robustness_frames:
         sections.append('<p class="note">Perturbation families: not measured here. '
