@@ -369,7 +369,7 @@ def test_export_verify_and_plain_transformers_on_the_embedded_model(tmp_path):
     transformers via load_prompt and gets the card's accuracy on the same items."""
     from promptopt.search import SearchConfig, run_search
 
-    config = SearchConfig.build(task="sst2", trials=2, out=str(tmp_path / "run"), dev_limit=8, test_limit=10, minibatch=4, device="cpu")
+    config = SearchConfig.build(task="sst2", trials=2, out=str(tmp_path / "run"), dev_limit=4, test_limit=6, minibatch=4, device="cpu")
     run_search(config, show_progress=False)
     proc = run_cli("export", tmp_path / "run", "--out", tmp_path / "card.yaml")
     assert proc.returncode == 0, proc.stderr
