@@ -168,25 +168,31 @@ def test_verify_passes_on_a_fresh_card(tiny_card):
     assert "verified" in proc.stdout and "FAIL" not in proc.stdout and "no item flipped" in proc.stdout
 
 
+def verify_lines(card: Path, **kwargs) -> tuple[bool, str]:
+    from promptopt.experiments.verify import verify_card
+
+    result = verify_card(card, device="cpu", **kwargs)
+    return result.ok, "\n".join(result.lines())
+
+
 def test_verify_fails_when_exemplar_text_changes(tiny_card, tmp_path):
     def change(card):
         card["exemplars"][0]["question"] = card["exemplars"][0]["question"] + " Truly."
 
-    proc = run_cli("verify", edit_card(tiny_card, tmp_path / "ex.yaml", change))
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "FAIL  prompt fields: exemplars[0] edited after export" in proc.stdout
-    assert "FAIL  rendered text" in proc.stdout and "FAIL  token ids" in proc.stdout
-    assert "verify failed" in proc.stdout
+    ok, out = verify_lines(edit_card(tiny_card, tmp_path / "ex.yaml", change))
+    assert not ok, out
+    assert "FAIL  prompt fields: exemplars[0] edited after export" in out
+    assert "FAIL  rendered text" in out and "FAIL  token ids" in out and "verify failed" in out
 
 
 def test_verify_fails_when_the_template_changes(plain_card, tmp_path):
     def change(card):
         card["template"]["query"] = card["template"]["query"].replace("Review:", "Movie review:")
 
-    proc = run_cli("verify", edit_card(plain_card, tmp_path / "tpl.yaml", change), "--limit", "3")
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "FAIL  prompt fields: template edited after export" in proc.stdout and "FAIL  token ids" in proc.stdout
-    assert "ok    model weights" in proc.stdout
+    ok, out = verify_lines(edit_card(plain_card, tmp_path / "tpl.yaml", change), limit=3)
+    assert not ok, out
+    assert "FAIL  prompt fields: template edited after export" in out and "FAIL  token ids" in out
+    assert "ok    model weights" in out
 
 
 @pytest.fixture(scope="module")
@@ -207,10 +213,9 @@ def test_verify_names_a_model_that_differs(tiny_card, other_model, tmp_path, tin
     def change(card):
         card["model"]["spec"] = str(other_model)
 
-    proc = run_cli("verify", edit_card(tiny_card, tmp_path / "model.yaml", change), "--limit", "2")
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "FAIL  model weights: folder-files recorded" in proc.stdout and "ok    tokenizer" in proc.stdout
-    proc = run_cli("verify", tiny_card, "--model", other_model, "--limit", "2")
+    ok, out = verify_lines(edit_card(tiny_card, tmp_path / "model.yaml", change), limit=2)
+    assert not ok and "FAIL  model weights: folder-files recorded" in out and "ok    tokenizer" in out, out
+    proc = run_cli("verify", tiny_card, "--model", other_model, "--limit", "2")  # the CLI: named, exit 1
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert f"FAIL  model weights ({other_model} instead of {tiny_llama_dir})" in proc.stdout
 
@@ -223,8 +228,11 @@ def test_verify_without_the_recorded_model_is_one_error(tiny_card, tmp_path):
 
     proc = run_cli("verify", edit_card(tiny_card, tmp_path / "gone.yaml", change))
     assert_one_line_error(proc, "gone.yaml: model.spec", f"'{missing}'", "not available on this machine")
-    proc = run_cli("verify", tiny_card, "--model", tmp_path / "nope.gguf")
-    assert_one_line_error(proc, "--model", "nope.gguf", "not available")
+    from promptopt.errors import UserError
+    from promptopt.experiments.verify import verify_card
+
+    with pytest.raises(UserError, match=r"--model: the given model '.*nope.gguf' is not available"):
+        verify_card(tiny_card, model=str(tmp_path / "nope.gguf"))
 
 
 # --- bad input -------------------------------------------------------------------------------------------
@@ -240,12 +248,20 @@ def test_a_hand_broken_card_is_one_error_naming_file_and_field(tiny_card, tmp_pa
     from promptopt.errors import ConfigError
     from promptopt.production import load_prompt
 
+    from promptopt.prompts import load_card
+
     path = edit_card(tiny_card, tmp_path / "broken.yaml", change)
-    with pytest.raises(ConfigError) as info:
-        load_prompt(path)
-    for fragment in fragments:
-        assert fragment in str(info.value) and str(path) in str(info.value)
-    assert_one_line_error(run_cli("verify", path), str(path), *fragments)
+    for reader in (load_prompt, load_card):
+        with pytest.raises(ConfigError) as info:
+            reader(path)
+        for fragment in fragments:
+            assert fragment in str(info.value) and str(path) in str(info.value)
+
+
+def test_verify_and_score_on_a_broken_card_print_one_error(tiny_card, tmp_path):
+    path = edit_card(tiny_card, tmp_path / "broken.yaml", lambda c: c["metrics"]["test"].update(accuracy="high"))
+    assert_one_line_error(run_cli("verify", path), str(path), "metrics.test.accuracy: expected number or null, got 'high'")
+    assert_one_line_error(run_cli("score", "--task", "sst2", "--prompt", path, "--model", "nope/none"), str(path), "metrics.test.accuracy")
 
 
 def test_export_bad_input_is_one_error_and_writes_nothing(tiny_run, tmp_path):
@@ -255,9 +271,13 @@ def test_export_bad_input_is_one_error_and_writes_nothing(tiny_run, tmp_path):
     shutil.copytree(tiny_run, unfinished)
     (unfinished / "summary.json").unlink()
     assert_one_line_error(run_cli("export", unfinished, "--out", out), "no finished study", "summary.json")
-    assert_one_line_error(run_cli("export", tmp_path, "--out", out), "not a run directory")
-    assert_one_line_error(run_cli("export", tiny_run, "--format", "pdf", "--out", out), "--format pdf")
-    assert_one_line_error(run_cli("export", tiny_run, "--strategy", "ppl", "--out", out), "--strategy ppl", "tcb run")
+    from promptopt.errors import UserError
+    from promptopt.experiments.export import export_run
+
+    for kwargs, message in (({"run_dir": tmp_path}, "not a run directory"), ({"run_dir": tiny_run, "fmt": "pdf"}, "--format pdf"),
+                            ({"run_dir": tiny_run, "strategy": "ppl"}, "--strategy ppl: .* is a tcb run")):
+        with pytest.raises(UserError, match=message):
+            export_run(out=out, **kwargs)
     assert not out.exists() and not list(tmp_path.glob("*.tmp"))
 
 
@@ -369,15 +389,15 @@ def test_export_verify_and_plain_transformers_on_the_embedded_model(tmp_path):
     transformers via load_prompt and gets the card's accuracy on the same items."""
     from promptopt.search import SearchConfig, run_search
 
-    config = SearchConfig.build(task="sst2", trials=2, out=str(tmp_path / "run"), dev_limit=4, test_limit=6, minibatch=4, device="cpu")
+    config = SearchConfig.build(task="sst2", trials=2, out=str(tmp_path / "run"), dev_limit=4, test_limit=4, minibatch=4, device="cpu")
     run_search(config, show_progress=False)
     proc = run_cli("export", tmp_path / "run", "--out", tmp_path / "card.yaml")
     assert proc.returncode == 0, proc.stderr
-    proc = run_cli("verify", tmp_path / "card.yaml", "--limit", "6")
+    proc = run_cli("verify", tmp_path / "card.yaml")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    example = run_example(tmp_path / "card.yaml", "--limit", "6")
+    example = run_example(tmp_path / "card.yaml")
     assert example.returncode == 0, example.stdout + example.stderr
-    assert "on 6 recorded test items" in example.stdout
+    assert "on 4 recorded test items" in example.stdout
 
 
 @pytest.mark.slow
@@ -390,7 +410,7 @@ def test_example_runs_a_generative_card(tmp_path):
     from promptopt.models import ModelConfig
     from promptopt.tasks import DataConfig
 
-    session = Session(model=ModelConfig(device="cpu"), data=DataConfig(task="basic_arithmetic", test_limit=5))
+    session = Session(model=ModelConfig(device="cpu"), data=DataConfig(task="basic_arithmetic", test_limit=3))
     card = build_card(session, session.data.default_prompt(), dev_items=[], test_items=session.items("test"))
     (tmp_path / "arith.yaml").write_text(card_yaml(card))
     example = run_example(tmp_path / "arith.yaml")
