@@ -399,8 +399,7 @@ def verify_command(
     model: Optional[str] = typer.Option(None, "--model", help="score with this model instead of the recorded one (its fingerprint difference fails the check)"),
     device: str = DeviceOpt,
 ) -> None:
-    """Re-score a card on its recorded test items with its recorded model: exit 0 when fingerprints, token ids
-    and the accuracy interval match; 1 with the differences otherwise."""
+    """Re-score a card on its recorded items with its recorded model; exit 1 with the differences if anything changed."""
     from promptopt.experiments.verify import verify_card
 
     _quiet_libraries()
@@ -419,8 +418,7 @@ def report_command(
     robustness: Optional[list[Path]] = typer.Option(None, "--robustness", help="`evaluate --out` family tables (.csv) to plot; repeatable"),
     taboo: Optional[list[Path]] = typer.Option(None, "--taboo", help="`stress --out` rank tables (.csv) to plot; repeatable"),
 ) -> None:
-    """One self-contained HTML report (opens offline): comparison, trial history, Pareto fronts, accuracy vs
-    δ_TCB, perturbation families, taboo retention and the card."""
+    """Write one self-contained HTML report (opens offline): comparison, trials, Pareto fronts, robustness, the card."""
     from promptopt.experiments.report import write_report
 
     _quiet_libraries()

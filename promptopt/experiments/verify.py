@@ -82,13 +82,13 @@ def verify_card(path: str | Path, *, limit: int | None = None, model: str | None
     import time
 
     from promptopt.errors import ModelNotFoundError
+    from promptopt.experiments.session import Session
     from promptopt.experiments.fingerprint import (chat_template_sha256, data_sha256, items_sha256, model_fingerprint,
                                                    task_sha256, tokenizer_sha256)
     from promptopt.metrics.stats import wilson_interval
     from promptopt.models.load import ModelConfig
     from promptopt.production import card_prompt
     from promptopt.prompts import prompt_from_card
-    from promptopt.scoring import Scorer
     from promptopt.tasks.data import DataConfig
 
     start = time.perf_counter()
@@ -113,10 +113,12 @@ def verify_card(path: str | Path, *, limit: int | None = None, model: str | None
 
     # 3. the task, data and items
     data_config = DataConfig(task=card["data"]["task"], subsets=tuple(card["data"]["subsets"]) if card["data"].get("subsets") else None)
-    try:
-        data = data_config.load()
+    dtype = recorded_model.get("dtype") if recorded_model.get("dtype") in ("float32", "bfloat16", "float16") else None
+    try:  # a session without a run directory: its scorer has no result cache, so every item is scored anew
+        session = Session(model=ModelConfig(spec=spec, device=device, dtype=dtype), data=data_config)
     except UserError as exc:
         raise UserError(f"{where}: data.task: cannot load the recorded task '{card['data']['task']}' ({exc})") from None
+    data = session.data
     _same(result, "task file", card["data"]["task_sha256"], task_sha256(data.spec))
     if card["data"].get("data_sha256") is not None:
         _same(result, "data files", card["data"]["data_sha256"], data_sha256(data.spec, data_config.subsets))
@@ -130,8 +132,7 @@ def verify_card(path: str | Path, *, limit: int | None = None, model: str | None
         raise UserError(f"{where}: data.test_ids: none of the recorded test items is in task '{card['data']['task']}'")
 
     # 4. tokenizer, chat template, rendering
-    dtype = recorded_model.get("dtype") if recorded_model.get("dtype") in ("float32", "bfloat16", "float16") else None
-    lm = ModelConfig(spec=spec, device=device, dtype=dtype).load()
+    lm = session.lm
     _same(result, "tokenizer", recorded_model["tokenizer_sha256"], tokenizer_sha256(lm.tokenizer))
     _same(result, "chat template", card["rendering"]["chat_template_sha256"], chat_template_sha256(lm.tokenizer))
     prompt = prompt_from_card(card, where)
@@ -154,7 +155,7 @@ def verify_card(path: str | Path, *, limit: int | None = None, model: str | None
                                            f"got {len(ids)} tokens ({_short(now)})")
 
     # 5. re-score (no result cache) and compare with what was recorded
-    table = Scorer(lm, data).score(prompt, items).table
+    table = session.scorer.score(prompt, items).table
     now_correct = [bool(c) for c in table["correct"]]
     recorded_correct = card["metrics"]["test"].get("correct")
     index = {item_id: i for i, item_id in enumerate(card["data"]["test_ids"])}
