@@ -161,6 +161,37 @@ def test_lm_eval_task_renders_the_same_prompt(which, plain_card, tiny_card, tmp_
     assert spec["output_type"] == "multiple_choice" and spec["num_fewshot"] == 0
 
 
+@pytest.mark.parametrize("chat", [False, True])
+def test_slots_for_lettered_options_leave_the_exemplars_alone(chat, tiny_lm):
+    """mmlu_gen's query lists {options}: the text, messages and lm-eval forms put slots in the final query
+    only; filled in, each is the card's own rendering (plain and through the chat template)."""
+    from dataclasses import replace
+
+    import jinja2
+
+    from promptopt.experiments.export import answer_section, rendering_section
+    from promptopt.experiments.formats import lm_eval_doc_to_text, messages_json, text_template
+    from promptopt.production import card_prompt
+    from promptopt.prompts import LETTERS
+    from promptopt.tasks import load_task
+
+    task = load_task("mmlu_gen")
+    prompt = task.default_prompt()
+    prompt = prompt.with_(template=replace(prompt.template, chat=chat))
+    card = {**prompt.to_card(), "rendering": rendering_section(prompt, tiny_lm.tokenizer), "answer": answer_section(task.spec, task.test[:3]),
+            "model": {"spec": "m"}, "metrics": {"test": {"accuracy": 0.5}}, "generation": None}
+    light = card_prompt(card)
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    for item in task.test[:3]:
+        options = "\n".join(f"{LETTERS[i]}. {c}" for i, c in enumerate(item.choices))
+        expected = light.render(item.question, item.choices)
+        assert text_template(card).replace("{options}", options).replace("{question}", item.question) == expected
+        assert env.from_string(lm_eval_doc_to_text(card)).render(question=item.question, choices=list(item.choices)) == expected
+        messages = [dict(m, content=m["content"].replace("{options}", options).replace("{question}", item.question))
+                    for m in messages_json(card)["messages"]]
+        assert messages == light.messages(item.question, item.choices)
+
+
 # --- verify ---------------------------------------------------------------------------------------------
 def test_verify_passes_on_a_fresh_card(tiny_card):
     proc = run_cli("verify", tiny_card)

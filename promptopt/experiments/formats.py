@@ -8,7 +8,7 @@ Slots are filled with `str.replace`, not `str.format`: exemplar text may hold br
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import yaml
@@ -46,20 +46,27 @@ def card_yaml(card: dict) -> str:
     return dump_yaml(card)
 
 
-def _escape(text: str) -> str:
-    return text.replace("{", "{{").replace("}", "}}")
+@dataclass(frozen=True)
+class _SlottedPrompt(Prompt):
+    """The prompt whose final query shows markers for {question} and {options}; exemplars render as they are
+    (they go through query_text too, with their own question)."""
+
+    question_slot: str = QUESTION_SLOT
+    options_slot: str = OPTIONS_SLOT
+
+    def query_text(self, question: str, choices=None) -> str:
+        if question == self.question_slot:
+            return self.template.query.format(question=question, options=self.options_slot, answer="")
+        return super().query_text(question, choices)
 
 
-def slotted(card: dict, question: str, options: str) -> tuple[Prompt, object]:
-    """The card's prompt with the query's {question} and {options} standing as the given markers.
-    Exemplars keep their own options: the exemplar template is made explicit before the query changes."""
+def slotted(card: dict, question: str, options: str):
+    """(prompt, light card) rendering the card's prompt with `question` and `options` as literal markers."""
     from promptopt.production import card_prompt
 
     light = card_prompt(card)
-    template = light.prompt.template
-    exemplar = template.exemplar if template.exemplar is not None else template.query + _escape(template.answer_delimiter) + "{answer}"
-    query = template.query.replace("{options}", _escape(options))
-    prompt = light.prompt.with_(template=replace(template, query=query, exemplar=exemplar))
+    base = light.prompt
+    prompt = _SlottedPrompt(**{f.name: getattr(base, f.name) for f in fields(base)}, question_slot=question, options_slot=options)
     return prompt, replace(light, prompt=prompt)
 
 
