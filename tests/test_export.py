@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -326,6 +327,17 @@ def test_export_from_a_compare_directory(tiny_llama_dir, tmp_path):
     winner = export_run(tmp_path / "cmp", out=tmp_path / "winner.yaml").card["search"]["strategy"]
     searched = table[table["strategy"] != "baseline"]
     assert winner in set(searched[searched["avg_acc"] == searched["avg_acc"].max()]["strategy"])
+    # a compare that evaluates top-N candidates records its chosen winner (and its robustness) per run:
+    # export takes that trial, not the study's best
+    best = json.loads((tmp_path / "cmp" / "tcb" / "summary.json").read_text())["best_trial"]
+    other = 1 - best if best in (0, 1) else 0
+    rows = pd.DataFrame([{"strategy": "tcb", "seed": 0, "rank": 1, "winner": True, "n_test": 4, "avg_acc": 0.5, "trial": other,
+                          "pdr": 0.1, "pdr_ci_low": -0.2, "pdr_ci_high": 0.4, "acc_worst": 0.25, "acc_worst_ci_low": 0.05,
+                          "acc_worst_ci_high": 0.7, "acc_worst_family": "typo", "acc_var_pert": 0.01, "taboo_retention_i1": None}])
+    rows.to_csv(tmp_path / "cmp" / "compare_runs.csv", index=False)
+    chosen = export_run(tmp_path / "cmp", out=tmp_path / "chosen.yaml", strategy="tcb").card
+    assert chosen["search"]["trial"] == other and chosen["search"]["winner"]
+    assert chosen["metrics"]["robustness"]["acc_worst_ci95"] == [0.05, 0.7] and chosen["metrics"]["robustness"]["pdr"] == 0.1
 
 
 # --- load_prompt ------------------------------------------------------------------------------------------

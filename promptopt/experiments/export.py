@@ -34,7 +34,8 @@ class Run:
     config: object  # SearchConfig
     summary: dict
     cache_dir: Path  # where its result cache (cache.sqlite) lives: the run, or the compare directory
-    compare_row: dict | None = None  # its row of compare.csv
+    compare_row: dict | None = None  # its row of compare.csv (or of compare_runs.csv, where compare writes one)
+    winner_trial: int | None = None  # the trial compare chose, when it is not simply the study's best
 
 
 def open_run(run_dir: str | Path, *, strategy: str | None = None) -> Run:
@@ -45,6 +46,7 @@ def open_run(run_dir: str | Path, *, strategy: str | None = None) -> Run:
     from promptopt.search import SearchConfig
 
     root = Path(run_dir)
+    winner_trial = None
     if not root.is_dir():
         raise UserError(f"{root}: no such run directory")
     compare_row = None
@@ -58,9 +60,19 @@ def open_run(run_dir: str | Path, *, strategy: str | None = None) -> Run:
             strategy = str(ranked.iloc[0]["strategy"])
         elif strategy not in set(searched["strategy"]):
             raise UserError(f"--strategy {strategy}: {root} compares {', '.join(searched['strategy'])}")
-        compare_row = {k: (None if isinstance(v, float) and math.isnan(v) else v)
-                       for k, v in searched[searched["strategy"] == strategy].iloc[0].to_dict().items()}
+        compare_row = _plain_row(searched[searched["strategy"] == strategy].iloc[0])
         path, cache_dir = root / strategy, root
+        if (root / "compare_runs.csv").is_file():  # compare with top-N candidates and seeds: its chosen winner
+            runs = pd.read_csv(root / "compare_runs.csv")
+            if {"strategy", "winner", "trial"} <= set(runs.columns):
+                chosen = runs[(runs["strategy"] == strategy) & runs["winner"].astype(bool)]
+                if len(chosen):
+                    order = ["avg_acc", "seed"] if "seed" in chosen else ["avg_acc"]
+                    best = chosen.sort_values(order, ascending=[False, True][: len(order)], kind="stable").iloc[0]  # best seed
+                    compare_row = {**compare_row, **_plain_row(best)}
+                    seed_dir = root / strategy / f"seed{int(best['seed'])}" if "seed" in best else None
+                    path = seed_dir if seed_dir is not None and seed_dir.is_dir() else path
+                    winner_trial = int(best["trial"]) if best["trial"] == best["trial"] else None
     elif (root / "config.json").is_file():
         path, cache_dir = root, root
     else:
@@ -76,7 +88,11 @@ def open_run(run_dir: str | Path, *, strategy: str | None = None) -> Run:
     if not (path / "summary.json").is_file():
         raise UserError(f"{path}: no finished study (summary.json missing): finish it with `promptopt search ... --resume`")
     summary = json.loads((path / "summary.json").read_text(encoding="utf-8"))
-    return Run(path=path, config=config, summary=summary, cache_dir=cache_dir, compare_row=compare_row)
+    return Run(path=path, config=config, summary=summary, cache_dir=cache_dir, compare_row=compare_row, winner_trial=winner_trial)
+
+
+def _plain_row(row) -> dict:
+    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.to_dict().items()}
 
 
 def load_study(run: Run):
@@ -97,7 +113,7 @@ def pick_trial(run: Run, study, trial: int | None):
     """The winner (summary.json's best trial) or trial `trial`, which must have finished."""
     from optuna.trial import TrialState
 
-    number = run.summary.get("best_trial") if trial is None else trial
+    number = winner_number(run) if trial is None else trial
     found = [t for t in study.get_trials(deepcopy=False) if t.number == number]
     if not found:
         numbers = sorted(t.number for t in study.get_trials(deepcopy=False))
@@ -107,6 +123,11 @@ def pick_trial(run: Run, study, trial: int | None):
     if chosen.state not in (TrialState.COMPLETE, TrialState.PRUNED):
         raise UserError(f"--trial {number}: trial {number} of study '{study.study_name}' is {chosen.state.name}, not finished")
     return chosen
+
+
+def winner_number(run: Run) -> int:
+    """The run's winner: the trial compare chose, else the study's best (summary.json)."""
+    return run.winner_trial if run.winner_trial is not None else run.summary.get("best_trial")
 
 
 def decode_trial(run: Run, data, params: dict) -> Prompt:
@@ -166,7 +187,11 @@ def _robustness(row: dict | None) -> dict | None:
     if not row or "pdr" not in row:
         return None
     keys = ("pdr", "acc_worst", "acc_worst_family", "acc_var_pert", "taboo_retention_i1")
-    return _clean({"n": None, **{k: row.get(k) for k in keys}})
+    out = {"n": None, **{k: row.get(k) for k in keys}}
+    for key in ("pdr", "acc_worst"):  # intervals, where compare recorded them
+        if row.get(f"{key}_ci_low") is not None and row.get(f"{key}_ci_high") is not None:
+            out[f"{key}_ci95"] = [row[f"{key}_ci_low"], row[f"{key}_ci_high"]]
+    return _clean(out)
 
 
 # --- the card ------------------------------------------------------------------------------------------
@@ -273,7 +298,7 @@ def export_run(run_dir: str | Path, *, out: str | Path, strategy: str | None = N
     config = run.config if device is None else run.config.replace(device=device)
     session = Session(model=config.model, data=config.data, out=run.cache_dir, batch_size=config.batch_size)
     prompt = decode_trial(run, session.data, chosen.params)
-    winner = chosen.number == run.summary.get("best_trial")
+    winner = chosen.number == winner_number(run)
     search = {"run_dir": str(run.path), "strategy": config.study.strategy, "study": config.name, "trial": chosen.number,
               "seed": config.study.seed, "winner": winner, "params": _clean(dict(chosen.params))}
     carving = json.loads((run.path / "splits.json").read_text(encoding="utf-8")) if (run.path / "splits.json").is_file() else None
