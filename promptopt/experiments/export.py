@@ -131,13 +131,24 @@ def winner_number(run: Run) -> int:
 
 
 def decode_trial(run: Run, data, params: dict) -> Prompt:
-    """The prompt a trial's parameters stand for, decoded by the run's own search space."""
+    """The prompt a trial's parameters stand for, decoded by the run's own search space (and exemplar
+    candidates). The study's best trial must reproduce the run's best_card.yaml, or nothing is exported."""
     import optuna
 
+    from promptopt.prompts import load_card
+    from promptopt.search import study as search_study
     from promptopt.search.space import load_space
 
-    space = load_space(run.config.study.space or data.spec.name)
-    return space.suggest(optuna.trial.FixedTrial(params), space.check_against(data), data.spec)
+    if hasattr(search_study, "decode_params"):  # the search's own decoder, where it has one
+        prompt = search_study.decode_params(run.config, data, params)
+    else:
+        space = load_space(run.config.study.space or data.spec.name)
+        prompt = space.suggest(optuna.trial.FixedTrial(params), space.check_against(data), data.spec)
+    best_card = run.path / "best_card.yaml"
+    if params == run.summary.get("best_params") and best_card.is_file() and load_card(best_card)[0] != prompt:
+        raise UserError(f"{run.path}: trial {run.summary.get('best_trial')} decodes to a prompt other than best_card.yaml "
+                        "(the task data or search space changed since the run)")
+    return prompt
 
 
 # --- metrics -------------------------------------------------------------------------------------------
