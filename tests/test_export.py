@@ -320,7 +320,8 @@ def test_export_from_a_compare_directory(tiny_llama_dir, tmp_path):
 
     config = SearchConfig.build(task="sst2", trials=2, model=str(tiny_llama_dir), out=str(tmp_path / "cmp"), dev_limit=6, test_limit=4,
                                 minibatch=3, device="cpu")
-    table = run_compare(config, ["accuracy", "tcb"], suite=None, show_progress=False)
+    result = run_compare(config, ["accuracy", "tcb"], suite=None, show_progress=False)
+    table = getattr(result, "table", result)  # a DataFrame, or a CompareResult holding one
     exported = export_run(tmp_path / "cmp", out=tmp_path / "card.yaml", strategy="tcb")
     assert exported.card["search"]["strategy"] == "tcb" and exported.card["search"]["study"] == "sst2-tcb"
     assert exported.card["metrics"]["robustness"] is None  # compared without a suite
