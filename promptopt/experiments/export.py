@@ -195,8 +195,9 @@ def measured(table) -> dict:
 
 
 def _robustness(row: dict | None) -> dict | None:
-    if not row or "pdr" not in row:
-        return None
+    measured = ("pdr", "acc_worst", "taboo_retention_i1")
+    if not row or all(row.get(k) is None or (isinstance(row.get(k), float) and math.isnan(row[k])) for k in measured):
+        return None  # compared without a suite: the columns exist but hold nothing
     keys = ("pdr", "acc_worst", "acc_worst_family", "acc_var_pert", "taboo_retention_i1")
     out = {"n": None, **{k: row.get(k) for k in keys}}
     for key in ("pdr", "acc_worst"):  # intervals, where compare recorded them

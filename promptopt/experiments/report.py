@@ -265,7 +265,7 @@ def build_report(run_dir: str | Path, *, card: Path | None = None, robustness: l
 
     sections.append('<h2 id="robustness">Robustness</h2>')
     measured = False
-    if compare is not None and any(c in compare.columns for c in ("pdr", "acc_worst")):
+    if compare is not None and any(c in compare.columns and compare[c].notna().any() for c in ("pdr", "acc_worst", "taboo_retention_i1")):
         sections.append(_fig_html(_compare_robustness_fig(compare), 380))
         measured = True
     for path, frame in robustness_frames:
