@@ -33,6 +33,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_scoring.py
 	$(BIN)/python bench/bench_search.py
 	$(BIN)/python bench/bench_taboo.py
+	$(BIN)/python bench/bench_load_prompt.py
 
 clean:
 	rm -rf $(VENV)

@@ -451,6 +451,61 @@ def tasks() -> None:
         console.print(f"[bold]{name}[/bold] ({spec.answer_type}): {spec.description}")
 
 
+@app.command("export")
+def export_command(
+    run_dir: Path = typer.Argument(..., help="a search run directory or a compare directory"),
+    out: Path = typer.Option(..., "--out", help="the file to write (lm-eval: the task YAML; its items go beside it as .jsonl)"),
+    strategy: Optional[str] = typer.Option(None, "--strategy", help="compare directories: this strategy's winner (default: the best test accuracy)"),
+    trial: Optional[int] = typer.Option(None, "--trial", help="this trial number instead of the winner"),
+    fmt: str = typer.Option("card", "--format", help="card (YAML, version 2), messages (chat JSON), text, or lm-eval (task YAML)"),
+    device: Optional[str] = typer.Option(None, "--device", help="override the run's device (fingerprints and the token-id hash need the model)"),
+) -> None:
+    """Export the winner (or a named trial) of a run as a prompt card that records everything its score depends on."""
+    from promptopt.experiments.export import export_run
+
+    _quiet_libraries()
+    result = export_run(run_dir, out=out, strategy=strategy, trial=trial, fmt=fmt, device=device)
+    test = result.card["metrics"]["test"]
+    low, high = test["accuracy_ci95"]
+    console.print(f"trial #{result.trial} of {result.card['search']['study']} ({result.card['search']['strategy']}): "
+                  f"test accuracy {_fmt(test['accuracy'])} [{_fmt(low)}, {_fmt(high)}] on {test['n']} items")
+    console.print("wrote " + ", ".join(str(p) for p in result.paths))
+
+
+@app.command("verify")
+def verify_command(
+    card: Path = typer.Argument(..., help="a card written by `promptopt export`"),
+    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="re-score only the first N recorded test items"),
+    model: Optional[str] = typer.Option(None, "--model", help="score with this model instead of the recorded one (its fingerprint difference fails the check)"),
+    device: str = DeviceOpt,
+) -> None:
+    """Re-score a card on its recorded items with its recorded model; exit 1 with the differences if anything changed."""
+    from promptopt.experiments.verify import verify_card
+
+    _quiet_libraries()
+    result = verify_card(card, limit=limit, model=model, device=device)
+    for line in result.lines():
+        console.print(line, markup=False, highlight=False)
+    if not result.ok:
+        raise typer.Exit(1)
+
+
+@app.command("report")
+def report_command(
+    run_dir: Path = typer.Argument(..., help="a search run directory or a compare directory"),
+    out: Optional[Path] = typer.Option(None, "--out", help="the HTML file (default: RUN_DIR/report.html)"),
+    card: Optional[Path] = typer.Option(None, "--card", help="an exported card to show (default: the run's best card)"),
+    robustness: Optional[list[Path]] = typer.Option(None, "--robustness", help="`evaluate --out` family tables (.csv) to plot; repeatable"),
+    taboo: Optional[list[Path]] = typer.Option(None, "--taboo", help="`stress --out` rank tables (.csv) to plot; repeatable"),
+) -> None:
+    """Write one self-contained HTML report (opens offline): comparison, trials, Pareto fronts, robustness, the card."""
+    from promptopt.experiments.report import write_report
+
+    _quiet_libraries()
+    path = write_report(run_dir, out=out, card=card, robustness=robustness or [], taboo=taboo or [])
+    console.print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB)")
+
+
 def main() -> None:
     try:
         app()  # typer reports its own usage errors (exit 2); ours arrive as UserError

@@ -194,13 +194,29 @@ def save_card(prompt: Prompt, path: str | Path, provenance: dict | None = None) 
 
 
 def load_card(path: str | Path) -> tuple[Prompt, dict]:
-    """Read a prompt card -> (Prompt, provenance). Every field is validated; errors name file and key."""
+    """Read a prompt card -> (Prompt, provenance). Every field is validated; errors name file and key.
+
+    Version 1: provenance is the card's free-form mapping. Version 2 (written by `promptopt export`,
+    schema in promptopt/card_schema.json): the same mapping's keys (model spec, strategy, study, trial,
+    seed, dev, test) plus the whole card under `card`."""
     where = str(path)
-    f = Fields(load_yaml(path), where)
+    data = load_yaml(path)
+    f = Fields(data, where)
+    version = f.get("promptopt_card", int, expected=f"card version {CARD_VERSION} or 2")
+    if version == 2:
+        from promptopt.card import v1_view, validate_card
+
+        validate_card(data, where)
+        return prompt_from_card(data, where), v1_view(data)
     f.reject_unknown({"promptopt_card", "task", "instruction", "template", "exemplars", "provenance"})
-    version = f.get("promptopt_card", int, expected=f"card version {CARD_VERSION}")
     if version != CARD_VERSION:
-        raise f.fail("promptopt_card", f"card version {CARD_VERSION}", version)
+        raise f.fail("promptopt_card", f"card version {CARD_VERSION} or 2", version)
+    return prompt_from_card(data, where), f.get("provenance", dict, {})
+
+
+def prompt_from_card(data: dict, where: str) -> Prompt:
+    """The prompt fields of a card mapping (task, instruction, template, exemplars) -> Prompt."""
+    f = Fields(data, where)
     template = PromptTemplate.from_dict(f.get("template", dict, {}), where)
     exemplars = []
     for i, raw in enumerate(f.get("exemplars", list, [])):
@@ -219,10 +235,9 @@ def load_card(path: str | Path) -> tuple[Prompt, dict]:
                 gold=gold,
             )
         )
-    prompt = Prompt(
+    return Prompt(
         task=f.get("task", str),
         instruction=f.get("instruction", str, ""),
         exemplars=tuple(exemplars),
         template=template,
     )
-    return prompt, f.get("provenance", dict, {})

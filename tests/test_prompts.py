@@ -58,7 +58,7 @@ def test_card_round_trip(tmp_path):
 @pytest.mark.parametrize(
     "content, message",
     [
-        ("promptopt_card: 9\ntask: x\n", "promptopt_card: expected card version 1, got 9"),
+        ("promptopt_card: 9\ntask: x\n", "promptopt_card: expected card version 1 or 2, got 9"),
         ("promptopt_card: 1\n", "task: expected a string, got 'nothing'"),
         ("promptopt_card: 1\ntask: x\ntemplate: {query: '{nope}'}\n", "unknown placeholder {nope}"),
         ("promptopt_card: 1\ntask: x\nexemplars: [{question: q, choices: [a], gold: 4}]\n", "exemplars[0].gold: expected an index"),

@@ -1,15 +1,37 @@
 """Tasks: YAML spec (spec), row fields in lm-eval's convention (fields), answer types (answers), data
-sources and carving (data), answer extraction (extract), the code sandbox (sandbox)."""
+sources and carving (data), answer extraction (extract), the code sandbox (sandbox).
 
-from promptopt.tasks.answers import ANSWER_TYPES, AnswerType, get_answer_type, register
-from promptopt.tasks.data import DataConfig, TaskData, load_task_data
-from promptopt.tasks.item import Item
-from promptopt.tasks.spec import TaskSpec, builtin_task_names, load_task_spec
+The names below are resolved on first use (module `__getattr__`), so importing one light submodule —
+`promptopt.tasks.extract`, which production code uses through `promptopt.load_prompt` — does not pull in
+numpy, the data loaders or the answer-type registry.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_LAZY = {
+    "ANSWER_TYPES": "answers", "AnswerType": "answers", "get_answer_type": "answers", "register": "answers",
+    "DataConfig": "data", "TaskData": "data", "load_task_data": "data",
+    "Item": "item",
+    "TaskSpec": "spec", "builtin_task_names": "spec", "load_task_spec": "spec",
+}
 
 
-def load_task(name_or_path: str, *, subsets: list[str] | None = None) -> TaskData:
+def load_task(name_or_path: str, *, subsets: list[str] | None = None):
     """A task by built-in name or YAML path, with its pool/dev/test carved."""
+    from promptopt.tasks.data import load_task_data
+    from promptopt.tasks.spec import load_task_spec
+
     return load_task_data(load_task_spec(name_or_path), subsets=subsets)
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f"promptopt.tasks.{_LAZY[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'promptopt.tasks' has no attribute {name!r}")
 
 
 __all__ = ["ANSWER_TYPES", "AnswerType", "DataConfig", "Item", "TaskData", "TaskSpec", "builtin_task_names", "get_answer_type",

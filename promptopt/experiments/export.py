@@ -1,0 +1,323 @@
+"""`promptopt export`: pick the winner (or a named trial) of a search or compare run and write a card
+version 2 — everything its score depends on (promptopt/card_schema.json) — or a derived form: chat
+messages, a plain text template, or an lm-evaluation-harness task.
+
+The model is loaded (one session, the run's own result cache, so the winner's scores are not recomputed)
+because fingerprints and the token-id hash need its tokenizer. Everything is checked before anything is
+written, and each file is written atomically: a failed export leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from promptopt.card import prompt_hashes, sha256_json, sha256_text, token_ids_sha256, validate_card
+from promptopt.errors import UserError
+from promptopt.experiments.session import Session
+from promptopt.prompts import Prompt
+from promptopt.yamlio import atomic_write_text
+
+FORMATS = ("card", "messages", "text", "lm-eval")
+_BOOTSTRAP = 2000
+
+
+# --- which run, which trial --------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class Run:
+    """A finished search run directory (standalone, or one strategy of a compare directory)."""
+
+    path: Path
+    config: object  # SearchConfig
+    summary: dict
+    cache_dir: Path  # where its result cache (cache.sqlite) lives: the run, or the compare directory
+    compare_row: dict | None = None  # its row of compare.csv (or of compare_runs.csv, where compare writes one)
+    winner_trial: int | None = None  # the trial compare chose, when it is not simply the study's best
+
+
+def open_run(run_dir: str | Path, *, strategy: str | None = None) -> Run:
+    """A search run directory, or a compare directory's winner (highest test accuracy, then δ_TCB) or
+    its `strategy`. Errors name the directory and what is missing."""
+    import pandas as pd
+
+    from promptopt.search import SearchConfig
+
+    root = Path(run_dir)
+    winner_trial = None
+    if not root.is_dir():
+        raise UserError(f"{root}: no such run directory")
+    compare_row = None
+    if (root / "compare.csv").is_file():
+        table = pd.read_csv(root / "compare.csv")
+        searched = table[table["strategy"] != "baseline"]
+        if searched.empty:
+            raise UserError(f"{root / 'compare.csv'}: no searched strategy in the comparison")
+        if strategy is None:
+            ranked = searched.assign(_tcb=searched["avg_tcb"].fillna(-math.inf)).sort_values(["avg_acc", "_tcb"], ascending=False, kind="stable")
+            strategy = str(ranked.iloc[0]["strategy"])
+        elif strategy not in set(searched["strategy"]):
+            raise UserError(f"--strategy {strategy}: {root} compares {', '.join(searched['strategy'])}")
+        compare_row = _plain_row(searched[searched["strategy"] == strategy].iloc[0])
+        path, cache_dir = root / strategy, root
+        if (root / "compare_runs.csv").is_file():  # compare with top-N candidates and seeds: its chosen winner
+            runs = pd.read_csv(root / "compare_runs.csv")
+            if {"strategy", "winner", "trial"} <= set(runs.columns):
+                chosen = runs[(runs["strategy"] == strategy) & runs["winner"].astype(bool)]
+                if len(chosen):
+                    order = ["avg_acc", "seed"] if "seed" in chosen else ["avg_acc"]
+                    best = chosen.sort_values(order, ascending=[False, True][: len(order)], kind="stable").iloc[0]  # best seed
+                    compare_row = {**compare_row, **_plain_row(best)}
+                    seed_dir = root / strategy / f"seed{int(best['seed'])}" if "seed" in best else None
+                    path = seed_dir if seed_dir is not None and seed_dir.is_dir() else path
+                    winner_trial = int(best["trial"]) if best["trial"] == best["trial"] else None
+    elif (root / "config.json").is_file():
+        path, cache_dir = root, root
+    else:
+        raise UserError(f"{root}: not a run directory (no config.json) nor a compare directory (no compare.csv)")
+    if not (path / "config.json").is_file():
+        raise UserError(f"{path}: config.json missing: the run never started")
+    try:
+        config = SearchConfig.from_dict(json.loads((path / "config.json").read_text(encoding="utf-8")))
+    except (ValueError, TypeError, KeyError) as exc:
+        raise UserError(f"{path / 'config.json'}: unreadable run settings ({exc})") from None
+    if strategy is not None and compare_row is None and config.study.strategy != strategy:
+        raise UserError(f"--strategy {strategy}: {path} is a {config.study.strategy} run")
+    if not (path / "summary.json").is_file():
+        raise UserError(f"{path}: no finished study (summary.json missing): finish it with `promptopt search ... --resume`")
+    summary = json.loads((path / "summary.json").read_text(encoding="utf-8"))
+    return Run(path=path, config=config, summary=summary, cache_dir=cache_dir, compare_row=compare_row, winner_trial=winner_trial)
+
+
+def _plain_row(row) -> dict:
+    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.to_dict().items()}
+
+
+def load_study(run: Run):
+    """The run's Optuna study, read from its storage (a missing SQLite file is an error, never created)."""
+    import optuna
+
+    url = run.config.storage_url
+    if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).is_file():
+        raise UserError(f"{run.path}: study storage {url[len('sqlite:///'):]} is missing")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        return optuna.load_study(study_name=run.config.name, storage=url)
+    except KeyError:
+        raise UserError(f"{run.path}: no study '{run.config.name}' in its storage") from None
+
+
+def pick_trial(run: Run, study, trial: int | None):
+    """The winner (summary.json's best trial) or trial `trial`, which must have finished."""
+    from optuna.trial import TrialState
+
+    number = winner_number(run) if trial is None else trial
+    found = [t for t in study.get_trials(deepcopy=False) if t.number == number]
+    if not found:
+        numbers = sorted(t.number for t in study.get_trials(deepcopy=False))
+        span = f"trials {numbers[0]}–{numbers[-1]}" if numbers else "no trials"
+        raise UserError(f"--trial {number}: study '{study.study_name}' in {run.path} has no such trial ({span})")
+    chosen = found[0]
+    if chosen.state not in (TrialState.COMPLETE, TrialState.PRUNED):
+        raise UserError(f"--trial {number}: trial {number} of study '{study.study_name}' is {chosen.state.name}, not finished")
+    return chosen
+
+
+def winner_number(run: Run) -> int:
+    """The run's winner: the trial compare chose, else the study's best (summary.json)."""
+    return run.winner_trial if run.winner_trial is not None else run.summary.get("best_trial")
+
+
+def decode_trial(run: Run, data, params: dict) -> Prompt:
+    """The prompt a trial's parameters stand for, decoded by the run's own search space (and exemplar
+    candidates). The study's best trial must reproduce the run's best_card.yaml, or nothing is exported."""
+    import optuna
+
+    from promptopt.prompts import load_card
+    from promptopt.search import study as search_study
+    from promptopt.search.space import load_space
+
+    if hasattr(search_study, "decode_params"):  # the search's own decoder, where it has one
+        prompt = search_study.decode_params(run.config, data, params)
+    else:
+        space = load_space(run.config.study.space or data.spec.name)
+        prompt = space.suggest(optuna.trial.FixedTrial(params), space.check_against(data), data.spec)
+    best_card = run.path / "best_card.yaml"
+    if params == run.summary.get("best_params") and best_card.is_file() and load_card(best_card)[0] != prompt:
+        raise UserError(f"{run.path}: trial {run.summary.get('best_trial')} decodes to a prompt other than best_card.yaml "
+                        "(the task data or search space changed since the run)")
+    return prompt
+
+
+# --- metrics -------------------------------------------------------------------------------------------
+def _clean(value):
+    """JSON/YAML-safe: numpy scalars to Python, NaN and infinities to None."""
+    if hasattr(value, "item") and not isinstance(value, (list, dict, str)):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
+def bootstrap_mean_ci(values, *, seed: int = 0, resamples: int = _BOOTSTRAP) -> list:
+    """Percentile bootstrap 95% interval of the mean of the finite values."""
+    import numpy as np
+
+    data = np.asarray(values, dtype=float)
+    data = data[np.isfinite(data)]
+    if len(data) == 0:
+        return [None, None]
+    if len(data) == 1:
+        return [float(data[0]), float(data[0])]
+    rng = np.random.default_rng(seed)
+    means = data[rng.integers(0, len(data), size=(resamples, len(data)))].mean(axis=1)
+    return [float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))]
+
+
+def measured(table) -> dict:
+    """A split's summary for the card: accuracy with its Wilson interval, δ_TCB and PPL with bootstrap
+    intervals, and the per-item correctness string."""
+    from promptopt.scoring import summarize
+
+    s = summarize(table)
+    out = {"n": s["n"], "accuracy": s["accuracy"], "accuracy_ci95": s["accuracy_ci95"]}
+    if "tcb" in table:
+        out.update(tcb_mean=s.get("tcb_mean"), tcb_mean_ci95=bootstrap_mean_ci(table["tcb"]), tcb_geomean=s.get("tcb_geomean"))
+    out.update(ppl_mean=s["ppl_mean"], ppl_mean_ci95=bootstrap_mean_ci(table["ppl"]))
+    out["correct"] = "".join("1" if bool(c) else "0" for c in table["correct"])
+    return _clean(out)
+
+
+def _robustness(row: dict | None) -> dict | None:
+    measured = ("pdr", "acc_worst", "taboo_retention_i1")
+    if not row or all(row.get(k) is None or (isinstance(row.get(k), float) and math.isnan(row[k])) for k in measured):
+        return None  # compared without a suite: the columns exist but hold nothing
+    keys = ("pdr", "acc_worst", "acc_worst_family", "acc_var_pert", "taboo_retention_i1")
+    out = {"n": None, **{k: row.get(k) for k in keys}}
+    for key in ("pdr", "acc_worst"):  # intervals, where compare recorded them
+        if row.get(f"{key}_ci_low") is not None and row.get(f"{key}_ci_high") is not None:
+            out[f"{key}_ci95"] = [row[f"{key}_ci_low"], row[f"{key}_ci_high"]]
+    return _clean(out)
+
+
+# --- the card ------------------------------------------------------------------------------------------
+def render_check(prompt: Prompt, item, tokenizer) -> tuple[str, list[int]]:
+    """The text the scorer renders for an item and its token ids, encoded as the scorer encodes it."""
+    text = prompt.context(item.question, item.choices, tokenizer)
+    return text, list(tokenizer(text, add_special_tokens=prompt.add_special_tokens)["input_ids"])
+
+
+def rendering_section(prompt: Prompt, tokenizer) -> dict:
+    """How the prompt becomes text: plain or chat, with the chat template and what it saw (chat cards)."""
+    from promptopt.experiments.fingerprint import chat_template_sha256
+
+    section = {"mode": "chat" if prompt.template.chat else "plain", "add_special_tokens": prompt.add_special_tokens,
+               "chat_template": None, "chat_template_sha256": chat_template_sha256(tokenizer)}
+    if prompt.template.chat:
+        section["chat_template"] = tokenizer.chat_template
+        section["template_vars"] = {k: (list(v) if isinstance(v, (list, tuple)) else str(v))
+                                    for k, v in tokenizer.special_tokens_map.items()}
+    return section
+
+
+def answer_section(spec, items) -> dict:
+    """How answers are read: the task's answer type, metric, and its fixed choices if every item shares them."""
+    choice_sets = {tuple(i.choices) for i in items if i.choices is not None}
+    fixed = list(next(iter(choice_sets))) if len(choice_sets) == 1 and all(i.choices is not None for i in items) else None
+    return {"type": spec.answer_type, "metric": spec.metric, "gold_format": spec.gold_format, "choices": fixed}
+
+
+def build_card(session: Session, prompt: Prompt, *, dev_items: list, test_items: list, search: dict | None = None,
+               robustness: dict | None = None, carving: dict | None = None) -> dict:
+    """A validated card version 2 for `prompt`, measured on `dev_items` and `test_items` with the session's
+    (caching) scorer. The light loader must reproduce the scored text byte for byte, or nothing is built."""
+    from promptopt.experiments.fingerprint import (data_sha256, items_sha256, model_fingerprint, task_sha256,
+                                                   tokenizer_sha256, versions)
+    from promptopt.production import card_prompt
+
+    if not test_items:
+        raise UserError(f"task {prompt.task}: no test items to measure the card on")
+    scorer, data, spec = session.scorer, session.data, session.data.spec
+    lm = scorer.lm
+    table = scorer.score_table if hasattr(scorer, "score_table") else (lambda p, items: scorer.score(p, items).table)
+    metrics = {"test": measured(table(prompt, test_items))}
+    if dev_items:
+        metrics = {"dev": measured(table(prompt, dev_items)), **metrics}
+    metrics["robustness"] = robustness
+    first = test_items[0]
+    text, ids = render_check(prompt, first, lm.tokenizer)
+    base = prompt.to_card()
+    card = {
+        "promptopt_card": 2,
+        **{k: base[k] for k in ("task", "instruction", "template", "exemplars")},
+        "rendering": rendering_section(prompt, lm.tokenizer),
+        "answer": answer_section(spec, [*test_items, *dev_items]),
+        "generation": ({"max_new_tokens": spec.max_new_tokens, "stop": list(spec.stop), "do_sample": False}
+                       if spec.generative else None),
+        "model": {"spec": session.model_config.spec, **model_fingerprint(session.model_config.spec),
+                  "tokenizer_sha256": tokenizer_sha256(lm.tokenizer), "dtype": str(lm.model.dtype).removeprefix("torch."),
+                  "device": lm.device.type, "context_length": lm.context_length},
+        "data": {"task": session.data_config.task, "task_sha256": task_sha256(spec),
+                 "data_sha256": data_sha256(spec, session.data_config.subsets), "items_sha256": items_sha256(data),
+                 "subsets": list(session.data_config.subsets) if session.data_config.subsets else None,
+                 "split_seed": spec.seed, "carving_sha256": sha256_json(carving) if carving else None,
+                 "dev_ids": [i.id for i in dev_items], "test_ids": [i.id for i in test_items]},
+        "search": search,
+        "metrics": metrics,
+        "versions": versions(),
+        "check": {"item_id": first.id, "text_sha256": sha256_text(text), "token_ids_sha256": token_ids_sha256(ids),
+                  "n_tokens": len(ids), "prompt_sha256": prompt_hashes(base)},
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    card = _clean(card)
+    validate_card(card, "exported card")
+    light = card_prompt(card, "exported card").render(first.question, first.choices)
+    if light != text:
+        raise UserError(f"task {prompt.task}: the card's prompt renders differently without the tokenizer than the scorer "
+                        "rendered it (its chat template uses something promptopt.load_prompt does not reproduce); not exported")
+    return card
+
+
+# --- the command -----------------------------------------------------------------------------------------
+@dataclass
+class Exported:
+    card: dict
+    paths: list[Path]
+    run: Run
+    trial: int
+
+
+def export_run(run_dir: str | Path, *, out: str | Path, strategy: str | None = None, trial: int | None = None,
+               fmt: str = "card", device: str | None = None) -> Exported:
+    """Pick a trial of a finished run, build its card (measured on the run's dev and test items) and write
+    `out` in format `fmt` (card, messages, text or lm-eval)."""
+    from promptopt.experiments import formats
+
+    if fmt not in FORMATS:
+        raise UserError(f"--format {fmt}: expected one of {', '.join(FORMATS)}")
+    out = Path(out)
+    if out.is_dir():
+        raise UserError(f"--out {out}: is a directory; give a file name")
+    run = open_run(run_dir, strategy=strategy)
+    study = load_study(run)
+    chosen = pick_trial(run, study, trial)
+    config = run.config if device is None else run.config.replace(device=device)
+    session = Session(model=config.model, data=config.data, out=run.cache_dir, batch_size=config.batch_size)
+    prompt = decode_trial(run, session.data, chosen.params)
+    winner = chosen.number == winner_number(run)
+    search = {"run_dir": str(run.path), "strategy": config.study.strategy, "study": config.name, "trial": chosen.number,
+              "seed": config.study.seed, "winner": winner, "params": _clean(dict(chosen.params))}
+    carving = json.loads((run.path / "splits.json").read_text(encoding="utf-8")) if (run.path / "splits.json").is_file() else None
+    card = build_card(session, prompt, dev_items=session.items("dev"), test_items=session.items("test"), search=search,
+                      robustness=_robustness(run.compare_row) if winner else None, carving=carving)
+    paths = formats.write(card, fmt, out, items=session.items("test"))
+    return Exported(card=card, paths=paths, run=run, trial=chosen.number)
+
+
+__all__ = ["FORMATS", "Exported", "Run", "build_card", "export_run", "open_run", "pick_trial"]

@@ -1,0 +1,205 @@
+"""`promptopt.load_prompt(card)`: a prompt card for production code — render, chat messages, parse.
+
+Imports neither torch nor transformers (nor numpy): only the stdlib, yaml, jsonschema (the card is
+validated on load) and, for chat cards, jinja2. What it renders is byte for byte the text the scorer
+scored: plain cards join instruction, exemplars and query exactly as `Prompt.context` does; chat cards
+carry the model's chat template and the special tokens it saw, and are rendered here with the same
+sandboxed Jinja settings transformers' `apply_chat_template` uses. `parse` is the task's own answer
+extraction (promptopt/tasks/extract.py), so production reads answers the way the search judged them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from promptopt.errors import ConfigError
+from promptopt.prompts import Prompt, prompt_from_card
+from promptopt.yamlio import Fields, load_yaml
+
+_CHOICE_TYPES = ("multiple_choice", "multiple_choice_gen")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CardPrompt:
+    """A loaded card. `prompt` is the plain Prompt; `card` the whole mapping (metrics, fingerprints)."""
+
+    prompt: Prompt
+    card: dict
+    where: str = ""
+    _template: Any = field(default=None, repr=False, compare=False)  # compiled chat template
+
+    # --- what the card says -------------------------------------------------------------------------
+    @property
+    def version(self) -> int:
+        return int(self.card["promptopt_card"])
+
+    @property
+    def task(self) -> str:
+        return self.prompt.task
+
+    @property
+    def chat(self) -> bool:
+        return self.prompt.template.chat
+
+    @property
+    def answer_type(self) -> str | None:
+        return (self.card.get("answer") or {}).get("type")
+
+    @property
+    def choices(self) -> tuple[str, ...] | None:
+        """The task's fixed choices (e.g. negative/positive), the default of render() and parse()."""
+        fixed = (self.card.get("answer") or {}).get("choices")
+        return tuple(fixed) if fixed else None
+
+    @property
+    def generation(self) -> dict | None:
+        """Decoding settings for generative tasks: max_new_tokens, stop (greedy)."""
+        return self.card.get("generation")
+
+    @property
+    def add_special_tokens(self) -> bool:
+        """Pass this to the tokenizer when encoding render()'s text: plain text gets the tokenizer's BOS,
+        a chat template already wrote its own."""
+        return self.prompt.add_special_tokens
+
+    @property
+    def metrics(self) -> dict:
+        return self.card.get("metrics") or {}
+
+    # --- rendering ----------------------------------------------------------------------------------
+    def _choices(self, choices) -> tuple[str, ...] | None:
+        return tuple(choices) if choices is not None else self.choices
+
+    def messages(self, question: str, choices=None) -> list[dict[str, str]]:
+        """OpenAI-style chat messages: instruction as the system turn, each exemplar a user/assistant pair."""
+        return self.prompt.messages(question, self._choices(choices))
+
+    def render(self, question: str, choices=None) -> str:
+        """Exactly the text the scorer scored for this question (and choices, for multiple choice)."""
+        choices = self._choices(choices)
+        if not self.chat:
+            return self.prompt.context(question, choices)
+        if self._template is None:
+            raise ConfigError(f"{self.where}: template.chat is true but the card has no rendering.chat_template "
+                              "(a version-1 card): re-export it with `promptopt export`")
+        variables = dict((self.card.get("rendering") or {}).get("template_vars") or {})
+        return self._template.render(messages=self.messages(question, choices), tools=None, documents=None,
+                                     add_generation_prompt=True, **variables)
+
+    def choice_texts(self, choices=None) -> list[str]:
+        """What is shown and scored for each choice: label words, letters or the choice texts."""
+        return self.prompt.choice_texts(self._choices(choices))
+
+    def continuations(self, choices=None) -> list[str]:
+        """Per choice, the text whose log-likelihood after render() scores it (multiple choice)."""
+        return [self.prompt.continuation(text) for text in self.choice_texts(choices)]
+
+    # --- reading answers ----------------------------------------------------------------------------
+    def parse_index(self, model_output: str, choices=None) -> int | None:
+        """Multiple choice: the index of the choice a generated answer names (the judge's extraction:
+        'the answer is X', a leading letter, the option's label word or text), or None."""
+        from promptopt.tasks.extract import choice_answer
+
+        self._need_type()
+        if self.answer_type not in _CHOICE_TYPES:
+            raise ConfigError(f"{self.where}: answer.type is {self.answer_type}: parse_index is for multiple-choice cards")
+        choices = self._choices(choices)
+        if choices is None:
+            raise ConfigError(f"{self.where}: the card records no fixed choices (answer.choices): pass choices=")
+        shown = self.prompt.choice_texts(choices)
+        index, _ = choice_answer(model_output, shown)
+        if index is None and shown != list(choices):  # letters or label words shown: the text counts too
+            index, _ = choice_answer(model_output, list(choices))
+        return index
+
+    def parse(self, model_output: str, choices=None) -> str | None:
+        """The answer in a model's output, read as the task's judge reads it: multiple choice → the choice
+        (label word → its label); number → the final number, normalized; alias_match → the first line;
+        code → the completion itself. None when nothing can be extracted."""
+        from promptopt.tasks.extract import final_number, first_line
+
+        kind = self._need_type()
+        if kind in _CHOICE_TYPES:
+            index = self.parse_index(model_output, choices)
+            return None if index is None else self._choices(choices)[index]
+        if kind == "number":
+            return final_number(model_output)[0]
+        if kind == "alias_match":
+            return first_line(model_output)[0] or None
+        return model_output  # code: judged by running it against the tests
+
+    def _need_type(self) -> str:
+        if self.answer_type is None:
+            raise ConfigError(f"{self.where}: a version-1 card records no answer type: re-export it with `promptopt export`")
+        return self.answer_type
+
+
+def load_prompt(path: str | Path) -> CardPrompt:
+    """Load a prompt card (version 2, validated against promptopt/card_schema.json; version 1 renders
+    plain prompts only). Errors are one ConfigError naming the file and the field."""
+    where = str(path)
+    data = load_yaml(path)
+    version = Fields(data, where).get("promptopt_card", int, expected="card version 1 or 2")
+    if version == 2:
+        from promptopt.card import validate_card
+
+        validate_card(data, where)
+    elif version != 1:
+        raise ConfigError(f"{where}: promptopt_card: expected card version 1 or 2, got {version!r}")
+    return card_prompt(data, where)
+
+
+def card_prompt(data: dict, where: str = "<card>") -> CardPrompt:
+    """A CardPrompt from a card mapping that has been validated (or built by export)."""
+    prompt = prompt_from_card({k: data[k] for k in ("task", "instruction", "template", "exemplars") if k in data}, where)
+    chat_template = (data.get("rendering") or {}).get("chat_template")
+    try:
+        compiled = _compile_chat_template(chat_template) if prompt.template.chat and chat_template else None
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    return CardPrompt(prompt=prompt, card=data, where=where, _template=compiled)
+
+
+@lru_cache(maxsize=8)
+def _compile_chat_template(text: str):
+    """The chat template compiled as transformers compiles it (apply_chat_template): a sandboxed,
+    immutable Jinja environment with trim_blocks/lstrip_blocks, loop controls, its tojson filter and
+    raise_exception / strftime_now globals; `{% generation %}` blocks render their body."""
+    from datetime import datetime
+
+    import jinja2
+    from jinja2.ext import Extension, loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class Generation(Extension):
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(["name:endgeneration"], drop_needle=True)
+            return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+        def _body(self, caller):
+            return caller()
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[Generation, loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    try:
+        return env.from_string(text)
+    except jinja2.TemplateSyntaxError as exc:
+        raise ConfigError(f"rendering.chat_template: invalid Jinja (line {exc.lineno}): {exc.message}") from None
+
+
+__all__ = ["CardPrompt", "card_prompt", "load_prompt"]

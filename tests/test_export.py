@@ -1,0 +1,461 @@
+"""Export to production: card v2 (schema, fingerprints, intervals), verify (passes on a fresh card, fails
+with a clear diff on an edited one or another model), the light `load_prompt` (no torch; byte-identical
+rendering; the judge's own parsing), the derived formats, and one `error:` line for each bad input.
+
+Plumbing runs on a tiny random model; what is about the embedded model (rendering every built-in task's
+prompt with its real tokenizer and chat template, the end-to-end example) runs on SmolLM2."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+
+# A chat template with exemplars: the searched card exercises the light chat renderer and exemplar edits.
+SPACE = """\
+task: sst2
+instructions: {careful: "Be careful: read each review closely before answering."}
+exemplars: {candidates: 6, k: [2, 2], search_order: true}
+templates:
+  chat: {query: "Review: {question}\\nIs the sentiment negative or positive? Answer with one word.", chat: true}
+"""
+
+
+def run_cli(*args, cwd=None):
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    return subprocess.run([sys.executable, "-m", "promptopt", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd or REPO, env=env, timeout=600)
+
+
+def assert_one_line_error(proc, *fragments):
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), proc.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def run_example(*args):
+    """The example as a user runs it: a script, with this checkout's promptopt first on the path."""
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, str(REPO / "examples" / "production_load_prompt.py"), *map(str, args)],
+                          capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
+
+
+def edit_card(source: Path, target: Path, change) -> Path:
+    data = yaml.safe_load(source.read_text())
+    change(data)
+    target.write_text(yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=1000))
+    return target
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tiny_llama_dir, tmp_path_factory):
+    from promptopt.search import SearchConfig, run_search
+
+    root = tmp_path_factory.mktemp("export-run")
+    (root / "space.yaml").write_text(SPACE)
+    config = SearchConfig.build(task="sst2", trials=3, model=str(tiny_llama_dir), out=str(root / "run"), space=str(root / "space.yaml"),
+                                dev_limit=8, test_limit=6, minibatch=4, device="cpu")
+    run_search(config, show_progress=False)
+    return root / "run"
+
+
+@pytest.fixture(scope="module")
+def tiny_card(tiny_run, tmp_path_factory) -> Path:
+    from promptopt.experiments.export import export_run
+
+    out = tmp_path_factory.mktemp("export-card") / "card.yaml"
+    export_run(tiny_run, out=out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def plain_card(tiny_llama_dir, tmp_path_factory) -> Path:
+    """The task's default prompt (plain template, 4 shots) as a card, built without a search."""
+    from promptopt.experiments import Session
+    from promptopt.experiments.export import build_card
+    from promptopt.experiments.formats import card_yaml
+    from promptopt.models import ModelConfig
+    from promptopt.tasks import DataConfig
+
+    session = Session(model=ModelConfig(spec=str(tiny_llama_dir), device="cpu"), data=DataConfig(task="sst2", dev_limit=4, test_limit=5))
+    card = build_card(session, session.data.default_prompt(), dev_items=session.items("dev"), test_items=session.items("test"))
+    path = tmp_path_factory.mktemp("plain-card") / "plain.yaml"
+    path.write_text(card_yaml(card))
+    return path
+
+
+# --- the card -------------------------------------------------------------------------------------------
+def test_exported_card_records_what_the_score_depends_on(tiny_run, tiny_card, tiny_llama_dir):
+    from promptopt.card import validate_card
+    from promptopt.prompts import load_card
+
+    card = yaml.safe_load(tiny_card.read_text())
+    validate_card(card, str(tiny_card))  # the shipped schema
+    summary = json.loads((tiny_run / "summary.json").read_text())
+    assert card["promptopt_card"] == 2 and card["task"] == "sst2" and len(card["exemplars"]) == 2
+    assert card["rendering"]["mode"] == "chat" and card["rendering"]["chat_template"] and card["rendering"]["template_vars"]["eos_token"]
+    assert card["model"]["spec"] == str(tiny_llama_dir) and card["model"]["weights_method"] == "folder-files"
+    assert card["search"] == {**card["search"], "strategy": "tcb", "study": "sst2-tcb", "trial": summary["best_trial"], "winner": True}
+    assert card["data"]["test_ids"] == json.loads((tiny_run / "splits.json").read_text())["test"][:6]
+    test = card["metrics"]["test"]
+    assert test["accuracy"] == pytest.approx(summary["test"]["accuracy"]) and len(test["correct"]) == 6
+    assert test["accuracy_ci95"][0] <= test["accuracy"] <= test["accuracy_ci95"][1]
+    assert test["tcb_mean_ci95"][0] <= test["tcb_mean"] <= test["tcb_mean_ci95"][1]
+    assert card["versions"]["torch"] and card["versions"]["transformers"] and card["check"]["n_tokens"] > 10
+    # card v1 readers still get a prompt and a v1-shaped provenance; the winner is the search's best card
+    prompt, provenance = load_card(tiny_card)
+    best, _ = load_card(tiny_run / "best_card.yaml")
+    assert prompt == best and provenance["model"] == str(tiny_llama_dir) and provenance["test"]["n"] == 6
+
+
+def test_named_trial_and_other_formats(tiny_run, tmp_path):
+    from promptopt.experiments.export import export_run
+    from promptopt.production import card_prompt, load_prompt
+
+    exported = export_run(tiny_run, out=tmp_path / "t0.yaml", trial=0)
+    assert exported.card["search"]["trial"] == 0 and load_prompt(tmp_path / "t0.yaml").task == "sst2"
+    card = card_prompt(export_run(tiny_run, out=tmp_path / "m.json", fmt="messages").card)
+    data = json.loads((tmp_path / "m.json").read_text())
+    question = "a {braced} and warm film"
+    filled = [dict(m, content=m["content"].replace("{question}", question)) for m in data["messages"]]
+    assert filled == card.messages(question) and data["answer"]["choices"] == ["negative", "positive"]
+    export_run(tiny_run, out=tmp_path / "t.txt", fmt="text")
+    assert (tmp_path / "t.txt").read_text().replace("{question}", question) == card.render(question)
+
+
+@pytest.mark.parametrize("which", ["plain", "chat"])
+def test_lm_eval_task_renders_the_same_prompt(which, plain_card, tiny_card, tmp_path):
+    """lm-eval renders doc_to_text with Jinja (StrictUndefined, keep_trailing_newline) over each JSONL row:
+    the context and the scored continuations must be the card's own."""
+    import jinja2
+
+    from promptopt.experiments.formats import write
+    from promptopt.production import load_prompt
+    from promptopt.tasks import load_task
+
+    source = plain_card if which == "plain" else tiny_card
+    card = yaml.safe_load(source.read_text())
+    task = load_task("sst2")
+    paths = write(card, "lm-eval", tmp_path / "task.yaml", items=task.test)
+    assert [p.name for p in paths] == ["task.jsonl", "task.yaml"]
+    spec = yaml.safe_load((tmp_path / "task.yaml").read_text())
+    rows = [json.loads(line) for line in (tmp_path / "task.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in rows] == card["data"]["test_ids"]
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    light = load_prompt(source)
+    for row in rows:
+        assert env.from_string(spec["doc_to_text"]).render(**row) == light.render(row["question"], row["choices"])
+        choices = spec["doc_to_choice"] if isinstance(spec["doc_to_choice"], list) else row[spec["doc_to_choice"]]
+        assert [spec["target_delimiter"] + c for c in choices] == light.continuations(row["choices"])
+        assert row[spec["doc_to_target"]] in (0, 1)
+    assert spec["output_type"] == "multiple_choice" and spec["num_fewshot"] == 0
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_slots_for_lettered_options_leave_the_exemplars_alone(chat, tiny_lm):
+    """mmlu_gen's query lists {options}: the text, messages and lm-eval forms put slots in the final query
+    only; filled in, each is the card's own rendering (plain and through the chat template)."""
+    from dataclasses import replace
+
+    import jinja2
+
+    from promptopt.experiments.export import answer_section, rendering_section
+    from promptopt.experiments.formats import lm_eval_doc_to_text, messages_json, text_template
+    from promptopt.production import card_prompt
+    from promptopt.prompts import LETTERS
+    from promptopt.tasks import load_task
+
+    task = load_task("mmlu_gen")
+    prompt = task.default_prompt()
+    prompt = prompt.with_(template=replace(prompt.template, chat=chat))
+    card = {**prompt.to_card(), "rendering": rendering_section(prompt, tiny_lm.tokenizer), "answer": answer_section(task.spec, task.test[:3]),
+            "model": {"spec": "m"}, "metrics": {"test": {"accuracy": 0.5}}, "generation": None}
+    light = card_prompt(card)
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    for item in task.test[:3]:
+        options = "\n".join(f"{LETTERS[i]}. {c}" for i, c in enumerate(item.choices))
+        expected = light.render(item.question, item.choices)
+        assert text_template(card).replace("{options}", options).replace("{question}", item.question) == expected
+        assert env.from_string(lm_eval_doc_to_text(card)).render(question=item.question, choices=list(item.choices)) == expected
+        messages = [dict(m, content=m["content"].replace("{options}", options).replace("{question}", item.question))
+                    for m in messages_json(card)["messages"]]
+        assert messages == light.messages(item.question, item.choices)
+
+
+# --- verify ---------------------------------------------------------------------------------------------
+def test_verify_passes_on_a_fresh_card(tiny_card):
+    proc = run_cli("verify", tiny_card)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "verified" in proc.stdout and "FAIL" not in proc.stdout and "no item flipped" in proc.stdout
+
+
+def verify_lines(card: Path, **kwargs) -> tuple[bool, str]:
+    from promptopt.experiments.verify import verify_card
+
+    result = verify_card(card, device="cpu", **kwargs)
+    return result.ok, "\n".join(result.lines())
+
+
+def test_verify_fails_when_exemplar_text_changes(tiny_card, tmp_path):
+    def change(card):
+        card["exemplars"][0]["question"] = card["exemplars"][0]["question"] + " Truly."
+
+    ok, out = verify_lines(edit_card(tiny_card, tmp_path / "ex.yaml", change))
+    assert not ok, out
+    assert "FAIL  prompt fields: exemplars[0] edited after export" in out
+    assert "FAIL  rendered text" in out and "FAIL  token ids" in out and "verify failed" in out
+
+
+def test_verify_fails_when_the_template_changes(plain_card, tmp_path):
+    def change(card):
+        card["template"]["query"] = card["template"]["query"].replace("Review:", "Movie review:")
+
+    ok, out = verify_lines(edit_card(plain_card, tmp_path / "tpl.yaml", change), limit=3)
+    assert not ok, out
+    assert "FAIL  prompt fields: template edited after export" in out and "FAIL  token ids" in out
+    assert "ok    model weights" in out
+
+
+@pytest.fixture(scope="module")
+def other_model(tiny_llama_dir, tmp_path_factory) -> Path:
+    """The tiny model with one weight changed: same config and tokenizer, different weights."""
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path_factory.mktemp("other-model") / "tiny-b"
+    shutil.copytree(tiny_llama_dir, folder)
+    weights = load_file(folder / "model.safetensors")
+    name = next(k for k in weights if k.endswith("lm_head.weight"))
+    weights[name] = weights[name] * 1.5
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    return folder
+
+
+def test_verify_names_a_model_that_differs(tiny_card, other_model, tmp_path, tiny_llama_dir):
+    def change(card):
+        card["model"]["spec"] = str(other_model)
+
+    ok, out = verify_lines(edit_card(tiny_card, tmp_path / "model.yaml", change), limit=2)
+    assert not ok and "FAIL  model weights: folder-files recorded" in out and "ok    tokenizer" in out, out
+    proc = run_cli("verify", tiny_card, "--model", other_model, "--limit", "2")  # the CLI: named, exit 1
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"FAIL  model weights ({other_model} instead of {tiny_llama_dir})" in proc.stdout
+
+
+def test_verify_without_the_recorded_model_is_one_error(tiny_card, tmp_path):
+    missing = tmp_path / "gone"
+
+    def change(card):
+        card["model"]["spec"] = str(missing)
+
+    proc = run_cli("verify", edit_card(tiny_card, tmp_path / "gone.yaml", change))
+    assert_one_line_error(proc, "gone.yaml: model.spec", f"'{missing}'", "not available on this machine")
+    from promptopt.errors import UserError
+    from promptopt.experiments.verify import verify_card
+
+    with pytest.raises(UserError, match=r"--model: the given model '.*nope.gguf' is not available"):
+        verify_card(tiny_card, model=str(tmp_path / "nope.gguf"))
+
+
+# --- bad input -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("change, fragments", [
+    (lambda c: c["metrics"]["test"].update(accuracy="high"), ["metrics.test.accuracy: expected number or null, got 'high'"]),
+    (lambda c: c["model"].update(weights_sha256="abc"), ["model.weights_sha256: expected a value matching"]),
+    (lambda c: c["rendering"].update(mode="html"), ["rendering.mode: expected one of 'plain', 'chat', got 'html'"]),
+    (lambda c: c["template"].update(quer="{question}"), ["template.quer: unknown key"]),
+    (lambda c: c.pop("check"), ["check: missing"]),
+    (lambda c: c["metrics"]["test"].update(correct="01"), ["metrics.test.correct: expected one character per data.test_ids entry"]),
+])
+def test_a_hand_broken_card_is_one_error_naming_file_and_field(tiny_card, tmp_path, change, fragments):
+    from promptopt.errors import ConfigError
+    from promptopt.production import load_prompt
+
+    from promptopt.prompts import load_card
+
+    path = edit_card(tiny_card, tmp_path / "broken.yaml", change)
+    for reader in (load_prompt, load_card):
+        with pytest.raises(ConfigError) as info:
+            reader(path)
+        for fragment in fragments:
+            assert fragment in str(info.value) and str(path) in str(info.value)
+
+
+def test_verify_and_score_on_a_broken_card_print_one_error(tiny_card, tmp_path):
+    path = edit_card(tiny_card, tmp_path / "broken.yaml", lambda c: c["metrics"]["test"].update(accuracy="high"))
+    assert_one_line_error(run_cli("verify", path), str(path), "metrics.test.accuracy: expected number or null, got 'high'")
+    assert_one_line_error(run_cli("score", "--task", "sst2", "--prompt", path, "--model", "nope/none"), str(path), "metrics.test.accuracy")
+
+
+def test_export_bad_input_is_one_error_and_writes_nothing(tiny_run, tmp_path):
+    out = tmp_path / "card.yaml"
+    assert_one_line_error(run_cli("export", tiny_run, "--trial", "99", "--out", out), "--trial 99", "no such trial", "trials 0–")
+    unfinished = tmp_path / "unfinished"
+    shutil.copytree(tiny_run, unfinished)
+    (unfinished / "summary.json").unlink()
+    assert_one_line_error(run_cli("export", unfinished, "--out", out), "no finished study", "summary.json")
+    from promptopt.errors import UserError
+    from promptopt.experiments.export import export_run
+
+    for kwargs, message in (({"run_dir": tmp_path}, "not a run directory"), ({"run_dir": tiny_run, "fmt": "pdf"}, "--format pdf"),
+                            ({"run_dir": tiny_run, "strategy": "ppl"}, "--strategy ppl: .* is a tcb run")):
+        with pytest.raises(UserError, match=message):
+            export_run(out=out, **kwargs)
+    assert not out.exists() and not list(tmp_path.glob("*.tmp"))
+
+
+def test_export_from_a_compare_directory(tiny_llama_dir, tmp_path):
+    from promptopt.experiments import run_compare
+    from promptopt.experiments.export import export_run
+    from promptopt.search import SearchConfig
+
+    config = SearchConfig.build(task="sst2", trials=2, model=str(tiny_llama_dir), out=str(tmp_path / "cmp"), dev_limit=6, test_limit=4,
+                                minibatch=3, device="cpu")
+    result = run_compare(config, ["accuracy", "tcb"], suite=None, show_progress=False)
+    table = getattr(result, "table", result)  # a DataFrame, or a CompareResult holding one
+    exported = export_run(tmp_path / "cmp", out=tmp_path / "card.yaml", strategy="tcb")
+    assert exported.card["search"]["strategy"] == "tcb" and exported.card["search"]["study"] == "sst2-tcb"
+    assert exported.card["metrics"]["robustness"] is None  # compared without a suite
+    winner = export_run(tmp_path / "cmp", out=tmp_path / "winner.yaml").card["search"]["strategy"]
+    searched = table[table["strategy"] != "baseline"]
+    assert winner in set(searched[searched["avg_acc"] == searched["avg_acc"].max()]["strategy"])
+    # a compare that evaluates top-N candidates records its chosen winner (and its robustness) per run:
+    # export takes that trial, not the study's best
+    best = json.loads((tmp_path / "cmp" / "tcb" / "summary.json").read_text())["best_trial"]
+    other = 1 - best if best in (0, 1) else 0
+    rows = pd.DataFrame([{"strategy": "tcb", "seed": 0, "rank": 1, "winner": True, "n_test": 4, "avg_acc": 0.5, "trial": other,
+                          "pdr": 0.1, "pdr_ci_low": -0.2, "pdr_ci_high": 0.4, "acc_worst": 0.25, "acc_worst_ci_low": 0.05,
+                          "acc_worst_ci_high": 0.7, "acc_worst_family": "typo", "acc_var_pert": 0.01, "taboo_retention_i1": None}])
+    rows.to_csv(tmp_path / "cmp" / "compare_runs.csv", index=False)
+    chosen = export_run(tmp_path / "cmp", out=tmp_path / "chosen.yaml", strategy="tcb").card
+    assert chosen["search"]["trial"] == other and chosen["search"]["winner"]
+    assert chosen["metrics"]["robustness"]["acc_worst_ci95"] == [0.05, 0.7] and chosen["metrics"]["robustness"]["pdr"] == 0.1
+
+
+# --- load_prompt ------------------------------------------------------------------------------------------
+def test_load_prompt_imports_neither_torch_nor_transformers(tiny_card):
+    code = f"""
+import sys, time
+start = time.perf_counter()
+import promptopt
+card = promptopt.load_prompt({str(tiny_card)!r})
+text = card.render("a gorgeous film")
+answer = card.parse("Positive, clearly.")
+elapsed = time.perf_counter() - start
+heavy = [m for m in ("torch", "transformers", "numpy", "pandas") if m in sys.modules]
+print(repr(answer), heavy, elapsed)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO).stdout.split()
+    assert out[0] == "'positive'" and out[1] == "[]", out
+
+
+def test_load_prompt_renders_the_searched_card_byte_identically(tiny_card, tiny_lm):
+    from promptopt.card import sha256_text
+    from promptopt.production import load_prompt
+    from promptopt.prompts import load_card
+    from promptopt.tasks import load_task
+
+    card = load_prompt(tiny_card)
+    prompt, _ = load_card(tiny_card)
+    by_id = {i.id: i for i in load_task("sst2").test}
+    for item_id in card.card["data"]["test_ids"]:
+        item = by_id[item_id]
+        assert card.render(item.question, item.choices) == prompt.context(item.question, item.choices, tiny_lm.tokenizer)
+    first = by_id[card.card["check"]["item_id"]]
+    assert sha256_text(card.render(first.question, first.choices)) == card.card["check"]["text_sha256"]
+
+
+@pytest.mark.slow
+def test_load_prompt_renders_every_builtin_default_prompt_as_the_scorer_does(embedded_lm):
+    """For every built-in task's default prompt, plain and through SmolLM2's chat template: the light
+    renderer's text equals `Prompt.context` with the real tokenizer (what the scorer scores)."""
+    from dataclasses import replace
+
+    from promptopt.experiments.export import answer_section, rendering_section
+    from promptopt.production import card_prompt
+    from promptopt.tasks import builtin_task_names, load_task
+
+    tokenizer = embedded_lm.tokenizer
+    for name in builtin_task_names():
+        task = load_task(name)
+        default = task.default_prompt()
+        for prompt in (default, default.with_(template=replace(default.template, chat=True))):
+            card = {**prompt.to_card(), "rendering": rendering_section(prompt, tokenizer), "answer": answer_section(task.spec, task.test[:3])}
+            light = card_prompt(card, name)
+            for item in task.test[:3]:
+                expected = prompt.context(item.question, item.choices, tokenizer)
+                assert light.render(item.question, item.choices) == expected, (name, prompt.template.chat)
+                assert light.messages(item.question, item.choices) == prompt.messages(item.question, item.choices)
+
+
+@pytest.mark.parametrize("task_name, outputs", [
+    ("sst2", ["positive", " Negative.", "The answer is B", "hmm"]),
+    ("mmlu_gen", ["B", "(C) because", "The answer is D.", "nothing here", "A. the first"]),
+    ("gsm8k", ["so 3 + 4 = 7\n#### 7", "The answer is $1,200.", "no number"]),
+    ("triviaqa", ["Paris\nmore text", "  the Beatles  ", ""]),
+])
+def test_parse_reads_answers_as_the_judge_does(task_name, outputs):
+    """parse() is the task's answer extraction: for generative tasks it agrees with the answer type's judge."""
+    from promptopt.experiments.export import answer_section
+    from promptopt.production import card_prompt
+    from promptopt.tasks import load_task
+
+    task = load_task(task_name)
+    prompt = task.default_prompt()
+    card = card_prompt({**prompt.to_card(), "answer": answer_section(task.spec, task.test[:5])})
+    item = task.test[0]
+    for text in outputs:
+        parsed = card.parse(text, item.choices)
+        if task.spec.generative:
+            extracted, _, correct = task.spec.answer.judge(task.spec, item, text, prompt)
+            if item.choices is not None:
+                shown = prompt.choice_texts(item.choices)
+                assert card.parse_index(text, item.choices) == (shown.index(extracted) if extracted else None)
+            else:
+                assert (parsed or "") == extracted
+        elif text.strip().lower().startswith(("positive", "negative")):
+            assert parsed == text.strip().lower().rstrip(".")
+
+
+# --- the embedded model, end to end -----------------------------------------------------------------------
+@pytest.mark.slow
+def test_export_verify_and_plain_transformers_on_the_embedded_model(tmp_path):
+    """From a search on SmolLM2: export → verify passes → the example scores the card with plain
+    transformers via load_prompt and gets the card's accuracy on the same items."""
+    from promptopt.search import SearchConfig, run_search
+
+    config = SearchConfig.build(task="sst2", trials=2, out=str(tmp_path / "run"), dev_limit=4, test_limit=4, minibatch=4, device="cpu")
+    run_search(config, show_progress=False)
+    proc = run_cli("export", tmp_path / "run", "--out", tmp_path / "card.yaml")
+    assert proc.returncode == 0, proc.stderr
+    proc = run_cli("verify", tmp_path / "card.yaml")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    example = run_example(tmp_path / "card.yaml")
+    assert example.returncode == 0, example.stdout + example.stderr
+    assert "on 4 recorded test items" in example.stdout
+
+
+@pytest.mark.slow
+def test_example_runs_a_generative_card(tmp_path):
+    """A number task (basic_arithmetic, 8 new tokens): greedy transformers decoding + card.parse agrees with
+    promptopt's judge on every item."""
+    from promptopt.experiments import Session
+    from promptopt.experiments.export import build_card
+    from promptopt.experiments.formats import card_yaml
+    from promptopt.models import ModelConfig
+    from promptopt.tasks import DataConfig
+
+    session = Session(model=ModelConfig(device="cpu"), data=DataConfig(task="basic_arithmetic", test_limit=3))
+    card = build_card(session, session.data.default_prompt(), dev_items=[], test_items=session.items("test"))
+    (tmp_path / "arith.yaml").write_text(card_yaml(card))
+    example = run_example(tmp_path / "arith.yaml")
+    assert example.returncode == 0, example.stdout + example.stderr
