@@ -418,6 +418,106 @@ def diagnose_proxy(
     console.print(f"wrote {run_dir / 'proxy_prompts.csv'} and {run_dir / 'proxy_correlations.csv'}")
 
 
+DiagnoseOutOpt = typer.Option(Path("runs/diagnose"), "--out", help="folder for tables (Parquet + CSV), figures and the position cache")
+DiagnoseTasksOpt = typer.Option("sst2,arc_easy,arc_challenge,mmlu", "--tasks", help="log-likelihood tasks whose critical points (and question texts) give positions")
+DiagnoseLimitOpt = typer.Option(40, "--limit", min=0, help="test items per task (critical points)")
+DiagnoseTextOpt = typer.Option(24, "--text-per-task", min=0, help="positions inside each task's question texts")
+DiagnoseTraceOpt = typer.Option(32, "--trace-tokens", min=0, help="generated tokens per trace prompt (0: no trace positions)")
+
+
+def _diagnose_inputs(model, device, dtype, tasks, limit, text_per_task, trace_tokens):
+    from promptopt.experiments.diagnose.positions import PositionSpec
+    from promptopt.models import ModelConfig
+
+    _quiet_libraries()
+    spec = PositionSpec(tasks=tuple(t.strip() for t in tasks.split(",") if t.strip()), limit=limit,
+                        text_per_task=text_per_task, trace_tokens=trace_tokens)
+    return ModelConfig(spec=model, device=device, dtype=dtype).load(), spec
+
+
+def _print_written(report) -> None:
+    n = len(report.positions.frame) if report.positions is not None else None
+    console.print(f"{'' if n is None else f'{n} positions; '}{report.seconds:.1f} s; wrote " + ", ".join(str(p) for p in report.written))
+
+
+@diagnose_app.command("geometry")
+def diagnose_geometry(
+    k: int = typer.Option(10, "--k", min=1, help="competitors moved (the most probable tokens after the top-1)"),
+    alpha: float = typer.Option(0.5, "--alpha", help="cluster: w_j + α (w_top − w_j)"),
+    beta: float = typer.Option(0.5, "--beta", help="disperse: w_j − β (w_top − w_j)"),
+    tasks: str = DiagnoseTasksOpt, limit: int = DiagnoseLimitOpt, text_per_task: int = DiagnoseTextOpt,
+    trace_tokens: int = DiagnoseTraceOpt, out: Path = DiagnoseOutOpt, model: str = ModelOpt,
+    device: str = DeviceOpt, dtype: Optional[str] = DtypeOpt,
+) -> None:
+    """δ_TCB paper Table 2: share of positions with δ_cluster > δ_orig > δ_disperse (h and o fixed; and o recomputed)."""
+    from promptopt.experiments.diagnose.workflows import run_geometry
+
+    lm, spec = _diagnose_inputs(model, device, dtype, tasks, limit, text_per_task, trace_tokens)
+    report = run_geometry(lm, spec, out, k=k, alpha=alpha, beta=beta, progress=True)
+    s = report.result.summary
+    table = Table(title=f"geometry sensitivity · {lm.name} · K={k}, α={alpha:g}, β={beta:g} (share with δ_cluster > δ_orig > δ_disperse, 95% Wilson)")
+    for name in ("V_eff", "n", "h, o fixed (paper's)", "o recomputed", "median δ_cl/δ", "median δ_disp/δ", "paper"):
+        table.add_column(name, justify="left" if name == "V_eff" else "right")
+    for _, r in s.iterrows():
+        table.add_row(r.band, str(r.n), f"{_fmt(r.held_fixed_o)} {_ci(r.ci_low_fixed_o, r.ci_high_fixed_o)}",
+                      f"{_fmt(r.held_recomputed_o)} {_ci(r.ci_low_recomputed_o, r.ci_high_recomputed_o)}",
+                      _fmt(r.median_cluster_ratio_fixed_o), _fmt(r.median_disperse_ratio_fixed_o), f"{r.paper_held:.0%}")
+    console.print(table)
+    drift = (report.result.positions["orig_vs_exact_form"] - 1).abs().max()
+    console.print(f"δ_orig from (o, W) vs the exact form from h: max relative difference {drift:.1e}")
+    _print_written(report)
+
+
+@diagnose_app.command("regimes")
+def diagnose_regimes(
+    low_v_eff: float = typer.Option(2.0, "--low-veff", help="the low-V_eff subset: V_eff below this"),
+    tasks: str = DiagnoseTasksOpt, limit: int = DiagnoseLimitOpt, text_per_task: int = DiagnoseTextOpt,
+    trace_tokens: int = DiagnoseTraceOpt, out: Path = DiagnoseOutOpt, model: str = ModelOpt,
+    device: str = DeviceOpt, dtype: Optional[str] = DtypeOpt,
+) -> None:
+    """δ_TCB paper Table 1: Pearson and Spearman Corr(δ, V_eff), Corr(δ, margin), Corr(margin, V_eff), all and low V_eff."""
+    from promptopt.experiments.diagnose.workflows import run_regimes
+
+    lm, spec = _diagnose_inputs(model, device, dtype, tasks, limit, text_per_task, trace_tokens)
+    report = run_regimes(lm, spec, out, low_v_eff=low_v_eff, progress=True)
+    table = Table(title=f"regimes · {lm.name} · correlations with 95% Fisher-z intervals (paper: Pearson, Llama-3.1-8B)")
+    for name in ("subset", "pair", "n", "Pearson", "Spearman", "Pearson (log δ, log V_eff)", "paper"):
+        table.add_column(name, justify="left" if name in ("subset", "pair") else "right")
+    for _, r in report.result.table.iterrows():
+        subset = "all" if r.subset == "all" else f"V_eff < {low_v_eff:g}"
+        table.add_row(subset, r.pair, str(r.n), f"{r.pearson:+.2f} {_ci(r.pearson_ci_low, r.pearson_ci_high)}",
+                      f"{r.spearman:+.2f} {_ci(r.spearman_ci_low, r.spearman_ci_high)}",
+                      f"{r.pearson_log:+.2f} {_ci(r.pearson_log_ci_low, r.pearson_log_ci_high)}", f"{r.paper_pearson:+.2f}")
+    console.print(table)
+    if report.result.n_infinite:
+        console.print(f"{report.result.n_infinite} position(s) with δ_TCB = +inf left out")
+    _print_written(report)
+
+
+@diagnose_app.command("approx")
+def diagnose_approx(
+    tasks: str = DiagnoseTasksOpt, limit: int = DiagnoseLimitOpt, text_per_task: int = DiagnoseTextOpt,
+    trace_tokens: int = DiagnoseTraceOpt, out: Path = DiagnoseOutOpt, model: str = ModelOpt,
+    device: str = DeviceOpt, dtype: Optional[str] = DtypeOpt,
+) -> None:
+    """The statistical approximation and its V_eff limit vs exact δ_TCB: ratio distribution per V_eff band."""
+    from promptopt.experiments.diagnose.workflows import run_approx
+
+    lm, spec = _diagnose_inputs(model, device, dtype, tasks, limit, text_per_task, trace_tokens)
+    report = run_approx(lm, spec, out, progress=True)
+    table = Table(title=f"approximation / exact δ_TCB · {lm.name}")
+    for name in ("V_eff", "approximation", "n", "median", "10–90%", "geomean", "within 2×", "Spearman vs exact", "expanded form off >0.1%"):
+        table.add_column(name, justify="left" if name in ("V_eff", "approximation") else "right")
+    for _, r in report.result.summary.iterrows():
+        off = r.get("expanded_off_gt_0.1pct")
+        table.add_row(r.band, r.approximation, str(r.n), _fmt(r.get("median_ratio", math.nan)),
+                      _ci(r.get("q10", math.nan), r.get("q90", math.nan)), _fmt(r.get("geomean_ratio", math.nan)),
+                      _fmt(r.get("within_2x", math.nan)), _fmt(r.get("spearman_vs_exact", math.nan)),
+                      "" if off is None or off != off else str(int(off)))
+    console.print(table)
+    _print_written(report)
+
+
 @app.command("model-folder")
 def model_folder_command(model: str = ModelOpt) -> None:
     """Print the folder (or hub id) transformers loads the model from: use it to score a card with plain
