@@ -481,10 +481,10 @@ def diagnose_regimes(
     lm, spec = _diagnose_inputs(model, device, dtype, tasks, limit, text_per_task, trace_tokens)
     report = run_regimes(lm, spec, out, low_v_eff=low_v_eff, progress=True)
     table = Table(title=f"regimes · {lm.name} · correlations with 95% Fisher-z intervals (paper: Pearson, Llama-3.1-8B)")
-    for name in ("subset", "pair", "n", "Pearson", "Spearman", "Pearson (log δ, log V_eff)", "paper"):
+    for name in ("subset", "pair", "n", "Pearson", "Spearman", "Pearson (log δ, log V_eff)", "paper (DPD / LVD)"):
         table.add_column(name, justify="left" if name in ("subset", "pair") else "right")
     for _, r in report.result.table.iterrows():
-        subset = "all" if r.subset == "all" else f"V_eff < {low_v_eff:g}"
+        subset = {"all": "all", "low_v_eff": f"V_eff < {low_v_eff:g}", "high_v_eff": f"V_eff ≥ {low_v_eff:g}"}[r.subset]
         table.add_row(subset, r.pair, str(r.n), f"{r.pearson:+.2f} {_ci(r.pearson_ci_low, r.pearson_ci_high)}",
                       f"{r.spearman:+.2f} {_ci(r.spearman_ci_low, r.spearman_ci_high)}",
                       f"{r.pearson_log:+.2f} {_ci(r.pearson_log_ci_low, r.pearson_log_ci_high)}", f"{r.paper_pearson:+.2f}")
@@ -515,6 +515,55 @@ def diagnose_approx(
                       _fmt(r.get("within_2x", math.nan)), _fmt(r.get("spearman_vs_exact", math.nan)),
                       "" if off is None or off != off else str(int(off)))
     console.print(table)
+    _print_written(report)
+
+
+def _int_list(text: str, option: str, *, allow_empty: bool = False) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise UserError(f"{option} {text!r}: expected comma-separated positive integers") from None
+    if (not values and not allow_empty) or any(v < 1 for v in values):
+        raise UserError(f"{option} {text!r}: expected comma-separated positive integers")
+    return values
+
+
+@diagnose_app.command("taboo")
+def diagnose_taboo(
+    task: str = typer.Option("triviaqa", "--task", help="a generative task (gsm8k is the paper's main one; slow on CPU)"),
+    prompt: Optional[Path] = CardOpt,
+    ranks: str = typer.Option("1,2,4,8", "--ranks", help="taboo ranks of the greedy dose sweep"),
+    mid_word_ranks: str = typer.Option("2", "--mid-word-ranks", help="ranks where mid-word and word-initial are compared ('' = skip)"),
+    temperature: float = typer.Option(0.7, "--temperature", min=0.0, help="sampled runs' τ (0 = skip them)"),
+    seeds: int = typer.Option(3, "--seeds", min=0, help="sampled runs: seeds 0..N-1"),
+    sampled_ranks: str = typer.Option("1", "--sampled-ranks", help="ranks of the sampled runs"),
+    split: str = typer.Option("test", "--split"),
+    limit: Optional[int] = typer.Option(24, "--limit", min=1),
+    out: Path = DiagnoseOutOpt, model: str = ModelOpt, subsets: Optional[str] = SubsetsOpt,
+    device: str = DeviceOpt, dtype: Optional[str] = DtypeOpt, quantize: Optional[str] = QuantizeOpt,
+) -> None:
+    """Taboo paper: ΔS per intervention vs rank (a + b·ln i, R²), mid-word vs word-initial, temperature seeds."""
+    from promptopt.experiments.diagnose.workflows import run_taboo
+
+    _quiet_libraries()
+    rank_list = _int_list(ranks, "--ranks")
+    mid_list = _int_list(mid_word_ranks, "--mid-word-ranks", allow_empty=True)
+    sampled_list = _int_list(sampled_ranks, "--sampled-ranks")
+    session = _session(task, model, device, dtype, quantize, subsets)
+    if not session.data.spec.generative:
+        raise UserError(f"diagnose taboo needs a generative task (answer type number, alias_match or code); {task} is scored by log-likelihood")
+    report = run_taboo(session, out, split=split, limit=limit, card=prompt, ranks=rank_list, mid_word_ranks=mid_list,
+                       temperature=temperature, seeds=tuple(range(seeds)), sampled_ranks=sampled_list)
+    sweep = report.result
+    columns = ["rank", "n", "accuracy", "retention", "retention_ci_low", "retention_ci_high", "marginal_retention",
+               "mean_surprisal_per_intervention", "interventions_per_item", "length_expansion"]
+    _print_frame(sweep.dose, columns, f"taboo dose · {session.data.spec.name} · word-initial, greedy", 20)
+    fit = sweep.fit
+    console.print(f"mean ΔS per intervention ≈ {fit['a']:.3f} + {fit['b']:.3f}·ln i   (R² = {fit['r2']:.3f} over {fit['n']} ranks)")
+    if not sweep.ablation.empty:
+        _print_frame(sweep.ablation, ["rank", "mode", *columns[1:]], "word-initial vs mid-word at matched rank (greedy)", 20)
+    if not sweep.sampled_summary.empty:
+        _print_frame(sweep.sampled_summary, list(sweep.sampled_summary.columns), f"sampled, τ = {temperature:g}: mean and SD over seeds", 20)
     _print_written(report)
 
 

@@ -108,12 +108,13 @@ def plot(result: GeometryResult, path) -> None:
         if column != "paper_held":
             low = s[column.replace("held", "ci_low")].to_numpy(dtype=float)
             high = s[column.replace("held", "ci_high")].to_numpy(dtype=float)
-            ax.errorbar(x + offset, values, yerr=[values - low, high - values], fmt="none", color="black", lw=0.8)
+            yerr = np.clip([values - low, high - values], 0, None)  # Wilson bounds can round past the share
+            ax.errorbar(x + offset, values, yerr=yerr, fmt="none", color="black", lw=0.8)
     ax.set_xticks(x)
     ax.set_xticklabels([f"{b}\n(n={n})" for b, n in zip(s["band"], s["n"])])
     ax.set_ylabel("share with δ_cluster > δ_orig > δ_disperse")
-    ax.set_ylim(0, 1.05)
-    ax.legend(fontsize=8, loc="lower left")
+    ax.set_ylim(0, 1.3)
+    ax.legend(fontsize=8, loc="upper center", ncol=2)
     ax = axes[0][1]
     t = result.positions
     ax.scatter(t["v_eff"], t["cluster_ratio_fixed_o"], s=8, label="cluster / orig (o fixed)")

@@ -51,3 +51,21 @@ def run_approx(lm, spec: PositionSpec, out: Path, *, progress: bool = False) -> 
     written = save_table(result.positions, out / "approx_positions") + save_table(result.summary, out / "approx_summary")
     approx.plot(result, out / "approx.png")
     return Report(result, [*written, out / "approx.png"], time.perf_counter() - start, positions)
+
+
+def run_taboo(session, out: Path, *, split: str = "test", limit: int | None = 24, card=None, ranks=(1, 2, 4, 8),
+              mid_word_ranks=(2,), temperature: float = 0.7, seeds=(0, 1, 2), sampled_ranks=(1,)) -> Report:
+    from promptopt.experiments.diagnose import taboo
+
+    start = time.perf_counter()
+    prompt, items = session.prompt(card), session.items(split, limit)
+    sweep = taboo.taboo_sweep(session.scorer, prompt, items, ranks=ranks, mid_word_ranks=mid_word_ranks,
+                              temperature=temperature, seeds=seeds, sampled_ranks=sampled_ranks)
+    fit = {"fit_a": sweep.fit["a"], "fit_b": sweep.fit["b"], "fit_r2": sweep.fit["r2"], "fit_ranks": sweep.fit["n"]}
+    written = save_table(sweep.dose.assign(**fit), out / "taboo_dose") + save_table(sweep.items, out / "taboo_items")
+    if not sweep.ablation.empty:
+        written += save_table(sweep.ablation, out / "taboo_ablation")
+    if not sweep.sampled.empty:
+        written += save_table(sweep.sampled, out / "taboo_sampled") + save_table(sweep.sampled_summary, out / "taboo_sampled_summary")
+    taboo.plot(sweep, out / "taboo.png")
+    return Report(sweep, [*written, out / "taboo.png"], time.perf_counter() - start)
