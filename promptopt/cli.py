@@ -151,24 +151,40 @@ def trace(
     chat: Optional[bool] = typer.Option(None, "--chat/--plain", help="wrap TEXT in the chat template (default: if the model has one)"),
     dip_ratio: float = typer.Option(0.5, "--dip-ratio", help="flag a token whose δ_TCB falls below this fraction of the running median"),
     window: int = typer.Option(8, "--window", min=2, help="tokens in the running median"),
+    out: Optional[Path] = typer.Option(None, "--out", help="write the per-token table (.parquet or .csv)"),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="write the paper's Fig. 4 panels (.png or .svg)"),
     device: str = DeviceOpt,
     dtype: Optional[str] = DtypeOpt,
 ) -> None:
-    """Generate greedily and print δ_TCB, V_eff, margin and −log p of every token, flagging sharp δ_TCB dips."""
-    from promptopt.trace import trace_generation
+    """Generate greedily and print δ_TCB, V_eff, margin, P(2nd best), −log p and running PPL of every token, flagging δ_TCB dips."""
+    from promptopt.trace import plot_trace, trace_generation
 
     _quiet_libraries()
+    if out is not None and out.suffix not in (".parquet", ".csv"):
+        raise UserError(f"--out {out}: use a .parquet or .csv file name")
+    if plot is not None and plot.suffix not in (".png", ".svg"):
+        raise UserError(f"--plot {plot}: use a .png or .svg file name")
     from promptopt.models import load_model
 
     lm = load_model(model, device=device, dtype=dtype)
     frame = trace_generation(lm, text, max_new_tokens=max_new_tokens, chat=chat, dip_ratio=dip_ratio, window=window)
     table = Table(title=f"trace · {lm.name}")
-    for name in ("step", "token", "tcb", "v_eff", "margin", "nll", "dip"):
+    for name in ("step", "token", "tcb", "v_eff", "margin", "p_second", "nll", "running_ppl", "dip"):
         table.add_column(name, justify="left" if name in ("token", "dip") else "right")
     for _, row in frame.iterrows():
-        table.add_row(str(row.step), repr(row.token), _fmt(row.tcb), _fmt(row.v_eff), _fmt(row.margin), _fmt(row.nll), "▼ dip" if row.dip else "")
+        table.add_row(str(row.step), repr(row.token), _fmt(row.tcb), _fmt(row.v_eff), _fmt(row.margin), _fmt(row.p_second),
+                      _fmt(row.nll), _fmt(row.running_ppl), "▼ dip" if row.dip else "")
     console.print(table)
     console.print(f"{int(frame['dip'].sum())} dip(s) in {len(frame)} tokens; text: {''.join(frame['token'])!r}")
+    if out is not None:
+        from promptopt.yamlio import atomic_write_bytes_via
+
+        writer = (lambda p: frame.to_parquet(p, index=False)) if out.suffix == ".parquet" else (lambda p: frame.to_csv(p, index=False))
+        atomic_write_bytes_via(out, writer)
+        console.print(f"wrote {out}")
+    if plot is not None:
+        plot_trace(frame, plot, title=f"{lm.name}: {text[:60]}")
+        console.print(f"wrote {plot}")
 
 
 def _search_config(**flat):
@@ -538,7 +554,7 @@ def diagnose_taboo(
     seeds: int = typer.Option(3, "--seeds", min=0, help="sampled runs: seeds 0..N-1"),
     sampled_ranks: str = typer.Option("1", "--sampled-ranks", help="ranks of the sampled runs"),
     split: str = typer.Option("test", "--split"),
-    limit: Optional[int] = typer.Option(24, "--limit", min=1),
+    limit: Optional[int] = typer.Option(16, "--limit", min=1, help="items (one generation batch at the default batch size)"),
     out: Path = DiagnoseOutOpt, model: str = ModelOpt, subsets: Optional[str] = SubsetsOpt,
     device: str = DeviceOpt, dtype: Optional[str] = DtypeOpt, quantize: Optional[str] = QuantizeOpt,
 ) -> None:

@@ -53,7 +53,7 @@ def run_approx(lm, spec: PositionSpec, out: Path, *, progress: bool = False) -> 
     return Report(result, [*written, out / "approx.png"], time.perf_counter() - start, positions)
 
 
-def run_taboo(session, out: Path, *, split: str = "test", limit: int | None = 24, card=None, ranks=(1, 2, 4, 8),
+def run_taboo(session, out: Path, *, split: str = "test", limit: int | None = 16, card=None, ranks=(1, 2, 4, 8),
               mid_word_ranks=(2,), temperature: float = 0.7, seeds=(0, 1, 2), sampled_ranks=(1,)) -> Report:
     from promptopt.experiments.diagnose import taboo
 
