@@ -102,15 +102,15 @@ def plot(sweep: TabooSweep, path) -> None:
     ax = axes[0][1]
     ret = d["retention"].to_numpy(dtype=float)
     yerr = np.clip([ret - d["retention_ci_low"].to_numpy(dtype=float), d["retention_ci_high"].to_numpy(dtype=float) - ret], 0, None)
-    ax.errorbar(d["rank"], ret, yerr=yerr, fmt="o-", capsize=3, label="greedy")
+    ax.errorbar(d["rank"], ret, yerr=yerr, fmt="o-", capsize=3, label="greedy: conditional retention (Wilson 95%)")
     if not sweep.sampled_summary.empty:
         s = sweep.sampled_summary
         ax.errorbar(s["rank"], s["marginal_retention_mean"], yerr=s["marginal_retention_sd"], fmt="s", capsize=3,
-                    label="sampled: marginal retention ± seed SD")
+                    label="sampled: marginal retention (mean ± seed SD)")
     ax.set_xscale("log", base=2)
     ax.set_ylim(-0.05, 1.3)
     ax.set_xlabel("taboo rank i")
-    ax.set_ylabel("conditional retention")
+    ax.set_ylabel("retention")
     ax.legend(fontsize=8)
     ax = axes[0][2]
     if not sweep.ablation.empty:
