@@ -42,13 +42,15 @@ def move_toward(rows: torch.Tensor, anchor: torch.Tensor, *, alpha: float) -> to
     return rows + alpha * (anchor[..., None, :] - rows)
 
 
-def logits_float64(geometry, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """float64 logits z (N, V) and chain-rule gains dz/ds (None for plain logits) of an `OutputGeometry`."""
+def logits_float64(geometry, hidden: torch.Tensor, *, weight: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """float64 logits z (N, V) and chain-rule gains dz/ds (None for plain logits) of an `OutputGeometry`
+    (`weight`: the same W already in float64, to skip the per-call upcast)."""
+    w_all = geometry.weight if weight is None else weight
     h = hidden.reshape(-1, geometry.hidden_size).double()
     s = torch.empty(h.shape[0], geometry.vocab_size, dtype=torch.float64, device=h.device)
     for start in range(0, geometry.vocab_size, _VOCAB_CHUNK):
         stop = min(start + _VOCAB_CHUNK, geometry.vocab_size)
-        s[:, start:stop] = h @ geometry.weight[start:stop].double().T
+        s[:, start:stop] = h @ w_all[start:stop].double().T
     if geometry.bias is not None:
         s = s + geometry.bias.double()
     return geometry._transform(s)

@@ -25,7 +25,8 @@ from promptopt.metrics.geometry import logits_float64, move_toward, tcb_from_pro
 from promptopt.metrics.stats import wilson_interval
 
 PAPER_TABLE2 = {"<20": 0.95, "20–100": 0.92, ">100": 0.80, "overall": 0.90}
-_CHUNK = 64
+_CHUNK = 128
+_F64_COPY_ELEMENTS = 1 << 25
 
 
 @dataclass
@@ -39,9 +40,11 @@ def geometry_sensitivity(lm, positions, *, k: int = 10, alpha: float = 0.5, beta
     if not 1 <= k < head.vocab_size:
         raise ValueError(f"k must be in [1, V − 1], got {k}")
     rows = []
+    # One float64 copy of W for every pass (five per chunk) when it is small enough (SmolLM2: 226 MB).
+    weight = head.weight.double() if head.weight.numel() <= _F64_COPY_ELEMENTS else head.weight
     with torch.inference_mode():
         for start in range(0, positions.hidden.shape[0], _CHUNK):
-            rows.append(_chunk(head, positions.hidden[start : start + _CHUNK].to(head.weight.device), k, alpha, beta))
+            rows.append(_chunk(head, weight, positions.hidden[start : start + _CHUNK].to(head.weight.device), k, alpha, beta))
     table = positions.frame[["source", "task", "item_id", "step", "token", "v_eff", "top_prob", "margin", "band", "tcb"]].copy()
     for name in rows[0]:
         table[name] = np.concatenate([r[name] for r in rows])
@@ -53,12 +56,11 @@ def geometry_sensitivity(lm, positions, *, k: int = 10, alpha: float = 0.5, beta
     return GeometryResult(table, summarize(table))
 
 
-def _chunk(head, hidden: torch.Tensor, k: int, alpha: float, beta: float) -> dict[str, np.ndarray]:
-    z, gain = logits_float64(head, hidden)
+def _chunk(head, weight: torch.Tensor, hidden: torch.Tensor, k: int, alpha: float, beta: float) -> dict[str, np.ndarray]:
+    z, gain = logits_float64(head, hidden, weight=weight)
     o = torch.log_softmax(z, -1).exp()
     order = o.topk(k + 1, dim=-1).indices
     top, comps = order[:, 0], order[:, 1:]
-    weight = head.weight
     anchor = weight[top].double()
     h = hidden.double()
     out = {"tcb_orig": tcb_from_probs(o, weight, gain=gain).tcb}
