@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from promptopt.errors import UserError
 from promptopt.experiments.diagnose.output import V_EFF_BANDS
 from promptopt.metrics.geometry import logits_float64, move_toward, tcb_from_probs
 from promptopt.metrics.stats import wilson_interval
@@ -38,7 +39,7 @@ class GeometryResult:
 def geometry_sensitivity(lm, positions, *, k: int = 10, alpha: float = 0.5, beta: float = 0.5) -> GeometryResult:
     head = lm.output_head
     if not 1 <= k < head.vocab_size:
-        raise ValueError(f"k must be in [1, V − 1], got {k}")
+        raise UserError(f"--k {k}: the competitors moved must be between 1 and V − 1 = {head.vocab_size - 1}")
     rows = []
     # One float64 copy of W for every pass (five per chunk) when it is small enough (SmolLM2: 226 MB).
     weight = head.weight.double() if head.weight.numel() <= _F64_COPY_ELEMENTS else head.weight
