@@ -251,7 +251,7 @@ class LMParaphraseOperator(Operator):
     """
 
     name = "lm_paraphrase"
-    _memo: dict[tuple[str, str, int], str] = {}  # (model, question, style) -> paraphrase: the same for every prompt
+    _memo: dict[tuple[str, bool, str, int], str] = {}  # (model, chat?, question, style) -> paraphrase, for every prompt
     STYLES = (
         "Rewrite the following text in different words.",
         "Say the same thing as the following text in simpler words.",
@@ -288,17 +288,18 @@ class LMParaphraseOperator(Operator):
         lm = context["lm"]
         index = int(context.get("index", 0)) % len(self.STYLES)
         style = self.STYLES[index]
-        todo = [item for item in items if (lm.name, item.question, index) not in self._memo]
+        key = (lm.name, lm.has_chat_template)
+        todo = [item for item in items if (*key, item.question, index) not in self._memo]
         if todo:
             contexts = [self._request(lm, style, item.question) for item in todo]
             longest = max(len(lm.tokenizer(item.question)["input_ids"]) for item in todo)
             stop = ["\n\n"] if lm.has_chat_template else ["\n"]
             gens = context["runner"].generate(contexts, max_new_tokens=int(longest * 1.5) + 16, stop=stop)
             for item, gen in zip(todo, gens):
-                self._memo[(lm.name, item.question, index)] = gen.text.strip()
+                self._memo[(*key, item.question, index)] = gen.text.strip()
         variants = []
         for item in items:
-            text = self._memo[(lm.name, item.question, index)]
+            text = self._memo[(*key, item.question, index)]
             variants.append(Variant(prompt, replace(item, question=text)) if text else None)
         return variants
 
