@@ -162,24 +162,40 @@ def trace(
     chat: Optional[bool] = typer.Option(None, "--chat/--plain", help="wrap TEXT in the chat template (default: if the model has one)"),
     dip_ratio: float = typer.Option(0.5, "--dip-ratio", help="flag a token whose δ_TCB falls below this fraction of the running median"),
     window: int = typer.Option(8, "--window", min=2, help="tokens in the running median"),
+    out: Optional[Path] = typer.Option(None, "--out", help="write the per-token table (.parquet or .csv)"),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="write the paper's Fig. 4 panels (.png or .svg)"),
     device: str = DeviceOpt,
     dtype: Optional[str] = DtypeOpt,
 ) -> None:
-    """Generate greedily and print δ_TCB, V_eff, margin and −log p of every token, flagging sharp δ_TCB dips."""
-    from promptopt.trace import trace_generation
+    """Generate greedily and print δ_TCB, V_eff, margin, P(2nd best), −log p and running PPL of every token, flagging δ_TCB dips."""
+    from promptopt.trace import plot_trace, trace_generation
 
     _quiet_libraries()
+    if out is not None and out.suffix not in (".parquet", ".csv"):
+        raise UserError(f"--out {out}: use a .parquet or .csv file name")
+    if plot is not None and plot.suffix not in (".png", ".svg"):
+        raise UserError(f"--plot {plot}: use a .png or .svg file name")
     from promptopt.models import load_model
 
     lm = load_model(model, device=device, dtype=dtype)
     frame = trace_generation(lm, text, max_new_tokens=max_new_tokens, chat=chat, dip_ratio=dip_ratio, window=window)
     table = Table(title=f"trace · {lm.name}")
-    for name in ("step", "token", "tcb", "v_eff", "margin", "nll", "dip"):
+    for name in ("step", "token", "tcb", "v_eff", "margin", "p_second", "nll", "running_ppl", "dip"):
         table.add_column(name, justify="left" if name in ("token", "dip") else "right")
     for _, row in frame.iterrows():
-        table.add_row(str(row.step), repr(row.token), _fmt(row.tcb), _fmt(row.v_eff), _fmt(row.margin), _fmt(row.nll), "▼ dip" if row.dip else "")
+        table.add_row(str(row.step), repr(row.token), _fmt(row.tcb), _fmt(row.v_eff), _fmt(row.margin), _fmt(row.p_second),
+                      _fmt(row.nll), _fmt(row.running_ppl), "▼ dip" if row.dip else "")
     console.print(table)
     console.print(f"{int(frame['dip'].sum())} dip(s) in {len(frame)} tokens; text: {''.join(frame['token'])!r}")
+    if out is not None:
+        from promptopt.yamlio import atomic_write_bytes_via
+
+        writer = (lambda p: frame.to_parquet(p, index=False)) if out.suffix == ".parquet" else (lambda p: frame.to_csv(p, index=False))
+        atomic_write_bytes_via(out, writer)
+        console.print(f"wrote {out}")
+    if plot is not None:
+        plot_trace(frame, plot, title=f"{lm.name}: {text[:60]}")
+        console.print(f"wrote {plot}")
 
 
 def _search_config(**flat):
@@ -429,6 +445,155 @@ def diagnose_proxy(
         table.add_row(r.signal, r.target, str(r.n_prompts), f"{r.spearman:+.3f}{' *' if r.interval_excludes_0 else ''}", _ci(r.ci_low, r.ci_high))
     console.print(table)
     console.print(f"wrote {run_dir / 'proxy_prompts.csv'} and {run_dir / 'proxy_correlations.csv'}")
+
+
+DiagnoseOutOpt = typer.Option(Path("runs/diagnose"), "--out", help="folder for tables (Parquet + CSV), figures and the position cache")
+DiagnoseTasksOpt = typer.Option("sst2,arc_easy,arc_challenge,mmlu", "--tasks", help="log-likelihood tasks whose critical points (and question texts) give positions")
+DiagnoseLimitOpt = typer.Option(40, "--limit", min=0, help="test items per task (critical points)")
+DiagnoseTextOpt = typer.Option(24, "--text-per-task", min=0, help="positions inside each task's question texts")
+DiagnoseTraceOpt = typer.Option(32, "--trace-tokens", min=0, help="generated tokens per trace prompt (0: no trace positions)")
+
+
+def _diagnose_inputs(model, device, dtype, tasks, limit, text_per_task, trace_tokens):
+    from promptopt.experiments.diagnose.positions import PositionSpec
+    from promptopt.models import ModelConfig
+
+    _quiet_libraries()
+    spec = PositionSpec(tasks=tuple(t.strip() for t in tasks.split(",") if t.strip()), limit=limit,
+                        text_per_task=text_per_task, trace_tokens=trace_tokens)
+    return ModelConfig(spec=model, device=device, dtype=dtype).load(), spec
+
+
+def _print_written(report) -> None:
+    n = len(report.positions.frame) if report.positions is not None else None
+    console.print(f"{'' if n is None else f'{n} positions; '}{report.seconds:.1f} s; wrote " + ", ".join(str(p) for p in report.written))
+
+
+@diagnose_app.command("geometry")
+def diagnose_geometry(
+    k: int = typer.Option(10, "--k", min=1, help="competitors moved (the most probable tokens after the top-1)"),
+    alpha: float = typer.Option(0.5, "--alpha", help="cluster: w_j + α (w_top − w_j)"),
+    beta: float = typer.Option(0.5, "--beta", help="disperse: w_j − β (w_top − w_j)"),
+    tasks: str = DiagnoseTasksOpt, limit: int = DiagnoseLimitOpt, text_per_task: int = DiagnoseTextOpt,
+    trace_tokens: int = DiagnoseTraceOpt, out: Path = DiagnoseOutOpt, model: str = ModelOpt,
+    device: str = DeviceOpt, dtype: Optional[str] = DtypeOpt,
+) -> None:
+    """δ_TCB paper Table 2: share of positions with δ_cluster > δ_orig > δ_disperse (h and o fixed; and o recomputed)."""
+    from promptopt.experiments.diagnose.workflows import run_geometry
+
+    lm, spec = _diagnose_inputs(model, device, dtype, tasks, limit, text_per_task, trace_tokens)
+    report = run_geometry(lm, spec, out, k=k, alpha=alpha, beta=beta, progress=True)
+    s = report.result.summary
+    table = Table(title=f"geometry sensitivity · {lm.name} · K={k}, α={alpha:g}, β={beta:g} (share with δ_cluster > δ_orig > δ_disperse, 95% Wilson)")
+    for name in ("V_eff", "n", "h, o fixed (paper's)", "o recomputed", "median δ_cl/δ", "median δ_disp/δ", "paper"):
+        table.add_column(name, justify="left" if name == "V_eff" else "right")
+    for _, r in s.iterrows():
+        table.add_row(r.band, str(r.n), f"{_fmt(r.held_fixed_o)} {_ci(r.ci_low_fixed_o, r.ci_high_fixed_o)}",
+                      f"{_fmt(r.held_recomputed_o)} {_ci(r.ci_low_recomputed_o, r.ci_high_recomputed_o)}",
+                      _fmt(r.median_cluster_ratio_fixed_o), _fmt(r.median_disperse_ratio_fixed_o), f"{r.paper_held:.0%}")
+    console.print(table)
+    drift = (report.result.positions["orig_vs_exact_form"] - 1).abs().max()
+    console.print(f"δ_orig from (o, W) vs the exact form from h: max relative difference {drift:.1e}")
+    _print_written(report)
+
+
+@diagnose_app.command("regimes")
+def diagnose_regimes(
+    low_v_eff: float = typer.Option(2.0, "--low-veff", help="the low-V_eff subset: V_eff below this"),
+    tasks: str = DiagnoseTasksOpt, limit: int = DiagnoseLimitOpt, text_per_task: int = DiagnoseTextOpt,
+    trace_tokens: int = DiagnoseTraceOpt, out: Path = DiagnoseOutOpt, model: str = ModelOpt,
+    device: str = DeviceOpt, dtype: Optional[str] = DtypeOpt,
+) -> None:
+    """δ_TCB paper Table 1: Pearson and Spearman Corr(δ, V_eff), Corr(δ, margin), Corr(margin, V_eff), all and low V_eff."""
+    from promptopt.experiments.diagnose.workflows import run_regimes
+
+    lm, spec = _diagnose_inputs(model, device, dtype, tasks, limit, text_per_task, trace_tokens)
+    report = run_regimes(lm, spec, out, low_v_eff=low_v_eff, progress=True)
+    table = Table(title=f"regimes · {lm.name} · correlations with 95% Fisher-z intervals (paper: Pearson, Llama-3.1-8B)")
+    for name in ("subset", "pair", "n", "Pearson", "Spearman", "Pearson (log δ, log V_eff)", "paper (DPD / LVD)"):
+        table.add_column(name, justify="left" if name in ("subset", "pair") else "right")
+    for _, r in report.result.table.iterrows():
+        subset = {"all": "all", "low_v_eff": f"V_eff < {low_v_eff:g}", "high_v_eff": f"V_eff ≥ {low_v_eff:g}"}[r.subset]
+        table.add_row(subset, r.pair, str(r.n), f"{r.pearson:+.2f} {_ci(r.pearson_ci_low, r.pearson_ci_high)}",
+                      f"{r.spearman:+.2f} {_ci(r.spearman_ci_low, r.spearman_ci_high)}",
+                      f"{r.pearson_log:+.2f} {_ci(r.pearson_log_ci_low, r.pearson_log_ci_high)}", f"{r.paper_pearson:+.2f}")
+    console.print(table)
+    if report.result.n_infinite:
+        console.print(f"{report.result.n_infinite} position(s) with δ_TCB = +inf left out")
+    _print_written(report)
+
+
+@diagnose_app.command("approx")
+def diagnose_approx(
+    tasks: str = DiagnoseTasksOpt, limit: int = DiagnoseLimitOpt, text_per_task: int = DiagnoseTextOpt,
+    trace_tokens: int = DiagnoseTraceOpt, out: Path = DiagnoseOutOpt, model: str = ModelOpt,
+    device: str = DeviceOpt, dtype: Optional[str] = DtypeOpt,
+) -> None:
+    """The statistical approximation and its V_eff limit vs exact δ_TCB: ratio distribution per V_eff band."""
+    from promptopt.experiments.diagnose.workflows import run_approx
+
+    lm, spec = _diagnose_inputs(model, device, dtype, tasks, limit, text_per_task, trace_tokens)
+    report = run_approx(lm, spec, out, progress=True)
+    table = Table(title=f"approximation / exact δ_TCB · {lm.name}")
+    for name in ("V_eff", "approximation", "n", "median", "10–90%", "geomean", "within 2×", "Spearman vs exact", "expanded form off >0.1%"):
+        table.add_column(name, justify="left" if name in ("V_eff", "approximation") else "right")
+    for _, r in report.result.summary.iterrows():
+        off = r.get("expanded_off_gt_0.1pct")
+        table.add_row(r.band, r.approximation, str(r.n), _fmt(r.get("median_ratio", math.nan)),
+                      _ci(r.get("q10", math.nan), r.get("q90", math.nan)), _fmt(r.get("geomean_ratio", math.nan)),
+                      _fmt(r.get("within_2x", math.nan)), _fmt(r.get("spearman_vs_exact", math.nan)),
+                      "" if off is None or off != off else str(int(off)))
+    console.print(table)
+    _print_written(report)
+
+
+def _int_list(text: str, option: str, *, allow_empty: bool = False) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise UserError(f"{option} {text!r}: expected comma-separated positive integers") from None
+    if (not values and not allow_empty) or any(v < 1 for v in values):
+        raise UserError(f"{option} {text!r}: expected comma-separated positive integers")
+    return values
+
+
+@diagnose_app.command("taboo")
+def diagnose_taboo(
+    task: str = typer.Option("triviaqa", "--task", help="a generative task (gsm8k is the paper's main one; slow on CPU)"),
+    prompt: Optional[Path] = CardOpt,
+    ranks: str = typer.Option("1,2,4,8", "--ranks", help="taboo ranks of the greedy dose sweep"),
+    mid_word_ranks: str = typer.Option("2", "--mid-word-ranks", help="ranks where mid-word and word-initial are compared ('' = skip)"),
+    temperature: float = typer.Option(0.7, "--temperature", min=0.0, help="sampled runs' τ (0 = skip them)"),
+    seeds: int = typer.Option(3, "--seeds", min=0, help="sampled runs: seeds 0..N-1"),
+    sampled_ranks: str = typer.Option("1", "--sampled-ranks", help="ranks of the sampled runs"),
+    split: str = typer.Option("test", "--split"),
+    limit: Optional[int] = typer.Option(16, "--limit", min=1, help="items (one generation batch at the default batch size)"),
+    out: Path = DiagnoseOutOpt, model: str = ModelOpt, subsets: Optional[str] = SubsetsOpt,
+    device: str = DeviceOpt, dtype: Optional[str] = DtypeOpt, quantize: Optional[str] = QuantizeOpt,
+) -> None:
+    """Taboo paper: ΔS per intervention vs rank (a + b·ln i, R²), mid-word vs word-initial, temperature seeds."""
+    from promptopt.experiments.diagnose.workflows import run_taboo
+
+    _quiet_libraries()
+    rank_list = _int_list(ranks, "--ranks")
+    mid_list = _int_list(mid_word_ranks, "--mid-word-ranks", allow_empty=True)
+    sampled_list = _int_list(sampled_ranks, "--sampled-ranks")
+    session = _session(task, model, device, dtype, quantize, subsets)
+    if not session.data.spec.generative:
+        raise UserError(f"diagnose taboo needs a generative task (answer type number, alias_match or code); {task} is scored by log-likelihood")
+    report = run_taboo(session, out, split=split, limit=limit, card=prompt, ranks=rank_list, mid_word_ranks=mid_list,
+                       temperature=temperature, seeds=tuple(range(seeds)), sampled_ranks=sampled_list)
+    sweep = report.result
+    columns = ["rank", "n", "accuracy", "retention", "retention_ci_low", "retention_ci_high", "marginal_retention",
+               "mean_surprisal_per_intervention", "interventions_per_item", "length_expansion"]
+    _print_frame(sweep.dose, columns, f"taboo dose · {session.data.spec.name} · word-initial, greedy", 20)
+    fit = sweep.fit
+    console.print(f"mean ΔS per intervention ≈ {fit['a']:.3f} + {fit['b']:.3f}·ln i   (R² = {fit['r2']:.3f} over {fit['n']} ranks)")
+    if not sweep.ablation.empty:
+        _print_frame(sweep.ablation, ["rank", "mode", *columns[1:]], "word-initial vs mid-word at matched rank (greedy)", 20)
+    if not sweep.sampled_summary.empty:
+        _print_frame(sweep.sampled_summary, list(sweep.sampled_summary.columns), f"sampled, τ = {temperature:g}: mean and SD over seeds", 20)
+    _print_written(report)
 
 
 @app.command("model-folder")

@@ -85,7 +85,7 @@ def test_mask_trigger_and_surprisal_on_hand_built_logits():
 
 def test_mid_word_mode_and_sampled_token_surprisal():
     word_initial = torch.tensor([True, False, False, True])
-    proc = TabooLogitsProcessor(word_initial, rank=1, mode="mid_word")
+    proc = TabooLogitsProcessor(word_initial, rank=1, mode="mid_word", continues=~word_initial)  # all mid-word here
     scores = torch.tensor([[1.0, 3.0, 2.0, 0.0], [3.0, 1.0, 0.0, 2.0]])
     out = proc(torch.zeros(2, 1, dtype=torch.long), scores)
     assert math.isinf(out[0, 1]) and torch.equal(out[1], scores[1])  # only the mid-word nominal is masked

@@ -185,3 +185,45 @@ def spearman(x, y) -> float:
     if len(rx) < 2 or rx.std() == 0 or ry.std() == 0:
         return float("nan")
     return float(np.corrcoef(rx, ry)[0, 1])
+
+
+# --- correlations with intervals, dose-response fits -------------------------------------------------------
+def pearson(x, y) -> float:
+    """Pearson correlation; NaN when either side is constant or fewer than 2 pairs."""
+    import numpy as np
+
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if len(x) < 2 or x.std() == 0 or y.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(x, y)[0, 1])
+
+
+def correlation_interval(r: float, n: int, *, method: str = "pearson", level: float = 0.95) -> tuple[float, float]:
+    """Fisher-z interval for a correlation: tanh(atanh r ± z/sqrt(n − 3)); for Spearman the Bonett–Wright
+    standard error sqrt((1 + r²/2)/(n − 3)). (nan, nan) when n ≤ 3 or r is NaN."""
+    from statistics import NormalDist
+
+    if method not in ("pearson", "spearman"):
+        raise ValueError(f"method must be pearson or spearman, got {method!r}")
+    if n <= 3 or r != r:
+        return float("nan"), float("nan")
+    z = NormalDist().inv_cdf(0.5 + level / 2)
+    se = math.sqrt((1 + r * r / 2) / (n - 3)) if method == "spearman" else 1 / math.sqrt(n - 3)
+    centre = math.atanh(max(-0.999999999999, min(0.999999999999, r)))
+    return math.tanh(centre - z * se), math.tanh(centre + z * se)
+
+
+def fit_log(x, y) -> dict:
+    """Least-squares y ≈ a + b·ln x with its R² (the Taboo paper's "ΔS grows roughly logarithmically with i")."""
+    import numpy as np
+
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    keep = np.isfinite(x) & np.isfinite(y) & (x > 0)
+    x, y = x[keep], y[keep]
+    if len(x) < 2 or np.ptp(np.log(x)) == 0:
+        return {"a": float("nan"), "b": float("nan"), "r2": float("nan"), "n": int(len(x))}
+    b, a = np.polyfit(np.log(x), y, 1)
+    resid = y - (a + b * np.log(x))
+    total = ((y - y.mean()) ** 2).sum()
+    r2 = 1 - (resid ** 2).sum() / total if total > 0 else float("nan")
+    return {"a": float(a), "b": float(b), "r2": float(r2), "n": int(len(x))}

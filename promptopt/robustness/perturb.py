@@ -1,8 +1,9 @@
 """Perturbation operators (δ_TCB paper App. C.4.3; PromptBench-style stress).
 
-Question-level (the item's text changes): WordNet synonym replacement of 1–2 keywords (nlpaug), an LM
-paraphrase by the loaded instruct model, safe sentence reordering, distractor insertion, tautology
-stress, keyboard and spelling typos (nlpaug). Prompt-level (the item stays): ICL exemplar reordering and
+Question-level (the item's text changes): WordNet synonym replacement of 1–2 keywords (nlpaug), LM
+paraphrases by the loaded model (up to 3 styles; a chat turn, or a plain completion prompt for base
+models), safe sentence reordering, distractor insertion, tautology stress, keyboard and spelling typos
+(nlpaug). Prompt-level (the item stays): ICL exemplar reordering and
 replacement.
 
 Every variant is seeded from (suite seed, family, item, variant index), so it is reproducible; numbers
@@ -80,6 +81,10 @@ class Operator:
 
     def apply_many(self, prompt: Prompt, items: list[Item], seeds: list[int], context: dict) -> list[Variant | None]:
         return [self.apply(prompt, item, seed, context) for item, seed in zip(items, seeds)]
+
+    def n_variants(self, suite_default: int) -> int:
+        """Variants per item for this family (the suite's `variants_per_item` unless the operator says)."""
+        return suite_default
 
 
 def _split(text: str) -> list[str]:
@@ -236,36 +241,65 @@ class ExemplarReplaceOperator(Operator):
 
 
 class LMParaphraseOperator(Operator):
-    """A paraphrase written by the loaded instruct model (chat template), greedy, numbers kept."""
+    """Paraphrases written by the loaded model, greedy, numbers kept; `variants` (1–3) per item, as in the
+    δ_TCB paper's protocol ("2–3 variants of the question").
+
+    Variant v uses the v-th rewording style (v = 0 is the original instruction), so the variants differ
+    without sampling and each is deterministic whatever else is in the batch. An instruct model gets the
+    request as a chat turn; a model without a chat template (a base model) gets a plain completion prompt
+    with one worked example, read up to the end of the line (the question's own newlines become spaces).
+    """
 
     name = "lm_paraphrase"
-    _memo: dict[tuple[str, str], str] = {}  # (model, question) -> paraphrase: the same for every prompt
-    INSTRUCTION = (
-        "Rewrite the following text in different words. Keep its meaning, every number and every name "
-        "unchanged. Reply with the rewritten text only.\n\n{text}"
+    _memo: dict[tuple[str, bool, str, int], str] = {}  # (model, chat?, question, style) -> paraphrase, for every prompt
+    STYLES = (
+        "Rewrite the following text in different words.",
+        "Say the same thing as the following text in simpler words.",
+        "Rephrase the following text with a different sentence structure.",
+    )
+    INSTRUCTION = "{style} Keep its meaning, every number and every name unchanged. Reply with the rewritten text only.\n\n{text}"
+    COMPLETION = (
+        "{style} Keep its meaning, every number and every name unchanged.\n\n"
+        "Text: The meeting was moved to 3 pm because Anna was late.\n"
+        "Rewritten: Because Anna was late, the meeting was pushed back to 3 pm.\n\n"
+        "Text: {text}\nRewritten:"
     )
 
-    def apply_many(self, prompt, items, seeds, context):
-        from promptopt.errors import UnsupportedError
+    def __init__(self, **options) -> None:
+        super().__init__(**options)
+        variants = options.get("variants")
+        if variants is not None and (isinstance(variants, bool) or not isinstance(variants, int) or not 1 <= variants <= len(self.STYLES)):
+            from promptopt.errors import ConfigError
 
-        lm = context["lm"]
-        if not lm.has_chat_template:
-            raise UnsupportedError(f"lm_paraphrase needs an instruct model with a chat template; {lm.name} has none")
+            raise ConfigError(f"lm_paraphrase: variants must be an integer from 1 to {len(self.STYLES)}, got {variants!r}")
+
+    def n_variants(self, suite_default: int) -> int:
+        return int(self.options.get("variants") or min(suite_default, len(self.STYLES)))
+
+    def _request(self, lm, style: str, question: str) -> list[int]:
         tok = lm.tokenizer
-        todo = [item for item in items if (lm.name, item.question) not in self._memo]
+        if lm.has_chat_template:
+            text = tok.apply_chat_template([{"role": "user", "content": self.INSTRUCTION.format(style=style, text=question)}],
+                                           tokenize=False, add_generation_prompt=True)
+            return tok(text, add_special_tokens=False)["input_ids"]
+        return tok(self.COMPLETION.format(style=style, text=" ".join(question.split())))["input_ids"]
+
+    def apply_many(self, prompt, items, seeds, context):
+        lm = context["lm"]
+        index = int(context.get("index", 0)) % len(self.STYLES)
+        style = self.STYLES[index]
+        key = (lm.name, lm.has_chat_template)
+        todo = [item for item in items if (*key, item.question, index) not in self._memo]
         if todo:
-            contexts = []
-            for item in todo:
-                text = tok.apply_chat_template([{"role": "user", "content": self.INSTRUCTION.format(text=item.question)}],
-                                               tokenize=False, add_generation_prompt=True)
-                contexts.append(tok(text, add_special_tokens=False)["input_ids"])
-            longest = max(len(tok(item.question)["input_ids"]) for item in todo)
-            gens = context["runner"].generate(contexts, max_new_tokens=int(longest * 1.5) + 16, stop=["\n\n"])
+            contexts = [self._request(lm, style, item.question) for item in todo]
+            longest = max(len(lm.tokenizer(item.question)["input_ids"]) for item in todo)
+            stop = ["\n\n"] if lm.has_chat_template else ["\n"]
+            gens = context["runner"].generate(contexts, max_new_tokens=int(longest * 1.5) + 16, stop=stop)
             for item, gen in zip(todo, gens):
-                self._memo[(lm.name, item.question)] = gen.text.strip()
+                self._memo[(*key, item.question, index)] = gen.text.strip()
         variants = []
         for item in items:
-            text = self._memo[(lm.name, item.question)]
+            text = self._memo[(*key, item.question, index)]
             variants.append(Variant(prompt, replace(item, question=text)) if text else None)
         return variants
 

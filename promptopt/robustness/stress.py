@@ -17,7 +17,7 @@ import pandas as pd
 from promptopt.errors import UserError
 from promptopt.metrics.stats import wilson_interval
 from promptopt.prompts import Prompt
-from promptopt.robustness.taboo import TabooLogitsProcessor, word_initial_mask
+from promptopt.robustness.taboo import TabooLogitsProcessor, mid_word_masks, word_initial_mask
 from promptopt.scoring import Scorer
 from promptopt.tasks import Item
 
@@ -65,13 +65,16 @@ def taboo_stress(
         )
     if not items:
         raise UserError("no items to stress")
-    mask = word_initial_mask(scorer.lm.tokenizer, scorer.lm.output_head.vocab_size)
+    vocab = scorer.lm.output_head.vocab_size
+    mask = word_initial_mask(scorer.lm.tokenizer, vocab)
+    continues, glues = mid_word_masks(scorer.lm.tokenizer, vocab) if mode == "mid_word" else (None, None)
     base = _run(scorer, prompt, items, factory=None, temperature=temperature, seed=seed)
     base_correct = base["correct"].to_numpy()
     frames = [base.assign(rank=0)]
     summary = [_summary_row(0, base, base_correct, base)]
     for rank in ranks:
-        taboo = _run(scorer, prompt, items, factory=lambda r=rank: TabooLogitsProcessor(mask, r, mode=mode), temperature=temperature, seed=seed)
+        taboo = _run(scorer, prompt, items, factory=lambda r=rank: TabooLogitsProcessor(mask, r, mode=mode, continues=continues, glues=glues),
+                     temperature=temperature, seed=seed)
         frames.append(taboo.assign(rank=rank))
         summary.append(_summary_row(rank, taboo, base_correct, base))
     return StressResult(pd.DataFrame(summary), pd.concat(frames, ignore_index=True))

@@ -108,7 +108,7 @@ def make_variants(suite: Suite, family: Family, prompt: Prompt, items: list[Item
     operator = OPERATORS[family.operator](**family.options)
     counts = {"not_applicable": 0, "protection": 0, "unchanged": 0, "similarity": 0}
     kept: list[Variant] = []
-    for index in range(suite.variants_per_item):
+    for index in range(operator.n_variants(suite.variants_per_item)):
         seeds = [variant_seed(suite.seed, family.name, item.id, index) for item in items]
         made = operator.apply_many(prompt, items, seeds, {**context, "index": index, "seed": suite.seed})
         candidates = []

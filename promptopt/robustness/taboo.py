@@ -6,8 +6,16 @@ decoding (greedy or sampled) continues from the rest; otherwise nothing changes.
     ΔS_t = log2 P_nom(x_nom) − log2 P_nom(x*) ≥ 0   (bits, under the unmasked distribution)
 
 is logged per sequence. x* is whatever token was actually emitted, read from `input_ids` at the next call
-(or by `finalize`), so greedy and sampling share one code path. Mid-word ablation masks the top-i only
-where the nominal top candidate is *not* word-initial: a mode, not a separate implementation.
+(or by `finalize`), so greedy and sampling share one code path.
+
+Mid-word ablation (the paper's §2.2 control) masks the top-i only where the nominal top candidate
+*continues a word*: a mode, not a separate implementation. "Continues a word" is decided per tokenizer by
+`mid_word_masks`: the nominal token (a) is not a special token (EOS, chat markers), (b) carries no
+word-boundary marker, (c) decodes to text whose first character is a letter — so whitespace and newline
+pieces, punctuation and digits never count (a digit may start a number: "Ġ","4","2" is how SmolLM2 writes
+" 42") — and (d) the previous token's text ends in a letter, so the piece really glues onto a word (after
+"\n" a marker-less "The" starts a word). Masking anything else would be tokenization noise of another kind:
+the old rule "not word-initial" also fired on EOS, newlines, digits and punctuation, and could mask EOS.
 """
 
 from __future__ import annotations
@@ -45,6 +53,26 @@ def word_initial_mask(tokenizer, vocab_size: int | None = None) -> torch.Tensor:
     return mask
 
 
+def mid_word_masks(tokenizer, vocab_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(continues, glues) boolean masks over the vocabulary for the mid-word ablation.
+
+    continues[i]: token i can only continue a word — not special, not word-initial (`word_initial_mask`),
+    and its decoded text starts with a letter. glues[i]: token i's decoded text ends with a letter, so a
+    `continues` piece emitted right after it extends the same word.
+    """
+    size = vocab_size or len(tokenizer)
+    n = min(size, len(tokenizer))
+    texts = tokenizer.batch_decode([[i] for i in range(n)], clean_up_tokenization_spaces=False)
+    special = {i for i in tokenizer.all_special_ids if i < size}
+    starts = torch.zeros(size, dtype=torch.bool)
+    ends = torch.zeros(size, dtype=torch.bool)
+    starts[:n] = torch.tensor([bool(t) and t[0].isalpha() for t in texts], dtype=torch.bool)
+    ends[:n] = torch.tensor([bool(t) and t[-1].isalpha() for t in texts], dtype=torch.bool)
+    for i in special:
+        starts[i] = ends[i] = False
+    return starts & ~word_initial_mask(tokenizer, size), ends
+
+
 @dataclass
 class TabooLog:
     """What happened to one sequence: per intervened step, its index and ΔS in bits."""
@@ -65,6 +93,14 @@ class TabooLog:
         return float(sum(self.delta_bits))
 
 
+def _padded(mask: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    """The mask on the scores' device, padded to their width (padded embedding rows never trigger)."""
+    mask = mask.to(scores.device)
+    if mask.shape[0] < scores.shape[1]:
+        mask = torch.cat([mask, mask.new_zeros(scores.shape[1] - mask.shape[0])])
+    return mask
+
+
 class TabooLogitsProcessor:
     """A transformers LogitsProcessor (callable on (input_ids, scores)) that applies the taboo mask.
 
@@ -73,12 +109,18 @@ class TabooLogitsProcessor:
     `logs[row]`. One processor serves one batch of sequences; call `reset()` before reusing it.
     """
 
-    def __init__(self, word_initial: torch.Tensor, rank: int = 1, *, mode: str = "word_initial") -> None:
+    def __init__(self, word_initial: torch.Tensor, rank: int = 1, *, mode: str = "word_initial",
+                 continues: torch.Tensor | None = None, glues: torch.Tensor | None = None) -> None:
+        """mode "mid_word" needs `continues` (and, to check the previous token, `glues`) from `mid_word_masks`."""
         if rank < 1:
             raise ValueError(f"taboo rank must be >= 1, got {rank}")
         if mode not in ("word_initial", "mid_word"):
             raise ValueError(f"mode must be word_initial or mid_word, got {mode!r}")
+        if mode == "mid_word" and continues is None:
+            raise ValueError("mode mid_word needs the `continues` mask (and `glues`): see mid_word_masks(tokenizer)")
         self.word_initial = word_initial.bool()
+        self.continues = None if continues is None else continues.bool()
+        self.glues = None if glues is None else glues.bool()
         self.rank = rank
         self.mode = mode
         self.reset()
@@ -106,12 +148,13 @@ class TabooLogitsProcessor:
             self.logs.append(TabooLog())
         if self._step > 0:
             self._settle(input_ids[:, -1])
-        mask = self.word_initial.to(scores.device)
-        if mask.shape[0] < scores.shape[1]:  # padded embedding rows are never word-initial
-            mask = torch.cat([mask, mask.new_zeros(scores.shape[1] - mask.shape[0])])
         nominal = scores.argmax(-1)
-        initial = mask[nominal]
-        trigger = initial if self.mode == "word_initial" else ~initial
+        if self.mode == "word_initial":
+            trigger = _padded(self.word_initial, scores)[nominal]
+        else:
+            trigger = _padded(self.continues, scores)[nominal]
+            if self.glues is not None and input_ids.shape[1] > 0:
+                trigger = trigger & _padded(self.glues, scores)[input_ids[:, -1].to(scores.device)]
         rows = trigger.nonzero().squeeze(1)
         if rows.numel():
             logp = torch.log_softmax(scores[rows].float(), dim=-1)
