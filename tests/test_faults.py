@@ -52,8 +52,11 @@ class Run:
     """A CLI subprocess whose output is collected as it comes, so a test can wait for a fault point."""
 
     def __init__(self, *args: str, **env: str) -> None:
+        # a runner started in the background (nohup ... &) ignores SIGINT, and children inherit that: restore
+        # the default so the child's Python turns Ctrl-C into KeyboardInterrupt as in a terminal
         self.proc = subprocess.Popen([sys.executable, "-m", "promptopt", *args], cwd=REPO, env=_env(**env), text=True,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         self.out: list[str] = []
         self.err: list[str] = []
         self._readers = [threading.Thread(target=self._read, args=(s, lines), daemon=True)
