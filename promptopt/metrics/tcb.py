@@ -310,6 +310,22 @@ def token_constraint_bound(
     return geometry(hidden, eps=eps, target=target)
 
 
+def _reference_logits(w, h, bias, logit_scale, logit_softcap):
+    """float64 logits s, each logit's chain-rule gain ds/dz, and o = softmax(s): shared by both references."""
+    s = w @ h
+    if bias is not None:
+        s = s + bias.detach().double()
+    gain = torch.ones_like(s)
+    if logit_scale is not None:
+        s = s * logit_scale
+        gain = gain * logit_scale
+    if logit_softcap is not None:
+        x = s / logit_softcap
+        gain = gain / torch.cosh(x).pow(2)
+        s = logit_softcap * torch.tanh(x)
+    return s, gain, torch.log_softmax(s, dim=-1).exp()
+
+
 def jacobian_frobenius_reference(
     hidden: torch.Tensor,
     weight: torch.Tensor,
@@ -327,18 +343,7 @@ def jacobian_frobenius_reference(
     bias = None if bias is None else bias.detach()
     out = []
     for h in hidden.detach().reshape(-1, w.shape[1]).double():
-        s = w @ h
-        if bias is not None:
-            s = s + bias.double()
-        gain = torch.ones_like(s)
-        if logit_scale is not None:
-            s = s * logit_scale
-            gain = gain * logit_scale
-        if logit_softcap is not None:
-            x = s / logit_softcap
-            gain = gain / torch.cosh(x).pow(2)
-            s = logit_softcap * torch.tanh(x)
-        o = torch.log_softmax(s, dim=-1).exp()
+        s, gain, o = _reference_logits(w, h, bias, logit_scale, logit_softcap)
         w_eff = w * gain[:, None]
         t = int(s.argmax())
         diff = w_eff - w_eff[t]  # w'_i − w'_t
@@ -373,18 +378,7 @@ def approximation_reference(
     sigma2 = float(w.var(unbiased=False))
     out = []
     for h in hidden.detach().reshape(-1, w.shape[1]).double():
-        s = w @ h
-        if bias is not None:
-            s = s + bias.detach().double()
-        gain = torch.ones_like(s)
-        if logit_scale is not None:
-            s = s * logit_scale
-            gain = gain * logit_scale
-        if logit_softcap is not None:
-            x = s / logit_softcap
-            gain = gain / torch.cosh(x).pow(2)
-            s = logit_softcap * torch.tanh(x)
-        o = torch.log_softmax(s, dim=-1).exp()
+        s, gain, o = _reference_logits(w, h, bias, logit_scale, logit_softcap)
         t = int(s.argmax())
         others = torch.cat([o[:t], o[t + 1 :]])
         one_minus = 1 - o
