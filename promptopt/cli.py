@@ -380,44 +380,97 @@ def evaluate(
 
 @app.command()
 def stress(
-    task: str = typer.Option(..., "--task", help="a generative task (number, alias_match or code answers)"),
+    task: Optional[str] = typer.Option(None, "--task", help="a generative task (number, alias_match, multiple_choice_gen or code answers)"),
+    tasks: Optional[str] = typer.Option(None, "--tasks", help="sweep: comma-separated generative tasks (with --models and --out)"),
     prompt: Optional[Path] = CardOpt,
-    ranks: str = typer.Option("1,2,4,8", "--ranks", help="taboo ranks i (top-i masked)"),
+    protocol: Optional[str] = typer.Option(None, "--protocol", help="a stress protocol: taboo-paper (the paper's 2-shot CoT, 512 tokens, Answer: lines) or a YAML path"),
+    ranks: Optional[str] = typer.Option(None, "--ranks", help="taboo ranks i (top-i masked); default 1,2,4,8 or the protocol's"),
     mid_word: bool = typer.Option(False, "--mid-word", help="ablation: mask only where the nominal token is mid-word"),
     temperature: float = typer.Option(0.0, "--temperature", min=0.0, help="0 = greedy; > 0 samples with --seed"),
     seed: int = typer.Option(0, "--seed"),
     model: str = ModelOpt,
+    models: Optional[str] = typer.Option(None, "--models", help="sweep: comma-separated models (hub ids, folders, .gguf, embedded names)"),
     split: str = typer.Option("test", "--split"),
-    limit: Optional[int] = typer.Option(None, "--limit", min=1),
-    out: Optional[Path] = typer.Option(None, "--out", help="write the per-rank table (.csv) and per-item rows (.parquet)"),
+    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="the first N items (of the protocol's subsample, with --protocol)"),
+    out: Optional[Path] = typer.Option(None, "--out", help="one task: write the per-rank table (.csv) and per-item rows (.parquet); sweep: the sweep folder"),
     subsets: Optional[str] = SubsetsOpt,
     device: str = DeviceOpt,
     dtype: Optional[str] = DtypeOpt,
     quantize: Optional[str] = QuantizeOpt,
 ) -> None:
-    """Decoding-level taboo stress: retention (95% Wilson CI), injected surprisal and length expansion per rank."""
+    """Decoding-level taboo stress: retention (95% Wilson CI), injected surprisal and length expansion per rank;
+    with --models/--tasks, the paper's sweep (Figures 1, 3 and 8), resumable."""
     from promptopt.robustness import taboo_stress
+    from promptopt.robustness.protocol import load_protocol
 
     _quiet_libraries()
-    try:
-        rank_list = tuple(int(r) for r in ranks.split(",") if r.strip())
-    except ValueError:
-        raise UserError(f"--ranks {ranks!r}: expected comma-separated positive integers") from None
-    if not rank_list or min(rank_list) < 1:
-        raise UserError(f"--ranks {ranks!r}: expected comma-separated positive integers")
+    the_protocol = load_protocol(protocol) if protocol else None
+    rank_list = _int_list(ranks, "--ranks") if ranks else (the_protocol.ranks if the_protocol else (1, 2, 4, 8))
+    mode = "mid_word" if mid_word else "word_initial"
+    if tasks is not None or models is not None:
+        _stress_sweep(tasks or task, models or model, the_protocol, protocol, rank_list, mode, temperature, seed, split,
+                      limit, out, subsets, device, dtype, quantize, prompt)
+        return
+    if task is None:
+        raise UserError("stress: give --task (one task) or --tasks/--models (a sweep)")
     _check_out_files(*((out.with_suffix(".csv"), out.with_suffix(".parquet")) if out else ()))
     session = _session(task, model, device, dtype, quantize, subsets)
-    the_prompt, data = session.prompt(prompt), session.data
-    result = taboo_stress(session.scorer, the_prompt, data.split(split)[:limit], ranks=rank_list,
-                          mode="mid_word" if mid_word else "word_initial", temperature=temperature, seed=seed)
+    data = session.data
+    if the_protocol is not None:
+        data, the_prompt, items = the_protocol.apply(data, limit=limit)
+        the_prompt = session.prompt(prompt) if prompt else the_prompt
+        from promptopt.scoring import Scorer
+
+        scorer = Scorer(session.lm, data, progress=True)
+    else:
+        the_prompt, items, scorer = session.prompt(prompt), data.split(split)[:limit], session.scorer
+    result = taboo_stress(scorer, the_prompt, items, ranks=rank_list, mode=mode, temperature=temperature, seed=seed)
     columns = ["rank", "n", "accuracy", "retention", "retention_ci_low", "retention_ci_high", "marginal_retention",
                "mean_surprisal_per_intervention", "surprisal_total_per_item", "interventions_per_item", "length_expansion"]
-    _print_frame(result.summary, columns, f"taboo stress · {data.spec.name} · {'mid-word' if mid_word else 'word-initial'}", 20)
+    title = f"taboo stress · {data.spec.name} · {'mid-word' if mid_word else 'word-initial'}" + (f" · protocol {the_protocol.name}" if the_protocol else "")
+    _print_frame(result.summary, columns, title, 20)
     if out is not None:
         from promptopt.yamlio import atomic_write_bytes_via
 
         atomic_write_bytes_via(out.with_suffix(".csv"), lambda p: result.summary.to_csv(p, index=False))
         atomic_write_bytes_via(out.with_suffix(".parquet"), lambda p: result.items.to_parquet(p, index=False))
+
+
+def _stress_sweep(tasks, models, the_protocol, protocol, rank_list, mode, temperature, seed, split, limit, out, subsets,
+                  device, dtype, quantize, prompt) -> None:
+    from promptopt.experiments.stress_sweep import SweepSettings, retention_grid, run_stress_sweep
+    from promptopt.yamlio import check_output
+
+    if prompt is not None:
+        raise UserError("--prompt: a sweep runs each task's own prompt, or the protocol's (--protocol); give one --task to stress a card")
+    if out is None:
+        raise UserError("a sweep (--models/--tasks) needs --out FOLDER: finished conditions are kept there, so a rerun resumes")
+    if tasks is None:
+        raise UserError("a sweep needs --tasks (comma-separated generative tasks)")
+    check_output(out, folder=True, what="--out")
+    task_list = [t.strip() for t in tasks.split(",") if t.strip()]
+    model_list = [m.strip() for m in models.split(",") if m.strip()]
+    settings = SweepSettings(protocol=protocol, protocol_sha256=the_protocol.digest if the_protocol else None, ranks=rank_list,
+                             mode=mode, temperature=temperature, seed=seed, split=the_protocol.split if the_protocol else split,
+                             limit=limit, dtype=dtype, quantize=quantize)
+    result = run_stress_sweep(models=model_list, tasks=task_list, settings=settings, out=out, device=device,
+                              subsets=_subsets(subsets), log=console.print)
+    s = result.summary
+    for task_name in task_list:
+        grid = retention_grid(s, task_name)
+        table = Table(title=f"Figure 1 · {task_name} · conditional retention, 95% Wilson interval ({mode}{', protocol ' + the_protocol.name if the_protocol else ''})")
+        table.add_column("model")
+        table.add_column("baseline acc", justify="right")
+        for r in grid.columns:
+            table.add_column(f"i={r}", justify="right")
+        for model_name in grid.index:
+            rows = s[(s["task"] == task_name) & (s["model"] == model_name)].set_index("rank")
+            cells = [f"{rows.loc[r, 'retention']:.0%} {_ci(rows.loc[r, 'retention_ci_low'], rows.loc[r, 'retention_ci_high'])}"
+                     if rows.loc[r, "n_base_correct"] else "— (no baseline-correct item)" for r in grid.columns]
+            table.add_row(str(model_name), f"{rows.loc[0, 'accuracy']:.3f} (n={int(rows.loc[0, 'n'])})", *cells)
+        console.print(table)
+    console.print(f"{result.decoded} condition(s) decoded, {result.reused} reused from {out}; {result.seconds:.1f} s; wrote "
+                  + ", ".join(str(p) for p in result.written))
 
 
 diagnose_app = typer.Typer(no_args_is_help=True, help="Analyses of a run or a model (see README: Diagnose).")

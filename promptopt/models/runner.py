@@ -16,6 +16,13 @@ import torch
 
 from promptopt.models.load import LoadedModel
 
+
+def cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:
+    """`text` cut before the earliest stop string, and whether one occurred (how a generation ends)."""
+    cut = min((text.find(s) for s in stops if s and s in text), default=-1)
+    return (text[:cut], True) if cut >= 0 else (text, False)
+
+
 _PREFIX_CACHE_SLOTS = 4
 
 
@@ -274,9 +281,9 @@ class Runner:
                     generated[row].append(token)
                     hiddens[row].append(last[row].cpu())
                     text = tok.decode(generated[row], skip_special_tokens=True)
-                    cut = min((text.find(s) for s in stop if s and s in text), default=-1)
-                    if cut >= 0:
-                        done[row], reasons[row], text = True, "stop", text[:cut]
+                    text, stopped = cut_at_stop(text, stop)
+                    if stopped:
+                        done[row], reasons[row] = True, "stop"
                     texts[row] = text
                 if all(done):
                     break

@@ -9,6 +9,7 @@ a 95% Wilson interval on |Q_correct|; marginal retention Acc_taboo / Acc_base; i
 
 from __future__ import annotations
 
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -56,8 +57,13 @@ def taboo_stress(
     mode: str = "word_initial",
     temperature: float = 0.0,
     seed: int = 0,
+    store: MutableMapping[int, pd.DataFrame] | None = None,
 ) -> StressResult:
-    """Baseline decoding, then taboo decoding at each rank, on the same items with the same settings."""
+    """Baseline decoding, then taboo decoding at each rank, on the same items with the same settings.
+
+    `store` (rank -> per-item rows, 0 = baseline) keeps finished conditions: a condition found there for
+    the same items is not decoded again, and each new one is put there as soon as it is done, so a sweep
+    resumed after a crash loses at most the condition it was running."""
     if not scorer.task.spec.generative:
         raise UserError(
             f"taboo stress needs a generative task (answer type number, alias_match or code); "
@@ -68,19 +74,29 @@ def taboo_stress(
     vocab = scorer.lm.output_head.vocab_size
     mask = word_initial_mask(scorer.lm.tokenizer, vocab)
     continues, glues = mid_word_masks(scorer.lm.tokenizer, vocab) if mode == "mid_word" else (None, None)
-    base = _run(scorer, prompt, items, factory=None, temperature=temperature, seed=seed)
+    store = {} if store is None else store
+    ids = [item.id for item in items]
+
+    def condition(rank: int, factory) -> pd.DataFrame:
+        done = store.get(rank)
+        if done is not None and done["item_id"].astype(str).tolist() == ids:
+            return done
+        store[rank] = _run(scorer, prompt, items, factory=factory, temperature=temperature, seed=seed)
+        return store[rank]
+
+    base = condition(0, None)
     base_correct = base["correct"].to_numpy()
     frames = [base.assign(rank=0)]
-    summary = [_summary_row(0, base, base_correct, base)]
+    summary = [condition_summary(0, base, base_correct, base)]
     for rank in ranks:
-        taboo = _run(scorer, prompt, items, factory=lambda r=rank: TabooLogitsProcessor(mask, r, mode=mode, continues=continues, glues=glues),
-                     temperature=temperature, seed=seed)
+        taboo = condition(rank, lambda r=rank: TabooLogitsProcessor(mask, r, mode=mode, continues=continues, glues=glues))
         frames.append(taboo.assign(rank=rank))
-        summary.append(_summary_row(rank, taboo, base_correct, base))
+        summary.append(condition_summary(rank, taboo, base_correct, base))
     return StressResult(pd.DataFrame(summary), pd.concat(frames, ignore_index=True))
 
 
-def _summary_row(rank: int, run: pd.DataFrame, base_correct: np.ndarray, base: pd.DataFrame) -> dict:
+def condition_summary(rank: int, run: pd.DataFrame, base_correct: np.ndarray, base: pd.DataFrame) -> dict:
+    """One rank's row of the stress table, from its per-item rows and the baseline's."""
     correct = run["correct"].to_numpy()
     n_base = int(base_correct.sum())
     kept = int((correct & base_correct).sum())

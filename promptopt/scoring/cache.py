@@ -108,7 +108,7 @@ class CachedScorer:
         self.scorer, self.cache = scorer, cache
         lm, spec = scorer.lm, scorer.task.spec
         self._static = [lm.name, str(lm.model.dtype), lm.device.type, spec.name, spec.answer_type, spec.metric,
-                        spec.max_new_tokens, list(spec.stop), scorer.eps]
+                        spec.max_new_tokens, list(spec.stop), spec.extract, scorer.eps]
 
     @property
     def lm(self):

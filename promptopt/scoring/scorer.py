@@ -225,7 +225,7 @@ class Scorer:
     def judge(self, item: Item, text: str, prompt: Prompt | None = None) -> Judgement:
         """(extracted answer, where it starts in `text` or -1, correct), by the task's answer type; the
         prompt says how choices were shown (letters, label words or text)."""
-        return self.task.spec.answer.judge(self.task.spec, item, text, prompt or self.task.default_prompt())
+        return self.task.spec.answer.read(self.task.spec, item, text, prompt or self.task.default_prompt())
 
 
 def summarize(table: pd.DataFrame, *, wall_seconds: float | None = None) -> dict:

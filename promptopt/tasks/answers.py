@@ -21,12 +21,14 @@ from typing import Any, ClassVar
 import numpy as np
 
 from promptopt.errors import ConfigError
-from promptopt.tasks.extract import alias_match, choice_answer, final_number, first_line, gsm8k_gold, numbers_equal
+from promptopt.tasks.extract import (alias_match, answer_line, choice_answer, final_number, first_line, first_number,
+                                     gsm8k_gold, numbers_equal)
 from promptopt.tasks.fields import RowRef
 from promptopt.tasks.item import Item
 
 Judgement = tuple[str, int, bool]  # extracted answer, where it starts in the generated text (-1: none), correct
 ANSWER_TYPES: dict[str, AnswerType] = {}
+EXTRACTIONS = ("default", "answer_line")  # answer.extract: where a generative answer is read (see AnswerType.read)
 
 
 def register(cls: type[AnswerType]) -> type[AnswerType]:
@@ -51,6 +53,22 @@ class AnswerType:
 
     def judge(self, spec, item: Item, text: str, prompt) -> Judgement:
         raise NotImplementedError(f"answer type {self.name} is scored by log-likelihood, not judged")
+
+    def read(self, spec, item: Item, text: str, prompt) -> Judgement:
+        """Judge a generation after the task's extraction filter (answer.extract). With `answer_line` (the
+        Taboo paper's protocol: chain of thought, then 'Answer: X') the first explicit answer line is judged
+        when there is one (`judge_line`), else the whole text by the type's own rule."""
+        if spec.extract == "answer_line":
+            found = answer_line(text)
+            if found is not None:
+                line, offset = found
+                answer, start, correct = self.judge_line(spec, item, line, prompt)
+                return answer, offset + start if start >= 0 else -1, correct
+        return self.judge(spec, item, text, prompt)
+
+    def judge_line(self, spec, item: Item, line: str, prompt) -> Judgement:
+        """Judge the content of an explicit answer line (default: as any generated text)."""
+        return self.judge(spec, item, line, prompt)
 
     def gold_label(self, item: Item) -> Any:
         """What the per-item table shows as `gold`."""
@@ -175,6 +193,10 @@ class Number(AnswerType):
 
     def judge(self, spec, item, text, prompt):
         value, start = final_number(text)
+        return value or "", start, numbers_equal(value, item.gold)
+
+    def judge_line(self, spec, item, line, prompt):
+        value, start = first_number(line)  # 'Answer: 25 dollars for 3 days' states 25
         return value or "", start, numbers_equal(value, item.gold)
 
 

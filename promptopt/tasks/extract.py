@@ -38,6 +38,25 @@ def final_number(text: str) -> tuple[str | None, int]:
     return None, -1
 
 
+_ANSWER_LINE = re.compile(r"^[ \t*#]*(?:final\s+)?answer\s*\**\s*:[ \t*]*(.*?)[ \t*]*$", re.IGNORECASE | re.MULTILINE)
+
+
+def answer_line(text: str) -> tuple[str, int] | None:
+    """The content of the first explicit 'Answer: ...' line and where it starts in `text` (None if no such
+    line): the Taboo paper's extraction reads the model's first stated answer, so a hallucinated follow-up
+    question with its own answer never counts."""
+    match = _ANSWER_LINE.search(text)
+    if match is None or not match.group(1):
+        return None
+    return match.group(1), match.start(1)
+
+
+def first_number(text: str) -> tuple[str | None, int]:
+    """The first number in `text` and where it starts (-1 if none): what an explicit answer line states."""
+    match = _NUMBER.search(text)
+    return (normalize_number(match.group()), match.start()) if match else (None, -1)
+
+
 def normalize_number(text: str) -> str:
     """'$1,234.50' -> '1234.5'; anything unparsable is returned stripped."""
     cleaned = text.strip().replace(",", "").replace("$", "").rstrip(".")

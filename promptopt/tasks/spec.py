@@ -18,7 +18,8 @@ splits:                      # disjoint, seeded carving of pool / dev / test fro
   pool: {from: validation, size: 40}
   dev: {from: validation, size: 100}
   test: {from: validation, size: null}      # null: everything left
-answer: {type: multiple_choice, metric: acc}  # a registered answer type (tasks/answers.py)
+answer: {type: multiple_choice, metric: acc}  # a registered answer type (tasks/answers.py); generative
+                                            #   types also take extract: answer_line (read 'Answer: ...' first)
 generation: {max_new_tokens: 32, stop: ["\n"]}   # generative answer types
 prompt: {instruction: "", k: 4, template: {query: "{question}\nAnswer:"}}
 ```
@@ -32,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from promptopt.prompts import PromptTemplate
-from promptopt.tasks.answers import ANSWER_TYPES, AnswerType, get_answer_type
+from promptopt.tasks.answers import ANSWER_TYPES, EXTRACTIONS, AnswerType, get_answer_type
 from promptopt.tasks.fields import FieldSpec
 from promptopt.tasks.sandbox import MODES as SANDBOX_MODES
 from promptopt.yamlio import Fields, builtin_names, load_named_yaml
@@ -79,6 +80,7 @@ class TaskSpec:
     code_timeout: float = 10.0
     code_sandbox: str | None = None  # bwrap | rlimit | none; None: $PROMPTOPT_SANDBOX, else bwrap
     description: str = ""
+    extract: str = "default"  # "default": the answer type's own rule; "answer_line": an 'Answer: ...' line first
 
     @property
     def answer(self) -> AnswerType:
@@ -147,11 +149,16 @@ def parse_task(data: dict, where: str) -> TaskSpec:
     )
 
     a = f.sub("answer")
-    a.reject_unknown({"type", "metric", "gold_format", "timeout", "sandbox"})
+    a.reject_unknown({"type", "metric", "gold_format", "extract", "timeout", "sandbox"})
     answer_type = a.choice("type", tuple(ANSWER_TYPES))
     answer = get_answer_type(answer_type)
     metric = a.choice("metric", ("acc", "acc_norm"), "acc")
     gold_format = a.choice("gold_format", ("plain", "gsm8k"), "plain")
+    extract = a.choice("extract", EXTRACTIONS, "default")
+    if extract != "default" and not answer.generative:
+        raise a.fail("extract", f"'default' (answer.type {answer_type} is scored by log-likelihood)", extract)
+    if extract == "answer_line" and answer_type == "code":
+        raise a.fail("extract", "'default' (code answers are run, not read from an answer line)", extract)
     fields = _parse_fields(f, answer)
 
     sp = f.sub("splits")
@@ -198,6 +205,7 @@ def parse_task(data: dict, where: str) -> TaskSpec:
         answer_type=answer_type,
         metric=metric,
         gold_format=gold_format,
+        extract=extract,
         max_new_tokens=max_new,
         stop=tuple(stop),
         instruction=p.get("instruction", str, ""),
