@@ -1,0 +1,67 @@
+"""The second embedded model, Gemma-3-270M (SentencePiece `▁`, 262k vocabulary, no chat template), end to end:
+score, trace, stress and a diagnose through the CLI, and δ_TCB on its real head against float64."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import torch
+
+from tests.test_cli import run
+
+pytestmark = pytest.mark.slow
+GEMMA = "gemma3-270m"
+
+
+def _ok(proc):
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_gemma_is_a_named_model_with_its_own_tokenizer_family():
+    from promptopt.models import load_model
+
+    lm = load_model(GEMMA, device="cpu")
+    assert lm.output_head.vocab_size == 262144 and not lm.has_chat_template
+    assert lm.tokenizer.convert_ids_to_tokens(lm.tokenizer(" answer", add_special_tokens=False)["input_ids"])[0] == "▁answer"
+    # δ_TCB on the real 262k head matches the explicit float64 Jacobian at a real position
+    from promptopt.metrics.tcb import jacobian_frobenius_reference
+
+    head = lm.output_head
+    ids = lm.tokenizer("The capital of France is", return_tensors="pt")["input_ids"]
+    with torch.inference_mode():
+        hidden = lm.base(input_ids=ids).last_hidden_state[0, -1].float()
+    ours = head(hidden[None]).tcb[0].item()
+    norm = jacobian_frobenius_reference(hidden[None], head.weight, bias=head.bias, logit_scale=head.logit_scale,
+                                        logit_softcap=head.logit_softcap)[0].item()
+    assert ours == pytest.approx(1.0 / norm, rel=1e-6)
+
+
+def test_score_trace_stress_and_diagnose_on_gemma(tmp_path):
+    scores = tmp_path / "scores.parquet"
+    _ok(run("score", "--task", "sst2", "--model", GEMMA, "--split", "test", "--limit", "6", "--device", "cpu", "--out", str(scores)))
+    table = pd.read_parquet(scores)
+    assert len(table) == 6 and table["tcb"].gt(0).all() and table["v_eff"].ge(1).all()
+
+    trace_csv = tmp_path / "trace.csv"
+    _ok(run("trace", "The three primary colours are", "--model", GEMMA, "--max-new-tokens", "6", "--device", "cpu",
+            "--out", str(trace_csv), "--plot", str(tmp_path / "trace.png")))
+    trace = pd.read_csv(trace_csv)
+    assert len(trace) == 6 and {"tcb", "p_second", "running_ppl"} <= set(trace.columns)
+    assert (tmp_path / "trace.png").stat().st_size > 0
+
+    stress = tmp_path / "stress"
+    out = _ok(run("stress", "--task", "triviaqa", "--model", GEMMA, "--ranks", "1", "--limit", "3", "--device", "cpu", "--out", str(stress)))
+    assert "taboo stress · triviaqa" in out
+    items = pd.read_parquet(stress.with_suffix(".parquet"))
+    taboo = items[items["rank"] == 1]
+    assert taboo["interventions"].sum() > 0  # word-initial `▁` steps were found and masked on the real vocabulary
+    baseline = items[items["rank"] == 0].set_index("item_id")["output"]
+    assert any(o != baseline[i] for i, o in zip(taboo["item_id"], taboo["output"]))  # masking changed what was written
+
+    folder = tmp_path / "diagnose"
+    out = _ok(run("diagnose", "regimes", "--model", GEMMA, "--tasks", "sst2", "--limit", "6", "--text-per-task", "6",
+                  "--trace-tokens", "6", "--device", "cpu", "--out", str(folder)))
+    regimes = pd.read_parquet(folder / "regimes.parquet")
+    assert set(regimes["subset"]) >= {"all"} and regimes.loc[regimes["subset"] == "all", "n"].iloc[0] >= 12
+    assert (folder / "regimes.png").stat().st_size > 0
