@@ -93,8 +93,8 @@ def _study_exists(config) -> bool:
     return config.name in optuna.get_all_study_names(storage=url)
 
 
-def run_conflicts(session, out: Path, *, limit: int | None = 8, seeds: int = 3, seed: int = 0, card=None,
-                  strategy: str = "tcb", trials: int = 4, suite: str = "quick",
+def run_conflicts(session, out: Path, *, limit: int | None = 12, seeds: int = 3, seed: int = 0, card=None,
+                  strategy: str = "tcb", trials: int = 5, suite: str = "quick",
                   confidence: str = "top_prob", class_thresholds: dict | None = None, set_thresholds: dict | None = None,
                   min_aq_dev: int = 4, progress: bool = False) -> Report:
     """Conflict classes of the prompt's items; VCQ / AQ from `seeds` baseline prompts (exemplars redrawn
