@@ -617,7 +617,7 @@ def diagnose_conflicts(
     conf_high: Optional[float] = typer.Option(None, "--conf-high", help="C_H on the confidence signal (default: 75th percentile)"),
     t_low: Optional[float] = typer.Option(None, "--t-low", help="T_L on mean log10 δ_TCB (default: 25th percentile over dev questions)"),
     t_high: Optional[float] = typer.Option(None, "--t-high", help="T_H on mean log10 δ_TCB (default: median over dev questions)"),
-    v_low: Optional[float] = typer.Option(None, "--v-low", help="V_L on the log10 δ_TCB variance (default: median over dev questions)"),
+    v_low: Optional[float] = typer.Option(None, "--v-low", help="V_L on the log10 δ_TCB variance (default: its 75th percentile over dev questions, = V_H)"),
     v_high: Optional[float] = typer.Option(None, "--v-high", help="V_H on the log10 δ_TCB variance (default: 75th percentile)"),
     out: Path = DiagnoseOutOpt, model: str = ModelOpt, subsets: Optional[str] = SubsetsOpt, batch_size: int = BatchOpt,
     device: str = DeviceOpt, dtype: Optional[str] = DtypeOpt, quantize: Optional[str] = QuantizeOpt,

@@ -150,13 +150,15 @@ def test_set_thresholds_default_to_quantiles_of_dev_questions_only():
                         "log_tcb_var": [0.0, 0.1, 0.2, 0.3, 0.4]})
     test = pd.DataFrame({"item_id": ["x", "y"], "split": "test", "log_tcb_mean": [100.0, 200.0], "log_tcb_var": [9.0, 9.0]})
     th = cf.set_thresholds(pd.concat([dev, test], ignore_index=True))
-    assert (th.t_low, th.t_high, th.v_low, th.v_high) == pytest.approx((1.0, 2.0, 0.2, 0.3))
+    assert (th.t_low, th.t_high, th.v_low, th.v_high) == pytest.approx((1.0, 2.0, 0.3, 0.3))
     assert th.how["t_low"] == "q25 of log_tcb_mean over 5 dev questions"
     assert cf.set_thresholds(dev, t_high=3.5).t_high == 3.5
     with pytest.raises(UserError, match="T_L"):
         cf.set_thresholds(dev, t_low=3.0, t_high=1.0)
     with pytest.raises(UserError, match="V_L"):
         cf.set_thresholds(dev, v_low=1.0)
+    custom = cf.set_thresholds(dev, quantiles={"v_low": 0.5})
+    assert custom.v_low == pytest.approx(0.2) and custom.how["v_low"] == "q50 of log_tcb_var over 5 dev questions"
 
 
 def test_set_summary_counts_per_split():

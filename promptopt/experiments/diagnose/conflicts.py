@@ -20,9 +20,12 @@ redrawn from the pool per seed). Per question: mean and population variance (ddo
 correctness and of log10 δ_TCB (the log, because δ_TCB is heavy-tailed and its scale is the model's).
 - VCQ: mean acc ≥ 0.9 and acc var ≤ 0.05 and mean log δ ≥ T_H and log δ var ≤ V_L
 - AQ:  mean acc < 0.6 or acc var > 0.15 or mean log δ < T_L or log δ var > V_H
-The accuracy thresholds are the paper's; T_L, T_H default to the 25th and 50th percentiles of mean log δ,
-V_L, V_H to the 50th and 75th percentiles of log δ variance, over the dev questions only (test questions
-never set a threshold; the same rule then labels them). The paper writes Mean δ > T_H and Var < V_L; the
+The accuracy thresholds are the paper's; T_L, T_H default to the 25th and 50th percentiles of mean log δ
+and V_L = V_H to the 75th percentile of log δ variance, over the dev questions only (test questions never
+set a threshold; the same rule then labels them). V_L is not lower by default because on SmolLM2 / sst2 the
+questions every seed gets right are those whose δ moves most with the exemplars (their log δ variance sits
+in the upper half), so a median V_L left no VCQ at all; a VCQ must not be flagged for spread, and beyond
+that needs the accuracy and an upper-half mean log δ. The paper writes Mean δ > T_H and Var < V_L; the
 boundary itself is VCQ here. A question whose seeds all give δ = +inf has mean +inf, variance 0; some but
 not all: mean +inf, variance +inf (it is AQ).
 """
@@ -42,7 +45,7 @@ CLASSES = ("accurate_but_unstable", "inaccurate_but_stable", "confident_but_unst
 CONFIDENCE_SIGNALS = ("top_prob", "margin", "v_eff")  # v_eff: higher means less confident
 VCQ_ACC_MEAN, VCQ_ACC_VAR = 0.9, 0.05  # the paper's: mean acc ≥ 0.9, acc var ≤ 0.05
 AQ_ACC_MEAN, AQ_ACC_VAR = 0.6, 0.15  # the paper's: mean acc < 0.6 or acc var > 0.15
-SET_QUANTILES = {"t_low": 0.25, "t_high": 0.5, "v_low": 0.5, "v_high": 0.75}
+SET_QUANTILES = {"t_low": 0.25, "t_high": 0.5, "v_low": 0.75, "v_high": 0.75}
 
 # δ_TCB paper, Table 3 ("illustrative of observed trends"). The paper prints PDR for the VCQ rows as
 # fractions (0.10) and for the AQ rows as percentages (30) under one "PDR (%)" header; all are fractions here.
