@@ -649,6 +649,90 @@ def diagnose_taboo(
     _print_written(report)
 
 
+def _given(**values) -> dict:
+    return {k: v for k, v in values.items() if v is not None}
+
+
+@diagnose_app.command("conflicts")
+def diagnose_conflicts(
+    task: str = typer.Option("sst2", "--task", help="built-in task name or task YAML"),
+    prompt: Optional[Path] = CardOpt,
+    seeds: int = typer.Option(3, "--seeds", help="baseline prompts (exemplars redrawn from the pool per seed) for VCQ / AQ; at least 2"),
+    seed: int = typer.Option(0, "--seed", help="seeds the exemplar redraws and the search's sampler"),
+    limit: Optional[int] = typer.Option(12, "--limit", min=1, help="dev items and test items (each) to characterise"),
+    trials: int = typer.Option(5, "--trials", help="finished trials of the targeted search on the AQ dev items"),
+    strategy: str = typer.Option("tcb", "--strategy", help="search strategy (README: Search)"),
+    suite: str = typer.Option("quick", "--suite", help="perturbation suite for Table 3's perturbed columns"),
+    confidence: str = typer.Option("top_prob", "--confidence", help="confidence signal of the classes: top_prob (P(top1)), margin or v_eff"),
+    log_tcb_low: Optional[float] = typer.Option(None, "--log-tcb-low", help="L on log10 δ_TCB (default: its 25th percentile over the items)"),
+    log_tcb_high: Optional[float] = typer.Option(None, "--log-tcb-high", help="H on log10 δ_TCB (default: 75th percentile)"),
+    conf_low: Optional[float] = typer.Option(None, "--conf-low", help="C_L on the confidence signal (default: 25th percentile)"),
+    conf_high: Optional[float] = typer.Option(None, "--conf-high", help="C_H on the confidence signal (default: 75th percentile)"),
+    t_low: Optional[float] = typer.Option(None, "--t-low", help="T_L on mean log10 δ_TCB (default: 25th percentile over dev questions)"),
+    t_high: Optional[float] = typer.Option(None, "--t-high", help="T_H on mean log10 δ_TCB (default: median over dev questions)"),
+    v_low: Optional[float] = typer.Option(None, "--v-low", help="V_L on the log10 δ_TCB variance (default: its 75th percentile over dev questions, = V_H)"),
+    v_high: Optional[float] = typer.Option(None, "--v-high", help="V_H on the log10 δ_TCB variance (default: 75th percentile)"),
+    out: Path = DiagnoseOutOpt, model: str = ModelOpt, subsets: Optional[str] = SubsetsOpt, batch_size: int = BatchOpt,
+    device: str = DeviceOpt, dtype: Optional[str] = DtypeOpt, quantize: Optional[str] = QuantizeOpt,
+) -> None:
+    """δ_TCB paper §4.3 / Table 3: accuracy–stability conflict classes, VCQ / AQ over seeds, a search on the AQ dev
+    items, and baseline vs enhanced prompt on the held-out AQ and VCQ test items."""
+    from promptopt.experiments.diagnose.workflows import run_conflicts
+
+    _quiet_libraries()
+    _check_out_files(out / "conflicts_items.parquet")
+    session = _session(task, model, device, dtype, quantize, subsets, batch_size, out=out)
+    report = run_conflicts(session, out, limit=limit, seeds=seeds, seed=seed, card=prompt, strategy=strategy, trials=trials,
+                           suite=suite, confidence=confidence, progress=True,
+                           class_thresholds=_given(log_tcb_low=log_tcb_low, log_tcb_high=log_tcb_high, conf_low=conf_low, conf_high=conf_high),
+                           set_thresholds=_given(t_low=t_low, t_high=t_high, v_low=v_low, v_high=v_high))
+    _print_conflicts(report.result, session.data.spec.name, session.lm.name)
+    console.print(f"{report.seconds:.1f} s; wrote " + ", ".join(str(p) for p in report.written))
+
+
+def _print_conflicts(r, task: str, model: str) -> None:
+    th = Table(title="thresholds (log δ = log10 δ_TCB)")
+    for name in ("for", "threshold", "value", "δ_TCB", "how"):
+        th.add_column(name, justify="right" if name in ("value", "δ_TCB") else "left")
+    for _, row in _rows(r.class_thresholds.table().assign(used_for="classes"), r.set_thresholds.table().assign(used_for="VCQ / AQ")):
+        th.add_row(row.used_for, row.threshold, _fmt(row.value), _fmt(row.tcb), row.how)
+    console.print(th)
+    table = Table(title=f"conflict classes · {task} · {model} · {int(r.classes['n_items'].iloc[0])} items (dev + test), "
+                        f"confidence = {r.class_thresholds.confidence} · 95% Wilson")
+    for name in ("class", "rule", "count", "share of items", "95% CI", "group", "share of group", "95% CI "):
+        table.add_column(name, justify="left" if name in ("class", "rule", "group") else "right")
+    for _, c in r.classes.iterrows():
+        table.add_row(c["class"], c.rule, str(c["count"]), _fmt(c.share), _ci(c.ci_low, c.ci_high), f"{c.group} ({c.n_group})",
+                      _fmt(c.share_of_group), _ci(c.group_ci_low, c.group_ci_high))
+    console.print(table)
+    hits = r.items[r.items["classes"] != ""]
+    _print_frame(hits, ["item_id", "split", "correct", "tcb", "top_prob", "margin", "v_eff", "classes"], "items in a conflict class", 12)
+    _print_frame(r.sets, ["split", "set", "n", "share", "seeds_acc_mean", "seeds_log_tcb_mean"],
+                 f"VCQ / AQ over {int(r.questions['n_seeds'].max())} baseline seeds (seed scores chose these sets: in-selection numbers)", 10)
+    s = r.search
+    best = s.best_params
+    console.print(f"enhanced prompt: trial #{s.best_number} of {s.config.name} ({s.config.study.strategy}, "
+                  f"{len(s.trials)} trials on {s.dev['n']} AQ dev items): instruction={best.get('instruction')!r} "
+                  f"template={best.get('template')!r} k={best.get('k')} exemplars={[ex.id for ex in s.prompt.exemplars]}")
+    t3 = Table(title="Table 3 · ours: held-out test items (baseline = the prompt itself, not one of the seeds) · paper's rows: MMLU, GSM8K as printed")
+    for name in ("source", "set", "prompt", "n", "Acc", "95% CI", "mean δ_TCB", "V_eff", "margin", "AccVar_pert", "PDR", "95% CI ", "Acc_worst", "95% CI  "):
+        t3.add_column(name, justify="left" if name in ("source", "set", "prompt") else "right")
+    for _, row in r.table3.iterrows():
+        ours = row.source == "ours"
+        t3.add_row(row.source, row.set, row.prompt, str(int(row.n)) if ours else "", _fmt(row.acc),
+                   _ci(row.acc_ci_low, row.acc_ci_high) if ours else "", _fmt(row.tcb_mean), _fmt(row.v_eff_mean), _fmt(row.margin_mean),
+                   _fmt(row.acc_var_pert), _fmt(row.pdr), _ci(row.pdr_ci_low, row.pdr_ci_high) if ours else "",
+                   _fmt(row.acc_worst), _ci(row.acc_worst_ci_low, row.acc_worst_ci_high) if ours else "")
+    console.print(t3)
+    for note in r.notes:
+        console.print(f"note: {note}", markup=False, highlight=False)
+
+
+def _rows(*frames):
+    for frame in frames:
+        yield from frame.iterrows()
+
+
 @app.command("model-folder")
 def model_folder_command(model: str = ModelOpt) -> None:
     """Print the folder (or hub id) transformers loads the model from: use it to score a card with plain

@@ -8,6 +8,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pandas as pd
+
 from promptopt.experiments.diagnose import approx, geometry, regimes
 from promptopt.experiments.diagnose.output import save_table
 from promptopt.experiments.diagnose.positions import Positions, PositionSpec, collect_positions
@@ -69,3 +71,134 @@ def run_taboo(session, out: Path, *, split: str = "test", limit: int | None = 16
         written += save_table(sweep.sampled, out / "taboo_sampled") + save_table(sweep.sampled_summary, out / "taboo_sampled_summary")
     taboo.plot(sweep, out / "taboo.png")
     return Report(sweep, [*written, out / "taboo.png"], time.perf_counter() - start)
+
+
+class _ItemsView:
+    """The session's cached scorer seen with another carving of the same task: `run_search` reads its dev
+    and test items from `scorer.task`, so the targeted search sees only the AQ dev items."""
+
+    def __init__(self, scorer, task) -> None:
+        self._scorer, self.task = scorer, task
+
+    def __getattr__(self, name):
+        return getattr(self._scorer, name)
+
+
+def _study_exists(config) -> bool:
+    import optuna
+
+    url = config.storage_url
+    if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists():
+        return False
+    return config.name in optuna.get_all_study_names(storage=url)
+
+
+def run_conflicts(session, out: Path, *, limit: int | None = 12, seeds: int = 3, seed: int = 0, card=None,
+                  strategy: str = "tcb", trials: int = 5, suite: str = "quick",
+                  confidence: str = "top_prob", class_thresholds: dict | None = None, set_thresholds: dict | None = None,
+                  min_aq_dev: int = 4, progress: bool = False) -> Report:
+    """Conflict classes of the prompt's items; VCQ / AQ from `seeds` baseline prompts (exemplars redrawn
+    per seed from one generator seeded with `seed`, which also seeds the search's sampler) on dev and test items; a `strategy` search on the AQ dev items only; then the baseline and
+    the enhanced prompt on the held-out AQ and VCQ test items, unperturbed and under `suite` (Table 3).
+
+    The Table 3 baseline is the prompt itself (the task's own, or `card`): the same recipe as the seeds
+    but not one of them, so the seed-to-seed noise that put a test item into AQ does not also lower the
+    baseline's score on it. The seeds' own (in-selection) accuracy per set is in `sets`."""
+    import dataclasses
+    import hashlib
+    import json
+    import re
+
+    from promptopt.errors import UserError
+    from promptopt.experiments.diagnose import conflicts
+    from promptopt.robustness.suite import Similarity, evaluate_robustness, load_suite
+    from promptopt.search import SearchConfig, StudyConfig, get_strategy, run_search
+    from promptopt.yamlio import check_output
+
+    start = time.perf_counter()
+    if seeds < 2:
+        raise UserError(f"--seeds {seeds}: VCQ and AQ need accuracy and δ_TCB variances across seeds; use at least 2")
+    if trials < 1:
+        raise UserError(f"--trials {trials}: the targeted search needs at least 1 trial")
+    if confidence not in conflicts.CONFIDENCE_SIGNALS:
+        raise UserError(f"--confidence {confidence}: expected one of {', '.join(conflicts.CONFIDENCE_SIGNALS)}")
+    get_strategy(strategy)
+    the_suite = load_suite(suite)
+    if session.out is None:
+        raise UserError("diagnose conflicts needs a session with a run directory (its result cache serves the search)")
+    check_output(out, folder=True, what="--out")
+    out = Path(out)
+    notes: list[str] = []
+
+    prompt, pool = session.prompt(card), session.data.pool
+    dev, test = session.items("dev", limit), session.items("test", limit)
+    split_of = {**{i.id: "dev" for i in dev}, **{i.id: "test" for i in test}}
+    scorer = session.scorer
+
+    # 1. conflict classes of the prompt's own items
+    own = scorer.score(prompt, dev + test).table
+    own.insert(1, "split", own["item_id"].map(split_of))
+    cth = conflicts.class_thresholds(own, confidence=confidence, **(class_thresholds or {}))
+    items = conflicts.classify_items(own, cth)
+    classes = conflicts.class_summary(items)
+
+    # 2. VCQ / AQ over the baseline seeds
+    if not prompt.exemplars:
+        notes.append("the prompt has no exemplars: every seed is the same prompt, so accuracy and δ_TCB variances are 0")
+    runs = []
+    for s, seeded in enumerate(conflicts.baseline_prompts(prompt, pool, seeds, seed=seed)):
+        table = scorer.score(seeded, dev + test).table
+        runs.append(table.assign(seed=s, split=table["item_id"].map(split_of), exemplars=",".join(e.id for e in seeded.exemplars)))
+    runs = pd.concat(runs, ignore_index=True)
+    per_question = conflicts.characterise(runs)
+    sth = conflicts.set_thresholds(per_question, reference="dev", **(set_thresholds or {}))
+    questions = conflicts.label_questions(per_question, sth)
+    sets = conflicts.set_summary(questions)
+    thresholds = pd.concat([cth.table().assign(used_for="classes"), sth.table().assign(used_for="vcq_aq")], ignore_index=True)
+    written = (save_table(items, out / "conflicts_items") + save_table(classes, out / "conflicts_classes")
+               + save_table(thresholds, out / "conflicts_thresholds") + save_table(runs, out / "conflicts_runs")
+               + save_table(questions, out / "conflicts_questions") + save_table(sets, out / "conflicts_sets"))
+
+    def members(pool_items, split, name):
+        chosen = set(questions.loc[(questions["split"] == split) & (questions["set"] == name), "item_id"])
+        return [i for i in pool_items if i.id in chosen]
+
+    aq_dev, aq_test, vcq_test = members(dev, "dev", "AQ"), members(test, "test", "AQ"), members(test, "test", "VCQ")
+    if len(aq_dev) < min_aq_dev:
+        raise UserError(f"only {len(aq_dev)} AQ dev item(s) of {len(dev)}: the targeted search needs at least {min_aq_dev}; "
+                        f"raise --limit (the characterisation tables are in {out})")
+    if not aq_test:
+        raise UserError(f"no AQ test item among {len(test)}: nothing held out to evaluate the enhancement on; raise --limit "
+                        f"(the characterisation tables are in {out})")
+
+    # 3. targeted search on the AQ dev items only (test items: the held-out AQ ones, scored only after selection)
+    spec = session.data.spec
+    digest = hashlib.sha256(json.dumps([[i.id for i in aq_dev], session.model_config.spec, session.model_config.resolved_dtype(),
+                                        session.model_config.quantize, list(session.data_config.subsets or [])]).encode()).hexdigest()[:10]
+    config = SearchConfig(model=session.model_config, data=dataclasses.replace(session.data_config, dev_limit=None, test_limit=None),
+                          study=StudyConfig(strategy=strategy, trials=trials, seed=seed,
+                                            study_name=re.sub(r"[^A-Za-z0-9_.:-]", "_", f"{spec.name}-conflicts-{strategy}-{digest}")),
+                          out=str(out / "conflicts_search"), batch_size=session.factory.batch_size)
+    resume = _study_exists(config)
+    if resume:
+        notes.append(f"study '{config.name}' (same AQ dev items and model) already in {config.out}: resumed to {trials} finished trials")
+    view = _ItemsView(scorer, dataclasses.replace(session.data, dev=aq_dev, test=aq_test))
+    search = run_search(config.replace(resume=resume), scorer=view, show_progress=progress)
+
+    # 4. Table 3 on the held-out test items
+    if not vcq_test:
+        notes.append("no VCQ test item: Table 3 has no VCQ rows of ours")
+    similarity, rows = Similarity(), []
+    for set_name, set_items in (("VCQ", vcq_test), ("AQ", aq_test)):
+        for name, p in (("baseline", prompt), ("enhanced", search.prompt)):
+            if not set_items:
+                continue
+            clean = scorer.score(p, set_items).table
+            robust = evaluate_robustness(scorer, p, set_items, the_suite, pool=pool, similarity=similarity, progress=progress,
+                                         desc=f"{set_name} {name}").summary
+            rows.append(conflicts.table3_row(set_name, name, clean, robust))
+    table3 = pd.DataFrame(rows + conflicts.paper_table3_rows())
+    written += save_table(table3, out / "conflicts_table3")
+    conflicts.plot(items, cth, questions, sth, table3, out / "conflicts.png")
+    result = conflicts.ConflictsResult(items, classes, cth, runs, questions, sth, sets, table3, search, notes)
+    return Report(result, [*written, out / "conflicts.png", search.card_path], time.perf_counter() - start)
