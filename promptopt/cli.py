@@ -342,6 +342,14 @@ def _print_compare(result, task: str, model: str) -> None:
     for _, r in result.table.iterrows():
         if r.strategy != "baseline":
             console.print(f"{r.strategy}: {r.selected_by}")
+    s = result.summary
+    reuse = (f"reuse: {s['evaluations']} distinct prompts evaluated, {s['evaluations_reused']} shared with another search; "
+             f"result cache hit rate {_fmt(s['result_cache_hit_rate'])}")
+    if s.get("variant_embedding_hit_rate") is not None:
+        reuse += f"; variant embeddings reused {_fmt(s['variant_embedding_hit_rate'])}"
+    if s.get("paraphrase_memo_hits") or s.get("paraphrase_memo_misses"):
+        reuse += f"; LM paraphrases reused {s['paraphrase_memo_hits']}, generated {s['paraphrase_memo_misses']}"
+    console.print(reuse)
 
 
 @app.command()

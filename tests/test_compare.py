@@ -86,6 +86,11 @@ def test_two_seeds_end_to_end_on_the_embedded_model(embedded_lm, tmp_path):
     assert np.isfinite(table.loc["tcb", ["avg_acc", "acc_worst", "avg_tcb"]].astype(float)).all()
     assert table.loc["ppl", "n_seeds"] == 2 and not np.isnan(table.loc["ppl", "avg_acc_sd"])
     assert result.paired["mcnemar_p"].between(0, 1).all() and "delta_acc_worst" in result.paired
+    # the text variants of an item are the same for every prompt: stressing the second prompt embeds none again
+    summary = result.summary
+    if summary["evaluations"] >= 2:
+        assert summary["variant_embedding_hit_rate"] >= 0.4, summary
+    assert 0 <= summary["result_cache_hit_rate"] <= 1
 
 
 def test_robust_strategy_rewards_answers_that_survive_perturbation():

