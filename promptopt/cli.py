@@ -398,8 +398,9 @@ def stress(
     seed: int = typer.Option(0, "--seed"),
     model: str = ModelOpt,
     models: Optional[str] = typer.Option(None, "--models", help="sweep: comma-separated models (hub ids, folders, .gguf, embedded names)"),
-    split: str = typer.Option("test", "--split"),
+    split: Optional[str] = typer.Option(None, "--split", help="pool, dev or test (default test; a protocol names its own)"),
     limit: Optional[int] = typer.Option(None, "--limit", min=1, help="the first N items (of the protocol's subsample, with --protocol)"),
+    batch_size: int = BatchOpt,
     out: Optional[Path] = typer.Option(None, "--out", help="one task: write the per-rank table (.csv) and per-item rows (.parquet); sweep: the sweep folder"),
     subsets: Optional[str] = SubsetsOpt,
     device: str = DeviceOpt,
@@ -415,27 +416,31 @@ def stress(
     the_protocol = load_protocol(protocol) if protocol else None
     rank_list = _int_list(ranks, "--ranks") if ranks else (the_protocol.ranks if the_protocol else (1, 2, 4, 8))
     mode = "mid_word" if mid_word else "word_initial"
+    if the_protocol is not None and split is not None:
+        raise UserError(f"--split: protocol {the_protocol.name} draws its items from its own split ({the_protocol.split}); drop --split")
+    split = split or (the_protocol.split if the_protocol else "test")
     if tasks is not None or models is not None:
-        _stress_sweep(tasks or task, models or model, the_protocol, protocol, rank_list, mode, temperature, seed, split,
-                      limit, out, subsets, device, dtype, quantize, prompt)
+        _stress_sweep(tasks or task, models or model, the_protocol, rank_list, mode, temperature, seed, split,
+                      limit, out, subsets, device, dtype, quantize, prompt, batch_size)
         return
     if task is None:
         raise UserError("stress: give --task (one task) or --tasks/--models (a sweep)")
     _check_out_files(*((out.with_suffix(".csv"), out.with_suffix(".parquet")) if out else ()))
-    session = _session(task, model, device, dtype, quantize, subsets)
+    session = _session(task, model, device, dtype, quantize, subsets, batch_size)
     data = session.data
     if the_protocol is not None:
-        data, the_prompt, items = the_protocol.apply(data, limit=limit)
+        data, the_prompt, items = the_protocol.apply(session.data_config, limit=limit)
         the_prompt = session.prompt(prompt) if prompt else the_prompt
         from promptopt.scoring import Scorer
 
-        scorer = Scorer(session.lm, data, progress=True)
+        scorer = Scorer(session.lm, data, batch_size=batch_size, progress=True)
     else:
         the_prompt, items, scorer = session.prompt(prompt), data.split(split)[:limit], session.scorer
     result = taboo_stress(scorer, the_prompt, items, ranks=rank_list, mode=mode, temperature=temperature, seed=seed)
     columns = ["rank", "n", "accuracy", "retention", "retention_ci_low", "retention_ci_high", "marginal_retention",
                "mean_surprisal_per_intervention", "surprisal_total_per_item", "interventions_per_item", "length_expansion"]
-    title = f"taboo stress · {data.spec.name} · {'mid-word' if mid_word else 'word-initial'}" + (f" · protocol {the_protocol.name}" if the_protocol else "")
+    title = (f"taboo stress · {data.spec.name} · {'mid-word' if mid_word else 'word-initial'}"
+             + (f" · protocol {the_protocol.name}" + (f" (prompt {prompt})" if prompt else "") if the_protocol else ""))
     _print_frame(result.summary, columns, title, 20)
     if out is not None:
         from promptopt.yamlio import atomic_write_bytes_via
@@ -444,9 +449,10 @@ def stress(
         atomic_write_bytes_via(out.with_suffix(".parquet"), lambda p: result.items.to_parquet(p, index=False))
 
 
-def _stress_sweep(tasks, models, the_protocol, protocol, rank_list, mode, temperature, seed, split, limit, out, subsets,
-                  device, dtype, quantize, prompt) -> None:
+def _stress_sweep(tasks, models, the_protocol, rank_list, mode, temperature, seed, split, limit, out, subsets,
+                  device, dtype, quantize, prompt, batch_size) -> None:
     from promptopt.experiments.stress_sweep import SweepSettings, retention_grid, run_stress_sweep
+    from promptopt.models import ModelConfig
     from promptopt.yamlio import check_output
 
     if prompt is not None:
@@ -458,11 +464,13 @@ def _stress_sweep(tasks, models, the_protocol, protocol, rank_list, mode, temper
     check_output(out, folder=True, what="--out")
     task_list = [t.strip() for t in tasks.split(",") if t.strip()]
     model_list = [m.strip() for m in models.split(",") if m.strip()]
-    settings = SweepSettings(protocol=protocol, protocol_sha256=the_protocol.digest if the_protocol else None, ranks=rank_list,
-                             mode=mode, temperature=temperature, seed=seed, split=the_protocol.split if the_protocol else split,
-                             limit=limit, dtype=dtype, quantize=quantize)
-    result = run_stress_sweep(models=model_list, tasks=task_list, settings=settings, out=out, device=device,
-                              subsets=_subsets(subsets), log=console.print)
+    probe = ModelConfig(spec=model_list[0] if model_list else "x", device=device, dtype=dtype, quantize=quantize)
+    settings = SweepSettings(protocol=the_protocol.name if the_protocol else None,
+                             protocol_sha256=the_protocol.digest if the_protocol else None, ranks=rank_list, mode=mode,
+                             temperature=temperature, seed=seed, split=split, limit=limit, dtype=probe.resolved_dtype(),
+                             device_type=probe.resolved_device_type(), quantize=quantize, batch_size=batch_size, subsets=_subsets(subsets))
+    result = run_stress_sweep(models=model_list, tasks=task_list, settings=settings, out=out, protocol=the_protocol,
+                              device=device, log=console.print)
     s = result.summary
     for task_name in task_list:
         grid = retention_grid(s, task_name)

@@ -34,8 +34,8 @@ def paper():
     return load_protocol("taboo-paper")
 
 
-def _applied(protocol, task):
-    return protocol.apply(DataConfig(task=task).load())
+def _applied(protocol, task, limit=None):
+    return protocol.apply(DataConfig(task=task), limit=limit)
 
 
 def test_gsm8k_reads_the_answer_line_else_the_last_number(paper):
@@ -47,6 +47,9 @@ def test_gsm8k_reads_the_answer_line_else_the_last_number(paper):
     assert read(f"First {wrong} apples, then {wrong} more.\nAnswer: {gold} apples in {wrong} days")[2]  # the line's first number
     assert not read(f"So {gold} is wrong.\nAnswer: {wrong}")[2]  # the answer line wins over earlier numbers
     assert read(f"We get {wrong}, then {gold}")[2]  # no answer line: the last number
+    assert read(f"Answer: let me check the units first.\nAnswer: {gold}")[2]  # the first answer line that states a number
+    assert read(f"Steps.\nAnswer:\n{gold}\n")[2]  # an empty answer line states the next line
+    assert read(f"Answer: {wrong} - 1 = {gold}")[2]  # after the last '=': the final number of the line
     answer, start, _ = read(f"Steps.\nAnswer: {gold}")
     assert f"Steps.\nAnswer: {gold}"[start:].startswith(gold)  # where the answer starts, for the critical point
 
@@ -59,6 +62,9 @@ def test_mmlu_gen_reads_the_letter_of_the_first_answer_line(paper):
     assert read("Option A is a distractor; B follows.\nAnswer: B\n\nQuestion: next\nAnswer: A")[:3:2] == ("B", True)
     assert read("Answer: (B)")[2]
     assert not read("B looks tempting.\nAnswer: C")[2]
+    # no answer line (a derailed chain of thought): only "the answer is X" counts, never a leading capital
+    assert read("A square is a rectangle, B is wrong") == ("", -1, False)
+    assert read("Thinking it over, the answer is (B).")[2]
 
 
 def test_triviaqa_stops_do_not_cut_washington_dc(paper):
@@ -77,24 +83,30 @@ def test_protocol_is_the_papers_setting(paper):
         data, prompt, items = _applied(paper, task)
         assert len(prompt.exemplars) == 2 and all("\nAnswer: " in prompt.exemplar_answer(e) for e in prompt.exemplars)
         assert data.spec.max_new_tokens == 512 and data.spec.extract == "answer_line"
-        assert len(items) == min(500, len(DataConfig(task=task).load().test))
+        assert len(items) == 500  # GSM8K too: the protocol's test split is all the task's pool and dev leave
         again = _applied(paper, task)[2]
         assert [i.id for i in again] == [i.id for i in items]  # a fixed seeded subsample
-        assert [i.id for i in paper.apply(DataConfig(task=task).load(), limit=5)[2]] == [i.id for i in items[:5]]
+        assert [i.id for i in _applied(paper, task, limit=5)[2]] == [i.id for i in items[:5]]
+        carved = DataConfig(task=task).load()
+        assert not {i.id for i in items} & {i.id for i in carved.pool + carved.dev}  # never a search's pool or dev item
     from dataclasses import replace
 
-    test_ids = [i.id for i in DataConfig(task="triviaqa").load().test]
-    ids = [i.id for i in _applied(replace(paper, n=50), "triviaqa")[2]]
+    data, _, sample = _applied(replace(paper, n=50), "triviaqa")
+    test_ids, ids = [i.id for i in data.test], [i.id for i in sample]
     assert len(ids) == 50 and ids != test_ids[:50] and set(ids) <= set(test_ids)  # a seeded sample, not the first n
     assert ids == [i for i in test_ids if i in set(ids)]  # in the split's order
     assert paper.ranks == (1, 2, 4, 8)
 
 
 def test_protocol_refuses_what_it_cannot_run(paper, tmp_path):
+    from dataclasses import replace
+
     with pytest.raises(UserError, match="no prompt for task mmlu .*mmlu_gen"):
         _applied(paper, "mmlu")
     with pytest.raises(UserError, match="no prompt for task basic_arithmetic"):
         _applied(paper, "basic_arithmetic")
+    with pytest.raises(UserError, match="humaneval is run, not read from an answer line"):
+        _applied(replace(paper, prompts={**paper.prompts, "humaneval": paper.prompts["gsm8k"]}), "humaneval")
     bad = tmp_path / "p.yaml"
     bad.write_text("max_new_tokens: 0\ntasks: {gsm8k: {}}\n")
     with pytest.raises(ConfigError, match=r"p.yaml: max_new_tokens: expected a positive integer, got 0"):
@@ -150,9 +162,27 @@ def _sweep(tmp_path, tiny_dir, out, *extra):
 
 
 def test_sweep_writes_figures_and_resumes_without_decoding_again(tmp_path, tiny_llama_dir, monkeypatch):
+    import gc
+    import weakref
+
+    import promptopt.models.load as load
+
     out = tmp_path / "sweep"
+    loaded = []
+    real_load = load.ModelConfig.load
+
+    def tracked_load(self):
+        gc.collect()
+        assert all(ref() is None for ref in loaded), "the previous model is still alive while the next one loads"
+        lm = real_load(self)
+        loaded.append(weakref.ref(lm.model))
+        return lm
+
+    monkeypatch.setattr(load.ModelConfig, "load", tracked_load)
     first = _sweep(tmp_path, tiny_llama_dir, out)
     assert first.exit_code == 0, first.output
+    assert len(loaded) == 2
+    monkeypatch.undo()
     assert "12 condition(s) decoded, 0 reused" in first.output
     summary = pd.read_parquet(out / "sweep_summary.parquet")
     assert len(summary) == 2 * 2 * 3 and set(summary["rank"]) == {0, 1, 2}
@@ -182,6 +212,17 @@ def test_sweep_writes_figures_and_resumes_without_decoding_again(tmp_path, tiny_
     assert "1 condition(s) decoded, 11 reused" in resumed.output, resumed.output
     pd.testing.assert_frame_equal(pd.read_parquet(out / "sweep_summary.parquet"), summary)
 
+    # a cell computed with another prompt (or task file, items, weights) is refused, never mixed in
+    identity = json.loads((cell / "cell.json").read_text())
+    (cell / "cell.json").write_text(json.dumps({**identity, "prompt_sha256": "0" * 64}))
+    refused = _sweep(tmp_path, tiny_llama_dir, out)
+    assert isinstance(refused.exception, UserError) and "computed with another prompt" in str(refused.exception)
+    (cell / "cell.json").write_text(json.dumps(identity))
+    one = pd.read_parquet(cell / "rank_1.parquet")
+    one.iloc[::-1].to_parquet(cell / "rank_1.parquet")  # a condition whose rows are other items (order) than the baseline's
+    mixed = _sweep(tmp_path, tiny_llama_dir, out)
+    assert isinstance(mixed.exception, UserError) and "rank_1.parquet: its items differ" in str(mixed.exception)
+
 
 def test_sweep_refuses_other_settings_on_the_same_folder(tmp_path, tiny_llama_dir):
     from tests.test_cli import assert_one_line_error, run
@@ -193,7 +234,16 @@ def test_sweep_refuses_other_settings_on_the_same_folder(tmp_path, tiny_llama_di
     protocol.write_text(PROTOCOL)
     args = ["stress", "--models", str(tiny_llama_dir), "--tasks", "triviaqa", "--protocol", str(protocol), "--device", "cpu"]
     assert_one_line_error(run(*args, "--out", str(out)), f"{out}: holds a sweep with protocol = 'x'")
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    settings = {"protocol": "tiny", "protocol_sha256": __import__("hashlib").sha256(protocol.read_bytes()).hexdigest(),
+                "ranks": [1, 2], "mode": "word_initial", "temperature": 0.0, "seed": 0, "split": "test", "limit": None,
+                "dtype": "bfloat16", "device_type": "cpu", "quantize": None, "batch_size": 16, "subsets": None}
+    (fresh / "sweep.json").write_text(json.dumps(settings))  # a sweep run in bf16: a float32 run does not join it
+    assert_one_line_error(run(*args, "--out", str(fresh)), "holds a sweep with dtype = 'bfloat16', this run has 'float32'")
     assert_one_line_error(run(*args), "needs --out FOLDER")
     assert_one_line_error(run("stress", "--tasks", "mmlu", "--out", str(tmp_path / "o2")), "mmlu is scored by log-likelihood", "mmlu_gen")
     assert_one_line_error(run(*args, "--models", f"{tiny_llama_dir},{tiny_llama_dir}", "--out", str(tmp_path / "o3")), "is given twice")
-    assert not (tmp_path / "o2").exists() and not (tmp_path / "o3").exists()  # refused before anything was written
+    assert_one_line_error(run(*args, "--models", ",", "--out", str(tmp_path / "o4")), "--models: expected a comma-separated list")
+    assert_one_line_error(run(*args, "--split", "dev", "--out", str(tmp_path / "o5")), "--split: protocol tiny draws its items")
+    assert not any((tmp_path / f"o{i}").exists() for i in range(2, 6))  # refused before anything was written

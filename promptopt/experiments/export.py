@@ -19,7 +19,6 @@ from promptopt.card import prompt_hashes, sha256_json, sha256_text, token_ids_sh
 from promptopt.errors import UserError
 from promptopt.experiments.session import Session
 from promptopt.prompts import Prompt
-from promptopt.yamlio import atomic_write_text
 
 FORMATS = ("card", "messages", "text", "lm-eval")
 _BOOTSTRAP = 2000

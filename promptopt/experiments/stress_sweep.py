@@ -34,7 +34,8 @@ from promptopt.yamlio import atomic_write_bytes_via, atomic_write_text
 
 @dataclass(frozen=True, kw_only=True)
 class SweepSettings:
-    """What defines a condition's result: a resumed sweep must keep all of these."""
+    """What defines every condition's result: a resumed sweep must keep all of these (each cell also records
+    its model weights, task file, items and prompt in `cell.json`)."""
 
     protocol: str | None  # protocol name (None: each task's own prompt and decoding settings)
     protocol_sha256: str | None
@@ -44,8 +45,11 @@ class SweepSettings:
     seed: int
     split: str
     limit: int | None
-    dtype: str | None
+    dtype: str  # resolved: float32 on CPU, bfloat16 on GPU unless given
+    device_type: str
     quantize: str | None
+    batch_size: int
+    subsets: tuple[str, ...] | None
 
 
 class ConditionFolder(MutableMapping):
@@ -83,13 +87,12 @@ class ConditionFolder(MutableMapping):
 
 
 def slug(name: str) -> str:
-    """A folder name for a model spec: a hub id or embedded name as it reads; a local path by its last part
-    plus a hash of the resolved path, so two folders that share a name never share results."""
+    """A folder name for a model spec: its last part, readable, plus a hash of the whole spec (a local path
+    resolved), so 'a/b_c' and 'a_b/c', or two folders that share a name, never share results."""
     path = Path(name)
-    if path.exists():
-        resolved = str(path.resolve())
-        return f"{re.sub(r'[^A-Za-z0-9._-]+', '_', path.resolve().name)}-{hashlib.sha256(resolved.encode()).hexdigest()[:8]}"
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "model"
+    full = str(path.resolve()) if path.exists() else name
+    readable = re.sub(r"[^A-Za-z0-9._-]+", "_", full.rstrip("/").split("/")[-1]).strip("_") or "model"
+    return f"{readable}-{hashlib.sha256(full.encode()).hexdigest()[:8]}"
 
 
 @dataclass
@@ -116,59 +119,41 @@ def check_settings(out: Path, settings: SweepSettings) -> None:
         atomic_write_text(path, json.dumps(current, indent=1))
 
 
-def run_stress_sweep(*, models: list[str], tasks: list[str], settings: SweepSettings, out: Path, device: str = "auto",
-                     batch_size: int = 16, subsets=None, progress: bool = True, log=print) -> SweepResult:
+def run_stress_sweep(*, models: list[str], tasks: list[str], settings: SweepSettings, out: Path, protocol=None,
+                     device: str = "auto", progress: bool = True, log=print) -> SweepResult:
+    """`protocol`: the loaded StressProtocol that `settings.protocol` names (None: each task's own settings)."""
     from promptopt.models import ModelConfig
-    from promptopt.robustness import taboo_stress
-    from promptopt.robustness.protocol import load_protocol
-    from promptopt.scoring import Scorer
     from promptopt.tasks import DataConfig
 
     start = time.perf_counter()
+    if not models or not tasks:
+        raise UserError(f"--{'models' if not models else 'tasks'}: expected a comma-separated list, got nothing")
     folders = [slug(m) for m in models]
-    if len(set(folders)) < len(folders):
-        twice = next(m for m, f in zip(models, folders) if folders.count(f) > 1)
-        raise UserError(f"--models: {twice} is given twice")
-    if len(set(tasks)) < len(tasks):
-        raise UserError(f"--tasks: {next(t for t in tasks if tasks.count(t) > 1)} is given twice")
-    protocol = load_protocol(settings.protocol) if settings.protocol else None
+    for label, names in (("--models", folders), ("--tasks", tasks)):
+        if len(set(names)) < len(names):
+            twice = next(n for n in names if names.count(n) > 1)
+            raise UserError(f"{label}: {models[folders.index(twice)] if label == '--models' else twice} is given twice")
+    if (protocol.name if protocol else None) != settings.protocol:
+        raise ValueError("settings.protocol must name the protocol passed in")
     prepared = {}
     for task in tasks:  # every task and protocol problem is reported before a model loads
-        data = DataConfig(task=task, subsets=subsets).load()
+        data = DataConfig(task=task, subsets=settings.subsets)
         if protocol is not None:
             prepared[task] = protocol.apply(data, limit=settings.limit)
         else:
-            if not data.spec.generative:
+            loaded = data.load()
+            if not loaded.spec.generative:
                 raise UserError(f"--tasks: {task} is scored by log-likelihood; taboo stress needs a generative task"
                                 + (" (use mmlu_gen)" if task == "mmlu" else ""))
-            prepared[task] = (data, data.default_prompt(), data.split(settings.split)[: settings.limit])
+            prepared[task] = (loaded, loaded.default_prompt(), loaded.split(settings.split)[: settings.limit])
     check_settings(out, settings)
-    configs = [ModelConfig(spec=m, device=device, dtype=settings.dtype, quantize=settings.quantize) for m in models]
     frames, decoded, reused = [], 0, 0
-    for model, folder, config in zip(models, folders, configs):
-        cells = {task: ConditionFolder(out / "cells" / folder / task) for task in tasks}
-        wanted = (0, *settings.ranks)
-        if all(all(r in cells[t] for r in wanted) for t in tasks):
-            lm = None  # every condition of this model is on disk: no need to load it
-        else:
-            log(f"loading {model}")
-            lm = config.load()
-        for task in tasks:
-            data, prompt, items = prepared[task]
-            store = cells[task]
-            before = {r for r in wanted if r in store}
-            if lm is None:
-                result = _from_store(store, items, settings)
-            else:
-                scorer = Scorer(lm, data, batch_size=batch_size, progress=progress)
-                result = taboo_stress(scorer, prompt, items, ranks=settings.ranks, mode=settings.mode,
-                                      temperature=settings.temperature, seed=settings.seed, store=store)
-            reused += len(before)
-            decoded += len(wanted) - len(before)
-            frames.append(result.summary.assign(model=model, task=task))
-            log(f"{model} · {task}: {len(before)} condition(s) reused, {len(wanted) - len(before)} decoded")
-        del lm
-        gc.collect()
+    for model, folder in zip(models, folders):
+        config = ModelConfig(spec=model, device=device, dtype=settings.dtype, quantize=settings.quantize)
+        model_frames, model_decoded, model_reused = _sweep_model(config, folder, tasks, prepared, settings, out, progress, log)
+        frames += model_frames
+        decoded, reused = decoded + model_decoded, reused + model_reused
+        gc.collect()  # the model and its scorers went out of scope with _sweep_model: free them before the next
         _empty_cuda_cache()
     summary = pd.concat(frames, ignore_index=True)
     summary = summary[["model", "task", *[c for c in summary.columns if c not in ("model", "task")]]]
@@ -178,17 +163,74 @@ def run_stress_sweep(*, models: list[str], tasks: list[str], settings: SweepSett
     return SweepResult(summary, written, decoded, reused, time.perf_counter() - start)
 
 
+def _cell_identity(model: str, weights: dict, data, prompt, items) -> dict:
+    """What a cell's conditions were computed from, beyond the sweep's settings."""
+    from promptopt.experiments.fingerprint import sha256_json, task_sha256, versions
+
+    return {"model": model, "weights_sha256": weights["weights_sha256"], "task": data.spec.name,
+            "task_sha256": task_sha256(data.spec), "prompt_sha256": sha256_json(prompt.to_card()),
+            "items_sha256": sha256_json([[i.id, i.question, list(i.choices) if i.choices else None, repr(i.gold)] for i in items]),
+            "promptopt": versions().get("promptopt")}
+
+
+def _check_cell(store: ConditionFolder, identity: dict) -> None:
+    """A cell's finished conditions count only for the same model weights, task file, prompt and items."""
+    path = store.folder / "cell.json"
+    if path.is_file():
+        stored = json.loads(path.read_text())
+        for key, value in identity.items():
+            if key != "promptopt" and stored.get(key) != value:
+                raise UserError(f"{store.folder}: its conditions were computed with another {key.replace('_sha256', '')} "
+                                f"({str(stored.get(key))[:16]} vs {str(value)[:16]}); use another --out")
+    else:
+        store.folder.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, json.dumps(identity, indent=1))
+
+
+def _sweep_model(config, folder: str, tasks, prepared, settings: SweepSettings, out: Path, progress: bool, log):
+    """One model's cells. The model is loaded only if a condition is missing, and lives only in this call."""
+    from promptopt.experiments.fingerprint import model_fingerprint
+    from promptopt.robustness import taboo_stress
+    from promptopt.scoring import Scorer
+
+    weights = model_fingerprint(config.spec)
+    cells = {task: ConditionFolder(out / "cells" / folder / task) for task in tasks}
+    wanted = (0, *settings.ranks)
+    for task in tasks:
+        _check_cell(cells[task], _cell_identity(config.spec, weights, *prepared[task]))
+    missing = any(r not in cells[t] for t in tasks for r in wanted)
+    if missing:
+        log(f"loading {config.spec}")
+    lm = config.load() if missing else None
+    frames, decoded, reused = [], 0, 0
+    for task in tasks:
+        data, prompt, items = prepared[task]
+        store = cells[task]
+        before = sum(r in store for r in wanted)
+        if lm is None:
+            result = _from_store(store, items, settings)
+        else:
+            scorer = Scorer(lm, data, batch_size=settings.batch_size, progress=progress)
+            result = taboo_stress(scorer, prompt, items, ranks=settings.ranks, mode=settings.mode,
+                                  temperature=settings.temperature, seed=settings.seed, store=store)
+        reused, decoded = reused + before, decoded + len(wanted) - before
+        frames.append(result.summary.assign(model=config.spec, task=task))
+        log(f"{config.spec} · {task}: {before} condition(s) reused, {len(wanted) - before} decoded")
+    return frames, decoded, reused
+
+
 def _from_store(store: ConditionFolder, items, settings: SweepSettings):
     """The cell's summary from finished conditions alone (the same numbers taboo_stress computes)."""
     from promptopt.robustness.stress import StressResult, condition_summary
 
     ids = [item.id for item in items]
-    base = store[0]
-    if base["item_id"].astype(str).tolist() != ids:
-        raise UserError(f"{store.folder}: its items differ from this run's; use another --out")
+    frames = {r: store[r] for r in (0, *settings.ranks)}
+    for rank, frame in frames.items():
+        if frame["item_id"].astype(str).tolist() != ids:
+            raise UserError(f"{store._path(rank)}: its items differ from this run's; use another --out")
+    base = frames[0]
     base_correct = base["correct"].to_numpy()
-    rows = [condition_summary(0, base, base_correct, base)]
-    rows += [condition_summary(r, store[r], base_correct, base) for r in settings.ranks]
+    rows = [condition_summary(r, frames[r], base_correct, base) for r in (0, *settings.ranks)]
     return StressResult(pd.DataFrame(rows), pd.DataFrame())
 
 

@@ -341,6 +341,10 @@ class ModelConfig:
         if self.quantize is not None and device.type != "cuda":
             raise UnsupportedError(f"quantize={self.quantize} needs a CUDA device (bitsandbytes); this run is on {device.type}")
 
+    def resolved_device_type(self) -> str:
+        """cpu or cuda: where a load would run (auto picks CUDA when there is one)."""
+        return _pick_device(self.device).type
+
     def resolved_dtype(self) -> str:
         """The dtype a load would compute in (by default it depends on the device): part of what a score means."""
         return str(_pick_dtype(self.dtype, _pick_device(self.device))).removeprefix("torch.")

@@ -192,8 +192,12 @@ class Runner:
         temperature: float = 0.0,
         top_p: float = 1.0,
         seed: int | None = None,
+        keep_hidden: bool = True,
     ) -> list[GenerationResult]:
         """Decode each context (greedy, or sampled when temperature > 0), stopping at EOS or a stop string.
+
+        `keep_hidden=False` drops the per-token final hidden states (scoring reads δ_TCB from them; stress
+        does not, and on a large model 500 items × 512 tokens of them are gigabytes of host memory).
 
         `logits_processor` is a transformers `LogitsProcessor` (or a list of them); it sees the full ids so
         far and the raw scores, exactly as inside `model.generate`. `processor_factory` instead builds a
@@ -222,13 +226,14 @@ class Runner:
         batches = [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
         for batch in tqdm(batches, desc="generating", disable=not self.progress, leave=False):
             outs = self._generate_batch(
-                [list(contexts[i]) for i in batch], max_new_tokens, list(stop), processors_for_batch(), temperature > 0, generator
+                [list(contexts[i]) for i in batch], max_new_tokens, list(stop), processors_for_batch(), temperature > 0, generator,
+                keep_hidden,
             )
             for i, out in zip(batch, outs):
                 results[i] = out
         return results  # type: ignore[return-value]
 
-    def _generate_batch(self, contexts, max_new_tokens, stop, processors, sample, generator):
+    def _generate_batch(self, contexts, max_new_tokens, stop, processors, sample, generator, keep_hidden=True):
         tok = self.lm.tokenizer
         dev = self.lm.device
         geometry = self.lm.output_head
@@ -279,7 +284,8 @@ class Runner:
                         done[row], reasons[row] = True, "eos"
                         continue
                     generated[row].append(token)
-                    hiddens[row].append(last[row].cpu())
+                    if keep_hidden:
+                        hiddens[row].append(last[row].cpu())
                     text = tok.decode(generated[row], skip_special_tokens=True)
                     text, stopped = cut_at_stop(text, stop)
                     if stopped:

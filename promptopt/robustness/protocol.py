@@ -19,7 +19,8 @@ from promptopt.errors import UserError
 from promptopt.prompts import Prompt, PromptTemplate, prompt_from_card
 from promptopt.tasks import Item
 from promptopt.tasks.answers import EXTRACTIONS
-from promptopt.tasks.data import TaskData
+from promptopt.tasks.data import DataConfig, TaskData, load_task_data
+from promptopt.tasks.spec import load_task_spec
 from promptopt.yamlio import Fields, builtin_names, load_named_yaml
 
 BUILTIN_DIR = Path(__file__).resolve().parent.parent / "perturbations" / "protocols"
@@ -39,18 +40,26 @@ class StressProtocol:
     prompts: dict[str, Prompt]  # task name -> the protocol's prompt for it
     digest: str  # sha256 of the file: a resumed sweep must run the same protocol
 
-    def apply(self, data: TaskData, *, limit: int | None = None) -> tuple[TaskData, Prompt, list[Item]]:
-        """The task's data with the protocol's decoding and extraction, its prompt, and its items (a fixed
-        seeded subsample of the split, in the split's order; `limit` keeps the first of those)."""
-        task = data.spec.name
+    def apply(self, data: DataConfig, *, limit: int | None = None) -> tuple[TaskData, Prompt, list[Item]]:
+        """The task's data with the protocol's decoding and extraction, its prompt, and its items: a fixed
+        seeded subsample of the split, in the split's order (`limit` keeps the first of those). The protocol
+        brings its own shots, so for `split: test` the test split takes every item the task's pool and dev
+        leave (GSM8K: 1,179 instead of the 300 a search evaluates on), which the sample is drawn from."""
+        spec = load_task_spec(data.task)
+        task = spec.name
         if task not in self.prompts:
             hint = " (use mmlu_gen: the letter is generated)" if task == "mmlu" else ""
             raise UserError(f"{self.where}: protocol {self.name} has no prompt for task {task}{hint}; it covers "
                             f"{', '.join(sorted(self.prompts))} (copy the file and add the task under tasks:)")
-        if not data.spec.generative:
-            raise UserError(f"{self.where}: tasks.{task}: protocol {self.name} needs a generative task; {task} is scored by log-likelihood")
-        spec = replace(data.spec, max_new_tokens=self.max_new_tokens, stop=self.stop, extract=self.extract)
-        return replace(data, spec=spec), self.prompts[task], self.items(data, limit=limit)
+        if not spec.generative or spec.answer_type == "code":
+            what = "is scored by log-likelihood" if not spec.generative else "is run, not read from an answer line"
+            raise UserError(f"{self.where}: tasks.{task}: protocol {self.name} reads chain-of-thought answers; {task} {what}")
+        splits = dict(spec.splits)
+        if self.split == "test":
+            splits["test"] = replace(splits["test"], size=None)
+        spec = replace(spec, max_new_tokens=self.max_new_tokens, stop=self.stop, extract=self.extract, splits=splits)
+        carved = load_task_data(spec, subsets=list(data.subsets) if data.subsets else None)
+        return carved, self.prompts[task], self.items(carved, limit=limit)
 
     def items(self, data: TaskData, *, limit: int | None = None) -> list[Item]:
         pool = data.split(self.split)

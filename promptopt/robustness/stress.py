@@ -30,7 +30,7 @@ class StressResult:
 
 
 def _run(scorer: Scorer, prompt: Prompt, items: list[Item], *, factory, temperature: float, seed: int):
-    judged = scorer.generate_answers(prompt, items, processor_factory=factory, temperature=temperature, seed=seed)
+    judged = scorer.generate_answers(prompt, items, processor_factory=factory, temperature=temperature, seed=seed, keep_hidden=False)
     rows = []
     for item, (gen, (answer, _, correct)) in zip(items, judged):
         log = gen.processor_logs[0] if gen.processor_logs else None
@@ -66,7 +66,7 @@ def taboo_stress(
     resumed after a crash loses at most the condition it was running."""
     if not scorer.task.spec.generative:
         raise UserError(
-            f"taboo stress needs a generative task (answer type number, alias_match or code); "
+            f"taboo stress needs a generative task (answer type number, alias_match, multiple_choice_gen or code); "
             f"{scorer.task.spec.name} is scored by log-likelihood"
         )
     if not items:
@@ -79,7 +79,9 @@ def taboo_stress(
 
     def condition(rank: int, factory) -> pd.DataFrame:
         done = store.get(rank)
-        if done is not None and done["item_id"].astype(str).tolist() == ids:
+        if done is not None:
+            if done["item_id"].astype(str).tolist() != ids:
+                raise UserError(f"the stored rank-{rank} condition was run on other items; it is not mixed with these")
             return done
         store[rank] = _run(scorer, prompt, items, factory=factory, temperature=temperature, seed=seed)
         return store[rank]

@@ -162,15 +162,17 @@ class Scorer:
         return table
 
     def generate_answers(self, prompt: Prompt, items: list[Item], *, processor_factory=None, temperature: float = 0.0,
-                         seed: int | None = None) -> list[tuple[GenerationResult, Judgement]]:
-        """Generate each item's answer with the task's decoding settings and judge it."""
+                         seed: int | None = None, keep_hidden: bool = True) -> list[tuple[GenerationResult, Judgement]]:
+        """Generate each item's answer with the task's decoding settings and judge it (`keep_hidden=False`:
+        without the per-token hidden states, which only δ_TCB scoring reads)."""
         spec, tok = self.task.spec, self.lm.tokenizer
         contexts = [prompt.context(item.question, item.choices, tok) for item in items]
         ctx_ids = self._encode(contexts, prompt)
         for ids, item in zip(ctx_ids, items):
             self._check_length(len(ids) + spec.max_new_tokens, item.id)
         gens = self.runner.generate(ctx_ids, max_new_tokens=spec.max_new_tokens, stop=spec.stop,
-                                    processor_factory=processor_factory, temperature=temperature, seed=seed)
+                                    processor_factory=processor_factory, temperature=temperature, seed=seed,
+                                    keep_hidden=keep_hidden)
         return [(gen, self.judge(item, gen.text, prompt)) for item, gen in zip(items, gens)]
 
     def _score_generative(self, prompt: Prompt, items: list[Item]) -> pd.DataFrame:

@@ -21,8 +21,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from promptopt.errors import ConfigError
-from promptopt.tasks.extract import (alias_match, answer_line, choice_answer, final_number, first_line, first_number,
-                                     gsm8k_gold, numbers_equal)
+from promptopt.tasks.extract import (alias_match, answer_is_letter, answer_lines, choice_answer, final_number, first_line,
+                                     gsm8k_gold, numbers_equal, stated_number)
 from promptopt.tasks.fields import RowRef
 from promptopt.tasks.item import Item
 
@@ -56,19 +56,23 @@ class AnswerType:
 
     def read(self, spec, item: Item, text: str, prompt) -> Judgement:
         """Judge a generation after the task's extraction filter (answer.extract). With `answer_line` (the
-        Taboo paper's protocol: chain of thought, then 'Answer: X') the first explicit answer line is judged
-        when there is one (`judge_line`), else the whole text by the type's own rule."""
+        Taboo paper's protocol: chain of thought, then 'Answer: X') the first explicit answer line that states
+        an answer is judged (`judge_line`); a text with none is judged by `judge_unstated`."""
         if spec.extract == "answer_line":
-            found = answer_line(text)
-            if found is not None:
-                line, offset = found
+            for line, offset in answer_lines(text):
                 answer, start, correct = self.judge_line(spec, item, line, prompt)
-                return answer, offset + start if start >= 0 else -1, correct
+                if start >= 0:
+                    return answer, offset + start, correct
+            return self.judge_unstated(spec, item, text, prompt)
         return self.judge(spec, item, text, prompt)
 
     def judge_line(self, spec, item: Item, line: str, prompt) -> Judgement:
         """Judge the content of an explicit answer line (default: as any generated text)."""
         return self.judge(spec, item, line, prompt)
+
+    def judge_unstated(self, spec, item: Item, text: str, prompt) -> Judgement:
+        """Judge a chain of thought that never wrote an answer line (default: the type's own rule)."""
+        return self.judge(spec, item, text, prompt)
 
     def gold_label(self, item: Item) -> Any:
         """What the per-item table shows as `gold`."""
@@ -155,6 +159,15 @@ class MultipleChoiceGenerated(MultipleChoice):
             return "", -1, False
         return shown[index], start, index == item.gold
 
+    def judge_unstated(self, spec, item, text, prompt):
+        """Without an answer line only 'the answer is X' counts: a chain of thought starts with capitals ('A
+        square is ...') that the short-answer rules would read as a choice, crediting a derailed output."""
+        shown = prompt.choice_texts(item.choices)
+        index, start = answer_is_letter(text, len(shown))
+        if index is None:
+            return "", -1, False
+        return shown[index], start, index == item.gold
+
 
 @register
 class Number(AnswerType):
@@ -196,7 +209,7 @@ class Number(AnswerType):
         return value or "", start, numbers_equal(value, item.gold)
 
     def judge_line(self, spec, item, line, prompt):
-        value, start = first_number(line)  # 'Answer: 25 dollars for 3 days' states 25
+        value, start = stated_number(line)
         return value or "", start, numbers_equal(value, item.gold)
 
 

@@ -38,22 +38,34 @@ def final_number(text: str) -> tuple[str | None, int]:
     return None, -1
 
 
-_ANSWER_LINE = re.compile(r"^[ \t*#]*(?:final\s+)?answer\s*\**\s*:[ \t*]*(.*?)[ \t*]*$", re.IGNORECASE | re.MULTILINE)
+_ANSWER_LINE = re.compile(r"^[ \t*#]*(?:final[ \t]+)?answer[ \t]*\**[ \t]*:[ \t*]*(.*?)[ \t*]*$", re.IGNORECASE | re.MULTILINE)
+
+
+def answer_lines(text: str):
+    """Each explicit 'Answer: ...' line, in order, as (content, where it starts in `text`); an empty one
+    ('Answer:' then a line break) states what the next non-empty line says. The Taboo paper's extraction
+    reads the model's first stated answer, so a hallucinated follow-up question's answer never counts."""
+    for match in _ANSWER_LINE.finditer(text):
+        if match.group(1):
+            yield match.group(1), match.start(1)
+            continue
+        rest = text[match.end():]
+        stripped = rest.lstrip()
+        if stripped:
+            line = stripped.split("\n", 1)[0].strip()
+            yield line, match.end() + len(rest) - len(stripped)
 
 
 def answer_line(text: str) -> tuple[str, int] | None:
-    """The content of the first explicit 'Answer: ...' line and where it starts in `text` (None if no such
-    line): the Taboo paper's extraction reads the model's first stated answer, so a hallucinated follow-up
-    question with its own answer never counts."""
-    match = _ANSWER_LINE.search(text)
-    if match is None or not match.group(1):
-        return None
-    return match.group(1), match.start(1)
+    """The first explicit answer line (see `answer_lines`), or None."""
+    return next(answer_lines(text), None)
 
 
-def first_number(text: str) -> tuple[str | None, int]:
-    """The first number in `text` and where it starts (-1 if none): what an explicit answer line states."""
-    match = _NUMBER.search(text)
+def stated_number(line: str) -> tuple[str | None, int]:
+    """The number an answer line states and where it starts (-1 if none): the first number after the last
+    '=' ('Answer: 5 - 3 = 2' states 2), else the first number ('Answer: 25 dollars in 3 days' states 25)."""
+    start = line.rindex("=") + 1 if "=" in line else 0
+    match = _NUMBER.search(line, start)
     return (normalize_number(match.group()), match.start()) if match else (None, -1)
 
 
@@ -100,6 +112,14 @@ def alias_match(prediction: str, aliases: tuple[str, ...]) -> bool:
 _LETTER_ANSWER_IS = re.compile(r"answer is[:\s]*\(?([A-Z])\b", re.IGNORECASE)
 _LEADING_LETTER = re.compile(r"^\s*\(?([A-Z])(?:[).:\s]|$)")
 _ANY_LETTER = re.compile(r"\b([A-Z])\b")
+
+
+def answer_is_letter(text: str, n_choices: int) -> tuple[int | None, int]:
+    """The option letter in 'the answer is (X)' and where it starts (None, -1 if absent or out of range)."""
+    match = _LETTER_ANSWER_IS.search(text)
+    if match and ord(match.group(1).upper()) - ord("A") < n_choices:
+        return ord(match.group(1).upper()) - ord("A"), match.start(1)
+    return None, -1
 
 
 def choice_answer(text: str, choice_texts: list[str]) -> tuple[int | None, int]:

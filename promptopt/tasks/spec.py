@@ -30,7 +30,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from promptopt.prompts import PromptTemplate
 from promptopt.tasks.answers import ANSWER_TYPES, EXTRACTIONS, AnswerType, get_answer_type
