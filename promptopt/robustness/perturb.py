@@ -297,7 +297,7 @@ class LMParaphraseOperator(Operator):
             contexts = [self._request(lm, style, item.question) for item in todo]
             longest = max(len(lm.tokenizer(item.question)["input_ids"]) for item in todo)
             stop = ["\n\n"] if lm.has_chat_template else ["\n"]
-            gens = context["runner"].generate(contexts, max_new_tokens=int(longest * 1.5) + 16, stop=stop)
+            gens = context["runner"].generate(contexts, max_new_tokens=int(longest * 1.5) + 16, stop=stop, keep_hidden=False)
             for item, gen in zip(todo, gens):
                 self._memo[(*key, item.question, index)] = gen.text.strip()
         variants = []
