@@ -476,13 +476,15 @@ def _note(show: bool):
     return (lambda text: print(f"note: {text}", file=sys.stderr, flush=True)) if show else None
 
 
-def run_search(config: SearchConfig, *, scorer=None, expand=None, show_progress: bool = True) -> SearchResult:
+def run_search(config: SearchConfig, *, scorer=None, data=None, expand=None, show_progress: bool = True) -> SearchResult:
     """Run (or resume) the study of `config` and write its run directory.
 
     `scorer`: a CachedScorer to use (an experiment session passes its own, so the model is loaded once);
     without one, the task data is loaded and checked first, then the model, with the result cache in the
     run directory. Worker processes (`n_workers` > 1) build their own scorer from a ScorerFactory.
     `expand`: perturbed variants of dev items for the `robust` strategy (promptopt.robustness.VariantExpander).
+    `data`: the task data to search on, when it is not the scorer's own (e.g. a subset of its dev items:
+    `diagnose conflicts` searches on the ambiguous questions only); single-worker runs only.
 
     Order: everything that can fail on input is checked before the first file or study row exists."""
     from promptopt.scoring import ScorerFactory
@@ -490,7 +492,9 @@ def run_search(config: SearchConfig, *, scorer=None, expand=None, show_progress:
     quiet_optuna()
     out = Path(config.out)
     check_output(out, folder=True, what="--out")
-    data = scorer.task if scorer is not None else config.data.load()
+    if data is not None and config.study.n_workers > 1:
+        raise ConfigError("run_search(data=...): worker processes load the task's own data; use n_workers=1")
+    data = data if data is not None else scorer.task if scorer is not None else config.data.load()
     ctx = _context(config, data, expand)  # task, space, strategy
     if scorer is None:
         config.model.check()  # the model resolves, the device exists, 4/8-bit has CUDA

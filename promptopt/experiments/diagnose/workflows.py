@@ -73,17 +73,6 @@ def run_taboo(session, out: Path, *, split: str = "test", limit: int | None = 16
     return Report(sweep, [*written, out / "taboo.png"], time.perf_counter() - start)
 
 
-class _ItemsView:
-    """The session's cached scorer seen with another carving of the same task: `run_search` reads its dev
-    and test items from `scorer.task`, so the targeted search sees only the AQ dev items."""
-
-    def __init__(self, scorer, task) -> None:
-        self._scorer, self.task = scorer, task
-
-    def __getattr__(self, name):
-        return getattr(self._scorer, name)
-
-
 def _study_exists(config) -> bool:
     import optuna
 
@@ -182,8 +171,8 @@ def run_conflicts(session, out: Path, *, limit: int | None = 12, seeds: int = 3,
     resume = _study_exists(config)
     if resume:
         notes.append(f"study '{config.name}' (same AQ dev items and model) already in {config.out}: resumed to {trials} finished trials")
-    view = _ItemsView(scorer, dataclasses.replace(session.data, dev=aq_dev, test=aq_test))
-    search = run_search(config.replace(resume=resume), scorer=view, show_progress=progress)
+    search = run_search(config.replace(resume=resume), scorer=scorer, data=dataclasses.replace(session.data, dev=aq_dev, test=aq_test),
+                        show_progress=progress)
 
     # 4. Table 3 on the held-out test items
     if not vcq_test:
