@@ -147,3 +147,18 @@ def test_proxy_correlations_on_a_finished_study(tiny_llama_dir, tmp_path):
     result = proxy_correlations(tmp_path / "run", n_trials=3, limit=4, suite="quick", show_progress=False)
     assert len(result.prompts) == 3 and len(result.correlations) == 12
     assert (tmp_path / "run" / "proxy_correlations.csv").is_file()
+
+
+def test_paired_intervals_resample_items_with_all_their_seeds():
+    from promptopt.experiments.compare import Evaluated, _paired_table, cluster_index
+
+    assert cluster_index([0, 0, 2], 3, 2).tolist() == [0, 0, 2, 3, 3, 5]
+    rng = np.random.default_rng(0)
+    a = Evaluated(pd.DataFrame({"correct": rng.random(40) < 0.7}))
+    b = Evaluated(pd.DataFrame({"correct": rng.random(40) < 0.5}))
+    one = _paired_table({"a": [a], "b": [b]}, seed=0).iloc[0]
+    # the same search repeated three times is no new evidence: the interval must not narrow (a pooled
+    # bootstrap over 120 "pairs" would shrink it by about √3)
+    three = _paired_table({"a": [a] * 3, "b": [b] * 3}, seed=0).iloc[0]
+    assert three["n_pairs"] == 120 and three["delta_acc"] == one["delta_acc"]
+    assert (three["delta_acc_ci_low"], three["delta_acc_ci_high"]) == (one["delta_acc_ci_low"], one["delta_acc_ci_high"])

@@ -247,27 +247,45 @@ def _strategy_table(runs: pd.DataFrame, winners: dict, walls: dict) -> pd.DataFr
 
 
 def _paired_table(winners: dict, *, seed: int) -> pd.DataFrame:
-    """Every pair of strategies on the same test items: Δ accuracy, Δ Acc_worst, Δ PDR (first − second)."""
+    """Every pair of strategies on the same test items: Δ accuracy, Δ Acc_worst, Δ PDR (first − second).
+
+    With several seeds the pairs are (seed, item), but the seeds of one item are not independent samples: the
+    bootstrap resamples items, each with all its seeds (`cluster_index`), so repeating a search does not narrow
+    an interval by itself. The exact McNemar p-value counts discordant (seed, item) pairs as independent; a
+    difference is starred only when that p < 0.05 and the clustered interval excludes 0."""
     rows = []
     for a, b in combinations(list(winners), 2):
         row = {"a": a, "b": b}
         acc_a = np.concatenate([ev.test["correct"].to_numpy(dtype=bool) for ev in winners[a]])
         acc_b = np.concatenate([ev.test["correct"].to_numpy(dtype=bool) for ev in winners[b]])
+        n_seeds = len(winners[a])
+        n_items = len(acc_a) // n_seeds
         row["n_pairs"] = len(acc_a)
         row["delta_acc"] = float(acc_a.mean() - acc_b.mean())
         row["delta_acc_ci_low"], row["delta_acc_ci_high"] = bootstrap_interval(
-            lambda idx: acc_a[idx].mean() - acc_b[idx].mean(), len(acc_a), n_boot=_N_BOOT, seed=seed)
+            lambda idx: acc_a[cluster_index(idx, n_items, n_seeds)].mean() - acc_b[cluster_index(idx, n_items, n_seeds)].mean(),
+            n_items, n_boot=_N_BOOT, seed=seed)
         row["only_a_correct"], row["only_b_correct"], row["mcnemar_p"] = mcnemar_exact(acc_a, acc_b)
         if winners[a][0].clean is not None:
             pa, pb = _pooled(winners[a]), _pooled(winners[b])
+            n_robust = len(pa.items) // n_seeds
             for key in ("acc_worst", "pdr"):
                 point = pa.metrics()[key] - pb.metrics()[key]
                 row[f"delta_{key}"] = float(point)
                 row[f"delta_{key}_ci_low"], row[f"delta_{key}_ci_high"] = bootstrap_interval(
-                    lambda idx, key=key: pa.metrics(idx)[key] - pb.metrics(idx)[key], len(pa.items), n_boot=_N_BOOT // 4, seed=seed)
+                    lambda idx, key=key: (pa.metrics(cluster_index(idx, n_robust, n_seeds))[key]
+                                          - pb.metrics(cluster_index(idx, n_robust, n_seeds))[key]),
+                    n_robust, n_boot=_N_BOOT // 4, seed=seed)
         row["significant"] = bool(row["mcnemar_p"] < 0.05 and not (row["delta_acc_ci_low"] <= 0 <= row["delta_acc_ci_high"]))
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def cluster_index(items, n_items: int, n_seeds: int) -> np.ndarray:
+    """Positions in a seed-major pooled vector (seed 0's items, then seed 1's, ...) of the resampled items,
+    every seed of each: resampling items keeps an item's seeds together."""
+    items = np.asarray(items)
+    return (np.arange(n_seeds)[:, None] * n_items + items[None, :]).ravel()
 
 
 def _pooled(evaluations: list[Evaluated]) -> PerItemRobustness:
