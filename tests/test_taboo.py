@@ -140,3 +140,31 @@ def test_stress_on_embedded_model(embedded_lm):
     assert (result.items["surprisal_bits"] >= 0).all()
     with pytest.raises(Exception, match="needs a generative task"):
         taboo_stress(Scorer(embedded_lm, load_task("sst2")), load_task("sst2").default_prompt(), load_task("sst2").dev[:2])
+
+
+@pytest.mark.slow
+def test_finished_rows_leave_the_batch_without_changing_any_result(embedded_lm):
+    """Rows that finish early are dropped from the batch (KV cache, ids, processors follow): every row's tokens,
+    text, finish reason and taboo log are those of the plain loop that keeps computing finished rows."""
+    from promptopt.models import Runner
+
+    tok = embedded_lm.tokenizer
+    prompts = ["Q: What is 2 + 2?\nA:", "List three colours:", "The capital of France is", "Once upon a time,"]
+    contexts = [tok(p)["input_ids"] for p in prompts]
+    mask = word_initial_mask(tok, embedded_lm.output_head.vocab_size)
+    runs = {}
+    for compact in (True, False):
+        runner = Runner(embedded_lm, batch_size=4)
+        runner.compact = compact
+        for rank in (None, 1):
+            factory = None if rank is None else (lambda: TabooLogitsProcessor(mask, rank=1))
+            runs[compact, rank] = runner.generate(contexts, max_new_tokens=20, stop=["\n", "."], processor_factory=factory)
+    for rank in (None, 1):
+        fast, slow = runs[True, rank], runs[False, rank]
+        assert len({len(g.tokens) for g in slow}) > 1  # rows did finish at different steps
+        for a, b in zip(fast, slow):
+            assert (a.tokens, a.text, a.finish_reason) == (b.tokens, b.text, b.finish_reason)
+            if rank:
+                la, lb = a.processor_logs[0], b.processor_logs[0]
+                assert la.steps == lb.steps and la.delta_bits == pytest.approx(lb.delta_bits, rel=1e-4, abs=1e-6)
+    assert any(g.processor_logs[0].interventions for g in runs[True, 1])

@@ -17,6 +17,14 @@ import torch
 from promptopt.models.load import LoadedModel
 
 
+def _compactable(processors) -> bool:
+    """Finished rows may leave a batch when every processor is stateless across rows (temperature, top-p) or
+    follows them (`select_rows(index, chosen)`, like TabooLogitsProcessor)."""
+    from transformers import TemperatureLogitsWarper, TopPLogitsWarper
+
+    return all(hasattr(p, "select_rows") or isinstance(p, (TemperatureLogitsWarper, TopPLogitsWarper)) for p in processors)
+
+
 def cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:
     """`text` cut before the earliest stop string, and whether one occurred (how a generation ends)."""
     cut = min((text.find(s) for s in stops if s and s in text), default=-1)
@@ -68,6 +76,7 @@ class Runner:
         self.progress = progress
         self._prefixes: OrderedDict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]] = OrderedDict()
         self.use_prefix_cache = True
+        self.compact = True  # generation drops finished rows from the batch (off: the reference behaviour, for tests)
 
     # --- prefix cache --------------------------------------------------------------------------
     def _prefix(self, sequences: Sequence[Sequence[int]], limit: int) -> tuple[int, list | None]:
@@ -263,6 +272,8 @@ class Runner:
         reasons = ["length"] * b
         texts = [""] * b
         done = [False] * b
+        active = list(range(b))  # batch position -> row: finished rows leave the batch (`_compactable`)
+        compact = self.compact and _compactable(processors)
         step_ids, step_pos = ids.to(dev), positions
         nxt = None
         with torch.inference_mode():
@@ -276,16 +287,16 @@ class Runner:
                     nxt = torch.multinomial(probs, 1, generator=generator).squeeze(1)
                 else:
                     nxt = scores.argmax(-1)
-                for row in range(b):
+                for pos, row in enumerate(active):
                     if done[row]:
                         continue
-                    token = int(nxt[row])
+                    token = int(nxt[pos])
                     if token in stop_ids:
                         done[row], reasons[row] = True, "eos"
                         continue
                     generated[row].append(token)
                     if keep_hidden:
-                        hiddens[row].append(last[row].cpu())
+                        hiddens[row].append(last[pos].cpu())
                     text = tok.decode(generated[row], skip_special_tokens=True)
                     text, stopped = cut_at_stop(text, stop)
                     if stopped:
@@ -295,8 +306,17 @@ class Runner:
                     break
                 step_ids = nxt[:, None]
                 full_ids = torch.cat([full_ids, step_ids], 1)
-                mask = torch.cat([mask, torch.ones((b, 1), dtype=mask.dtype, device=dev)], 1)
+                mask = torch.cat([mask, torch.ones((len(active), 1), dtype=mask.dtype, device=dev)], 1)
                 step_pos = step_pos[:, -1:] + 1
+                keep = [pos for pos, row in enumerate(active) if not done[row]]
+                if compact and len(keep) < len(active):  # finished rows cost nothing from here on
+                    index = torch.tensor(keep, device=dev)
+                    for p in processors:
+                        if hasattr(p, "select_rows"):
+                            p.select_rows(index, nxt)
+                    cache.batch_select_indices(index)
+                    step_ids, full_ids, mask, step_pos = step_ids[index], full_ids[index], mask[index], step_pos[index]
+                    active = [active[pos] for pos in keep]
         logs = [p.finalize(nxt[:, None]) for p in processors if hasattr(p, "finalize") and nxt is not None]
         results = []
         for row in range(b):

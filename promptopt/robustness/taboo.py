@@ -127,20 +127,29 @@ class TabooLogitsProcessor:
 
     def reset(self) -> None:
         self.logs: list[TabooLog] = []
+        self._rows: list[int] | None = None  # batch position -> sequence, once finished rows have left the batch
         self._step = 0
-        self._pending: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # rows, nominal logp, nominal id
+        self._pending: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # positions, nominal logp, nominal id
 
     def _settle(self, chosen: torch.Tensor) -> None:
         """Record ΔS for the interventions of the previous step, now that the emitted tokens are known."""
         if self._pending is None:
             return
-        rows, logp, nominal = self._pending
-        picked = chosen[rows].to(logp.device)
+        positions, logp, nominal = self._pending
+        picked = chosen[positions].to(logp.device)
         delta = (logp.gather(1, nominal[:, None]) - logp.gather(1, picked[:, None])).squeeze(1) * _LOG2E
-        for row, value in zip(rows.tolist(), delta.clamp_min(0.0).tolist()):
+        for pos, value in zip(positions.tolist(), delta.clamp_min(0.0).tolist()):
+            row = pos if self._rows is None else self._rows[pos]
             self.logs[row].steps.append(self._step - 1)
             self.logs[row].delta_bits.append(value)
         self._pending = None
+
+    def select_rows(self, index: torch.Tensor, chosen: torch.Tensor) -> None:
+        """The decoding loop keeps only the batch positions `index` (finished rows left); `chosen` holds the
+        tokens just emitted in the old layout, which settle this step's interventions first."""
+        self._settle(chosen)
+        current = self._rows if self._rows is not None else list(range(len(self.logs)))
+        self._rows = [current[i] for i in index.tolist()]
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         batch = scores.shape[0]
