@@ -253,6 +253,7 @@ def retention_grid(summary: pd.DataFrame, task: str) -> pd.DataFrame:
 
 
 def plot_retention(summary: pd.DataFrame, path: Path) -> Path:
+    import matplotlib
     import numpy as np
 
     tasks = list(dict.fromkeys(summary["task"]))
@@ -260,12 +261,14 @@ def plot_retention(summary: pd.DataFrame, path: Path) -> Path:
     for ax, task in zip(axes[0], tasks):
         grid = retention_grid(summary, task)
         values = grid.to_numpy(dtype=float) * 100
-        ax.imshow(np.nan_to_num(values, nan=0.0), vmin=0, vmax=100, cmap="viridis", aspect="auto")
+        cmap = matplotlib.colormaps["viridis"].copy()
+        cmap.set_bad("lightgrey")  # undefined (no baseline-correct item) must not look like 0%
+        ax.imshow(np.ma.masked_invalid(values), vmin=0, vmax=100, cmap=cmap, aspect="auto")
         ax.set_xticks(range(grid.shape[1]), [f"i={r}" for r in grid.columns])
         ax.set_yticks(range(grid.shape[0]), [_label(m) for m in grid.index])
         for (r, c), v in np.ndenumerate(values):
             ax.text(c, r, "—" if np.isnan(v) else f"{v:.0f}%", ha="center", va="center", color="white" if v < 60 else "black", fontsize=9)
-        ax.set_title(f"{task}: conditional retention")
+        ax.set_title(f"{task}: retention")
     return save_figure(fig, path)
 
 
