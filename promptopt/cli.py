@@ -495,25 +495,30 @@ app.add_typer(diagnose_app, name="diagnose")
 
 @diagnose_app.command("proxy")
 def diagnose_proxy(
-    run_dir: Path = typer.Argument(..., help="a search run directory (or one strategy's directory of a compare run)"),
-    trials: int = typer.Option(8, "--trials", min=3, help="prompts (trials spread over the study's values) to stress"),
+    run_dirs: list[Path] = typer.Argument(..., help="search run directories of one task and model (e.g. every strategy/seed folder of a compare run); their trials are pooled"),
+    trials: int = typer.Option(8, "--trials", min=3, help="distinct prompts (spread over each study's values) to stress"),
     limit: Optional[int] = typer.Option(40, "--limit", min=1, help="dev items per prompt"),
     suite: str = typer.Option("quick", "--suite", help="perturbation suite that measures robustness"),
     seed: int = typer.Option(0, "--seed", help="bootstrap seed"),
+    out: Optional[Path] = typer.Option(None, "--out", help="folder for proxy_prompts.csv and proxy_correlations.csv (default: the run directory, or the runs' common parent)"),
 ) -> None:
     """Is δ_TCB a good proxy for robustness here? Spearman ρ of cheap signals vs measured Acc_worst and PDR."""
     from promptopt.experiments.proxy import proxy_correlations
 
     _quiet_libraries()
-    result = proxy_correlations(run_dir, n_trials=trials, limit=limit, suite=suite, seed=seed)
-    _print_frame(result.prompts, list(result.prompts.columns), f"proxy · {run_dir} · prompts", 50)
+    if out is not None:
+        from promptopt.yamlio import check_output
+
+        check_output(out, folder=True, what="--out")
+    result = proxy_correlations(run_dirs, n_trials=trials, limit=limit, suite=suite, seed=seed, out=out)
+    _print_frame(result.prompts, list(result.prompts.columns), f"proxy · {len(run_dirs)} run(s) · prompts", 50)
     table = Table(title="Spearman ρ across prompts, 95% bootstrap interval over prompts (* = excludes 0)")
     for name in ("signal", "target", "n", "ρ", "95% CI"):
         table.add_column(name, justify="left" if name in ("signal", "target") else "right")
     for _, r in result.correlations.iterrows():
         table.add_row(r.signal, r.target, str(r.n_prompts), f"{r.spearman:+.3f}{' *' if r.interval_excludes_0 else ''}", _ci(r.ci_low, r.ci_high))
     console.print(table)
-    console.print(f"wrote {run_dir / 'proxy_prompts.csv'} and {run_dir / 'proxy_correlations.csv'}")
+    console.print(f"wrote {result.folder / 'proxy_prompts.csv'} and {result.folder / 'proxy_correlations.csv'}")
 
 
 DiagnoseOutOpt = typer.Option(Path("runs/diagnose"), "--out", help="folder for tables (Parquet + CSV), figures and the position cache")

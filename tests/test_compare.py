@@ -9,6 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from promptopt.errors import UserError
+
 from promptopt.experiments import run_compare
 from promptopt.experiments.compare import Evaluated, _choose, _paired_table
 from promptopt.metrics.stats import mcnemar_exact
@@ -147,6 +149,18 @@ def test_proxy_correlations_on_a_finished_study(tiny_llama_dir, tmp_path):
     result = proxy_correlations(tmp_path / "run", n_trials=3, limit=4, suite="quick", show_progress=False)
     assert len(result.prompts) == 3 and len(result.correlations) == 12
     assert (tmp_path / "run" / "proxy_correlations.csv").is_file()
+
+    # several studies of one task and model pool their trials (distinct prompts only); tables go to their parent
+    run_search(config.replace(out=str(tmp_path / "run2"), seed=7, strategy="tcb"), show_progress=False)
+    pooled = proxy_correlations([tmp_path / "run", tmp_path / "run2"], n_trials=6, limit=4, suite="quick", show_progress=False)
+    assert set(pooled.prompts["run"]) == {str(tmp_path / "run"), str(tmp_path / "run2")}
+    assert 3 <= len(pooled.prompts) <= 6 and pooled.folder == tmp_path.resolve()
+    assert (tmp_path / "proxy_correlations.csv").is_file()
+    other = SearchConfig.build(task="arc_easy", strategy="accuracy", trials=3, model=str(tiny_llama_dir), out=str(tmp_path / "arc"),
+                               dev_limit=4, test_limit=2, minibatch=4, pruning=False, device="cpu")
+    run_search(other, show_progress=False)
+    with pytest.raises(UserError, match="differ from .*pool runs of one model and task"):
+        proxy_correlations([tmp_path / "run", tmp_path / "arc"], n_trials=3, limit=4, show_progress=False)
 
 
 def test_paired_intervals_resample_items_with_all_their_seeds():

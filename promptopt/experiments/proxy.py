@@ -30,10 +30,17 @@ TARGETS = ("acc_worst", "pdr")
 class ProxyResult:
     prompts: pd.DataFrame  # one row per prompt: signals and measured robustness
     correlations: pd.DataFrame  # one row per (signal, target)
+    folder: Path | None = None  # where the two tables were written
 
 
-def proxy_correlations(run_dir: str | Path, *, n_trials: int = 8, limit: int | None = 40, suite: str = "quick",
-                       seed: int = 0, show_progress: bool = True) -> ProxyResult:
+def proxy_correlations(run_dirs, *, n_trials: int = 8, limit: int | None = 40, suite: str = "quick",
+                       seed: int = 0, out: str | Path | None = None, show_progress: bool = True) -> ProxyResult:
+    """`run_dirs`: one search run directory or several of one task and model (e.g. every strategy and seed of a
+    `compare`), whose complete trials are pooled: more distinct prompts, tighter intervals. The M prompts are
+    taken evenly over each study's ranking of its values, round-robin across studies, identical prompts once.
+    Tables go to `out` (default: the run directory, or the runs' common parent)."""
+    import os
+
     import optuna
     from optuna.trial import TrialState
 
@@ -43,38 +50,64 @@ def proxy_correlations(run_dir: str | Path, *, n_trials: int = 8, limit: int | N
     from promptopt.search.objectives import signed_stability
     from promptopt.search.study import decode_params
 
-    run = Path(run_dir)
-    if not (run / "config.json").is_file():
-        raise UserError(f"{run}: not a search run directory (no config.json)")
-    config = SearchConfig.from_dict(json.loads((run / "config.json").read_text()))
+    runs = [Path(r) for r in ([run_dirs] if isinstance(run_dirs, (str, Path)) else run_dirs)]
+    if not runs:
+        raise UserError("diagnose proxy: give at least one run directory")
     the_suite = load_suite(suite)
-    try:
-        study = optuna.load_study(study_name=config.name, storage=config.storage_url)
-    except Exception as exc:  # a missing study or storage is the user's to fix
-        raise UserError(f"{run}: cannot open study '{config.name}': {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
-    finished = sorted(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)), key=lambda t: (t.values[0], t.number))
-    if len(finished) < 3:
-        raise UserError(f"{run}: study '{config.name}' has {len(finished)} complete trials; a correlation needs at least 3")
-    picks = [finished[i] for i in sorted(set(np.linspace(0, len(finished) - 1, min(n_trials, len(finished))).round().astype(int)))]
-    session = Session(model=config.model, data=config.data, out=run, batch_size=config.batch_size)
+    studies = []
+    for run in runs:
+        if not (run / "config.json").is_file():
+            raise UserError(f"{run}: not a search run directory (no config.json)")
+        config = SearchConfig.from_dict(json.loads((run / "config.json").read_text()))
+        if studies and (config.model.spec, config.data.task) != (studies[0][0].model.spec, studies[0][0].data.task):
+            raise UserError(f"{run}: model {config.model.spec} / task {config.data.task} differ from {runs[0]}'s; "
+                            "pool runs of one model and task")
+        try:
+            study = optuna.load_study(study_name=config.name, storage=config.storage_url)
+        except Exception as exc:  # a missing study or storage is the user's to fix
+            raise UserError(f"{run}: cannot open study '{config.name}': {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+        finished = sorted(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)), key=lambda t: (t.values[0], t.number))
+        studies.append((config, run, finished))
+    total = sum(len(f) for _, _, f in studies)
+    if total < 3:
+        raise UserError(f"{', '.join(map(str, runs))}: {total} complete trials; a correlation needs at least 3")
+    config0 = studies[0][0]
+    session = Session(model=config0.model, data=config0.data, out=runs[0], batch_size=config0.batch_size)
+    per_study = -(-n_trials // len(studies))  # ceil
+    queues = []
+    for config, run, finished in studies:
+        spread = sorted(set(np.linspace(0, len(finished) - 1, min(per_study, len(finished))).round().astype(int))) if finished else []
+        queues.append([(config, run, finished[i]) for i in spread])
+    picks, seen = [], set()
+    while len(picks) < n_trials and any(queues):
+        for queue in queues:
+            if queue and len(picks) < n_trials:
+                config, run, trial = queue.pop(0)
+                prompt = decode_params(config, session.data, trial.params)
+                key = json.dumps(prompt.to_card(), sort_keys=True)
+                if key not in seen:
+                    seen.add(key)
+                    picks.append((run, trial, prompt))
+    if len(picks) < 3:
+        raise UserError(f"{', '.join(map(str, runs))}: {len(picks)} distinct prompts among the complete trials; a correlation needs at least 3")
     items = session.items("dev", limit)
     similarity = Similarity()
     rows = []
-    for trial in picks:
-        prompt = decode_params(config, session.data, trial.params)
+    for run, trial, prompt in picks:
         clean = session.scorer.score(prompt, items).table
         rob = evaluate_robustness(session.scorer, prompt, items, the_suite, pool=session.data.pool, similarity=similarity,
                                   progress=show_progress, desc=f"proxy trial {trial.number}")
         tcb = clean["tcb"].replace([np.inf], np.nan).dropna()
-        rows.append({"trial": trial.number, "log10_tcb": float(np.log10(tcb).mean()) if len(tcb) else math.nan,
+        rows.append({"run": str(run), "trial": trial.number, "log10_tcb": float(np.log10(tcb).mean()) if len(tcb) else math.nan,
                      "signed_stability": float(signed_stability(clean).mean()), "ppl": float(clean["ppl"].mean()),
                      "margin": float(clean["margin"].mean()), "v_eff": float(clean["v_eff"].mean()),
                      "accuracy": float(clean["correct"].mean()), "acc_worst": rob.summary["acc_worst"], "pdr": rob.summary["pdr"]})
     prompts = pd.DataFrame(rows)
     correlations = correlation_table(prompts, seed=seed)
-    atomic_write_bytes_via(run / "proxy_prompts.csv", lambda p: prompts.to_csv(p, index=False))
-    atomic_write_bytes_via(run / "proxy_correlations.csv", lambda p: correlations.to_csv(p, index=False))
-    return ProxyResult(prompts, correlations)
+    target = Path(out) if out is not None else runs[0] if len(runs) == 1 else Path(os.path.commonpath([r.resolve() for r in runs]))
+    atomic_write_bytes_via(target / "proxy_prompts.csv", lambda p: prompts.to_csv(p, index=False))
+    atomic_write_bytes_via(target / "proxy_correlations.csv", lambda p: correlations.to_csv(p, index=False))
+    return ProxyResult(prompts, correlations, target)
 
 
 def correlation_table(prompts: pd.DataFrame, *, seed: int = 0, n_boot: int = 2000) -> pd.DataFrame:
