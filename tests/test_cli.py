@@ -17,7 +17,7 @@ def run(*args, cwd=None):
 
 
 def assert_one_line_error(proc, *fragments):
-    assert proc.returncode == 2, proc.stderr
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
     lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:"), proc.stderr
     for fragment in fragments:

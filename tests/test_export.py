@@ -18,6 +18,8 @@ import pandas as pd
 import pytest
 import yaml
 
+from tests.test_cli import assert_one_line_error
+
 REPO = Path(__file__).resolve().parent.parent
 
 # A chat template with exemplars: the searched card exercises the light chat renderer and exemplar edits.
@@ -34,14 +36,6 @@ def run_cli(*args, cwd=None):
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
     return subprocess.run([sys.executable, "-m", "promptopt", *map(str, args)], capture_output=True, text=True,
                           cwd=cwd or REPO, env=env, timeout=600)
-
-
-def assert_one_line_error(proc, *fragments):
-    assert proc.returncode == 2, (proc.stdout, proc.stderr)
-    lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error:"), proc.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
 
 
 def run_example(*args):

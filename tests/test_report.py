@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.test_cli import assert_one_line_error
+
 REPO = Path(__file__).resolve().parent.parent
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 
@@ -189,14 +191,6 @@ def test_the_browser_checks_can_fail(tmp_path):
 def run_cli(*args):
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
     return subprocess.run([sys.executable, "-m", "promptopt", *map(str, args)], capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
-
-
-def assert_one_line_error(proc, *fragments):
-    assert proc.returncode == 2, (proc.stdout, proc.stderr)
-    lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error:"), proc.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
 
 
 def test_report_cli_and_bad_input(compare_dir, tmp_path):
