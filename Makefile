@@ -36,6 +36,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_search.py
 	$(BIN)/python bench/bench_taboo.py
 	$(BIN)/python bench/bench_load_prompt.py
+	$(BIN)/python bench/bench_generation.py
 
 clean:
 	rm -rf $(VENV)

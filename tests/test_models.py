@@ -79,6 +79,26 @@ def test_batched_generation_matches_single_and_hf_generate(tiny_lm):
         assert got.hidden.shape == (len(got.tokens), tiny_lm.output_head.hidden_size)
 
 
+def test_per_row_token_limits_and_batch_size_override(tiny_lm):
+    """A row stops at its own limit ("length") and leaves the batch; its tokens are those of the same
+    context generated alone with that limit, whatever else shares the batch and whatever the batch size."""
+    tok = tiny_lm.tokenizer
+    contexts = [tok(p)["input_ids"] for p in ["Question: what is 2+3?\nAnswer:", "The capital of France is", "Once", "Hi"]]
+    limits = [2, 9, 0, 5]
+    runner = Runner(tiny_lm, batch_size=1)
+    for batch_size in (None, 4):
+        got = runner.generate(contexts, max_new_tokens=limits, batch_size=batch_size)
+        for ctx, limit, row in zip(contexts, limits, got):
+            alone = Runner(tiny_lm, batch_size=1).generate([ctx], max_new_tokens=limit)[0]
+            assert row.tokens == alone.tokens and row.finish_reason == alone.finish_reason
+            assert len(row.tokens) <= limit
+            if row.finish_reason == "length":
+                assert len(row.tokens) == limit
+    assert got[2].tokens == [] and got[2].finish_reason == "length"
+    with pytest.raises(ValueError, match="one per context"):
+        runner.generate(contexts, max_new_tokens=[3, 3])
+
+
 def test_stop_strings_and_sampling_are_reproducible(tiny_lm):
     ctx = tiny_lm.tokenizer("Hello there")["input_ids"]
     runner = Runner(tiny_lm)

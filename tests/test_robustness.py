@@ -179,6 +179,26 @@ def test_lm_paraphrase_is_deterministic(tiny_lm):
     assert first == second and any(first)
 
 
+def test_lm_paraphrase_does_not_depend_on_its_batch(tiny_lm):
+    """An item's paraphrase is capped by its own question's length, not by the longest question it is
+    batched with (before, a short question paraphrased beside a long one could run longer)."""
+    from promptopt.models import Runner
+    from promptopt.robustness.perturb import LMParaphraseOperator
+
+    short = Item("a", "Tom has 3 apples.", "3", "3")
+    long = Item("b", "A train leaves the station at noon and travels for three hours at sixty miles per hour; how far does it go?", "180", "180")
+    context = {"lm": tiny_lm, "runner": Runner(tiny_lm, batch_size=1)}
+    LMParaphraseOperator._memo.clear()
+    alone = LMParaphraseOperator().apply_many(PROMPT, [short], [0], context)[0]
+    LMParaphraseOperator._memo.clear()
+    together = LMParaphraseOperator().apply_many(PROMPT, [long, short], [0, 0], context)[1]
+    LMParaphraseOperator._memo.clear()
+    assert (alone and alone.item.question) == (together and together.item.question)
+    n_question = len(tiny_lm.tokenizer(short.question)["input_ids"])
+    if alone is not None:
+        assert len(tiny_lm.tokenizer(alone.item.question, add_special_tokens=False)["input_ids"]) <= int(n_question * 1.5) + 16 + 2
+
+
 def test_similarity_embeds_each_text_once():
     from promptopt.robustness.suite import Similarity
 

@@ -149,7 +149,9 @@ class OutputGeometry:
         z = torch.empty(h.shape[0], self.vocab_size, dtype=torch.float32, device=h.device)
         gain = None if self.logit_scale is None and self.logit_softcap is None else torch.empty_like(z)
         for start, stop, w in self._chunks():
-            s = h @ w.T
+            # With few rows (every decoding step) W·hᵀ is the same products in a layout BLAS (MKL on CPU)
+            # runs 1.5–2× faster than h·Wᵀ; from ~256 rows on h·Wᵀ is as fast (bench/bench_generation.py).
+            s = (w @ h.T).T if h.shape[0] < 128 else h @ w.T
             if self.bias is not None:
                 s = s + self.bias[start:stop].float()
             z[:, start:stop], g = self._transform(s)

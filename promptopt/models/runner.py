@@ -194,7 +194,7 @@ class Runner:
         self,
         contexts: Sequence[Sequence[int]],
         *,
-        max_new_tokens: int = 256,
+        max_new_tokens: int | Sequence[int] = 256,
         stop: Sequence[str] = (),
         logits_processor=None,
         processor_factory=None,
@@ -202,8 +202,14 @@ class Runner:
         top_p: float = 1.0,
         seed: int | None = None,
         keep_hidden: bool = True,
+        batch_size: int | None = None,
     ) -> list[GenerationResult]:
         """Decode each context (greedy, or sampled when temperature > 0), stopping at EOS or a stop string.
+
+        `max_new_tokens` is one limit for all contexts or one per context (a row that reaches its own limit
+        ends with "length" and leaves the batch, so its result does not depend on what else is batched with it).
+        `batch_size` overrides the runner's for this call: short requests (paraphrase prompts) fit more rows
+        in the same memory, and every decoding step reads all the weights once however many rows it carries.
 
         `keep_hidden=False` drops the per-token final hidden states (scoring reads δ_TCB from them; stress
         does not, and on a large model 500 items × 512 tokens of them are gigabytes of host memory).
@@ -230,19 +236,23 @@ class Runner:
         generator = None
         if temperature > 0:
             generator = torch.Generator(device=self.lm.device).manual_seed(0 if seed is None else seed)
+        limits = [max_new_tokens] * len(contexts) if isinstance(max_new_tokens, int) else [int(n) for n in max_new_tokens]
+        if len(limits) != len(contexts) or any(n < 0 for n in limits):
+            raise ValueError(f"max_new_tokens: expected one non-negative limit or one per context ({len(contexts)}), got {max_new_tokens!r}")
+        size = batch_size or self.batch_size
         order = sorted(range(len(contexts)), key=lambda i: len(contexts[i]), reverse=True)
         results: list[GenerationResult | None] = [None] * len(contexts)
-        batches = [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
+        batches = [order[i : i + size] for i in range(0, len(order), size)]
         for batch in tqdm(batches, desc="generating", disable=not self.progress, leave=False):
             outs = self._generate_batch(
-                [list(contexts[i]) for i in batch], max_new_tokens, list(stop), processors_for_batch(), temperature > 0, generator,
-                keep_hidden,
+                [list(contexts[i]) for i in batch], [limits[i] for i in batch], list(stop), processors_for_batch(), temperature > 0,
+                generator, keep_hidden,
             )
             for i, out in zip(batch, outs):
                 results[i] = out
         return results  # type: ignore[return-value]
 
-    def _generate_batch(self, contexts, max_new_tokens, stop, processors, sample, generator, keep_hidden=True):
+    def _generate_batch(self, contexts, limits, stop, processors, sample, generator, keep_hidden=True):
         tok = self.lm.tokenizer
         dev = self.lm.device
         geometry = self.lm.output_head
@@ -271,13 +281,13 @@ class Runner:
         hiddens: list[list[torch.Tensor]] = [[] for _ in range(b)]
         reasons = ["length"] * b
         texts = [""] * b
-        done = [False] * b
+        done = [limit == 0 for limit in limits]
         active = list(range(b))  # batch position -> row: finished rows leave the batch (`_compactable`)
         compact = self.compact and _compactable(processors)
         step_ids, step_pos = ids.to(dev), positions
         nxt = None
         with torch.inference_mode():
-            for _ in range(max_new_tokens):
+            for _ in range(max(limits)):
                 hidden, cache = self._forward(step_ids, mask, step_pos, cache)
                 last = hidden[:, -1].float()
                 scores = geometry.logits(last.to(geometry.weight.device)).to(dev)
@@ -301,6 +311,8 @@ class Runner:
                     text, stopped = cut_at_stop(text, stop)
                     if stopped:
                         done[row], reasons[row] = True, "stop"
+                    elif len(generated[row]) >= limits[row]:
+                        done[row] = True  # its own limit: reason stays "length"
                     texts[row] = text
                 if all(done):
                     break

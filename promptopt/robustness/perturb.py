@@ -295,9 +295,13 @@ class LMParaphraseOperator(Operator):
         LMParaphraseOperator.memo_misses += len(todo)
         if todo:
             contexts = [self._request(lm, style, item.question) for item in todo]
-            longest = max(len(lm.tokenizer(item.question)["input_ids"]) for item in todo)
+            # Each paraphrase may run to 1.5× its own question's tokens + 16, whatever else is batched with it.
+            limits = [int(len(ids) * 1.5) + 16 for ids in lm.tokenizer([item.question for item in todo])["input_ids"]]
             stop = ["\n\n"] if lm.has_chat_template else ["\n"]
-            gens = context["runner"].generate(contexts, max_new_tokens=int(longest * 1.5) + 16, stop=stop, keep_hidden=False)
+            runner = context["runner"]
+            # Requests are one question plus a fixed instruction, far shorter than scored prompts: 4× the
+            # rows fit, and a decoding step reads every weight once however many rows it carries.
+            gens = runner.generate(contexts, max_new_tokens=limits, stop=stop, keep_hidden=False, batch_size=4 * runner.batch_size)
             for item, gen in zip(todo, gens):
                 self._memo[(*key, item.question, index)] = gen.text.strip()
         variants = []
