@@ -13,17 +13,9 @@ import os
 import time
 
 import torch
+from bench_tcb import best_of  # this folder is on sys.path when a bench script runs
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-
-def best_of(fn, repeats=3):
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def main() -> None:
