@@ -277,6 +277,11 @@ class LMParaphraseOperator(Operator):
     def n_variants(self, suite_default: int) -> int:
         return int(self.options.get("variants") or min(suite_default, len(self.STYLES)))
 
+    @staticmethod
+    def token_limit(question_tokens: int) -> int:
+        """New tokens a paraphrase may take: 1.5× its own question + 16, whatever else is batched with it."""
+        return int(question_tokens * 1.5) + 16
+
     def _request(self, lm, style: str, question: str) -> list[int]:
         tok = lm.tokenizer
         if lm.has_chat_template:
@@ -295,8 +300,7 @@ class LMParaphraseOperator(Operator):
         LMParaphraseOperator.memo_misses += len(todo)
         if todo:
             contexts = [self._request(lm, style, item.question) for item in todo]
-            # Each paraphrase may run to 1.5× its own question's tokens + 16, whatever else is batched with it.
-            limits = [int(len(ids) * 1.5) + 16 for ids in lm.tokenizer([item.question for item in todo])["input_ids"]]
+            limits = [self.token_limit(len(ids)) for ids in lm.tokenizer([item.question for item in todo])["input_ids"]]
             stop = ["\n\n"] if lm.has_chat_template else ["\n"]
             runner = context["runner"]
             # Requests are one question plus a fixed instruction, far shorter than scored prompts: 4× the
