@@ -179,6 +179,11 @@ def test_lm_paraphrase_is_deterministic(tiny_lm):
     assert first == second and any(first)
 
 
+def test_bad_operator_options_fail_when_the_suite_is_read():
+    with pytest.raises(ConfigError, match=r"^s\.yaml: families\.para: lm_paraphrase: variants must be an integer from 1 to 3, got 7$"):
+        parse_suite({"families": {"para": {"operator": "lm_paraphrase", "variants": 7}}}, "s.yaml")
+
+
 def test_lm_paraphrase_does_not_depend_on_its_batch(tiny_lm):
     """An item's paraphrase is capped by its own question's length, not by the longest question it is
     batched with (before, a short question paraphrased beside a long one could run longer)."""

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from promptopt.errors import ConfigError
 from promptopt.metrics.stats import performance_drop_rate, robustness_intervals, robustness_metrics
 from promptopt.prompts import Prompt
 from promptopt.robustness.perturb import OPERATORS, Variant, protected_words, protection_holds, variant_seed
@@ -64,7 +65,12 @@ def parse_suite(data: dict, where: str) -> Suite:
         operator = spec.get("operator", str)
         if operator not in OPERATORS:
             raise spec.fail("operator", "one of " + ", ".join(sorted(OPERATORS)), operator)
-        families.append(Family(str(name), operator, {k: v for k, v in raw.items() if k != "operator"}))
+        options = {k: v for k, v in raw.items() if k != "operator"}
+        try:
+            OPERATORS[operator](**options)  # options an operator checks itself fail here, before any model runs
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: families.{name}: {exc}") from None
+        families.append(Family(str(name), operator, options))
     distractors: tuple[str, ...] = ()
     if "distractors" in f.data:
         path = Path(where).parent / f.get("distractors", str)
