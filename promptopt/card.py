@@ -93,6 +93,15 @@ def sha256_json(value: Any) -> str:
     return sha256_text(json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":")))
 
 
+def sha256_file(path: str | Path) -> str:
+    """SHA-256 of a file's bytes, read in blocks (weights can be many GB)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def token_ids_sha256(ids: list[int]) -> str:
     return sha256_text(",".join(str(int(i)) for i in ids))
 

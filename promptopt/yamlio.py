@@ -159,3 +159,38 @@ def load_named_yaml(name_or_path: str, folder: Path, kind: str) -> tuple[dict, s
             f"or give the path of a {kind} YAML"
         )
     return load_yaml(builtin), str(builtin)
+
+
+TABLE_SUFFIXES = (".parquet", ".csv")
+
+
+def check_table_path(path: str | Path, what: str = "--out") -> None:
+    """A per-row table goes to .parquet or .csv, chosen by the file name; anything else fails up front."""
+    if Path(path).suffix not in TABLE_SUFFIXES:
+        raise UserError(f"{what} {path}: use a .parquet or .csv file name")
+
+
+def write_table(frame, path: str | Path) -> None:
+    """Write a DataFrame atomically as Parquet or CSV, by the file's suffix (the one way tables are saved)."""
+    path = Path(path)
+    check_table_path(path, what="table")
+    if path.suffix == ".parquet":
+        atomic_write_bytes_via(path, lambda p: frame.to_parquet(p, index=False))
+    else:
+        atomic_write_bytes_via(path, lambda p: frame.to_csv(p, index=False))
+
+
+def write_parquet_and_csv(frame, stem: str | Path) -> list[Path]:
+    """stem.parquet and stem.csv, atomically: run tables are read by programs (Parquet) and people (CSV).
+    Object cells that Parquet cannot hold (lists, dicts) are written as JSON text."""
+    import json
+
+    stem = Path(stem)
+    table = frame.copy()
+    for name in table.columns:
+        if table[name].dtype == object:
+            table[name] = table[name].map(lambda v: v if v is None or isinstance(v, str) else json.dumps(v, default=str))
+    paths = [stem.with_suffix(".parquet"), stem.with_suffix(".csv")]
+    write_table(table, paths[0])
+    write_table(table, paths[1])
+    return paths

@@ -73,6 +73,44 @@ def test_the_check_itself_can_fail(tmp_path):
     assert _imports(module) == {"promptopt.robustness.suite"}
 
 
+# What the CLI may not do itself: build a scorer, a variant expander, a sweep's settings or run a workflow's
+# parts; each command calls one library function (promptopt/experiments/commands.py or a workflow module).
+LIBRARY_WORK = {"Scorer", "CachedScorer", "ScorerFactory", "VariantExpander", "SweepSettings", "ModelConfig.load",
+                "evaluate_robustness", "taboo_stress", "run_stress_sweep", "load_suite", "Similarity"}
+
+
+def _names_used(path: Path) -> set[str]:
+    """Every name a file imports or refers to (plain names and attribute names)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found.update(alias.name.rsplit(".", 1)[-1] for alias in node.names)
+        elif isinstance(node, ast.Name):
+            found.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            found.add(node.attr)
+    return found
+
+
+def test_the_cli_builds_no_scorer_and_no_expander():
+    offenders = {str(p.relative_to(PACKAGE)): sorted(_names_used(p) & LIBRARY_WORK) for p in sorted((PACKAGE / "cli").glob("*.py"))}
+    offenders = {k: v for k, v in offenders.items() if v}
+    assert not offenders, f"the CLI does library work: {offenders}"
+
+
+def test_the_cli_check_can_fail(tmp_path):
+    module = tmp_path / "cmd.py"
+    module.write_text("def f(lm, data):\n    from promptopt.scoring import Scorer\n    return Scorer(lm, data)\n")
+    assert "Scorer" in _names_used(module) & LIBRARY_WORK
+
+
+def test_the_cli_is_small_modules():
+    """One module per command group; none grows back into the 850-line file it was."""
+    sizes = {p.name: len(p.read_text(encoding="utf-8").splitlines()) for p in (PACKAGE / "cli").glob("*.py")}
+    assert {"app.py", "options.py", "render.py", "search.py", "robustness.py", "diagnose.py", "cards.py"} <= set(sizes)
+    assert max(sizes.values()) < 300, sizes
+
+
 def test_card_loader_imports_no_torch():
     import subprocess
     import sys
@@ -114,3 +152,40 @@ def test_compare_runs_a_custom_task_with_its_space(tiny_llama_dir, tmp_path, spa
     for trial in study.trials:  # k = 0 samples no exemplar keys, so it cannot make duplicate prompts
         keys = [p for p in trial.params if p.startswith("key_")]
         assert (trial.params["k"] == 0) == (not keys)
+
+
+# --- contracts: what scoring needs of a model runner, and what search and robustness need of a scorer --------
+def test_the_implementations_keep_their_contracts(tiny_lm, tiny_llama_dir, tmp_path):
+    import inspect
+
+    from promptopt.models import ModelRunner, Runner
+    from promptopt.scoring import CachedScorer, CachingScorer, PromptScorer, ResultCache, Scorer
+    from promptopt.tasks import load_task
+
+    scorer = Scorer(tiny_lm, load_task("sst2"))
+    cached = CachedScorer(scorer, ResultCache(tmp_path / "cache.sqlite"))
+    assert isinstance(Runner(tiny_lm), ModelRunner) and isinstance(scorer.runner, ModelRunner)
+    assert isinstance(scorer, PromptScorer) and not isinstance(scorer, CachingScorer)  # no result cache: no score_table
+    assert isinstance(cached, PromptScorer) and isinstance(cached, CachingScorer)
+    for protocol, implementation in ((ModelRunner, Runner), (PromptScorer, Scorer), (CachingScorer, CachedScorer)):
+        for name, member in inspect.getmembers(protocol, inspect.isfunction):
+            if name.startswith("_"):
+                continue
+            wanted = [p for p in inspect.signature(member).parameters if p != "self"]
+            got = inspect.signature(getattr(implementation, name)).parameters
+            if not any(p.kind == p.VAR_KEYWORD for p in got.values()):  # CachedScorer forwards **kwargs
+                assert set(wanted) <= set(got), f"{implementation.__name__}.{name} lacks {set(wanted) - set(got)}"
+
+
+def test_a_stand_in_without_a_member_breaks_the_contract():
+    from promptopt.models import ModelRunner
+    from promptopt.scoring import PromptScorer
+
+    class NoGenerate:
+        lm, batch_size = None, 1
+
+        def loglikelihood(self, requests):
+            return []
+
+    assert not isinstance(NoGenerate(), ModelRunner)
+    assert not isinstance(object(), PromptScorer)

@@ -97,7 +97,7 @@ def test_two_seeds_end_to_end_on_the_embedded_model(embedded_lm, tmp_path):
 
 def test_robust_strategy_rewards_answers_that_survive_perturbation():
     from promptopt.search import get_strategy
-    from promptopt.search.study import _with_robust_correct
+    from promptopt.search.trial import with_robust_correct
     from promptopt.tasks import Item
 
     items = [Item(f"i{j}", f"question {j}", 0, "a", ("a", "b")) for j in range(4)]
@@ -108,8 +108,8 @@ def test_robust_strategy_rewards_answers_that_survive_perturbation():
 
     clean = pd.DataFrame({"item_id": [i.id for i in items], "correct": [True, True, True, False]})
     robust = get_strategy("robust")
-    sturdy = _with_robust_correct(clean, [("sturdy", items)], FakeCached())
-    brittle = _with_robust_correct(clean, [("brittle", items)], FakeCached())
+    sturdy = with_robust_correct(clean, [("sturdy", items)], FakeCached())
+    brittle = with_robust_correct(clean, [("brittle", items)], FakeCached())
     assert sturdy["robust_correct"].tolist() == [True, True, True, False]
     assert brittle["robust_correct"].tolist() == [False, False, True, False]
     assert robust.values(sturdy)[0] == 0.75 > robust.values(brittle)[0] == 0.25

@@ -223,8 +223,7 @@ def test_lm_paraphrase_on_a_model_without_chat_template(tiny_llama_dir):
     requests = [op._request(lm, style, items[0].question) for style in op.STYLES]
     assert len({tuple(r) for r in requests}) == 3  # three different plain completion prompts
     assert lm.tokenizer.decode(requests[0]).rstrip().endswith("Rewritten:")
-    context = {"lm": lm, "runner": Runner(lm)}
-    LMParaphraseOperator._memo.clear()  # the tiny model shares its name with the chat-template fixture
+    context = {"lm": lm, "runner": Runner(lm)}  # no memo: nothing is reused from the chat-template fixture
     for index in range(3):
         made = op.apply_many(prompt, items, [0, 0], {**context, "index": index})
         assert len(made) == 2  # no exception: a plain completion prompt
@@ -233,7 +232,6 @@ def test_lm_paraphrase_on_a_model_without_chat_template(tiny_llama_dir):
     assert len(kept) + sum(counts.values()) == 2 * len(items)  # two variants asked per item
     with pytest.raises(ConfigError):
         LMParaphraseOperator(variants=5)
-    LMParaphraseOperator._memo.clear()
 
 
 # --- trace: the paper's Fig. 4 columns and plot --------------------------------------------------------------

@@ -18,7 +18,7 @@ from promptopt.metrics import (
     tcb_from_probs,
     token_constraint_bound,
 )
-from promptopt.metrics.geometry import logits_float64
+from promptopt.metrics.tcb_fixed_probs import logits_float64
 from promptopt.metrics.stats import correlation_interval, fit_log, pearson, spearman
 
 

@@ -1,7 +1,7 @@
 """Fault injection: what survives kill -9, Ctrl-C, a lost storage, bad input and a changed config.
 
 Runs go through the CLI in subprocesses on the tiny random model with small limits. A run is stopped at a
-known point through the PROMPTOPT_FAULT_SLEEP=<phase>:<seconds> hook (promptopt/search/study.py:
+known point through the PROMPTOPT_FAULT_SLEEP=<phase>:<seconds> hook (promptopt/search/recovery.py:
 `fault_point`), which prints `fault-point <phase>` on stderr and sleeps there. After every fault the run
 is resumed and the study checked: no trial lost (each failed trial's parameters re-run), none counted
 twice, nothing left RUNNING, and every file in the run directory parses.
@@ -259,13 +259,14 @@ def test_trial_of_a_vanished_host_is_awaited_until_stale_then_rerun(run_dir, mod
     """Another machine's process died a moment ago: its trial still has a fresh heartbeat. When that trial
     alone would meet the budget, resume waits for it to go stale (grace period), fails it and re-runs it."""
     from promptopt.search import SearchConfig, run_search
-    from promptopt.search.study import _context, make_storage
+    from promptopt.search.context import build_context
+    from promptopt.search.storage import make_storage
 
     config = SearchConfig.build(task="sst2", model=model, device="cpu", dev_limit=12, test_limit=4, minibatch=4,
                                 out=str(run_dir), resume=True, trials=3, heartbeat_interval=1, grace_period=3)
     storage = make_storage(config)
     study = optuna.load_study(study_name="sst2-tcb", storage=storage)
-    ctx = _context(config, config.data.load())
+    ctx = build_context(config, config.data.load())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "heartbeat is supposed to be used with Study.optimize": here it stands for one
         trial = study.ask()
@@ -416,7 +417,7 @@ def test_ctrl_c_then_two_workers_join_together(run_dir, model):
 
 
 def test_worker_seeds():
-    from promptopt.search.study import worker_seed
+    from promptopt.search.storage import worker_seed
 
     assert worker_seed(7, 0, joined=False) == 7  # single-worker run: the seed itself, reproducible
     assert worker_seed(7, 1, joined=False) == worker_seed(7, 1, joined=False) != 7
@@ -446,22 +447,23 @@ def test_resume_refuses_a_config_that_changes_trial_values(run_dir, model, tmp_p
 def test_identity_names_what_may_change(model):
     """Run-time settings may change on resume; what defines a trial's value may not."""
     from promptopt.search import SearchConfig
-    from promptopt.search.study import _context, check_resumable, identity
+    from promptopt.search.context import build_context
+    from promptopt.search.identity import check_resumable, identity
 
     base = SearchConfig.build(task="sst2", model=model, device="cpu", dev_limit=12, minibatch=4, out="unused")
     data = base.data.load()
-    then = identity(_context(base, data))
+    then = identity(build_context(base, data))
     for change in ({"seed": 9}, {"minibatch": 2}, {"n_workers": 3}, {"batch_size": 4}, {"trials": 50}, {"pruning": False},
                    {"test_limit": 2}, {"storage": "postgresql://u:pw@h/db"}, {"heartbeat_interval": 5}):
-        check_resumable("s", then, identity(_context(base.replace(**change), data)))
+        check_resumable("s", then, identity(build_context(base.replace(**change), data)))
     for change, field in (({"dev_limit": 4}, "dev_limit"), ({"strategy": "ppl"}, "strategy"), ({"model": "other/model"}, "model"),
                           ({"dtype": "float16"}, "dtype")):
         with pytest.raises(Exception, match=f"created with {field}="):
-            check_resumable("s", then, identity(_context(base.replace(**change), data)))
+            check_resumable("s", then, identity(build_context(base.replace(**change), data)))
 
 
 def test_resume_scrubs_a_password_left_by_an_older_version():
-    from promptopt.search.study import scrub_stored_config
+    from promptopt.search.identity import scrub_stored_config
 
     study = optuna.create_study()
     study.set_user_attr("config", json.dumps({"study": {"storage": "postgresql://u:hunter2@h/db", "seed": 1}}))

@@ -174,9 +174,26 @@ def test_lm_paraphrase_is_deterministic(tiny_lm):
     items = [Item("a", "Tom has 3 apples and buys 2 more.", "5", "5"), Item("b", "What is the capital of France?", "Paris", "Paris")]
     context = {"lm": tiny_lm, "runner": Runner(tiny_lm)}
     first = [v and v.item.question for v in LMParaphraseOperator().apply_many(PROMPT, items, [1, 2], context)]
-    LMParaphraseOperator._memo.clear()
-    second = [v and v.item.question for v in LMParaphraseOperator().apply_many(PROMPT, items, [1, 2], context)]
+    second = [v and v.item.question for v in LMParaphraseOperator().apply_many(PROMPT, items, [1, 2], context)]  # no memo: generated again
     assert first == second and any(first)
+
+
+def test_paraphrase_memo_belongs_to_the_caller(tiny_lm):
+    """Paraphrases are reused through the memo the caller passes (a session owns one), and counted there;
+    another memo shares nothing (no process-wide state)."""
+    from promptopt.models import Runner
+    from promptopt.robustness.perturb import LMParaphraseOperator, ParaphraseMemo
+
+    items = [Item("a", "Tom has 3 apples and buys 2 more.", "5", "5"), Item("b", "What is the capital of France?", "Paris", "Paris")]
+    memo, runner = ParaphraseMemo(), Runner(tiny_lm)
+    context = {"lm": tiny_lm, "runner": runner, "paraphrases": memo}
+    first = [v and v.item.question for v in LMParaphraseOperator().apply_many(PROMPT, items, [1, 2], context)]
+    assert (memo.hits, memo.misses) == (0, 2) and len(memo.texts) == 2
+    again = [v and v.item.question for v in LMParaphraseOperator().apply_many(PROMPT, items, [1, 2], context)]
+    assert again == first and (memo.hits, memo.misses) == (2, 2)
+    other = ParaphraseMemo()
+    LMParaphraseOperator().apply_many(PROMPT, items, [1, 2], {**context, "paraphrases": other})
+    assert (other.hits, other.misses) == (0, 2) and (memo.hits, memo.misses) == (2, 2)
 
 
 def test_bad_operator_options_fail_when_the_suite_is_read():
@@ -192,12 +209,9 @@ def test_lm_paraphrase_does_not_depend_on_its_batch(tiny_lm):
 
     short = Item("a", "Tom has 3 apples.", "3", "3")
     long = Item("b", "A train leaves the station at noon and travels for three hours at sixty miles per hour; how far does it go?", "180", "180")
-    context = {"lm": tiny_lm, "runner": Runner(tiny_lm, batch_size=1)}
-    LMParaphraseOperator._memo.clear()
+    context = {"lm": tiny_lm, "runner": Runner(tiny_lm, batch_size=1)}  # no memo: each call generates
     alone = LMParaphraseOperator().apply_many(PROMPT, [short], [0], context)[0]
-    LMParaphraseOperator._memo.clear()
     together = LMParaphraseOperator().apply_many(PROMPT, [long, short], [0, 0], context)[1]
-    LMParaphraseOperator._memo.clear()
     assert (alone and alone.item.question) == (together and together.item.question)
     n_question = len(tiny_lm.tokenizer(short.question)["input_ids"])
     if alone is not None:

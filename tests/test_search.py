@@ -74,7 +74,7 @@ def test_stability_transform_and_strategies():
 
 
 def test_tcb_selects_the_most_stable_trial_inside_the_best_accuracy_interval():
-    from promptopt.search.objectives import select_winner
+    from promptopt.search.strategies import select_winner
 
     trials = [
         {"number": 0, "value": 0.80, "accuracy": 0.75, "n": 48, "signed_stability": 0.20},

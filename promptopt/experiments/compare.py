@@ -31,8 +31,8 @@ import pandas as pd
 from promptopt.errors import ConfigError
 from promptopt.experiments.session import Session
 from promptopt.metrics.stats import PerItemRobustness, bootstrap_interval, mcnemar_exact, wilson_interval
-from promptopt.search import SearchConfig, get_strategy, run_search
-from promptopt.search.study import check_search
+from promptopt.search import SearchConfig, check_search, get_strategy, run_search
+from promptopt.search.config import default_storage_url
 from promptopt.yamlio import atomic_write_bytes_via, atomic_write_text, check_output
 
 SELECTIONS = ("strategy", "robust")
@@ -84,7 +84,7 @@ def run_compare(
     the_suite = load_suite(suite) if suite else None
     out = Path(base.out)
     check_output(out, folder=True, what="--out")
-    storage = base.study.storage or f"sqlite:///{out.resolve() / 'study.db'}"
+    storage = base.study.storage or default_storage_url(out)
     session = Session(model=base.model, data=base.data, out=out, batch_size=base.batch_size)
     configs = {(name, s): _seed_config(base, name, s, seeds, out, storage) for name in strategies for s in range(seeds)}
     expand = None
@@ -97,10 +97,7 @@ def run_compare(
     test, dev = session.items("test"), session.items("dev")
     evaluator = _Evaluator(session, test, the_suite, robust_limit, Similarity() if the_suite else None, show_progress)
 
-    from promptopt.robustness.perturb import LMParaphraseOperator
-
     start = time.perf_counter()
-    paraphrase_before = (LMParaphraseOperator.memo_hits, LMParaphraseOperator.memo_misses)
     baseline_prompt = session.data.default_prompt()
     baseline = evaluator(baseline_prompt)
     runs = [_run_row("baseline", 0, 0, baseline, winner=True, how="the task's default prompt", extra={"card": "task default prompt"})]
@@ -131,8 +128,8 @@ def run_compare(
         "evaluations": evaluator.evaluations, "evaluations_reused": evaluator.reused,
         "result_cache_hit_rate": session.scorer.cache.hit_rate,
         "variant_embedding_hit_rate": evaluator.similarity.hit_rate if evaluator.similarity else None,
-        "paraphrase_memo_hits": LMParaphraseOperator.memo_hits - paraphrase_before[0],
-        "paraphrase_memo_misses": LMParaphraseOperator.memo_misses - paraphrase_before[1],
+        "paraphrase_memo_hits": session.paraphrases.hits,
+        "paraphrase_memo_misses": session.paraphrases.misses,
         "table": json.loads(table.to_json(orient="records")), "paired": json.loads(paired.to_json(orient="records")),
     }
     _write(out, table, runs_table, paired, summary)
@@ -177,6 +174,7 @@ class _Evaluator:
 
         scorer, data = self.session.scorer, self.session.data
         rob = evaluate_robustness(scorer, prompt, items, self.suite, pool=data.pool, similarity=self.similarity,
+                                  paraphrases=self.session.paraphrases,
                                   progress=self.progress, desc=f"robustness {prompt.task}")
         summary = dict(rob.summary)
         summary["taboo_retention_i1"] = math.nan  # log-likelihood tasks generate nothing to stress

@@ -98,9 +98,11 @@ def load_study(run: Run):
     """The run's Optuna study, read from its storage (a missing SQLite file is an error, never created)."""
     import optuna
 
+    from promptopt.search.config import sqlite_path
+
     url = run.config.storage_url
-    if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).is_file():
-        raise UserError(f"{run.path}: study storage {url[len('sqlite:///'):]} is missing")
+    if sqlite_path(url) is not None and not sqlite_path(url).is_file():
+        raise UserError(f"{run.path}: study storage {sqlite_path(url)} is missing")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         return optuna.load_study(study_name=run.config.name, storage=url)
@@ -132,17 +134,10 @@ def winner_number(run: Run) -> int:
 def decode_trial(run: Run, data, params: dict) -> Prompt:
     """The prompt a trial's parameters stand for, decoded by the run's own search space (and exemplar
     candidates). The study's best trial must reproduce the run's best_card.yaml, or nothing is exported."""
-    import optuna
-
     from promptopt.prompts import load_card
-    from promptopt.search import study as search_study
-    from promptopt.search.space import load_space
+    from promptopt.search import decode_params
 
-    if hasattr(search_study, "decode_params"):  # the search's own decoder, where it has one
-        prompt = search_study.decode_params(run.config, data, params)
-    else:
-        space = load_space(run.config.study.space or data.spec.name)
-        prompt = space.suggest(optuna.trial.FixedTrial(params), space.check_against(data), data.spec)
+    prompt = decode_params(run.config, data, params)
     best_card = run.path / "best_card.yaml"
     if params == run.summary.get("best_params") and best_card.is_file() and load_card(best_card)[0] != prompt:
         raise UserError(f"{run.path}: trial {run.summary.get('best_trial')} decodes to a prompt other than best_card.yaml "
@@ -165,18 +160,16 @@ def _clean(value):
 
 
 def bootstrap_mean_ci(values, *, seed: int = 0, resamples: int = _BOOTSTRAP) -> list:
-    """Percentile bootstrap 95% interval of the mean of the finite values."""
+    """Percentile bootstrap 95% interval of the mean of the finite values (None where there are none)."""
     import numpy as np
+
+    from promptopt.metrics.stats import bootstrap_interval
 
     data = np.asarray(values, dtype=float)
     data = data[np.isfinite(data)]
     if len(data) == 0:
         return [None, None]
-    if len(data) == 1:
-        return [float(data[0]), float(data[0])]
-    rng = np.random.default_rng(seed)
-    means = data[rng.integers(0, len(data), size=(resamples, len(data)))].mean(axis=1)
-    return [float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))]
+    return list(bootstrap_interval(lambda idx: data[idx].mean(), len(data), n_boot=resamples, seed=seed))
 
 
 def measured(table) -> dict:

@@ -17,7 +17,7 @@ import platform
 import struct
 from pathlib import Path
 
-from promptopt.card import sha256_json, sha256_text
+from promptopt.card import sha256_file, sha256_json, sha256_text
 from promptopt.errors import ModelNotFoundError
 from promptopt.yamlio import atomic_write_text
 
@@ -43,11 +43,7 @@ def file_sha256(path: str | Path) -> str:
         cache = {}
     if key in cache:
         return cache[key]
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    cache[key] = digest.hexdigest()
+    cache[key] = sha256_file(path)
     try:
         atomic_write_text(cache_path, json.dumps(cache, indent=0))
     except OSError:
@@ -153,11 +149,9 @@ def data_sha256(spec, subsets=None) -> str | None:
 
 def items_sha256(data) -> str:
     """SHA-256 over the carved items' content, role by role."""
-    def content(item):
-        gold = list(item.gold) if isinstance(item.gold, tuple) else item.gold
-        return [item.id, item.question, list(item.choices) if item.choices else None, repr(gold), item.target]
+    from promptopt.tasks.item import item_content
 
-    return sha256_json({role: [content(i) for i in data.split(role)] for role in ("pool", "dev", "test")})
+    return sha256_json({role: [item_content(i) for i in data.split(role)] for role in ("pool", "dev", "test")})
 
 
 def task_sha256(spec) -> str:

@@ -47,9 +47,13 @@ def proxy_correlations(run_dirs, *, n_trials: int = 8, limit: int | None = 40, s
     from promptopt.experiments.session import Session
     from promptopt.robustness.suite import Similarity, evaluate_robustness, load_suite
     from promptopt.search import SearchConfig
-    from promptopt.search.objectives import signed_stability
-    from promptopt.search.study import decode_params
+    from promptopt.search.strategies import signed_stability
+    from promptopt.search import decode_params
 
+    from promptopt.yamlio import check_output
+
+    if out is not None:
+        check_output(out, folder=True, what="--out")
     runs = [Path(r) for r in ([run_dirs] if isinstance(run_dirs, (str, Path)) else run_dirs)]
     if not runs:
         raise UserError("diagnose proxy: give at least one run directory")
@@ -96,6 +100,7 @@ def proxy_correlations(run_dirs, *, n_trials: int = 8, limit: int | None = 40, s
     for run, trial, prompt in picks:
         clean = session.scorer.score(prompt, items).table
         rob = evaluate_robustness(session.scorer, prompt, items, the_suite, pool=session.data.pool, similarity=similarity,
+                                  paraphrases=session.paraphrases,
                                   progress=show_progress, desc=f"proxy trial {trial.number}")
         tcb = clean["tcb"].replace([np.inf], np.nan).dropna()
         rows.append({"run": str(run), "trial": trial.number, "log10_tcb": float(np.log10(tcb).mean()) if len(tcb) else math.nan,

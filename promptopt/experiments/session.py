@@ -13,6 +13,7 @@ from pathlib import Path
 
 from promptopt.models.load import ModelConfig
 from promptopt.prompts import Prompt, load_card
+from promptopt.robustness.perturb import ParaphraseMemo
 from promptopt.scoring import ScorerFactory
 from promptopt.tasks.data import DataConfig, TaskData
 from promptopt.tasks.item import Item
@@ -26,6 +27,7 @@ class Session:
                                      cache_path=str(self.out / "cache.sqlite") if self.out is not None else None)
         self.progress = progress
         self.data: TaskData = data.load()
+        self.paraphrases = ParaphraseMemo()  # LM paraphrases of this session's model, shared by every prompt
 
     @property
     def model_config(self) -> ModelConfig:

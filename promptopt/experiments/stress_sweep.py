@@ -28,7 +28,8 @@ from pathlib import Path
 import pandas as pd
 
 from promptopt.errors import UserError
-from promptopt.experiments.diagnose.output import new_figure, save_figure, save_table
+from promptopt.experiments.diagnose.output import new_figure, save_figure
+from promptopt.yamlio import write_parquet_and_csv as save_table
 from promptopt.yamlio import atomic_write_bytes_via, atomic_write_text
 
 
@@ -166,10 +167,11 @@ def run_stress_sweep(*, models: list[str], tasks: list[str], settings: SweepSett
 def _cell_identity(model: str, weights: dict, data, prompt, items) -> dict:
     """What a cell's conditions were computed from, beyond the sweep's settings."""
     from promptopt.experiments.fingerprint import sha256_json, task_sha256, versions
+    from promptopt.tasks.item import items_sha256
 
     return {"model": model, "weights_sha256": weights["weights_sha256"], "task": data.spec.name,
             "task_sha256": task_sha256(data.spec), "prompt_sha256": sha256_json(prompt.to_card()),
-            "items_sha256": sha256_json([[i.id, i.question, list(i.choices) if i.choices else None, repr(i.gold)] for i in items]),
+            "items_sha256": items_sha256(items),
             "promptopt": versions().get("promptopt")}
 
 

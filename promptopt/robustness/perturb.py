@@ -240,6 +240,15 @@ class ExemplarReplaceOperator(Operator):
         return Variant(prompt.with_(exemplars=tuple(shots)), item)
 
 
+class ParaphraseMemo:
+    """LM paraphrases already written, by (model, chat?, question, style): an item's paraphrase is the same
+    for every prompt, so a session (one model) generates it once. Counts what was reused and generated."""
+
+    def __init__(self) -> None:
+        self.texts: dict[tuple[str, bool, str, int], str] = {}
+        self.hits = self.misses = 0
+
+
 class LMParaphraseOperator(Operator):
     """Paraphrases written by the loaded model, greedy, numbers kept; `variants` (1–3) per item, as in the
     δ_TCB paper's protocol ("2–3 variants of the question").
@@ -251,8 +260,6 @@ class LMParaphraseOperator(Operator):
     """
 
     name = "lm_paraphrase"
-    _memo: dict[tuple[str, bool, str, int], str] = {}  # (model, chat?, question, style) -> paraphrase, for every prompt
-    memo_hits = memo_misses = 0  # paraphrases reused from the memo vs generated (reported by compare)
     STYLES = (
         "Rewrite the following text in different words.",
         "Say the same thing as the following text in simpler words.",
@@ -295,9 +302,10 @@ class LMParaphraseOperator(Operator):
         index = int(context.get("index", 0)) % len(self.STYLES)
         style = self.STYLES[index]
         key = (lm.name, lm.has_chat_template)
-        todo = [item for item in items if (*key, item.question, index) not in self._memo]
-        LMParaphraseOperator.memo_hits += len(items) - len(todo)
-        LMParaphraseOperator.memo_misses += len(todo)
+        memo = context.get("paraphrases") or ParaphraseMemo()  # the caller's memo, or one for this call
+        todo = [item for item in items if (*key, item.question, index) not in memo.texts]
+        memo.hits += len(items) - len(todo)
+        memo.misses += len(todo)
         if todo:
             contexts = [self._request(lm, style, item.question) for item in todo]
             limits = [self.token_limit(len(ids)) for ids in lm.tokenizer([item.question for item in todo])["input_ids"]]
@@ -307,10 +315,10 @@ class LMParaphraseOperator(Operator):
             # rows fit, and a decoding step reads every weight once however many rows it carries.
             gens = runner.generate(contexts, max_new_tokens=limits, stop=stop, keep_hidden=False, batch_size=4 * runner.batch_size)
             for item, gen in zip(todo, gens):
-                self._memo[(*key, item.question, index)] = gen.text.strip()
+                memo.texts[(*key, item.question, index)] = gen.text.strip()
         variants = []
         for item in items:
-            text = self._memo[(*key, item.question, index)]
+            text = memo.texts[(*key, item.question, index)]
             variants.append(Variant(prompt, replace(item, question=text)) if text else None)
         return variants
 

@@ -19,7 +19,7 @@ from promptopt.errors import UserError
 from promptopt.metrics.stats import wilson_interval
 from promptopt.prompts import Prompt
 from promptopt.robustness.taboo import TabooLogitsProcessor, mid_word_masks, word_initial_mask
-from promptopt.scoring import Scorer
+from promptopt.scoring import PromptScorer
 from promptopt.tasks import Item
 
 
@@ -29,7 +29,7 @@ class StressResult:
     items: pd.DataFrame  # one row per (rank, item)
 
 
-def _run(scorer: Scorer, prompt: Prompt, items: list[Item], *, factory, temperature: float, seed: int):
+def _run(scorer: PromptScorer, prompt: Prompt, items: list[Item], *, factory, temperature: float, seed: int):
     judged = scorer.generate_answers(prompt, items, processor_factory=factory, temperature=temperature, seed=seed, keep_hidden=False)
     rows = []
     for item, (gen, (answer, _, correct)) in zip(items, judged):
@@ -49,7 +49,7 @@ def _run(scorer: Scorer, prompt: Prompt, items: list[Item], *, factory, temperat
 
 
 def taboo_stress(
-    scorer: Scorer,
+    scorer: PromptScorer,
     prompt: Prompt,
     items: list[Item],
     *,
@@ -64,10 +64,10 @@ def taboo_stress(
     `store` (rank -> per-item rows, 0 = baseline) keeps finished conditions: a condition found there for
     the same items is not decoded again, and each new one is put there as soon as it is done, so a sweep
     resumed after a crash loses at most the condition it was running."""
-    if not scorer.task.spec.generative:
+    if not scorer.data.spec.generative:
         raise UserError(
             f"taboo stress needs a generative task (answer type number, alias_match, multiple_choice_gen or code); "
-            f"{scorer.task.spec.name} is scored by log-likelihood"
+            f"{scorer.data.spec.name} is scored by log-likelihood"
         )
     if not items:
         raise UserError("no items to stress")

@@ -21,8 +21,8 @@ import pandas as pd
 from promptopt.errors import ConfigError
 from promptopt.metrics.stats import performance_drop_rate, robustness_intervals, robustness_metrics
 from promptopt.prompts import Prompt
-from promptopt.robustness.perturb import OPERATORS, Variant, protected_words, protection_holds, variant_seed
-from promptopt.scoring import Scorer
+from promptopt.robustness.perturb import OPERATORS, ParaphraseMemo, Variant, protected_words, protection_holds, variant_seed
+from promptopt.scoring import PromptScorer
 from promptopt.tasks import Item
 from promptopt.yamlio import Fields, builtin_names, load_named_yaml
 
@@ -166,21 +166,25 @@ class RobustnessResult:
 
 
 def evaluate_robustness(
-    scorer: Scorer,
+    scorer: PromptScorer,
     prompt: Prompt,
     items: list[Item],
     suite: Suite,
     *,
     pool: list[Item],
     similarity: Similarity | None = None,
+    paraphrases: ParaphraseMemo | None = None,
     progress: bool = False,
     desc: str = "robustness",
 ) -> RobustnessResult:
+    """Every family of `suite` on `items`: variants made, filtered and scored beside the clean items.
+    `similarity` and `paraphrases` memoize embeddings and LM paraphrases across calls (pass the session's)."""
     from tqdm.auto import tqdm
 
     similarity = similarity or Similarity()
     clean = scorer.score(prompt, items).table.set_index("item_id")
-    context = {"pool": pool, "evaluated": {i.id for i in items}, "distractors": list(suite.distractors), "lm": scorer.lm, "runner": scorer.runner}
+    context = {"pool": pool, "evaluated": {i.id for i in items}, "distractors": list(suite.distractors), "lm": scorer.lm,
+               "runner": scorer.runner, "paraphrases": paraphrases or ParaphraseMemo()}
     rows, variant_rows = [], []
     for family in tqdm(suite.families, desc=desc, disable=not progress, leave=False):
         kept, counts = make_variants(suite, family, prompt, items, context, similarity)
@@ -254,7 +258,7 @@ class VariantExpander:
     def __call__(self, scorer, prompt: Prompt, items: list[Item]) -> list[tuple[Prompt, list[Item]]]:
         if self._suite is None:
             self._suite, self._similarity = load_suite(self.suite_name), Similarity()
-        context = {"pool": scorer.task.pool, "evaluated": {i.id for i in items}, "distractors": list(self._suite.distractors),
+        context = {"pool": scorer.data.pool, "evaluated": {i.id for i in items}, "distractors": list(self._suite.distractors),
                    "lm": scorer.lm, "runner": scorer.runner}
         groups: dict[str, tuple[Prompt, list[Item]]] = {}
         for family in self._suite.families:

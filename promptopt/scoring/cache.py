@@ -99,14 +99,14 @@ class ResultCache:
 
 
 class CachedScorer:
-    """A Scorer with per-item caching, usable wherever a Scorer is (`score`, `lm`, `task`, `runner`).
+    """A Scorer with per-item caching, usable wherever a Scorer is (`score`, `lm`, `data`, `runner`).
 
     The key holds the model, the task's scoring settings, the whole prompt card and the item's content
     (not only its id), so a perturbed variant of an item never reuses the clean item's row."""
 
     def __init__(self, scorer: Scorer, cache: ResultCache) -> None:
         self.scorer, self.cache = scorer, cache
-        lm, spec = scorer.lm, scorer.task.spec
+        lm, spec = scorer.lm, scorer.data.spec
         self._static = [lm.name, str(lm.model.dtype), lm.device.type, spec.name, spec.answer_type, spec.metric,
                         spec.max_new_tokens, list(spec.stop), spec.extract, scorer.eps]
 
@@ -115,8 +115,8 @@ class CachedScorer:
         return self.scorer.lm
 
     @property
-    def task(self):
-        return self.scorer.task
+    def data(self):
+        return self.scorer.data
 
     @property
     def runner(self):

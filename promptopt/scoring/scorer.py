@@ -38,8 +38,8 @@ class ScoreResult:
 class Scorer:
     """Scores prompts of one task on one model; holds the runner so prefix caches survive across calls."""
 
-    def __init__(self, lm: LoadedModel, task: TaskData, *, batch_size: int = 16, progress: bool = False, eps: float = 1.0):
-        self.lm, self.task, self.eps = lm, task, eps
+    def __init__(self, lm: LoadedModel, data: TaskData, *, batch_size: int = 16, progress: bool = False, eps: float = 1.0):
+        self.lm, self.data, self.eps = lm, data, eps
         self.runner = Runner(lm, batch_size=batch_size, progress=progress)
 
     # --- tokenization --------------------------------------------------------------------------
@@ -72,14 +72,14 @@ class Scorer:
             )
 
     def _check(self, prompt: Prompt, items: list[Item]) -> None:
-        if prompt.task != self.task.spec.name:
-            raise ConfigError(f"the prompt is for task '{prompt.task}', not '{self.task.spec.name}'")
+        if prompt.task != self.data.spec.name:
+            raise ConfigError(f"the prompt is for task '{prompt.task}', not '{self.data.spec.name}'")
         if not items:
-            raise UserError(f"task {self.task.spec.name}: no items to score")
+            raise UserError(f"task {self.data.spec.name}: no items to score")
         leaked = {ex.id for ex in prompt.exemplars} & {it.id for it in items}
         if leaked:
             raise UserError(f"exemplar {sorted(leaked)[0]} is also an evaluated item (exemplars must come from the pool)")
-        if self.task.spec.answer.has_choices and prompt.template.label_words:
+        if self.data.spec.answer.has_choices and prompt.template.label_words:
             prompt.choice_texts(items[0].choices)  # raises if the label words do not fit
 
     def check_fits(self, prompt: Prompt, items: list[Item]) -> None:
@@ -87,9 +87,9 @@ class Scorer:
         but without running the model (a search checks its longest prompts this way before it starts)."""
         tok = self.lm.tokenizer
         contexts = [prompt.context(item.question, item.choices, tok) for item in items]
-        if self.task.spec.answer.generative:
+        if self.data.spec.answer.generative:
             for ids, item in zip(self._encode(contexts, prompt), items):
-                self._check_length(len(ids) + self.task.spec.max_new_tokens, item.id)
+                self._check_length(len(ids) + self.data.spec.max_new_tokens, item.id)
             return
         ctxs, conts, ids = [], [], []
         for ctx, item in zip(contexts, items):
@@ -103,7 +103,7 @@ class Scorer:
     def score(self, prompt: Prompt, items: list[Item]) -> ScoreResult:
         self._check(prompt, items)
         start = time.perf_counter()
-        if self.task.spec.answer.generative:
+        if self.data.spec.answer.generative:
             table = self._score_generative(prompt, items)
         else:
             table = self._score_choices(prompt, items)
@@ -156,7 +156,7 @@ class Scorer:
             )
             cursor += n
         table = pd.DataFrame(rows)
-        table.insert(1, "correct", table[self.task.spec.metric])
+        table.insert(1, "correct", table[self.data.spec.metric])
         for name, values in self._tcb(torch.stack(hidden), targets).items():
             table[name] = values
         return table
@@ -165,7 +165,7 @@ class Scorer:
                          seed: int | None = None, keep_hidden: bool = True) -> list[tuple[GenerationResult, Judgement]]:
         """Generate each item's answer with the task's decoding settings and judge it (`keep_hidden=False`:
         without the per-token hidden states, which only δ_TCB scoring reads)."""
-        spec, tok = self.task.spec, self.lm.tokenizer
+        spec, tok = self.data.spec, self.lm.tokenizer
         contexts = [prompt.context(item.question, item.choices, tok) for item in items]
         ctx_ids = self._encode(contexts, prompt)
         for ids, item in zip(ctx_ids, items):
@@ -176,7 +176,7 @@ class Scorer:
         return [(gen, self.judge(item, gen.text, prompt)) for item, gen in zip(items, gens)]
 
     def _score_generative(self, prompt: Prompt, items: list[Item]) -> pd.DataFrame:
-        spec, tok = self.task.spec, self.lm.tokenizer
+        spec, tok = self.data.spec, self.lm.tokenizer
         judged = self.generate_answers(prompt, items)
         contexts = [prompt.context(item.question, item.choices, tok) for item in items]
         ids = [i.id for i in items]
@@ -227,7 +227,7 @@ class Scorer:
     def judge(self, item: Item, text: str, prompt: Prompt | None = None) -> Judgement:
         """(extracted answer, where it starts in `text` or -1, correct), by the task's answer type; the
         prompt says how choices were shown (letters, label words or text)."""
-        return self.task.spec.answer.read(self.task.spec, item, text, prompt or self.task.default_prompt())
+        return self.data.spec.answer.read(self.data.spec, item, text, prompt or self.data.default_prompt())
 
 
 def summarize(table: pd.DataFrame, *, wall_seconds: float | None = None) -> dict:

@@ -1,10 +1,18 @@
-"""Search: spaces (YAML -> Optuna parameters), strategies (objectives), run settings (config), the study
-runner (study). It receives a scorer and never imports robustness."""
+"""Search: one Optuna study over instructions × exemplar sets × orders × templates. It receives a scorer and
+never imports robustness.
+
+- space.py: search space YAML -> Optuna parameters · strategies.py: what a trial is worth, who wins
+- config.py: run settings · context.py: a run's resolved inputs, params -> Prompt
+- study.py: run_search, top to bottom · trial.py: one trial and the trial loop · workers.py: worker processes
+- storage.py: Optuna storage, sampler, pruner · identity.py: what may be resumed · recovery.py: abandoned trials
+- outputs.py: the run directory (trials table, card, summary, ranking)
+"""
 
 from promptopt.search.config import SearchConfig, StudyConfig
-from promptopt.search.objectives import STRATEGIES, Strategy, get_strategy, stability
+from promptopt.search.context import SearchResult, check_search, decode_params
 from promptopt.search.space import SearchSpace, load_space, parse_space
-from promptopt.search.study import SearchResult, run_search
+from promptopt.search.strategies import STRATEGIES, Strategy, get_strategy, register_strategy, stability
+from promptopt.search.study import run_search
 
-__all__ = ["STRATEGIES", "SearchConfig", "SearchResult", "SearchSpace", "Strategy", "StudyConfig", "get_strategy",
-           "load_space", "parse_space", "run_search", "stability"]
+__all__ = ["STRATEGIES", "SearchConfig", "SearchResult", "SearchSpace", "Strategy", "StudyConfig", "check_search",
+           "decode_params", "get_strategy", "load_space", "parse_space", "register_strategy", "run_search", "stability"]

@@ -16,7 +16,7 @@ from typing import Any
 
 from promptopt.errors import ConfigError
 from promptopt.models.load import ModelConfig
-from promptopt.search.objectives import get_strategy
+from promptopt.search.strategies import get_strategy
 from promptopt.tasks.data import DataConfig
 
 
@@ -107,7 +107,7 @@ class SearchConfig:
     @property
     def storage_url(self) -> str:
         """The URL to connect with (it may hold a password: print or write `redact(url)` instead)."""
-        return self.study.storage or f"sqlite:///{Path(self.out).resolve() / 'study.db'}"
+        return self.study.storage or default_storage_url(self.out)
 
     @property
     def default_storage(self) -> bool:
@@ -117,6 +117,17 @@ class SearchConfig:
     @property
     def name(self) -> str:
         return self.study.study_name or f"{Path(self.data.task).stem}-{self.study.strategy}"
+
+
+def default_storage_url(run_dir: str | Path) -> str:
+    """The SQLite file of a run directory: where its studies live unless a storage URL is given."""
+    return f"sqlite:///{Path(run_dir).resolve() / 'study.db'}"
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The database file of an SQLite storage URL (sqlite:///PATH), else None."""
+    prefix = "sqlite:///"
+    return Path(url[len(prefix):]) if url.startswith(prefix) else None
 
 
 def redact(url: str) -> str:

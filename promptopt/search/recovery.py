@@ -39,7 +39,7 @@ def fault_point(phase: str) -> None:
         time.sleep(float(seconds or 0))
 
 
-# --- who runs a trial, and with which sampler seed ----------------------------------------------------
+# --- who runs a trial ------------------------------------------------------------------------------
 def worker_name(index: int) -> str:
     """host:pid:index, recorded on every trial as user attr `worker`."""
     return f"{socket.gethostname()}:{os.getpid()}:{index}"
@@ -55,17 +55,6 @@ def pid_namespace() -> str:
 
 
 _OWNER_ATTRS = ("worker", "worker_pidns")
-
-
-def worker_seed(seed: int, index: int, *, joined: bool, n_existing: int = 0) -> int:
-    """The sampler seed of one worker. In the run that creates the study, worker 0 uses `seed` itself and
-    worker i a seed derived from (seed, i), so a single-worker run is reproducible. A process that joins an
-    existing study (--resume, another machine) derives it from (seed, host, pid, i, trials so far), so
-    processes that join together never sample the same points."""
-    if not joined and index == 0:
-        return seed
-    parts = [seed, index] + ([socket.gethostname(), os.getpid(), n_existing] if joined else [])
-    return int.from_bytes(hashlib.sha256(json.dumps(parts).encode()).digest()[:4], "little")
 
 
 def retry_callback():
@@ -185,7 +174,7 @@ def first_line(exc: BaseException) -> str:
     return redact(text.splitlines()[0]) if text else type(exc).__name__
 
 
-def _storage_cause(exc: BaseException | None):
+def storage_cause(exc: BaseException | None):
     """The SQLAlchemy error behind `exc`, if any (Optuna may wrap or replace it while handling it)."""
     from sqlalchemy.exc import SQLAlchemyError
 
@@ -206,7 +195,7 @@ def storage_errors(config: SearchConfig):
     except UserError:
         raise
     except Exception as exc:
-        cause = _storage_cause(exc)
+        cause = storage_cause(exc)
         if cause is None:
             raise
         raise StorageError(
@@ -215,33 +204,3 @@ def storage_errors(config: SearchConfig):
         ) from None
 
 
-class _FailedTrialLog(logging.Filter):
-    """Optuna logs each failed trial with its traceback, then re-raises the error to us; the CLI reports
-    that error in one line, so the log would only repeat it as a traceback."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        return not (message.startswith("Trial ") and " failed with " in message)
-
-
-def _heartbeat_hook(previous):
-    def hook(args):  # Optuna's heartbeat thread dies with the storage; the main thread reports that once
-        if "_record_heartbeat" in getattr(args.thread, "name", "") and _storage_cause(args.exc_value) is not None:
-            return
-        previous(args)
-
-    hook.promptopt = True
-    return hook
-
-
-def quiet_optuna() -> None:
-    """Optuna at WARNING, without the failed-trial tracebacks and heartbeat-thread tracebacks that repeat
-    the error the run reports itself."""
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    logger = logging.getLogger("optuna.study._optimize")
-    if not any(isinstance(f, _FailedTrialLog) for f in logger.filters):
-        logger.addFilter(_FailedTrialLog())
-    if not getattr(threading.excepthook, "promptopt", False):
-        threading.excepthook = _heartbeat_hook(threading.excepthook)

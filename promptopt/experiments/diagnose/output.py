@@ -18,19 +18,6 @@ def v_eff_band(v_eff) -> pd.Series:
                             labels=list(V_EFF_BANDS)).astype(str))
 
 
-def save_table(frame: pd.DataFrame, stem: Path) -> list[Path]:
-    """stem.parquet and stem.csv (object columns that Parquet cannot hold are written as text)."""
-    stem = Path(stem)
-    table = frame.copy()
-    for name in table.columns:
-        if table[name].dtype == object:
-            table[name] = table[name].map(lambda v: v if v is None or isinstance(v, str) else str(v))
-    parquet, csv = stem.with_suffix(".parquet"), stem.with_suffix(".csv")
-    atomic_write_bytes_via(parquet, lambda p: table.to_parquet(p, index=False))
-    atomic_write_bytes_via(csv, lambda p: table.to_csv(p, index=False))
-    return [parquet, csv]
-
-
 def new_figure(ncols: int = 1, nrows: int = 1, *, size: tuple[float, float] | None = None):
     """A matplotlib figure on the file-only Agg backend (no display needed)."""
     import matplotlib

@@ -71,8 +71,8 @@ def critical_states(scorer, prompt, items) -> torch.Tensor:
 
     Uses the scorer's own encoding (`_pairs`: trailing context spaces move into the continuation, as in
     lm-eval) and runner, so the states are the ones `Scorer.score` reads δ_TCB from."""
-    if scorer.task.spec.answer.generative:
-        raise UserError(f"task {scorer.task.spec.name} is generative: positions come from log-likelihood tasks "
+    if scorer.data.spec.answer.generative:
+        raise UserError(f"task {scorer.data.spec.name} is generative: positions come from log-likelihood tasks "
                         "(and from the trace generations)")
     tok = scorer.lm.tokenizer
     contexts = [prompt.context(item.question, item.choices, tok) for item in items]

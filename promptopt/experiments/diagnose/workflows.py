@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from promptopt.experiments.diagnose import approx, geometry, regimes
-from promptopt.experiments.diagnose.output import save_table
+from promptopt.yamlio import write_parquet_and_csv as save_table
 from promptopt.experiments.diagnose.positions import Positions, PositionSpec, collect_positions
 
 
@@ -59,6 +59,9 @@ def run_taboo(session, out: Path, *, split: str = "test", limit: int | None = 16
               mid_word_ranks=(2,), temperature: float = 0.7, seeds=(0, 1, 2), sampled_ranks=(1,)) -> Report:
     from promptopt.experiments.diagnose import taboo
 
+    from promptopt.experiments.commands import check_generative
+
+    check_generative(session, "diagnose taboo")
     start = time.perf_counter()
     prompt, items = session.prompt(card), session.items(split, limit)
     sweep = taboo.taboo_sweep(session.scorer, prompt, items, ranks=ranks, mid_word_ranks=mid_word_ranks,
@@ -76,8 +79,10 @@ def run_taboo(session, out: Path, *, split: str = "test", limit: int | None = 16
 def _study_exists(config) -> bool:
     import optuna
 
+    from promptopt.search.config import sqlite_path
+
     url = config.storage_url
-    if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists():
+    if sqlite_path(url) is not None and not sqlite_path(url).exists():
         return False
     return config.name in optuna.get_all_study_names(storage=url)
 
@@ -116,6 +121,7 @@ def run_conflicts(session, out: Path, *, limit: int | None = 12, seeds: int = 3,
     if session.out is None:
         raise UserError("diagnose conflicts needs a session with a run directory (its result cache serves the search)")
     check_output(out, folder=True, what="--out")
+    check_output(Path(out) / "conflicts_items.parquet", folder=False, what="--out")
     out = Path(out)
     notes: list[str] = []
 
@@ -183,7 +189,8 @@ def run_conflicts(session, out: Path, *, limit: int | None = 12, seeds: int = 3,
             if not set_items:
                 continue
             clean = scorer.score(p, set_items).table
-            robust = evaluate_robustness(scorer, p, set_items, the_suite, pool=pool, similarity=similarity, progress=progress,
+            robust = evaluate_robustness(scorer, p, set_items, the_suite, pool=pool, similarity=similarity,
+                                         paraphrases=session.paraphrases, progress=progress,
                                          desc=f"{set_name} {name}").summary
             rows.append(conflicts.table3_row(set_name, name, clean, robust))
     table3 = pd.DataFrame(rows + conflicts.paper_table3_rows())

@@ -1,0 +1,14 @@
+"""The `promptopt` command line: a thin shell that parses, calls one library function per command and
+prints. `app` holds the commands; each module below registers one group of them:
+
+- score.py: score, trace · search.py: search, compare · robustness.py: evaluate, stress
+- diagnose.py: the `diagnose` group · cards.py: export, verify, report · info.py: tasks, model-folder
+- options.py: options shared by several commands · render.py: every table the CLI prints
+"""
+
+from promptopt.cli.app import app, diagnose_app, main
+from promptopt.cli import score, search, robustness, diagnose, info, cards  # noqa: E402,F401  (register commands)
+
+app.add_typer(diagnose_app, name="diagnose")
+
+__all__ = ["app", "main"]

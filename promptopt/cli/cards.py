@@ -1,0 +1,63 @@
+"""`export`, `verify` and `report`: the prompt card production loads, its re-check, and the HTML report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from promptopt.cli.app import app, quiet_libraries
+from promptopt.cli.options import DeviceOpt
+from promptopt.cli.render import console, print_export
+
+
+@app.command("export")
+def export_command(
+    run_dir: Path = typer.Argument(..., help="a search run directory or a compare directory"),
+    out: Path = typer.Option(..., "--out", help="the file to write (lm-eval: the task YAML; its items go beside it as .jsonl)"),
+    strategy: Optional[str] = typer.Option(None, "--strategy", help="compare directories: this strategy's winner (default: the best test accuracy)"),
+    trial: Optional[int] = typer.Option(None, "--trial", help="this trial number instead of the winner"),
+    fmt: str = typer.Option("card", "--format", help="card (YAML, version 2), messages (chat JSON), text, or lm-eval (task YAML)"),
+    device: Optional[str] = typer.Option(None, "--device", help="override the run's device (fingerprints and the token-id hash need the model)"),
+) -> None:
+    """Export the winner (or a named trial) of a run as a prompt card that records everything its score depends on."""
+    from promptopt.experiments.export import export_run
+
+    quiet_libraries()
+    print_export(export_run(run_dir, out=out, strategy=strategy, trial=trial, fmt=fmt, device=device))
+
+
+@app.command("verify")
+def verify_command(
+    card: Path = typer.Argument(..., help="a card written by `promptopt export`"),
+    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="re-score only the first N recorded test items"),
+    model: Optional[str] = typer.Option(None, "--model", help="score with this model instead of the recorded one (its fingerprint difference fails the check)"),
+    device: str = DeviceOpt,
+) -> None:
+    """Re-score a card on its recorded items with its recorded model; exit 1 with the differences if anything changed."""
+    from promptopt.experiments.verify import verify_card
+
+    quiet_libraries()
+    result = verify_card(card, limit=limit, model=model, device=device)
+    for line in result.lines():
+        console.print(line, markup=False, highlight=False)
+    if not result.ok:
+        raise typer.Exit(1)
+
+
+@app.command("report")
+def report_command(
+    run_dir: Path = typer.Argument(..., help="a search run directory or a compare directory"),
+    out: Optional[Path] = typer.Option(None, "--out", help="the HTML file (default: RUN_DIR/report.html)"),
+    card: Optional[Path] = typer.Option(None, "--card", help="an exported card to show (default: the run's best card)"),
+    robustness: Optional[list[Path]] = typer.Option(None, "--robustness", help="`evaluate --out` family tables (.csv) to plot; repeatable"),
+    taboo: Optional[list[Path]] = typer.Option(None, "--taboo", help="`stress --out` rank tables (.csv) to plot; repeatable"),
+) -> None:
+    """Write one self-contained HTML report (opens offline): comparison, trials, Pareto fronts, robustness, the card."""
+    from promptopt.experiments.report import write_report
+
+    quiet_libraries()
+    path = write_report(run_dir, out=out, card=card, robustness=robustness or [], taboo=taboo or [])
+    console.print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB)")
+

@@ -1,0 +1,52 @@
+"""Options shared by several commands, and the parsers of list-valued options."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from promptopt.errors import UserError
+
+ModelOpt = typer.Option("smollm2-135m-instruct", "--model", help="hub id, local HF folder, .gguf file, or an embedded model: smollm2-135m-instruct, gemma3-270m")
+DeviceOpt = typer.Option("auto", "--device", help="cpu, cuda, cuda:N or auto")
+DtypeOpt = typer.Option(None, "--dtype", help="float32, bfloat16, float16 (default: float32 on CPU, bf16 on GPU)")
+QuantizeOpt = typer.Option(None, "--quantize", help="4bit or 8bit through bitsandbytes (CUDA only)")
+TaskOpt = typer.Option(..., "--task", help="built-in task name or path to a task YAML")
+CardOpt = typer.Option(None, "--prompt", help="prompt card (YAML); default: the task's own prompt")
+SubsetsOpt = typer.Option(None, "--subsets", help="comma-separated subsets (e.g. MMLU subjects), or 'all'")
+BatchOpt = typer.Option(16, "--batch-size", min=1)
+# search and compare share these
+StorageOpt = typer.Option(None, "--storage", envvar="PROMPTOPT_STORAGE", show_envvar=True,
+                          help="Optuna storage URL (default: SQLite in --out); a URL with a password is best given in $PROMPTOPT_STORAGE (or PGPASSWORD / ~/.pgpass), and is never written with its password")
+SeedOpt = typer.Option(1234, "--seed")
+SpaceOpt = typer.Option(None, "--space", help="search space YAML (default: the task's built-in space)")
+ResumeOpt = typer.Option(False, "--resume", help="continue (or join) an existing study")
+WorkersOpt = typer.Option(1, "--n-workers", help="worker processes sharing the study")
+MinibatchOpt = typer.Option(16, "--minibatch", help="dev items per pruning step")
+PruningOpt = typer.Option(True, "--pruning/--no-pruning", help="Wilcoxon paired pruning on dev items")
+DevLimitOpt = typer.Option(None, "--dev-limit", min=1, help="use only the first N dev items")
+TestLimitOpt = typer.Option(None, "--test-limit", min=1, help="use only the first N test items")
+
+DiagnoseOutOpt = typer.Option(Path("runs/diagnose"), "--out", help="folder for tables (Parquet + CSV), figures and the position cache")
+DiagnoseTasksOpt = typer.Option("sst2,arc_easy,arc_challenge,mmlu", "--tasks", help="log-likelihood tasks whose critical points (and question texts) give positions")
+DiagnoseLimitOpt = typer.Option(40, "--limit", min=0, help="test items per task (critical points)")
+DiagnoseTextOpt = typer.Option(24, "--text-per-task", min=0, help="positions inside each task's question texts")
+DiagnoseTraceOpt = typer.Option(32, "--trace-tokens", min=0, help="generated tokens per trace prompt (0: no trace positions)")
+
+
+
+def int_list(text: str, option: str, *, allow_empty: bool = False) -> tuple[int, ...]:
+    """`1,2,4` -> (1, 2, 4); anything but comma-separated positive integers is one clear error."""
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise UserError(f"{option} {text!r}: expected comma-separated positive integers") from None
+    if (not values and not allow_empty) or any(v < 1 for v in values):
+        raise UserError(f"{option} {text!r}: expected comma-separated positive integers")
+    return values
+
+
+def names(text: str | None) -> list[str]:
+    """`a, b,c` -> ["a", "b", "c"] (empty entries dropped)."""
+    return [t.strip() for t in (text or "").split(",") if t.strip()]

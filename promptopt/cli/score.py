@@ -1,0 +1,65 @@
+"""`score` and `trace`: one prompt on a task's items, and one generation token by token."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from promptopt.cli.app import app, quiet_libraries, session
+from promptopt.cli.options import BatchOpt, CardOpt, DeviceOpt, DtypeOpt, ModelOpt, QuantizeOpt, SubsetsOpt, TaskOpt
+from promptopt.cli.render import console, print_score, print_trace
+
+
+@app.command()
+def score(
+    task: str = TaskOpt,
+    prompt: Optional[Path] = CardOpt,
+    model: str = ModelOpt,
+    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="score only the first N items of the split"),
+    split: str = typer.Option("test", "--split", help="pool, dev or test"),
+    subsets: Optional[str] = SubsetsOpt,
+    batch_size: int = BatchOpt,
+    out: Optional[Path] = typer.Option(None, "--out", help="write the per-item table (.parquet or .csv) and a .json summary"),
+    rows: int = typer.Option(20, "--rows", min=0, help="how many item rows to print"),
+    device: str = DeviceOpt,
+    dtype: Optional[str] = DtypeOpt,
+    quantize: Optional[str] = QuantizeOpt,
+) -> None:
+    """Score a prompt on a task: per-item correctness, δ_TCB, V_eff, margin and PPL, then a summary."""
+    from promptopt.experiments import commands
+    from promptopt.yamlio import check_table_path
+
+    if out is not None:
+        check_table_path(out)
+    the_session = session(task, model, device, dtype, quantize, subsets, batch_size)
+    result = commands.score(the_session, card=prompt, split=split, limit=limit, out=out)
+    print_score(result, the_session.data.spec.name, split, the_session.lm.name, rows)
+    if out is not None:
+        console.print(f"wrote {out} and {out.with_suffix('.json')}")
+
+
+@app.command()
+def trace(
+    text: str = typer.Argument(..., help="the prompt to continue"),
+    max_new_tokens: int = typer.Option(48, "--max-new-tokens", min=1),
+    model: str = ModelOpt,
+    chat: Optional[bool] = typer.Option(None, "--chat/--plain", help="wrap TEXT in the chat template (default: if the model has one)"),
+    dip_ratio: float = typer.Option(0.5, "--dip-ratio", help="flag a token whose δ_TCB falls below this fraction of the running median"),
+    window: int = typer.Option(8, "--window", min=2, help="tokens in the running median"),
+    out: Optional[Path] = typer.Option(None, "--out", help="write the per-token table (.parquet or .csv)"),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="write the paper's Fig. 4 panels (.png or .svg)"),
+    device: str = DeviceOpt,
+    dtype: Optional[str] = DtypeOpt,
+) -> None:
+    """Generate greedily and print δ_TCB, V_eff, margin, P(2nd best), −log p and running PPL of every token, flagging δ_TCB dips."""
+    from promptopt.experiments import commands
+
+    quiet_libraries()
+    frame, model_name = commands.trace(text, model=model, device=device, dtype=dtype, max_new_tokens=max_new_tokens, chat=chat,
+                                         dip_ratio=dip_ratio, window=window, out=out, plot=plot)
+    print_trace(frame, model_name)
+    for path in (out, plot):
+        if path is not None:
+            console.print(f"wrote {path}")

@@ -1,0 +1,102 @@
+"""`search` and `compare`: one Optuna study, or every strategy with the same budget side by side."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from promptopt.cli.app import app, quiet_libraries, split_subsets
+from promptopt.cli.options import (
+    BatchOpt, DevLimitOpt, DeviceOpt, DtypeOpt, MinibatchOpt, ModelOpt, PruningOpt, QuantizeOpt, ResumeOpt, SeedOpt, SpaceOpt,
+    StorageOpt, SubsetsOpt, TaskOpt, TestLimitOpt, WorkersOpt, names,
+)
+from promptopt.cli.render import console, print_compare, print_search_result
+
+
+def search_config(**flat):
+    from promptopt.search import SearchConfig
+
+    flat["subsets"] = split_subsets(flat.get("subsets"))
+    return SearchConfig.build(**flat)
+
+
+@app.command()
+def search(
+    task: str = TaskOpt,
+    strategy: str = typer.Option("tcb", "--strategy", help="tcb, ppl, accuracy, pareto, acc_tcb, acc_ppl or ppl_solution (README: Search)"),
+    trials: int = typer.Option(20, "--trials", help="finished (complete or pruned) trials to reach"),
+    model: str = ModelOpt,
+    storage: Optional[str] = StorageOpt,
+    seed: int = SeedOpt,
+    out: Path = typer.Option(Path("runs/search"), "--out", help="run directory"),
+    space: Optional[str] = SpaceOpt,
+    study_name: Optional[str] = typer.Option(None, "--study-name", help="default: <task>-<strategy>"),
+    resume: bool = ResumeOpt,
+    n_workers: int = WorkersOpt,
+    minibatch: int = MinibatchOpt,
+    pruning: bool = PruningOpt,
+    dev_limit: Optional[int] = DevLimitOpt,
+    test_limit: Optional[int] = TestLimitOpt,
+    subsets: Optional[str] = SubsetsOpt,
+    batch_size: int = BatchOpt,
+    device: str = DeviceOpt,
+    dtype: Optional[str] = DtypeOpt,
+    quantize: Optional[str] = QuantizeOpt,
+) -> None:
+    """Search instructions × exemplar sets × orders × templates with Optuna; write the best prompt card."""
+    from promptopt.experiments import commands
+
+    quiet_libraries()
+    config = search_config(
+        task=task, strategy=strategy, trials=trials, model=model, storage=storage, seed=seed, out=str(out), space=space,
+        study_name=study_name, resume=resume, n_workers=n_workers, minibatch=minibatch, pruning=pruning,
+        dev_limit=dev_limit, test_limit=test_limit, subsets=subsets, batch_size=batch_size, device=device, dtype=dtype,
+        quantize=quantize,
+    )
+    print_search_result(commands.search(config))
+
+
+
+@app.command()
+def compare(
+    task: str = TaskOpt,
+    trials: int = typer.Option(20, "--trials", help="the same budget for every strategy"),
+    strategies: str = typer.Option("ppl,tcb,accuracy", "--strategies", help="comma-separated strategies"),
+    model: str = ModelOpt,
+    storage: Optional[str] = StorageOpt,
+    seed: int = SeedOpt,
+    out: Path = typer.Option(Path("runs/compare"), "--out", help="run directory"),
+    space: Optional[str] = SpaceOpt,
+    resume: bool = ResumeOpt,
+    n_workers: int = WorkersOpt,
+    minibatch: int = MinibatchOpt,
+    pruning: bool = PruningOpt,
+    dev_limit: Optional[int] = DevLimitOpt,
+    test_limit: Optional[int] = TestLimitOpt,
+    subsets: Optional[str] = SubsetsOpt,
+    batch_size: int = BatchOpt,
+    suite: str = typer.Option("default", "--suite", help="perturbation suite for the robustness columns, or 'none'"),
+    robust_limit: Optional[int] = typer.Option(None, "--robust-limit", min=1, help="test items used for robustness (default: all)"),
+    seeds: int = typer.Option(1, "--seeds", min=1, help="searches per strategy (sampler seed and exemplar candidates vary)"),
+    top_n: int = typer.Option(3, "--top-n", min=1, help="distinct top trials of each search scored on test items and stressed"),
+    select: str = typer.Option("strategy", "--select", help="strategy: each strategy's own winner; robust: best dev Acc_worst among the top-N inside the best dev accuracy's interval"),
+    device: str = DeviceOpt,
+    dtype: Optional[str] = DtypeOpt,
+    quantize: Optional[str] = QuantizeOpt,
+) -> None:
+    """Run several strategies with the same budget and items; compare their winners on held-out test items
+    with intervals and paired tests."""
+    from promptopt.experiments import run_compare
+
+    quiet_libraries()
+    base = search_config(
+        task=task, strategy="tcb", trials=trials, model=model, storage=storage, seed=seed, out=str(out), space=space,
+        resume=resume, n_workers=n_workers, minibatch=minibatch, pruning=pruning, dev_limit=dev_limit,
+        test_limit=test_limit, subsets=subsets, batch_size=batch_size, device=device, dtype=dtype, quantize=quantize,
+    )
+    result = run_compare(base, names(strategies), seeds=seeds, top_n=top_n,
+                         select=select, suite=None if suite == "none" else suite, robust_limit=robust_limit)
+    print_compare(result, task, model)
+    console.print(f"wrote {out / 'compare.csv'}, compare_runs.csv, compare_paired.csv, summary.json and one run directory per strategy under {out}")

@@ -1,0 +1,147 @@
+"""What each CLI command does beyond parsing and printing, one function per command.
+
+The CLI stays a thin shell: it builds a config or a session, calls one function here (or one workflow
+module), and renders what comes back. Anything a library user would otherwise have to assemble by hand
+(the variant expander of the `robust` strategy, a protocol's own scorer, a sweep's settings, the checks that
+a task suits a command) lives here, so the CLI and the library cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from promptopt.errors import UserError
+from promptopt.experiments.session import Session
+from promptopt.yamlio import atomic_write_text, check_output, check_table_path, write_table
+
+ROBUST_SEARCH_SUITE = "cheap"  # the families a `robust` search looks at (seen by its winners)
+
+
+def check_out_files(*paths: Path | None) -> None:
+    """Output files are checked before any scoring, so a bad --out never costs a finished computation."""
+    for path in paths:
+        if path is not None:
+            check_output(path, folder=False, what="--out")
+
+
+# --- search --------------------------------------------------------------------------------------
+def variant_expander(strategies) -> object | None:
+    """The expander a set of strategies needs (the `robust` strategy scores perturbed dev variants), else None."""
+    from promptopt.search import get_strategy
+
+    if not any(get_strategy(name).needs_variants for name in strategies):
+        return None
+    from promptopt.robustness import VariantExpander
+
+    return VariantExpander(ROBUST_SEARCH_SUITE)
+
+
+def search(config):
+    """`promptopt search`: one study, with the perturbed variants its strategy needs."""
+    from promptopt.search import run_search
+
+    return run_search(config, expand=variant_expander([config.study.strategy]))
+
+
+# --- score ---------------------------------------------------------------------------------------
+def score(session: Session, *, card: Path | None, split: str, limit: int | None, out: Path | None = None):
+    """`promptopt score`: one prompt on a split; with `out`, the per-item table and a .json summary."""
+    if out is not None:
+        check_table_path(out)
+        check_out_files(out, out.with_suffix(".json"))
+    result = session.scorer.score(session.prompt(card), session.data.split(split)[:limit])
+    if out is not None:
+        table = result.table.copy()
+        table["gold"] = table["gold"].astype(str)  # golds mix ints and strings across tasks
+        write_table(table, out)
+        atomic_write_text(out.with_suffix(".json"), json.dumps(result.summary, indent=1))
+    return result
+
+
+def trace(text: str, *, model: str, device: str, dtype, max_new_tokens: int, chat, dip_ratio: float, window: int,
+          out: Path | None = None, plot: Path | None = None):
+    """`promptopt trace`: a greedy generation with δ_TCB and friends per token -> (table, model name)."""
+    from promptopt.models import load_model
+    from promptopt.trace import plot_trace, trace_generation
+
+    if out is not None:
+        check_table_path(out)
+    if plot is not None and plot.suffix not in (".png", ".svg"):
+        raise UserError(f"--plot {plot}: use a .png or .svg file name")
+    lm = load_model(model, device=device, dtype=dtype)
+    frame = trace_generation(lm, text, max_new_tokens=max_new_tokens, chat=chat, dip_ratio=dip_ratio, window=window)
+    if out is not None:
+        write_table(frame, out)
+    if plot is not None:
+        plot_trace(frame, plot, title=f"{lm.name}: {text[:60]}")
+    return frame, lm.name
+
+
+# --- robustness ----------------------------------------------------------------------------------
+def evaluate(session: Session, *, card: Path | None, suite: str, split: str, limit: int | None, out: Path | None = None):
+    """`promptopt evaluate`: a prompt under a perturbation suite; with `out`, families (.csv) and a .json summary."""
+    from promptopt.robustness.suite import evaluate_robustness, load_suite
+
+    the_suite = load_suite(suite)
+    if out is not None:
+        check_out_files(out.with_suffix(".csv"), out.with_suffix(".json"))
+    result = evaluate_robustness(session.scorer, session.prompt(card), session.data.split(split)[:limit], the_suite,
+                                 pool=session.data.pool, paraphrases=session.paraphrases, progress=session.progress)
+    if out is not None:
+        write_table(result.families, out.with_suffix(".csv"))
+        atomic_write_text(out.with_suffix(".json"), json.dumps(result.summary, indent=1, default=str))
+    return the_suite, result
+
+
+@dataclass
+class StressRun:
+    result: object  # TabooResult
+    data: object  # the task data the items came from (the protocol's, with --protocol)
+
+
+def check_generative(session: Session, command: str) -> None:
+    if not session.data.spec.generative:
+        raise UserError(f"{command} needs a generative task (answer type number, alias_match or code); "
+                        f"{session.data.spec.name} is scored by log-likelihood")
+
+
+def stress(session: Session, *, card: Path | None, protocol=None, split: str, limit: int | None, ranks, mode: str,
+           temperature: float, seed: int, batch_size: int, out: Path | None = None) -> StressRun:
+    """`promptopt stress --task`: taboo decoding at each rank on one task, with the task's prompt (or a card), or
+    with a stress protocol's own prompt, items and decoding settings (then scored by a scorer of its own data)."""
+    from promptopt.robustness import taboo_stress
+
+    if out is not None:
+        check_out_files(out.with_suffix(".csv"), out.with_suffix(".parquet"))
+    if protocol is not None:
+        from promptopt.scoring import Scorer
+
+        data, prompt, items = protocol.apply(session.data_config, limit=limit)
+        prompt = session.prompt(card) if card else prompt
+        scorer = Scorer(session.lm, data, batch_size=batch_size, progress=session.progress)
+    else:
+        data, prompt, items, scorer = session.data, session.prompt(card), session.data.split(split)[:limit], session.scorer
+    result = taboo_stress(scorer, prompt, items, ranks=ranks, mode=mode, temperature=temperature, seed=seed)
+    if out is not None:
+        write_table(result.summary, out.with_suffix(".csv"))
+        write_table(result.items, out.with_suffix(".parquet"))
+    return StressRun(result, data)
+
+
+def stress_sweep(*, tasks: list[str], models: list[str], protocol, ranks, mode: str, temperature: float, seed: int,
+                 split: str, limit: int | None, out: Path, subsets, device: str, dtype, quantize, batch_size: int, log=print):
+    """`promptopt stress --models/--tasks`: the taboo paper's sweep, every condition kept in `out` (resumable)."""
+    from promptopt.experiments.stress_sweep import SweepSettings, run_stress_sweep
+    from promptopt.models import ModelConfig
+
+    if not tasks:
+        raise UserError("a sweep needs --tasks (comma-separated generative tasks)")
+    check_output(out, folder=True, what="--out")
+    probe = ModelConfig(spec=models[0] if models else "x", device=device, dtype=dtype, quantize=quantize)
+    settings = SweepSettings(protocol=protocol.name if protocol else None, protocol_sha256=protocol.digest if protocol else None,
+                             ranks=tuple(ranks), mode=mode, temperature=temperature, seed=seed, split=split, limit=limit,
+                             dtype=probe.resolved_dtype(), device_type=probe.resolved_device_type(), quantize=quantize,
+                             batch_size=batch_size, subsets=subsets)
+    return run_stress_sweep(models=models, tasks=tasks, settings=settings, out=out, protocol=protocol, device=device, log=log)

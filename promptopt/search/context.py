@@ -1,0 +1,108 @@
+"""What every part of a search shares: the run's resolved inputs (strategy, space, items) and how a
+trial's parameters become a Prompt. Everything here is checked against the task data, before a model or
+a study exists."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from promptopt.errors import ConfigError, PromptTooLongError
+from promptopt.prompts import Prompt
+from promptopt.search.config import SearchConfig
+from promptopt.search.space import SearchSpace, load_space
+from promptopt.search.strategies import Strategy, get_strategy
+
+
+@dataclass
+class SearchResult:
+    config: SearchConfig
+    trials: pd.DataFrame
+    best_params: dict
+    best_number: int
+    prompt: Prompt  # the winner, decoded
+    dev: dict
+    test: dict
+    card_path: Path
+    wall_seconds: float
+    cache_hit_rate: float
+    pareto: pd.DataFrame | None = None
+    selection: str = ""  # how the winner was chosen, in words
+    ranking: list = field(default_factory=list)  # distinct trials in the strategy's order of preference
+
+
+@dataclass
+class SearchContext:
+    config: SearchConfig
+    strategy: Strategy
+    space: SearchSpace
+    data: object  # TaskData
+    candidates: list
+    dev: list
+    test: list
+    expand: object = None  # (scorer, prompt, items) -> [(variant prompt, variant items)], for `robust`
+
+
+def build_context(config: SearchConfig, data, expand=None) -> SearchContext:
+    """Strategy, space and items of a run, checked against the task's data."""
+    strategy = get_strategy(config.study.strategy)
+    space = load_space(config.study.space or data.spec.name)
+    candidates = space.check_against(data, pool_draw=config.study.pool_draw)
+    return SearchContext(config, strategy, space, data, candidates, config.data.dev(data), config.data.test(data), expand)
+
+
+def require_variants(ctx: SearchContext) -> None:
+    """A strategy that scores perturbed dev variants cannot run without something that makes them."""
+    if ctx.strategy.needs_variants and ctx.expand is None:
+        raise ConfigError(f"strategy '{ctx.strategy.name}' needs perturbed variants of the dev items: run it through the "
+                          "promptopt CLI or pass expand= (promptopt.robustness.VariantExpander)")
+
+
+def check_search(config: SearchConfig, data, expand=None) -> None:
+    """Everything about a search that can be checked against the task data without a model or a study."""
+    require_variants(build_context(config, data, expand))
+
+
+def _longest_exemplars(candidates: list, k: int) -> tuple:
+    size = lambda item: len(item.question) + len(str(item.target)) + sum(len(c) for c in item.choices or ())  # noqa: E731
+    return tuple(item.as_exemplar() for item in sorted(candidates, key=size, reverse=True)[:k])
+
+
+def check_prompts_fit(ctx: SearchContext, scorer) -> None:
+    """Every prompt the space can produce must fit the model: each instruction × template with the k_max
+    longest candidate shots, on the longest dev/test items. Checked before the study exists, so a space
+    that cannot fit fails with one line and leaves nothing behind."""
+    space, spec = ctx.space, ctx.data.spec
+    shots = _longest_exemplars(ctx.candidates, space.k_max)
+    by_size = lambda item: len(item.question) + sum(len(c) for c in item.choices or ())  # noqa: E731
+    items = sorted(ctx.dev + ctx.test, key=by_size, reverse=True)[:3]
+    for instruction_name, instruction in space.instructions.items():
+        for template_name, template in space.templates.items():
+            prompt = Prompt(task=spec.name, instruction=instruction, exemplars=shots, template=template)
+            try:
+                scorer.check_fits(prompt, items)
+            except PromptTooLongError as exc:
+                raise PromptTooLongError(
+                    f"{space.where}: instruction '{instruction_name}' with template '{template_name}' and {len(shots)} shots "
+                    f"does not fit: {exc}"
+                ) from None
+
+
+def decode_params(config: SearchConfig, data, params: dict):
+    """The Prompt a finished trial's parameters stand for, given the run's settings and task data."""
+    return decode(build_context(config, data), params)
+
+
+def decode(ctx: SearchContext, params: dict):
+    """The Prompt a set of trial parameters stands for."""
+    import optuna
+
+    return ctx.space.suggest(optuna.trial.FixedTrial(params), ctx.candidates, ctx.data.spec)
+
+
+def note(show: bool):
+    """A printer of `note: ...` lines on stderr, or None when the run is quiet."""
+    return (lambda text: print(f"note: {text}", file=sys.stderr, flush=True)) if show else None

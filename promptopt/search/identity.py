@@ -1,0 +1,86 @@
+"""What a study is, and whether a resume may join it: the fields a trial's value depends on, recorded
+with the study and compared field by field when it is resumed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from promptopt.card import sha256_file
+from promptopt.errors import UserError
+from promptopt.search.config import SearchConfig, redact
+from promptopt.search.context import SearchContext
+from promptopt.search.storage import stored_study
+from promptopt.tasks.item import items_sha256
+
+
+def _file_sha256(where: str) -> str | None:
+    return sha256_file(where) if Path(where).is_file() else None
+
+
+def identity(ctx: SearchContext) -> dict:
+    """What a trial's value depends on. A resumed study must match it field by field; the other settings
+    (seed, which only seeds the sampler; minibatch and pruning, which only decide pruning; workers, batch
+    size, device, budget, storage URL, test items) may change."""
+    config = ctx.config
+    return {
+        "task": ctx.data.spec.name,
+        "task_file_sha256": _file_sha256(ctx.data.spec.where),
+        "subsets": list(config.data.subsets or []),
+        "dev_limit": config.data.dev_limit,
+        "dev_items_sha256": items_sha256(ctx.dev),
+        "pool_candidates_sha256": items_sha256(ctx.candidates),
+        "strategy": config.study.strategy,
+        "space_file_sha256": _file_sha256(ctx.space.where),
+        "model": config.model.spec,
+        "dtype": config.model.resolved_dtype(),
+        "quantize": config.model.quantize,
+    }
+
+
+def _legacy_identity(stored_config: dict) -> dict:
+    """The comparable part of a study created before identities were recorded."""
+    data, study, model = stored_config.get("data", {}), stored_config.get("study", {}), stored_config.get("model", {})
+    return {"subsets": list(data.get("subsets") or []), "dev_limit": data.get("dev_limit"), "strategy": study.get("strategy"),
+            "model": model.get("spec"), "quantize": model.get("quantize")}
+
+
+def check_resumable(name: str, stored: dict, current: dict) -> None:
+    """Refuse to resume a study whose trial values meant something else, naming the first differing field."""
+    for key, then in stored.items():
+        if key in current and current[key] != then:
+            now = current[key]
+            if key.endswith("_sha256"):
+                then, now = str(then)[:12], str(now)[:12]
+            raise UserError(
+                f"--resume: study '{name}' was created with {key}={then!r} but this run has {key}={now!r}, so its trial "
+                "values would mean something else; resume with the same settings, or start a new study (--out / --study-name)"
+            )
+
+
+def check_study(config: SearchConfig, storage, current: dict) -> None:
+    """The study exists exactly when --resume says so, and a resumed one means the same thing."""
+    stored = stored_study(config, storage)
+    where = redact(config.storage_url)
+    if stored is not None and not config.study.resume:
+        raise UserError(f"study '{config.name}' already exists in {where}: pass --resume to continue it, or choose another --out / --study-name")
+    if stored is None and config.study.resume:
+        raise UserError(f"--resume: no study '{config.name}' in {where}")
+    if stored is not None:
+        attrs = stored.user_attrs
+        then = json.loads(attrs["identity"]) if "identity" in attrs else _legacy_identity(json.loads(attrs.get("config", "{}")))
+        check_resumable(config.name, then, current)
+
+
+def scrub_stored_config(study) -> None:
+    """Studies created before passwords were redacted hold the storage URL in clear in their "config"
+    attribute (shown by optuna-dashboard): rewrite it redacted when such a study is resumed."""
+    raw = study.user_attrs.get("config")
+    try:
+        stored = json.loads(raw) if raw else None
+        url = stored["study"]["storage"] if stored else None
+    except (ValueError, KeyError, TypeError):
+        return
+    if url and redact(url) != url:
+        stored["study"]["storage"] = redact(url)
+        study.set_user_attr("config", json.dumps(stored))

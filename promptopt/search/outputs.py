@@ -1,0 +1,110 @@
+"""A finished study's run directory: the trials table, the winner re-scored on dev and test, its card, the
+summary, and the strategy's ranking of distinct trials (what `compare --top-n` evaluates)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from promptopt.search.config import redact
+from promptopt.search.context import SearchContext, SearchResult, decode, note
+from promptopt.search.recovery import fault_point
+from promptopt.search.strategies import select_winner
+from promptopt.yamlio import atomic_write_text, write_parquet_and_csv
+
+
+def write_outputs(ctx: SearchContext, study, cached, wall: float, hits_before: int, misses_before: int) -> SearchResult:
+    """trials table, winner re-scored on dev and test, card and summary: each file written atomically."""
+    from promptopt.prompts import save_card
+    from promptopt.scoring import summarize
+
+    config, out = ctx.config, Path(ctx.config.out)
+    trials = study.trials_dataframe(attrs=("number", "value" if not ctx.strategy.multi_objective else "values", "state", "params", "user_attrs", "duration"))
+    write_parquet_and_csv(trials, out / "trials")
+    pareto = None
+    if ctx.strategy.multi_objective:
+        front = study.best_trials
+        pareto = pd.DataFrame([{"number": t.number, "accuracy": t.values[0], "signed_stability": t.values[1], **t.params} for t in front])
+        write_parquet_and_csv(pareto, out / "pareto_front")
+    candidates = _candidates(study, ctx.strategy)
+    winner, selection = select_winner(ctx.strategy, candidates)
+    best = next(t for t in study.trials if t.number == winner["number"])
+    prompt = decode(ctx, best.params)
+    fault_point("rescore")
+    dev_table = cached.score_table(prompt, ctx.dev)
+    test_table = cached.score_table(prompt, ctx.test)
+    dev, test = summarize(dev_table), summarize(test_table)
+    write_parquet_and_csv(test_table, out / "best_test_items")
+    fault_point("card")
+    provenance = {
+        "task": ctx.data.spec.name,
+        "model": config.model.spec,
+        "strategy": config.study.strategy,
+        "study": config.name,
+        "trial": best.number,
+        "selection": selection,
+        "seed": config.study.seed,
+        "dev": {k: dev[k] for k in ("n", "accuracy", "tcb_mean", "tcb_geomean", "ppl_mean")},
+        "test": {k: test[k] for k in ("n", "accuracy", "tcb_mean", "tcb_geomean", "ppl_mean")},
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    card_path = out / "best_card.yaml"
+    save_card(prompt, card_path, provenance)
+    hits, misses = cached.cache.hits - hits_before, cached.cache.misses - misses_before
+    hit_rate = hits / (hits + misses) if hits + misses else float("nan")
+    result = SearchResult(config, trials, best.params, best.number, prompt, dev, test, card_path, wall, hit_rate, pareto,
+                          selection=selection, ranking=_ranking(ctx.strategy, candidates, winner))
+    for entry in result.ranking:
+        entry["prompt"] = decode(ctx, entry["params"])
+    summary = {"study": config.name, "storage": redact(config.storage_url), "best_trial": best.number, "best_params": best.params,
+               "selection": selection,
+               "dev": dev, "test": test, "wall_seconds": wall, "cache_hit_rate": result.cache_hit_rate,
+               "trials": {s: int((trials["state"] == s).sum()) for s in trials["state"].unique()}}
+    atomic_write_text(out / "summary.json", json.dumps(summary, indent=1, default=str))
+    return result
+
+
+def _candidates(study, strategy) -> list[dict]:
+    """Finished trials as the selection rule sees them (the Pareto front for multi-objective studies)."""
+    from optuna.trial import TrialState
+
+    trials = study.best_trials if strategy.multi_objective else study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    out = []
+    for t in trials:
+        metrics = t.user_attrs.get("metrics", {})
+        out.append({"number": t.number, "params": t.params, "value": t.value if not strategy.multi_objective else None,
+                    "values": t.values, "accuracy": metrics.get("accuracy", float("nan")), "n": metrics.get("n", 0),
+                    "signed_stability": metrics.get("signed_stability", float("-inf"))})
+    return out
+
+
+def _ranking(strategy, candidates: list[dict], winner: dict) -> list[dict]:
+    """Trials in the order the strategy prefers them (the winner first, then by the same rule), one per
+    distinct prompt: what `compare --top-n` evaluates."""
+    rest = [c for c in candidates if c["number"] != winner["number"]]
+    ranked = [winner]
+    while rest:
+        nxt, _ = select_winner(strategy, rest)
+        ranked.append(nxt)
+        rest = [c for c in rest if c["number"] != nxt["number"]]
+    seen, distinct = set(), []
+    for c in ranked:
+        key = json.dumps(c["params"], sort_keys=True)
+        if key not in seen:
+            seen.add(key)
+            distinct.append(c)
+    return distinct
+
+
+def report_leftovers(study, show: bool) -> None:
+    """Trials still RUNNING when the budget is met belong to other processes: alive ones finish by
+    themselves; if their process died, the next --resume re-runs them (after the grace period)."""
+    from optuna.trial import TrialState
+
+    running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    if running and show:
+        names = ", ".join(f"#{t.number} ({t.user_attrs.get('worker', '?')})" for t in running)
+        note(True)(f"trial(s) {names} still RUNNING elsewhere; if their process died, --resume re-runs them")

@@ -1,0 +1,187 @@
+"""Search strategies: what a trial's per-item results are worth, and how the winner is chosen.
+
+Each single-objective strategy scores an item i and the trial's value is the mean over the dev items,
+so per-item values can be reported to a paired pruner (Optuna's WilcoxonPruner) as they arrive.
+
+| strategy       | trial value (mean over dev items)                     | winner                               |
+|----------------|-------------------------------------------------------|--------------------------------------|
+| `accuracy`     | correct_i                                             | best value                           |
+| `ppl`          | −nll_i: NLL per token of the gold *final answer*      | best value (the δ_TCB paper's        |
+|                | (after the reference reasoning for GSM8K-style golds) |   PPL-guided baseline; nothing else) |
+| `ppl_solution` | −NLL per token of the whole reference target          | best value                           |
+| `acc_ppl`      | correct_i − 0.1·NLL per token of the whole target     | best value (the former `ppl` blend)  |
+| `tcb`          | correct_i + 0.25·sign_i·stability_i                   | constrained: the most stable trial   |
+|                |                                                       |   among those whose dev accuracy is  |
+|                |                                                       |   inside the best one's 95% interval |
+| `acc_tcb`      | same value as `tcb`                                   | best value (the former `tcb`)        |
+| `pareto`       | (accuracy, mean signed stability), NSGA-II            | highest accuracy on the front        |
+| `robust`       | correct_i ∧ every cheap perturbed variant of i        | best value (robust dev accuracy)     |
+|                | correct (synonym, keyboard typo, exemplar reorder)    |                                      |
+
+stability_i = (clip(log10 δ_TCB,i, −1, 5) + 1) / 6 ∈ [0, 1] (scale-free: δ spans 1 … 50,000);
+sign_i = +1 when item i is correct, −1 when wrong, so a stably wrong answer is penalized, never rewarded.
+
+Why `tcb` selects with a constraint: as a weighted sum, stability moved a trial's value by 0.015–0.035
+while accuracy moved it by 0.25 on the demo, so δ_TCB never changed a decision. The constraint gives it
+a decision to make that accuracy cannot: among prompts whose dev accuracies are statistically
+indistinguishable from the best (inside its 95% Wilson interval), take the one whose answers are most
+stable. The blend still guides the sampler (and the pruner); `acc_tcb` keeps the plain best value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from promptopt.errors import ConfigError
+from promptopt.metrics.stats import wilson_interval
+
+LAMBDA_PPL = 0.1
+LAMBDA_TCB = 0.25
+_LOG_TCB_RANGE = (-1.0, 5.0)
+
+
+def stability(tcb: np.ndarray | pd.Series) -> np.ndarray:
+    """Scale-free stability in [0, 1]: clipped log10 δ_TCB (δ = +inf maps to 1)."""
+    lo, hi = _LOG_TCB_RANGE
+    values = np.asarray(tcb, dtype=float)
+    logs = np.where(np.isposinf(values), hi, np.log10(np.clip(values, 1e-300, None)))
+    logs = np.where(np.isnan(values), lo, logs)  # no critical point: no credit
+    return (np.clip(logs, lo, hi) - lo) / (hi - lo)
+
+
+def signed_stability(table: pd.DataFrame) -> np.ndarray:
+    sign = np.where(table["correct"].to_numpy(dtype=bool), 1.0, -1.0)
+    return sign * stability(table["tcb"])
+
+
+def _answer_nll(table: pd.DataFrame) -> np.ndarray:
+    if "answer_nll" in table:
+        return table["answer_nll"].to_numpy(dtype=float)
+    return np.log(table["ppl"].to_numpy(dtype=float))  # rows cached before answer_nll existed
+
+
+# --- per-item values: table of one trial's dev items -> one value per item; the trial value is their mean ----
+def accuracy_values(table: pd.DataFrame) -> np.ndarray:
+    return table["correct"].to_numpy(dtype=float)
+
+
+def answer_nll_values(table: pd.DataFrame) -> np.ndarray:
+    return -_answer_nll(table)
+
+
+def solution_nll_values(table: pd.DataFrame) -> np.ndarray:
+    return -np.log(table["ppl"].to_numpy(dtype=float))  # log ppl = nll per token of the whole target
+
+
+def accuracy_ppl_values(table: pd.DataFrame) -> np.ndarray:
+    return accuracy_values(table) - LAMBDA_PPL * np.log(table["ppl"].to_numpy(dtype=float))
+
+
+def accuracy_tcb_values(table: pd.DataFrame) -> np.ndarray:
+    return accuracy_values(table) + LAMBDA_TCB * signed_stability(table)
+
+
+def robust_values(table: pd.DataFrame) -> np.ndarray:
+    return table["robust_correct"].to_numpy(dtype=float)
+
+
+# --- winner rules: finished trials (dicts with number, value or values, accuracy, signed_stability, n) -> (winner, how) --
+def best_value(name: str, candidates: list[dict]) -> tuple[dict, str]:
+    best = max(candidates, key=lambda t: (t["value"], -t["number"]))
+    return best, f"best {name} value on dev"
+
+
+def stable_within_ci(name: str, candidates: list[dict]) -> tuple[dict, str]:
+    """The most stable trial among those whose dev accuracy is inside the best value's 95% Wilson interval."""
+    best = max(candidates, key=lambda t: (t["value"], -t["number"]))
+    low, _ = wilson_interval(round(best["accuracy"] * best["n"]), best["n"])
+    eligible = [t for t in candidates if t["accuracy"] >= low]
+    winner = max(eligible, key=lambda t: (t["signed_stability"], t["accuracy"], -t["number"]))
+    how = (f"most stable (mean signed stability {winner['signed_stability']:.3f}) of {len(eligible)} trials whose dev "
+           f"accuracy is inside the best trial's 95% interval (≥ {low:.3f}; best #{best['number']} at {best['accuracy']:.3f})")
+    return winner, how
+
+
+def front_best_accuracy(name: str, candidates: list[dict]) -> tuple[dict, str]:
+    best = max(candidates, key=lambda t: (t["values"][0], t["values"][1], -t["number"]))
+    return best, "highest dev accuracy on the Pareto front (ties: higher signed stability)"
+
+
+def pareto_values(table: pd.DataFrame) -> tuple[float, float]:
+    return float(table["correct"].mean()), float(signed_stability(table).mean())
+
+
+@dataclass(frozen=True, kw_only=True)
+class Strategy:
+    """What a trial is worth and how the winner is chosen. Single-objective strategies give a value per dev
+    item (`item_values`; the trial value is their mean, reported to the paired pruner as items arrive);
+    multi-objective ones give the trial's values directly (`trial_values`)."""
+
+    name: str
+    description: str
+    choose: Callable[[str, list[dict]], tuple[dict, str]] = best_value
+    item_values: Callable[[pd.DataFrame], np.ndarray] | None = None
+    trial_values: Callable[[pd.DataFrame], tuple[float, ...]] | None = None
+    needs_variants: bool = False  # the trial value reads perturbed variants of the dev items
+
+    def __post_init__(self) -> None:
+        if (self.item_values is None) == (self.trial_values is None):
+            raise ValueError(f"strategy {self.name!r}: give exactly one of item_values and trial_values")
+
+    @property
+    def multi_objective(self) -> bool:
+        return self.trial_values is not None
+
+    @property
+    def directions(self) -> tuple[str, ...]:
+        return ("maximize", "maximize") if self.multi_objective else ("maximize",)
+
+    def values(self, table: pd.DataFrame) -> tuple[float, ...]:
+        if self.multi_objective:
+            return self.trial_values(table)
+        return (float(self.item_values(table).mean()),)
+
+
+def select_winner(strategy: Strategy, candidates: list[dict]) -> tuple[dict, str]:
+    """The winning trial and a sentence saying how it was chosen."""
+    if not candidates:
+        raise ValueError("no finished trial to choose from")
+    return strategy.choose(strategy.name, candidates)
+
+
+STRATEGIES: dict[str, Strategy] = {}
+
+
+def register_strategy(strategy: Strategy) -> Strategy:
+    """Add a strategy (a new one is one entry: its values and its winner rule)."""
+    if strategy.name in STRATEGIES:
+        raise ValueError(f"strategy {strategy.name!r} is already registered")
+    STRATEGIES[strategy.name] = strategy
+    return strategy
+
+
+for _strategy in (
+    Strategy(name="accuracy", description="dev accuracy only", item_values=accuracy_values),
+    Strategy(name="ppl", description="−NLL per token of the gold final answer (the δ_TCB paper's PPL-guided baseline)",
+             item_values=answer_nll_values),
+    Strategy(name="ppl_solution", description="−NLL per token of the whole reference target", item_values=solution_nll_values),
+    Strategy(name="acc_ppl", description=f"accuracy − {LAMBDA_PPL}·NLL per token of the whole target", item_values=accuracy_ppl_values),
+    Strategy(name="tcb", description="most stable prompt among those as accurate as the best (95% interval)",
+             item_values=accuracy_tcb_values, choose=stable_within_ci),
+    Strategy(name="acc_tcb", description=f"accuracy + {LAMBDA_TCB}·mean signed stability", item_values=accuracy_tcb_values),
+    Strategy(name="pareto", description="Pareto front of (accuracy, mean signed stability)", trial_values=pareto_values,
+             choose=front_best_accuracy),
+    Strategy(name="robust", description="dev accuracy counting an item only if its cheap perturbed variants are right too",
+             item_values=robust_values, needs_variants=True),
+):
+    register_strategy(_strategy)
+
+
+def get_strategy(name: str) -> Strategy:
+    if name not in STRATEGIES:
+        raise ConfigError(f"unknown strategy '{name}': use one of {', '.join(STRATEGIES)}")
+    return STRATEGIES[name]

@@ -1,0 +1,110 @@
+"""One trial: the sampled prompt scored on the dev items minibatch by minibatch (each item's value reported
+to the paired pruner as it arrives), and the loop that runs trials until the budget is met."""
+
+from __future__ import annotations
+
+import time
+
+import pandas as pd
+
+from promptopt.errors import PromptTooLongError
+from promptopt.scoring.api import CachingScorer
+from promptopt.search.context import SearchContext
+from promptopt.search.recovery import counts, fault_point, give_back, pid_namespace, recover
+
+
+def with_robust_correct(table: pd.DataFrame, groups, cached) -> pd.DataFrame:
+    """Add robust_correct: the item is right on the clean prompt and on every one of its variants."""
+    ok = dict(zip(table["item_id"], table["correct"].astype(bool)))
+    for variant_prompt, items in groups:
+        for item_id, correct in zip([i.id for i in items], cached.score_table(variant_prompt, items)["correct"]):
+            ok[item_id] = ok[item_id] and bool(correct)
+    return table.assign(robust_correct=table["item_id"].map(ok).astype(bool))
+
+
+def trial_summary(table: pd.DataFrame) -> dict:
+    from promptopt.scoring import summarize
+    from promptopt.search.strategies import signed_stability
+
+    s = summarize(table)
+    keys = ("accuracy", "tcb_mean", "tcb_median", "tcb_geomean", "v_eff_mean", "ppl_mean", "n")
+    out = {k: s[k] for k in keys if k in s}
+    out["signed_stability"] = float(signed_stability(table).mean())
+    out["answer_nll_mean"] = float(table["answer_nll"].mean()) if "answer_nll" in table else float("nan")
+    if "robust_correct" in table:
+        out["robust_accuracy"] = float(table["robust_correct"].mean())
+    return out
+
+
+def make_objective(ctx: SearchContext, cached: CachingScorer, worker: str):
+    """The trial function; `objective.current` is the id of the trial it is running (for `give_back`)."""
+    import optuna
+
+    strategy, space = ctx.strategy, ctx.space
+    minibatch = ctx.config.study.minibatch
+
+    def objective(trial):
+        objective.current = trial._trial_id
+        trial.set_user_attr("worker_pidns", pid_namespace())  # first: the process that owns the trial (recover)
+        trial.set_user_attr("worker", worker)
+        prompt = space.suggest(trial, ctx.candidates, ctx.data.spec)
+        trial.set_user_attr("exemplars", [ex.id for ex in prompt.exemplars])
+        frames = []
+        for start in range(0, len(ctx.dev), minibatch):
+            batch = ctx.dev[start : start + minibatch]
+            table = cached.score_table(prompt, batch)
+            if strategy.needs_variants:
+                table = with_robust_correct(table, ctx.expand(cached, prompt, batch), cached)
+            frames.append(table)
+            if start == 0:
+                fault_point("trial")
+            if strategy.multi_objective:
+                continue
+            for offset, value in enumerate(strategy.item_values(table)):
+                trial.report(float(value), step=start + offset)  # one step per dev item: paired pruning
+            if start + minibatch < len(ctx.dev) and trial.should_prune():
+                partial = pd.concat(frames, ignore_index=True)
+                trial.set_user_attr("metrics", trial_summary(partial))
+                trial.set_user_attr("partial_value", float(strategy.item_values(partial).mean()))
+                raise optuna.TrialPruned()  # Optuna keeps the last per-item report as the value; see partial_value
+        full = pd.concat(frames, ignore_index=True)
+        trial.set_user_attr("metrics", trial_summary(full))
+        values = strategy.values(full)
+        return values if strategy.multi_objective else values[0]
+
+    objective.current = None
+    return objective
+
+
+def optimize(ctx: SearchContext, study, cached: CachingScorer, progress, worker: str, note=None) -> None:
+    """Run trials until the budget of finished (COMPLETE/PRUNED) trials is met.
+
+    Before each trial, abandoned trials are failed and their parameters queued (`recover`); queued retries
+    run first, even when the budget is met, so no started trial is lost. No new trial starts while the
+    trials running elsewhere would meet the budget by themselves: this process waits for them to finish or
+    to go stale (at most the grace period after their process died), then re-runs the stale ones."""
+    study_config = ctx.config.study
+    budget = study_config.trials
+    objective = make_objective(ctx, cached, worker)
+    callbacks = [progress] if progress else None
+    waiting_since = None
+    while True:
+        recover(study, study_config.grace_period)
+        done, running, waiting = counts(study)
+        if not waiting and done >= budget:
+            return
+        if not waiting and done + running >= budget:
+            if waiting_since is None and note is not None:
+                note(f"waiting for {running} trial(s) running elsewhere to finish, or to go stale "
+                     f"(at most {study_config.grace_period}s after their process died) and be re-run here")
+            waiting_since = waiting_since or time.monotonic()
+            time.sleep(min(2.0, study_config.heartbeat_interval))
+            continue
+        waiting_since = None
+        objective.current = None
+        try:
+            study.optimize(objective, n_trials=1, callbacks=callbacks, gc_after_trial=False)
+        except BaseException as exc:
+            if not isinstance(exc, PromptTooLongError):  # a prompt too long would fail again
+                give_back(study, objective.current)
+            raise

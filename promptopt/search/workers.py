@@ -1,0 +1,89 @@
+"""Worker processes: workers 1..n-1 of a run are spawned processes that each load the model and join the
+study (worker 0 is the run's own process); other machines join the same study with --resume."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+import time
+from contextlib import contextmanager
+
+from promptopt.errors import UserError
+from promptopt.search.config import SearchConfig
+from promptopt.search.context import build_context
+from promptopt.search.recovery import storage_errors, worker_name
+from promptopt.search.storage import make_storage, open_study, quiet_optuna
+from promptopt.search.trial import optimize
+
+
+def worker_main(config_dict: dict, factory, index: int, joined: bool, ready=None, errors=None, expand=None) -> None:
+    """Entry point of a worker process: builds its own scorer from the factory (model, task data, the
+    shared result cache), signals `ready`, and joins the study. A user error goes to `errors` (the parent
+    reports it in one line); Ctrl-C exits quietly with status 130."""
+    import transformers
+
+    quiet_optuna()
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()  # the parent shows the progress
+    config = SearchConfig.from_dict(config_dict)
+    try:
+        with storage_errors(config):
+            cached = factory()
+            ctx = build_context(config, cached.data, expand)
+            storage = make_storage(config)
+            study = open_study(config, ctx.strategy, storage, index=index, joined=joined, create=False)
+            if ready is not None:
+                ready.set()
+            optimize(ctx, study, cached, None, worker_name(index))
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except UserError as exc:
+        if errors is not None:
+            errors.put(f"worker {index}: {exc}")
+        sys.exit(2)
+
+
+@contextmanager
+def workers(config: SearchConfig, factory, joined: bool, expand=None):
+    """Workers 1..n-1 as spawned processes, started together (each with its model loaded). On the way out
+    they are joined; if this process stops early (Ctrl-C, an error) they are interrupted so each gives its
+    trial back, then terminated if they do not stop."""
+    n = config.study.n_workers
+    spawn = multiprocessing.get_context("spawn")
+    errors = spawn.Queue() if n > 1 else None
+    ready = [spawn.Event() for _ in range(1, n)]
+    procs = [spawn.Process(target=worker_main, args=(config.to_dict(), factory, i, joined, ready[i - 1], errors, expand)) for i in range(1, n)]
+    for proc in procs:
+        proc.start()
+    ok = False
+    try:
+        while not all(event.is_set() for event in ready):
+            if any(not proc.is_alive() and not event.is_set() for proc, event in zip(procs, ready)):
+                break  # a worker died while loading; its exit code is reported below
+            time.sleep(0.2)
+        yield
+        ok = True
+    finally:
+        if not ok:
+            _interrupt(procs)
+        for proc in procs:
+            proc.join()
+    failed = [proc.exitcode for proc in procs if proc.exitcode]
+    if failed:
+        message = errors.get(timeout=1) if errors is not None and not errors.empty() else None
+        raise UserError(message or f"{len(failed)} worker process(es) failed (exit codes {failed}); see their output above")
+
+
+def _interrupt(procs, grace: float = 5.0) -> None:
+    """Stop workers early: a terminal's Ctrl-C reached them already, so give them a moment; then SIGINT (each
+    fails and re-queues its trial), then SIGTERM for any that still does not stop."""
+    import signal
+
+    for sig in (None, signal.SIGINT, signal.SIGTERM):
+        alive = [proc for proc in procs if proc.is_alive()]
+        for proc in alive if sig is not None else ():
+            os.kill(proc.pid, sig)
+        deadline = time.monotonic() + grace
+        for proc in alive:
+            proc.join(timeout=max(0.0, deadline - time.monotonic()))
