@@ -3,25 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pandas as pd
 import pytest
+from tests.clirun import assert_one_line_error
+from tests.clirun import promptopt as run
 
 
-def run(*args, cwd=None):
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
-    return subprocess.run([sys.executable, "-m", "promptopt", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=600)
 
 
-def assert_one_line_error(proc, *fragments):
-    assert proc.returncode == 2, (proc.stdout, proc.stderr)
-    lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error:"), proc.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
 
 
 def test_score_on_tiny_model_writes_table_and_summary(tiny_llama_dir, tmp_path):

@@ -15,6 +15,7 @@ import yaml
 
 from promptopt.errors import ConfigError, DataError
 from promptopt.tasks import load_task, load_task_spec
+from tests.clirun import promptopt as _cli
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -130,8 +131,6 @@ def test_jinja_is_sandboxed_and_syntax_errors_name_the_key(tmp_path):
                                                    "doc_to_choice": ["a", "b"], "doc_to_target": "a"})))
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "promptopt", *args], cwd=REPO, capture_output=True, text=True, timeout=300)
 
 
 def test_cli_reports_a_bad_choice_column_in_one_line_before_loading_any_model(tmp_path):

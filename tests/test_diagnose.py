@@ -5,8 +5,6 @@ columns, and the CLI end to end on the tiny random Llama."""
 from __future__ import annotations
 
 import math
-import os
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +18,7 @@ from promptopt.experiments.diagnose import approx, geometry, regimes
 from promptopt.experiments.diagnose.positions import Positions, PositionSpec, collect_positions, critical_states
 from promptopt.metrics import OutputGeometry
 from promptopt.robustness import TabooLogitsProcessor, mid_word_masks, word_initial_mask
+from tests.clirun import promptopt as _cli
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -247,9 +246,6 @@ def test_trace_has_figure_4_columns_and_plot(tiny_lm, tmp_path):
 
 
 # --- CLI end to end ------------------------------------------------------------------------------------------------
-def _cli(*args, cwd=ROOT):
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "promptopt", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
 def test_cli_diagnose_geometry_writes_tables_and_figure(tiny_llama_dir, tmp_path):

@@ -6,9 +6,6 @@ error for a bad --seeds."""
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +15,7 @@ import pytest
 from promptopt.errors import UserError
 from promptopt.experiments.diagnose import conflicts as cf
 from promptopt.metrics.stats import wilson_interval
+from tests.clirun import promptopt as _cli
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -254,9 +252,6 @@ def test_run_conflicts_end_to_end_on_a_tiny_model(tiny_llama_dir, tmp_path):
 
 
 # --- CLI -----------------------------------------------------------------------------------------------------------------
-def _cli(*args, cwd=ROOT):
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "promptopt", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
 def test_cli_diagnose_conflicts_rejects_one_seed_in_one_line(tiny_llama_dir, tmp_path):

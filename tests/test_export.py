@@ -18,7 +18,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from tests.test_cli import assert_one_line_error
+from tests.clirun import assert_one_line_error
+from tests.clirun import promptopt as run_cli
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -32,10 +33,6 @@ templates:
 """
 
 
-def run_cli(*args, cwd=None):
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
-    return subprocess.run([sys.executable, "-m", "promptopt", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd or REPO, env=env, timeout=600)
 
 
 def run_example(*args):

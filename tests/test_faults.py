@@ -23,14 +23,13 @@ import sys
 import threading
 import time
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
-from unittest import mock
 
 import optuna
 import pandas as pd
 import pytest
 import yaml
+from tests.clirun import Result, promptopt
 
 REPO = Path(__file__).resolve().parents[1]
 LIMITS = ["--task", "sst2", "--dev-limit", "12", "--test-limit", "4", "--minibatch", "4", "--device", "cpu"]
@@ -99,27 +98,6 @@ def cli(*args: str, **env: str) -> Run:
     return Run(*args, **env).finish()
 
 
-@dataclass
-class Exit:
-    code: int
-    stderr: str
-
-
-def main_in_process(capfd, *args: str) -> Exit:
-    """`promptopt ARGS` through the real entry point (promptopt.cli.main), in this process: for inputs that
-    fail before any work, where a subprocess would cost seconds of imports per case."""
-    from promptopt.cli import main
-
-    capfd.readouterr()
-    with mock.patch.object(sys, "argv", ["promptopt", *args]):
-        try:
-            main()
-            code = 0
-        except SystemExit as exc:
-            code = exc.code
-    return Exit(code, capfd.readouterr().err)
-
-
 def assert_ok(run: Run) -> None:
     assert run.proc.returncode == 0, run.stderr
 
@@ -127,12 +105,12 @@ def assert_ok(run: Run) -> None:
 _NOISE = re.compile(r"^(search \S+: +\d+%\||fault-point )")  # the progress bar, the test hook's announcements
 
 
-def message_lines(run: Run | Exit) -> list[str]:
+def message_lines(run: Run | Result) -> list[str]:
     """stderr without the progress bar (its \r-separated redraws) and the fault-point announcements."""
     return [line for line in re.split(r"[\r\n]", run.stderr) if line.strip() and not _NOISE.match(line)]
 
 
-def assert_one_error_line(run: Run | Exit, *fragments: str) -> None:
+def assert_one_error_line(run: Run | Result, *fragments: str) -> None:
     """Exit 2 and exactly one message line on stderr, starting with 'error:'."""
     lines = message_lines(run)
     assert run.code == 2, run.stderr
@@ -425,7 +403,7 @@ def test_worker_seeds():
 
 
 # --- resume with a changed configuration ---------------------------------------------------------------
-def test_resume_refuses_a_config_that_changes_trial_values(run_dir, model, tmp_path, capfd):
+def test_resume_refuses_a_config_that_changes_trial_values(run_dir, model, tmp_path):
     before = (run_dir / "config.json").read_bytes()
     n_trials = len(load(sqlite_url(run_dir)).trials)
     space = tmp_path / "space.yaml"
@@ -439,7 +417,7 @@ def test_resume_refuses_a_config_that_changes_trial_values(run_dir, model, tmp_p
         ([*LIMITS[2:], "--dtype", "bfloat16"], "dtype='float32' but this run has dtype='bfloat16'"),
     ]
     for args, fragment in cases:
-        assert_one_error_line(main_in_process(capfd, *search, *args), "--resume: study 'sst2-tcb' was created with", fragment)
+        assert_one_error_line(promptopt(*search, *args), "--resume: study 'sst2-tcb' was created with", fragment)
     assert (run_dir / "config.json").read_bytes() == before
     assert len(load(sqlite_url(run_dir)).trials) == n_trials
 
@@ -472,7 +450,7 @@ def test_resume_scrubs_a_password_left_by_an_older_version():
 
 
 # --- bad input: one line, exit 2, nothing created --------------------------------------------------------
-def test_bad_input_is_one_line_and_creates_nothing(tmp_path, model, capfd, monkeypatch):
+def test_bad_input_is_one_line_and_creates_nothing(tmp_path, model, monkeypatch):
     import torch
 
     root = tmp_path / "root"
@@ -513,7 +491,7 @@ def test_bad_input_is_one_line_and_creates_nothing(tmp_path, model, capfd, monke
     before = snapshot(root)
     monkeypatch.setenv("PROMPTOPT_CACHE", str(tmp_path / "model-cache"))
     for args, fragment in cases:
-        assert_one_error_line(main_in_process(capfd, *args), fragment)
+        assert_one_error_line(promptopt(*args), fragment)
     assert snapshot(root) == before  # no run directory, no study.db, no cache file, nothing touched
     assert not (tmp_path / "model-cache" / "models").exists() or not any((tmp_path / "model-cache" / "models").iterdir())
 

@@ -13,13 +13,13 @@ import re
 import shutil
 import struct
 import subprocess
-import sys
 import zlib
 from pathlib import Path
 
 import pytest
 
-from tests.test_cli import assert_one_line_error
+from tests.clirun import assert_one_line_error
+from tests.clirun import promptopt as run_cli
 
 REPO = Path(__file__).resolve().parent.parent
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
@@ -188,9 +188,6 @@ def test_the_browser_checks_can_fail(tmp_path):
     assert ink(shot)[1] < 0.01
 
 
-def run_cli(*args):
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
-    return subprocess.run([sys.executable, "-m", "promptopt", *map(str, args)], capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
 
 
 def test_report_cli_and_bad_input(compare_dir, tmp_path):

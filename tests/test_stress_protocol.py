@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from typer.testing import CliRunner
 
-from promptopt.cli import app
+from tests.clirun import assert_one_line_error, promptopt
 from promptopt.errors import ConfigError, UserError
 from promptopt.models.runner import cut_at_stop
 from promptopt.robustness.protocol import load_protocol
@@ -157,8 +156,8 @@ def _sweep(tmp_path, tiny_dir, out, *extra):
     second = tmp_path / "other" / Path(tiny_dir).name
     if not second.exists():
         shutil.copytree(tiny_dir, second)  # a second "model" (same weights) whose folder has the same name
-    return CliRunner().invoke(app, ["stress", "--models", f"{tiny_dir},{second}", "--tasks", "triviaqa,gsm8k",
-                                    "--protocol", str(protocol), "--out", str(out), "--device", "cpu", *extra])
+    return promptopt("stress", "--models", f"{tiny_dir},{second}", "--tasks", "triviaqa,gsm8k", "--protocol", protocol,
+                     "--out", out, "--device", "cpu", *extra)
 
 
 def test_sweep_writes_figures_and_resumes_without_decoding_again(tmp_path, tiny_llama_dir, monkeypatch):
@@ -180,10 +179,10 @@ def test_sweep_writes_figures_and_resumes_without_decoding_again(tmp_path, tiny_
 
     monkeypatch.setattr(load.ModelConfig, "load", tracked_load)
     first = _sweep(tmp_path, tiny_llama_dir, out)
-    assert first.exit_code == 0, first.output
+    assert first.code == 0, first.stderr
     assert len(loaded) == 2
     monkeypatch.undo()
-    assert "12 condition(s) decoded, 0 reused" in first.output
+    assert "12 condition(s) decoded, 0 reused" in first.stdout
     summary = pd.read_parquet(out / "sweep_summary.parquet")
     assert len(summary) == 2 * 2 * 3 and set(summary["rank"]) == {0, 1, 2}
     assert {"retention", "retention_ci_low", "retention_ci_high", "accuracy", "length_expansion"} <= set(summary.columns)
@@ -200,8 +199,8 @@ def test_sweep_writes_figures_and_resumes_without_decoding_again(tmp_path, tiny_
 
     monkeypatch.setattr(load.ModelConfig, "load", no_load)
     again = _sweep(tmp_path, tiny_llama_dir, out)
-    assert again.exit_code == 0, again.output
-    assert "0 condition(s) decoded, 12 reused" in again.output
+    assert again.code == 0, again.stderr
+    assert "0 condition(s) decoded, 12 reused" in again.stdout
     pd.testing.assert_frame_equal(pd.read_parquet(out / "sweep_summary.parquet"), summary)
     monkeypatch.undo()
 
@@ -209,23 +208,22 @@ def test_sweep_writes_figures_and_resumes_without_decoding_again(tmp_path, tiny_
     cell = next((out / "cells").iterdir()) / "gsm8k"
     (cell / "rank_2.parquet").unlink()
     resumed = _sweep(tmp_path, tiny_llama_dir, out)
-    assert "1 condition(s) decoded, 11 reused" in resumed.output, resumed.output
+    assert "1 condition(s) decoded, 11 reused" in resumed.stdout, resumed.stderr
     pd.testing.assert_frame_equal(pd.read_parquet(out / "sweep_summary.parquet"), summary)
 
     # a cell computed with another prompt (or task file, items, weights) is refused, never mixed in
     identity = json.loads((cell / "cell.json").read_text())
     (cell / "cell.json").write_text(json.dumps({**identity, "prompt_sha256": "0" * 64}))
     refused = _sweep(tmp_path, tiny_llama_dir, out)
-    assert isinstance(refused.exception, UserError) and "computed with another prompt" in str(refused.exception)
+    assert_one_line_error(refused, "computed with another prompt")
     (cell / "cell.json").write_text(json.dumps(identity))
     one = pd.read_parquet(cell / "rank_1.parquet")
     one.iloc[::-1].to_parquet(cell / "rank_1.parquet")  # a condition whose rows are other items (order) than the baseline's
     mixed = _sweep(tmp_path, tiny_llama_dir, out)
-    assert isinstance(mixed.exception, UserError) and "rank_1.parquet: its items differ" in str(mixed.exception)
+    assert_one_line_error(mixed, "rank_1.parquet: its items differ")
 
 
 def test_sweep_refuses_other_settings_on_the_same_folder(tmp_path, tiny_llama_dir):
-    from tests.test_cli import assert_one_line_error, run
 
     out = tmp_path / "sweep"
     out.mkdir()
@@ -233,17 +231,17 @@ def test_sweep_refuses_other_settings_on_the_same_folder(tmp_path, tiny_llama_di
     protocol = tmp_path / "tiny.yaml"
     protocol.write_text(PROTOCOL)
     args = ["stress", "--models", str(tiny_llama_dir), "--tasks", "triviaqa", "--protocol", str(protocol), "--device", "cpu"]
-    assert_one_line_error(run(*args, "--out", str(out)), f"{out}: holds a sweep with protocol = 'x'")
+    assert_one_line_error(promptopt(*args, "--out", str(out)), f"{out}: holds a sweep with protocol = 'x'")
     fresh = tmp_path / "fresh"
     fresh.mkdir()
     settings = {"protocol": "tiny", "protocol_sha256": __import__("hashlib").sha256(protocol.read_bytes()).hexdigest(),
                 "ranks": [1, 2], "mode": "word_initial", "temperature": 0.0, "seed": 0, "split": "test", "limit": None,
                 "dtype": "bfloat16", "device_type": "cpu", "quantize": None, "batch_size": 16, "subsets": None}
     (fresh / "sweep.json").write_text(json.dumps(settings))  # a sweep run in bf16: a float32 run does not join it
-    assert_one_line_error(run(*args, "--out", str(fresh)), "holds a sweep with dtype = 'bfloat16', this run has 'float32'")
-    assert_one_line_error(run(*args), "needs --out FOLDER")
-    assert_one_line_error(run("stress", "--tasks", "mmlu", "--out", str(tmp_path / "o2")), "mmlu is scored by log-likelihood", "mmlu_gen")
-    assert_one_line_error(run(*args, "--models", f"{tiny_llama_dir},{tiny_llama_dir}", "--out", str(tmp_path / "o3")), "is given twice")
-    assert_one_line_error(run(*args, "--models", ",", "--out", str(tmp_path / "o4")), "--models: expected a comma-separated list")
-    assert_one_line_error(run(*args, "--split", "dev", "--out", str(tmp_path / "o5")), "--split: protocol tiny draws its items")
+    assert_one_line_error(promptopt(*args, "--out", str(fresh)), "holds a sweep with dtype = 'bfloat16', this run has 'float32'")
+    assert_one_line_error(promptopt(*args), "needs --out FOLDER")
+    assert_one_line_error(promptopt("stress", "--tasks", "mmlu", "--out", str(tmp_path / "o2")), "mmlu is scored by log-likelihood", "mmlu_gen")
+    assert_one_line_error(promptopt(*args, "--models", f"{tiny_llama_dir},{tiny_llama_dir}", "--out", str(tmp_path / "o3")), "is given twice")
+    assert_one_line_error(promptopt(*args, "--models", ",", "--out", str(tmp_path / "o4")), "--models: expected a comma-separated list")
+    assert_one_line_error(promptopt(*args, "--split", "dev", "--out", str(tmp_path / "o5")), "--split: protocol tiny draws its items")
     assert not any((tmp_path / f"o{i}").exists() for i in range(2, 6))  # refused before anything was written

@@ -11,13 +11,9 @@ from __future__ import annotations
 
 import copy
 import datetime
-import hashlib
-import json
-import logging
 import os
 import socket
 import sys
-import threading
 import time
 import warnings
 from contextlib import contextmanager

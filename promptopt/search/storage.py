@@ -10,7 +10,6 @@ import os
 import socket
 import threading
 import warnings
-from pathlib import Path
 
 from promptopt.errors import StorageError, UserError
 from promptopt.search.config import SearchConfig, redact, sqlite_path

@@ -1,0 +1,66 @@
+"""The one way tests run the `promptopt` command.
+
+`promptopt(...)` goes through the real entry point (`promptopt.cli.main`) in this process: no interpreter
+start and no re-import per call, which is most of what a short CLI call costs. `promptopt(..., subprocess=True)`
+starts a real process, for what only a process shows (signals, exit codes of a fresh interpreter, an
+environment of its own). Both return a `Result` with the exit code and what was printed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import subprocess as sp
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from unittest import mock
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def code(self) -> int:
+        return self.returncode
+
+
+def promptopt(*args, cwd: str | Path | None = None, env: dict | None = None, subprocess: bool = False,
+              timeout: int = 600) -> Result:
+    """Run `promptopt ARGS` (arguments are str()-ed) from `cwd` (default: the repository)."""
+    argv = [str(a) for a in args]
+    if subprocess:
+        full_env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", **(env or {})}
+        proc = sp.run([sys.executable, "-m", "promptopt", *argv], capture_output=True, text=True, cwd=cwd or REPO,
+                      env=full_env, timeout=timeout)
+        return Result(proc.returncode, proc.stdout, proc.stderr)
+    from promptopt.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    previous = os.getcwd()
+    with mock.patch.object(sys, "argv", ["promptopt", *argv]), mock.patch.dict(os.environ, env or {}), \
+            contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        os.chdir(cwd or REPO)
+        try:
+            main()
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        finally:
+            os.chdir(previous)
+    return Result(code, out.getvalue(), err.getvalue())
+
+
+def assert_one_line_error(result: Result, *fragments: str) -> None:
+    """Exit 2 and exactly one line on stderr, starting with 'error:' and holding every fragment."""
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), (result.stdout, result.stderr)
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
