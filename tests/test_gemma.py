@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 import torch
 
-from tests.test_cli import run
+from tests.clirun import promptopt as run
 
 pytestmark = pytest.mark.slow
 GEMMA = "gemma3-270m"

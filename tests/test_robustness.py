@@ -113,7 +113,7 @@ def test_similarity_filter_drops_and_counts(tmp_path):
 
 @pytest.mark.slow
 def test_evaluate_and_stress_cli(tmp_path):
-    from tests.test_cli import run
+    from tests.clirun import promptopt as run
 
     proc = run("evaluate", "--task", "sst2", "--suite", "quick", "--limit", "6", "--out", str(tmp_path / "rob"))
     assert proc.returncode == 0, proc.stderr
