@@ -9,7 +9,8 @@ What production code needs from promptopt is only `load_prompt` (no torch import
   context  = card.render(question, choices)           # exactly the text that was scored
   encoding = tokenizer(context, add_special_tokens=card.add_special_tokens)
   multiple choice: argmax over card.continuations(choices) of the summed log-probability
-                   (lm-eval's encoding: trailing context spaces move into the continuation)
+                   (lm-eval's encoding: trailing context spaces move into the continuation;
+                   acc_norm divides each by len(card.choice_texts(choices)[i]), delimiter excluded)
   generative:      greedy decoding with card.generation (max_new_tokens, stop strings), then
                    card.parse(output) — the task's own answer extraction.
 The model is the folder `promptopt model-folder --model SPEC` prints; the items' text comes from the task's
@@ -89,8 +90,8 @@ def main() -> int:
         if card.generation is None:  # log-likelihood multiple choice
             conts = card.continuations(item.choices)
             scores = [continuation_logprob(model, tokenizer, context, cont, card.add_special_tokens) for cont in conts]
-            if card.card["answer"]["metric"] == "acc_norm":  # lm-eval's acc_norm: per character of the continuation
-                scores = [score / len(cont) for score, cont in zip(scores, conts)]
+            if card.card["answer"]["metric"] == "acc_norm":  # lm-eval's acc_norm: per character of the choice itself
+                scores = [score / len(text) for score, text in zip(scores, card.choice_texts(item.choices))]
             correct += int(max(range(len(scores)), key=scores.__getitem__) == item.gold)
         else:
             correct += int(is_correct(card, item, generate(model, tokenizer, context, card)))

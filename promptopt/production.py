@@ -95,7 +95,13 @@ class CardPrompt:
         return self.prompt.choice_texts(self._choices(choices))
 
     def continuations(self, choices=None) -> list[str]:
-        """Per choice, the text whose log-likelihood after render() scores it (multiple choice)."""
+        """Per choice, the text whose log-likelihood after render() scores it (multiple choice). Without
+        choices it needs the card's fixed ones: a task whose items each have their own (ARC, MMLU) would
+        otherwise get an empty list, and an argmax over nothing."""
+        choices = self._choices(choices)
+        if choices is None:
+            raise ConfigError(f"{self.where}: task {self.task} has no fixed choices (each item has its own): "
+                              "pass the item's choices, continuations(item.choices)")
         return [self.prompt.continuation(text) for text in self.choice_texts(choices)]
 
     # --- reading answers ----------------------------------------------------------------------------

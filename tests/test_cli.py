@@ -25,15 +25,30 @@ def test_score_on_tiny_model_writes_table_and_summary(tiny_llama_dir, tmp_path):
     assert not list(tmp_path.glob("*.tmp"))
 
 
-def test_score_with_a_card(tiny_llama_dir, tmp_path):
+def test_score_with_a_card(tiny_llama_dir, tiny_lm, tmp_path):
+    """The written table is the card's prompt scored, not the task's default prompt (exit 0 alone would
+    also pass if --prompt were ignored)."""
+    import dataclasses
+
+    import numpy as np
+
     from promptopt.prompts import save_card
+    from promptopt.scoring import Scorer
     from promptopt.tasks import load_task
 
     task = load_task("sst2")
-    card = tmp_path / "card.yaml"
-    save_card(task.default_prompt().with_(instruction="Is the review positive or negative?"), card)
-    proc = run("score", "--task", "sst2", "--prompt", str(card), "--model", str(tiny_llama_dir), "--limit", "2")
+    default = task.default_prompt()
+    template = dataclasses.replace(default.template, label_words=("bad", "good"))  # other answer tokens: other scores
+    prompt = default.with_(instruction="Is the review good or bad?", template=template)
+    card, out = tmp_path / "card.yaml", tmp_path / "card.csv"
+    save_card(prompt, card)
+    proc = run("score", "--task", "sst2", "--prompt", str(card), "--model", str(tiny_llama_dir), "--limit", "2", "--out", str(out))
     assert proc.returncode == 0, proc.stderr
+    written = pd.read_csv(out)
+    scorer, items = Scorer(tiny_lm, task), task.test[:2]
+    assert written["item_id"].tolist() == [i.id for i in items]
+    np.testing.assert_allclose(written["gold_logprob"], scorer.score(prompt, items).table["gold_logprob"], rtol=1e-4)
+    assert not np.allclose(written["gold_logprob"], scorer.score(default, items).table["gold_logprob"], rtol=1e-2)
 
 
 @pytest.mark.slow

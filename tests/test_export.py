@@ -417,6 +417,25 @@ def test_parse_reads_answers_as_the_judge_does(task_name, outputs):
             assert parsed == text.strip().lower().rstrip(".")
 
 
+def test_continuations_without_choices_needs_the_items_choices():
+    """A task whose items each have their own choices once got [] from continuations() (an argmax over
+    nothing); now it is one error saying what to pass. Fixed choices (SST-2) stay the default."""
+    from promptopt.errors import ConfigError
+    from promptopt.experiments.export import answer_section
+    from promptopt.production import card_prompt
+    from promptopt.tasks import load_task
+
+    arc = load_task("arc_easy")
+    card = card_prompt({**arc.default_prompt().to_card(), "answer": answer_section(arc.spec, arc.test[:5])}, "card.yaml")
+    with pytest.raises(ConfigError, match=r"^card\.yaml: task arc_easy has no fixed choices .*pass the item's choices"):
+        card.continuations()
+    item = arc.test[0]
+    assert card.continuations(item.choices) == [" " + c for c in item.choices]
+    sst2 = load_task("sst2")
+    fixed = card_prompt({**sst2.default_prompt().to_card(), "answer": answer_section(sst2.spec, sst2.test[:5])})
+    assert fixed.continuations() == [" negative", " positive"]
+
+
 # --- the embedded model, end to end -----------------------------------------------------------------------
 @pytest.mark.slow
 def test_export_verify_and_plain_transformers_on_the_embedded_model(tmp_path):

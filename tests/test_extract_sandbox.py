@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import uuid
+
+import pytest
+
 from promptopt.tasks.extract import alias_match, final_number, first_line, gsm8k_gold, normalize_number, numbers_equal, squad_normalize
-from promptopt.tasks.sandbox import run_python
+from promptopt.tasks.sandbox import MODES, run_python
 
 
 def test_numbers():
@@ -31,5 +35,14 @@ def test_sandbox_pass_fail_timeout_memory():
     assert slow.status == "timeout" and not slow.passed
     hog = run_python("x = bytearray(2 * 1024 ** 3)", memory_mb=256)
     assert hog.status == "failed" and "MemoryError" in hog.detail
-    env = run_python("import os\nassert 'PROMPTOPT_SECRET' not in os.environ", timeout=5)
-    assert env.passed
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_sandboxed_code_does_not_see_the_callers_environment(mode, monkeypatch):
+    """The check means something only if the secret is set in the caller's environment (bwrap falls back
+    to rlimit where it cannot isolate: that fallback must not leak it either)."""
+    secret = "hunter2-" + uuid.uuid4().hex
+    monkeypatch.setenv("PROMPTOPT_SECRET", secret)
+    program = f"import os\nassert 'PROMPTOPT_SECRET' not in os.environ\nassert {secret!r} not in repr(dict(os.environ))"
+    env = run_python(program, timeout=5, sandbox=mode)
+    assert env.passed, env.detail

@@ -229,3 +229,35 @@ def test_similarity_embeds_each_text_once():
     assert (sim.hits, sim.misses) == (4, 4) and sim.hit_rate == 0.5
     np.testing.assert_allclose(again[::-1], sim(a[::-1], b), rtol=1e-6)
     assert first[0] > 0.8 and first[0] > again[0]  # same-meaning pairs score higher than mismatched ones
+
+
+@pytest.mark.slow
+def test_lm_paraphrase_on_the_embedded_model_with_the_real_similarity_filter(embedded_lm, tmp_path):
+    """SmolLM2 paraphrases real SST-2 sentences and the sentence-embedding filter judges them: kept variants
+    are new text at least `similarity_threshold` from the original, and every other one is a counted drop."""
+    from promptopt.robustness.perturb import LMParaphraseOperator
+    from promptopt.robustness.suite import evaluate_robustness
+    from promptopt.scoring import Scorer
+
+    path = tmp_path / "para.yaml"
+    path.write_text(yaml.safe_dump({"name": "para", "seed": 1, "similarity_threshold": 0.8,
+                                    "families": {"para": {"operator": "lm_paraphrase", "variants": 1}}}))
+    suite = load_suite(str(path))
+    data = load_task("sst2")
+    items = data.dev[:4]
+    similarity = Similarity()
+    LMParaphraseOperator._memo.clear()  # generate here, not from an earlier test's memo
+    try:
+        result = evaluate_robustness(Scorer(embedded_lm, data), data.default_prompt(), items, suite, pool=data.pool,
+                                     similarity=similarity)
+    finally:
+        LMParaphraseOperator._memo.clear()
+    row = result.families.set_index("family").loc["para"]
+    drops = {reason: int(row[f"dropped_{reason}"]) for reason in ("not_applicable", "protection", "unchanged", "similarity")}
+    assert row["n_variants"] + sum(drops.values()) == len(items), drops
+    assert row["n_variants"] >= 1, drops  # the embedded model writes paraphrases the filter keeps
+    assert similarity.misses >= 2 * row["n_variants"]  # the real filter embedded each kept pair (original, variant)
+    originals = {item.id: item.question for item in items}
+    for variant in result.variants.itertuples():
+        assert variant.question != originals[variant.item_id]
+        assert similarity([originals[variant.item_id]], [variant.question])[0] >= suite.similarity_threshold

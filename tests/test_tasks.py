@@ -4,6 +4,7 @@ hub loaders on local files."""
 from __future__ import annotations
 
 import json
+from importlib import resources
 
 import pandas as pd
 import pytest
@@ -14,11 +15,19 @@ from promptopt.tasks import builtin_task_names, load_task, load_task_data, load_
 from promptopt.tasks.data import load_rows, to_item
 from promptopt.tasks.spec import parse_task
 
-BUILTINS = ["sst2", "arc_easy", "arc_challenge", "mmlu", "gsm8k", "triviaqa", "boolq", "humaneval", "basic_arithmetic"]
+BUILTINS = builtin_task_names()  # every shipped task is loaded below: a new one cannot be left out
+REQUIRED = ["sst2", "arc_easy", "arc_challenge", "mmlu", "gsm8k", "triviaqa", "boolq", "humaneval", "basic_arithmetic",
+            "arc_easy_gen", "mmlu_gen"]
 
 
-def test_all_required_builtins_exist():
-    assert set(BUILTINS) <= set(builtin_task_names())
+def test_builtin_names_are_the_shipped_task_files():
+    """The names are the task files the package ships (pyproject's tasks/builtin/*.yaml), each file names
+    its own task, and none of the required tasks is missing."""
+    folder = resources.files("promptopt") / "tasks" / "builtin"
+    shipped = sorted(p.name.removesuffix(".yaml") for p in folder.iterdir() if p.name.endswith(".yaml"))
+    assert BUILTINS == shipped
+    assert [load_task_spec(name).name for name in shipped] == shipped
+    assert set(REQUIRED) <= set(BUILTINS)
 
 
 @pytest.mark.parametrize("name", BUILTINS)
@@ -31,8 +40,8 @@ def test_builtin_task_loads_offline_with_disjoint_seeded_splits(name):
     assert again.carving() == data.carving()  # seeded: same carving every time
     item = data.test[0]
     assert item.question and item.target
-    if data.spec.answer_type == "multiple_choice":
-        assert 0 <= item.gold < len(item.choices)
+    if data.spec.answer.has_choices:  # multiple_choice and multiple_choice_gen
+        assert 0 <= item.gold < len(item.choices) and item.target == item.choices[item.gold]
     prompt = data.default_prompt()
     assert len(prompt.exemplars) == data.spec.k
 

@@ -6,6 +6,7 @@ its row comes from a SQLite file (WAL mode, safe for several worker processes on
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -21,6 +22,13 @@ from promptopt.errors import CacheError
 from promptopt.prompts import Prompt
 from promptopt.scoring.scorer import Scorer, ScoreResult, summarize
 from promptopt.tasks import Item
+
+# Bump when the key's layout changes or a scored row's meaning does (2: every Item field in the key, and
+# acc_norm divides by the choice's own length as lm-eval does): rows cached under an older version are
+# then never read.
+KEY_VERSION = 2
+# Item fields that cannot change a scored row; every other field (added ones too) is part of the key.
+NOT_IN_KEY = frozenset({"where"})  # where the item was read from: only for messages
 
 
 def _plain(value):
@@ -101,8 +109,9 @@ class ResultCache:
 class CachedScorer:
     """A Scorer with per-item caching, usable wherever a Scorer is (`score`, `lm`, `data`, `runner`).
 
-    The key holds the model, the task's scoring settings, the whole prompt card and the item's content
-    (not only its id), so a perturbed variant of an item never reuses the clean item's row."""
+    The key holds the model, the task's scoring settings, the whole prompt card and every Item field but
+    those in NOT_IN_KEY (not only its id): a perturbed variant never reuses the clean item's row, and an
+    edited reference (`target` feeds the PPL columns of generative tasks) or test program is scored again."""
 
     def __init__(self, scorer: Scorer, cache: ResultCache) -> None:
         self.scorer, self.cache = scorer, cache
@@ -123,8 +132,8 @@ class CachedScorer:
         return self.scorer.runner
 
     def key(self, prompt: Prompt, item: Item) -> str:
-        content = [item.id, item.question, list(item.choices) if item.choices else None, repr(item.gold)]
-        blob = json.dumps([self._static, prompt.to_card(), content], sort_keys=True, default=_plain)
+        content = {f.name: getattr(item, f.name) for f in dataclasses.fields(item) if f.name not in NOT_IN_KEY}
+        blob = json.dumps([KEY_VERSION, self._static, prompt.to_card(), content], sort_keys=True, default=_plain)
         return hashlib.sha256(blob.encode()).hexdigest()
 
     def score(self, prompt: Prompt, items: list[Item]) -> ScoreResult:

@@ -122,12 +122,13 @@ class Scorer:
 
     def _score_choices(self, prompt: Prompt, items: list[Item]) -> pd.DataFrame:
         tok = self.lm.tokenizer
-        contexts, conts, owners = [], [], []
+        contexts, conts, texts, owners = [], [], [], []
         for idx, item in enumerate(items):
             ctx = prompt.context(item.question, item.choices, tok)
             for text in prompt.choice_texts(item.choices):
                 contexts.append(ctx)
                 conts.append(prompt.continuation(text))
+                texts.append(text)
                 owners.append(idx)
         pairs = self._pairs(contexts, conts, prompt, [items[i].id for i in owners])
         results = self.runner.loglikelihood(pairs)
@@ -136,7 +137,8 @@ class Scorer:
         for item in items:
             n = len(item.choices)
             lls = np.array([r.logprob for r in results[cursor : cursor + n]])
-            lengths = np.array([len(c) for c in conts[cursor : cursor + n]], dtype=float)
+            # lm-eval's acc_norm: the choice's own character length, without the answer delimiter before it
+            lengths = np.array([len(t) for t in texts[cursor : cursor + n]], dtype=float)
             gold_pairs, gold_res = pairs[cursor + item.gold], results[cursor + item.gold]
             hidden.append(results[cursor].hidden)  # every choice shares the context: one critical state
             targets.append(gold_pairs[1][0])
