@@ -19,7 +19,7 @@ OTHER = {"id": "q2", "question": "What is 2 + 4?", "gold": "6", "target": "2 + 3
 
 def test_every_item_field_is_in_the_key_or_declared_irrelevant(tiny_lm, tmp_path):
     cached = CachedScorer(Scorer(tiny_lm, load_task("basic_arithmetic")), ResultCache(tmp_path / "c.sqlite"))
-    prompt = cached.task.default_prompt()
+    prompt = cached.data.default_prompt()
     names = {f.name for f in dataclasses.fields(Item)}
     assert names == set(OTHER), f"give new Item fields {sorted(names - set(OTHER))} a test value"
     for name in sorted(names):
