@@ -7,11 +7,11 @@ import dataclasses
 import pytest
 
 from promptopt.scoring import CachedScorer, ResultCache, Scorer
-from promptopt.scoring.cache import NOT_IN_KEY
+from promptopt.tasks.item import NOT_SCORED
 from promptopt.tasks import Item, load_task
 
 # For each Item field, a value different from the sample item's; a new field must be added here (or to
-# NOT_IN_KEY when it cannot change a scored row), so it cannot be left out of the key unnoticed.
+# NOT_SCORED when it cannot change a scored row), so it cannot be left out of the key unnoticed.
 ITEM = Item("q1", "What is 2 + 3?", "5", "2 + 3 = 5", ("4", "5"), {"entry_point": "f"}, where="data.jsonl line 1")
 OTHER = {"id": "q2", "question": "What is 2 + 4?", "gold": "6", "target": "2 + 3 makes 5", "choices": ("5", "4"),
          "meta": {"entry_point": "g"}, "where": "data.jsonl line 9"}
@@ -24,7 +24,7 @@ def test_every_item_field_is_in_the_key_or_declared_irrelevant(tiny_lm, tmp_path
     assert names == set(OTHER), f"give new Item fields {sorted(names - set(OTHER))} a test value"
     for name in sorted(names):
         changed = cached.key(prompt, dataclasses.replace(ITEM, **{name: OTHER[name]})) != cached.key(prompt, ITEM)
-        assert changed == (name not in NOT_IN_KEY), name
+        assert changed == (name not in NOT_SCORED), name
 
 
 def test_edited_target_is_scored_again(tiny_lm, tmp_path):

@@ -149,9 +149,9 @@ def data_sha256(spec, subsets=None) -> str | None:
 
 def items_sha256(data) -> str:
     """SHA-256 over the carved items' content, role by role."""
-    from promptopt.tasks.item import item_content
+    from promptopt.tasks.item import items_sha256 as role_sha256
 
-    return sha256_json({role: [item_content(i) for i in data.split(role)] for role in ("pool", "dev", "test")})
+    return sha256_json({role: role_sha256(data.split(role)) for role in ("pool", "dev", "test")})
 
 
 def task_sha256(spec) -> str:

@@ -6,7 +6,6 @@ its row comes from a SQLite file (WAL mode, safe for several worker processes on
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import math
@@ -22,13 +21,12 @@ from promptopt.errors import CacheError
 from promptopt.prompts import Prompt
 from promptopt.scoring.scorer import Scorer, ScoreResult, summarize
 from promptopt.tasks import Item
+from promptopt.tasks.item import item_content
 
-# Bump when the key's layout changes or a scored row's meaning does (2: every Item field in the key, and
-# acc_norm divides by the choice's own length as lm-eval does): rows cached under an older version are
+# Bump when the key's layout changes or a scored row's meaning does (2: every scored Item field in the key,
+# and acc_norm divides by the choice's own length as lm-eval does): rows cached under an older version are
 # then never read.
 KEY_VERSION = 2
-# Item fields that cannot change a scored row; every other field (added ones too) is part of the key.
-NOT_IN_KEY = frozenset({"where"})  # where the item was read from: only for messages
 
 
 def _plain(value):
@@ -109,8 +107,8 @@ class ResultCache:
 class CachedScorer:
     """A Scorer with per-item caching, usable wherever a Scorer is (`score`, `lm`, `data`, `runner`).
 
-    The key holds the model, the task's scoring settings, the whole prompt card and every Item field but
-    those in NOT_IN_KEY (not only its id): a perturbed variant never reuses the clean item's row, and an
+    The key holds the model, the task's scoring settings, the whole prompt card and every scored Item
+    field (`item_content`, not only its id): a perturbed variant never reuses the clean item's row, and an
     edited reference (`target` feeds the PPL columns of generative tasks) or test program is scored again."""
 
     def __init__(self, scorer: Scorer, cache: ResultCache) -> None:
@@ -132,8 +130,7 @@ class CachedScorer:
         return self.scorer.runner
 
     def key(self, prompt: Prompt, item: Item) -> str:
-        content = {f.name: getattr(item, f.name) for f in dataclasses.fields(item) if f.name not in NOT_IN_KEY}
-        blob = json.dumps([KEY_VERSION, self._static, prompt.to_card(), content], sort_keys=True, default=_plain)
+        blob = json.dumps([KEY_VERSION, self._static, prompt.to_card(), item_content(item)], sort_keys=True, default=_plain)
         return hashlib.sha256(blob.encode()).hexdigest()
 
     def score(self, prompt: Prompt, items: list[Item]) -> ScoreResult:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import hashlib
+import json
+from dataclasses import dataclass, field, fields
 from typing import Any
 
-from promptopt.card import sha256_json
 from promptopt.prompts import Exemplar
 
 
@@ -24,12 +25,16 @@ class Item:
         return Exemplar(id=self.id, question=self.question, answer=self.target, choices=self.choices, gold=gold)
 
 
-def item_content(item: Item) -> list:
-    """Every field of an item that a scored row depends on (id, text, choices, gold, target), as plain JSON:
-    what the result cache, a study's identity and a card's fingerprint hash. `meta` and `where` are notes."""
-    gold = list(item.gold) if isinstance(item.gold, tuple) else item.gold
-    return [item.id, item.question, list(item.choices) if item.choices else None, repr(gold), item.target]
+# Item fields that cannot change a scored row; every other field (added ones too) counts.
+NOT_SCORED = frozenset({"where"})  # where the item was read from: only for messages
+
+
+def item_content(item: Item) -> dict:
+    """Every field a scored row depends on (`meta` too: HumanEval's entry point judges the code): what the
+    result cache, a study's identity and a card's fingerprint hash, so an edited target is never stale."""
+    return {f.name: getattr(item, f.name) for f in fields(item) if f.name not in NOT_SCORED}
 
 
 def items_sha256(items) -> str:
-    return sha256_json([item_content(i) for i in items])
+    blob = json.dumps([item_content(i) for i in items], sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
