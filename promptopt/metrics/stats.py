@@ -82,6 +82,25 @@ def bootstrap_interval(statistic, n_items: int, *, n_boot: int = 2000, seed: int
     return float(np.quantile(values, alpha)), float(np.quantile(values, 1 - alpha))
 
 
+def format_spread(correct, *, n_boot: int = 1000, seed: int = 0) -> dict:
+    """FormatSpread (arXiv 2310.11324): max − min accuracy over the formats of one prompt, on the same items.
+
+    correct: items × formats (0/1; NaN where an item has no variant in that format — those items are left out,
+    so every format is measured on the same items). The interval resamples items (all formats of an item
+    together), so it says how much of the spread the item sample alone could make."""
+    import numpy as np
+
+    matrix = np.asarray(correct, dtype=float)
+    matrix = matrix[~np.isnan(matrix).any(axis=1)]
+    n_items, n_formats = matrix.shape if matrix.ndim == 2 else (0, 0)
+    if n_items == 0 or n_formats < 2:
+        return {"spread": float("nan"), "ci95": [float("nan"), float("nan")], "n_items": int(n_items), "n_formats": int(n_formats)}
+    accuracies = matrix.mean(axis=0)
+    low, high = bootstrap_interval(lambda idx: float(np.ptp(matrix[idx].mean(axis=0))), n_items, n_boot=n_boot, seed=seed)
+    return {"spread": float(np.ptp(accuracies)), "ci95": [low, high], "n_items": int(n_items), "n_formats": int(n_formats),
+            "accuracies": [float(a) for a in accuracies]}
+
+
 # --- robustness over the same items --------------------------------------------------------------------
 class PerItemRobustness:
     """Per-item counts behind every robustness metric: clean correctness, and per family the number of

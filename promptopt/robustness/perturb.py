@@ -4,7 +4,7 @@ Question-level (the item's text changes): WordNet synonym replacement of 1–2 k
 paraphrases by the loaded model (up to 3 styles; a chat turn, or a plain completion prompt for base
 models), safe sentence reordering, distractor insertion, tautology stress, keyboard and spelling typos
 (nlpaug). Prompt-level (the item stays): ICL exemplar reordering and
-replacement.
+replacement, and the prompt in an equivalent format (prompt_formats.py).
 
 Every variant is seeded from (suite seed, family, item, variant index), so it is reproducible; numbers
 and label words are protected (passed to nlpaug as stopwords, then verified: a variant that changed
@@ -240,6 +240,49 @@ class ExemplarReplaceOperator(Operator):
         return Variant(prompt.with_(exemplars=tuple(shots)), item)
 
 
+class FormatOperator(Operator):
+    """The prompt rendered again in an equivalent format (prompt_formats.py: field separators, field-name
+    casing, line joiners, the exemplar delimiter); the item, the answers and the label words stay. One format per
+    variant index, shared by all items and distinct across indices (`variants`: formats per item, 1–8)."""
+
+    name = "format"
+    changes_text = False
+    MAX_VARIANTS = 8
+
+    def __init__(self, **options) -> None:
+        super().__init__(**options)
+        variants = options.get("variants")
+        if variants is not None and (isinstance(variants, bool) or not isinstance(variants, int) or not 1 <= variants <= self.MAX_VARIANTS):
+            from promptopt.errors import ConfigError
+
+            raise ConfigError(f"format: variants must be an integer from 1 to {self.MAX_VARIANTS}, got {variants!r}")
+
+    def n_variants(self, suite_default: int) -> int:
+        return int(self.options.get("variants") or suite_default)
+
+    def formats(self, prompt: Prompt, seed: int, count: int) -> list:
+        """`count` distinct templates that differ from the prompt's own, drawn from one seeded stream."""
+        from promptopt.prompt_formats import DIMENSIONS, PromptFormat
+
+        rng = random.Random(variant_seed(seed, self.name, "prompt", 0))
+        found: list = []
+        for _ in range(64 * count):
+            template = PromptFormat(**{d: rng.choice(c) for d, c in DIMENSIONS.items()}).apply(prompt.template)
+            if template != prompt.template and template not in found:
+                found.append(template)
+                if len(found) == count:
+                    break
+        return found
+
+    def apply_many(self, prompt, items, seeds, context):
+        index = int(context.get("index", 0))
+        templates = self.formats(prompt, context["seed"], index + 1)
+        if len(templates) <= index:  # a template with nothing to reformat
+            return [None] * len(items)
+        variant = prompt.with_(template=templates[index])
+        return [Variant(variant, item) for item in items]
+
+
 class ParaphraseMemo:
     """LM paraphrases already written, by (model, chat?, question, style): an item's paraphrase is the same
     for every prompt, so a session (one model) generates it once. Counts what was reused and generated."""
@@ -325,5 +368,5 @@ class LMParaphraseOperator(Operator):
 
 OPERATORS = {cls.name: cls for cls in (
     SynonymOperator, LMParaphraseOperator, ClauseReorderOperator, DistractorOperator, TautologyOperator,
-    KeyboardTypoOperator, SpellingTypoOperator, ExemplarReorderOperator, ExemplarReplaceOperator,
+    KeyboardTypoOperator, SpellingTypoOperator, ExemplarReorderOperator, ExemplarReplaceOperator, FormatOperator,
 )}

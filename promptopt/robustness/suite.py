@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from promptopt.errors import ConfigError
-from promptopt.metrics.stats import performance_drop_rate, robustness_intervals, robustness_metrics
+from promptopt.metrics.stats import format_spread, performance_drop_rate, robustness_intervals, robustness_metrics
 from promptopt.prompts import Prompt
 from promptopt.robustness.perturb import OPERATORS, ParaphraseMemo, Variant, protected_words, protection_holds, variant_seed
 from promptopt.scoring import PromptScorer
@@ -185,7 +185,7 @@ def evaluate_robustness(
     clean = scorer.score(prompt, items).table.set_index("item_id")
     context = {"pool": pool, "evaluated": {i.id for i in items}, "distractors": list(suite.distractors), "lm": scorer.lm,
                "runner": scorer.runner, "paraphrases": paraphrases or ParaphraseMemo()}
-    rows, variant_rows = [], []
+    rows, variant_rows, spreads = [], [], {}
     for family in tqdm(suite.families, desc=desc, disable=not progress, leave=False):
         kept, counts = make_variants(suite, family, prompt, items, context, similarity)
         tables = []
@@ -208,6 +208,10 @@ def evaluate_robustness(
             "tcb_clean_mean": _finite_mean(same["tcb"]) if len(same) else float("nan"),
             "tcb_perturbed_mean": _finite_mean(perturbed["tcb"]) if len(perturbed) else float("nan"),
         })
+        if family.operator == "format":  # every group is one format of the prompt: the spread over them and the clean one
+            spreads[family.name] = _format_spread(clean["correct"], tables, seed=suite.seed)
+            rows[-1].update(format_spread=spreads[family.name]["spread"], format_spread_ci_low=spreads[family.name]["ci95"][0],
+                            format_spread_ci_high=spreads[family.name]["ci95"][1], n_formats=spreads[family.name]["n_formats"])
         if len(perturbed):
             variant_rows.append(perturbed.assign(family=family.name))
     families = pd.DataFrame(rows)
@@ -230,8 +234,18 @@ def evaluate_robustness(
         "tcb_clean_mean": _finite_mean(clean["tcb"]),
         "tcb_perturbed_mean": _finite_mean(pd.concat([t["tcb"] for t in variant_rows])) if variant_rows else float("nan"),
     }
+    if spreads:  # the first format family's spread (FormatSpread: max − min accuracy over the prompt's formats)
+        first = next(iter(spreads.values()))
+        summary.update(format_spread=first["spread"], format_spread_ci95=first["ci95"], format_spread_n_formats=first["n_formats"])
     variants = pd.concat(variant_rows, ignore_index=True) if variant_rows else pd.DataFrame()
     return RobustnessResult(families, summary, variants)
+
+
+def _format_spread(clean_correct: pd.Series, tables: list[pd.DataFrame], *, seed: int) -> dict:
+    """Items × formats (the prompt's own first) -> format_spread on the items every format has."""
+    columns = [clean_correct.astype(float)] + [t.set_index("item_id")["correct"].astype(float) for t in tables]
+    matrix = pd.concat(columns, axis=1).reindex(clean_correct.index)
+    return format_spread(matrix.to_numpy(), seed=seed)
 
 
 def _finite_mean(values) -> float:
