@@ -15,7 +15,7 @@ LAYERS = {
     "errors": 0, "yamlio": 0,
     "metrics": 1,
     "models": 2,
-    "prompts": 3, "card": 3,
+    "prompts": 3, "card": 3, "prompt_formats": 3,
     "tasks": 4,
     "scoring": 5, "production": 5,
     "search": 6, "robustness": 6, "trace": 6,
