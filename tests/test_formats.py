@@ -78,3 +78,23 @@ def test_a_space_formats_block_is_validated():
         format_choices({"spacing": True}, "s.yaml")
     with pytest.raises(ConfigError, match=r"formats\.casing: expected true or a list"):
         format_choices({"casing": ["shouting"]}, "s.yaml")
+
+
+def test_a_space_searches_formats_of_its_templates():
+    import optuna
+
+    from promptopt.search import parse_space
+    from promptopt.tasks import load_task
+
+    data = load_task("sst2")
+    space = parse_space({"task": "sst2", "instructions": {"none": ""}, "exemplars": {"k": [0, 0]},
+                         "templates": {"review": {"query": "Review: {question}\nSentiment:"}},
+                         "formats": {"field_separator": [": ", " - "], "casing": True}}, "space.yaml")
+    params = {"instruction": "none", "template": "review", "format_field_separator": " - ", "format_casing": "upper", "k": 0}
+    prompt = space.suggest(optuna.trial.FixedTrial(params), space.check_against(data), data.spec)
+    assert prompt.template.query == "REVIEW - {question}\nSENTIMENT -" and prompt.template.name == "review"
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    trial = study.ask()
+    space.suggest(trial, space.check_against(data), data.spec)
+    assert {"format_field_separator", "format_casing"} <= set(trial.params)
+    assert space.widest_format(space.templates["review"]).query == "Review - {question}\nSentiment -"  # longest choices

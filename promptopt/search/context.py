@@ -81,7 +81,7 @@ def check_prompts_fit(ctx: SearchContext, scorer) -> None:
     items = sorted(ctx.dev + ctx.test, key=by_size, reverse=True)[:3]
     for instruction_name, instruction in space.instructions.items():
         for template_name, template in space.templates.items():
-            prompt = Prompt(task=spec.name, instruction=instruction, exemplars=shots, template=template)
+            prompt = Prompt(task=spec.name, instruction=instruction, exemplars=shots, template=space.widest_format(template))
             try:
                 scorer.check_fits(prompt, items)
             except PromptTooLongError as exc:

@@ -12,6 +12,9 @@ exemplars:
 templates:                        # name -> prompt template (see promptopt.prompts.PromptTemplate)
   review: {query: "Review: {question}\nSentiment:"}
   good_bad: {query: "Review: {question}\nThe movie was", label_words: [bad, good]}
+formats:                          # optional: equivalent layouts of the chosen template (prompt_formats.py)
+  field_separator: true           # true: every choice; or a list, e.g. [": ", " - "]
+  casing: [as_is, lower]
 ```
 
 Encoding (what the sampler sees), chosen so that every sampled point decodes to a valid prompt and each
@@ -24,16 +27,18 @@ parameter carries a meaning a TPE-style sampler can learn:
   With k = 0 no keys are sampled (they would not change the prompt).
 - order: a categorical permutation index `order_k<k>` over the k! orders (k ≤ 5), or Lehmer-code
   integers `lehmer_k<k>_<i>` for larger k; without `search_order` the shots keep pool order.
+- format: one categorical `format_<dimension>` per dimension of the `formats:` block, applied to the template.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from promptopt.errors import ConfigError, DataError
+from promptopt.prompt_formats import PromptFormat, format_choices
 from promptopt.prompts import Prompt, PromptTemplate
 from promptopt.tasks.data import Item, TaskData
 from promptopt.yamlio import Fields, builtin_names, load_named_yaml
@@ -52,6 +57,11 @@ class SearchSpace:
     k_min: int
     k_max: int
     search_order: bool
+    formats: dict[str, tuple[str, ...]] = field(default_factory=dict)  # dimension -> choices (searched when given)
+
+    def widest_format(self, template: PromptTemplate) -> PromptTemplate:
+        """The template with the longest choice of every searched dimension: what the length check renders."""
+        return PromptFormat(**{name: max(choices, key=len) for name, choices in self.formats.items()}).apply(template)
 
     def check_against(self, data: TaskData, *, pool_draw: int | None = None) -> list[Item]:
         """The candidate exemplars for this task; errors when the pool cannot supply them.
@@ -94,16 +104,19 @@ class SearchSpace:
     def suggest(self, trial, candidates: list[Item], spec) -> Prompt:
         """Ask the trial for every parameter and decode them into a Prompt."""
         instruction = trial.suggest_categorical("instruction", list(self.instructions))
-        template = trial.suggest_categorical("template", list(self.templates))
+        template = self.templates[trial.suggest_categorical("template", list(self.templates))]
+        if self.formats:
+            template = PromptFormat(**{name: trial.suggest_categorical(f"format_{name}", list(choices))
+                                       for name, choices in self.formats.items()}).apply(template)
         k = trial.suggest_int("k", self.k_min, self.k_max)
         if k == 0:  # no shots: the keys would mean nothing, and sampling them would make duplicate prompts
-            return Prompt(task=spec.name, instruction=self.instructions[instruction], template=self.templates[template])
+            return Prompt(task=spec.name, instruction=self.instructions[instruction], template=template)
         keys = [trial.suggest_float(f"key_{i}", 0.0, 1.0) for i in range(len(candidates))]
         chosen = sorted(sorted(range(len(candidates)), key=lambda i: (-keys[i], i))[:k])  # pool order
         if self.search_order and k > 1:
             chosen = [chosen[i] for i in _suggest_permutation(trial, k)]
         shots = tuple(candidates[i].as_exemplar() for i in chosen)
-        return Prompt(task=spec.name, instruction=self.instructions[instruction], exemplars=shots, template=self.templates[template])
+        return Prompt(task=spec.name, instruction=self.instructions[instruction], exemplars=shots, template=template)
 
 
 
@@ -120,7 +133,7 @@ def _suggest_permutation(trial, k: int) -> list[int]:
 
 def parse_space(data: dict, where: str) -> SearchSpace:
     f = Fields(data, where)
-    f.reject_unknown({"task", "description", "instructions", "exemplars", "templates"})
+    f.reject_unknown({"task", "description", "instructions", "exemplars", "templates", "formats"})
     instructions = f.get("instructions", dict)
     if not instructions or not all(isinstance(v, str) for v in instructions.values()):
         raise f.fail("instructions", "a non-empty mapping of name -> text", instructions)
@@ -152,6 +165,7 @@ def parse_space(data: dict, where: str) -> SearchSpace:
         k_min=k_range[0],
         k_max=k_range[1],
         search_order=e.get("search_order", bool, True),
+        formats=format_choices(data.get("formats"), where),
     )
 
 
