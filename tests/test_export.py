@@ -14,10 +14,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
 
+from promptopt.search import SearchConfig
 from tests.clirun import assert_one_line_error
 from tests.clirun import promptopt as run_cli
 
@@ -304,32 +306,47 @@ def test_export_bad_input_is_one_error_and_writes_nothing(tiny_run, tmp_path):
     assert not out.exists() and not list(tmp_path.glob("*.tmp"))
 
 
-def test_export_from_a_compare_directory(tiny_llama_dir, tmp_path):
+def test_export_from_a_compare_directory_never_reads_the_test_set(tiny_llama_dir, tmp_path):
+    """The pick reads dev numbers only: whatever the test columns say (shuffled across the candidates), the same
+    card is chosen, and the card says by which rule. Named trials and robust picks after the fact too."""
     from promptopt.experiments import run_compare
-    from promptopt.experiments.export import export_run
-    from promptopt.search import SearchConfig
+    from promptopt.experiments.export import compare_candidates, export_run, open_run
 
     config = SearchConfig.build(task="sst2", trials=2, model=str(tiny_llama_dir), out=str(tmp_path / "cmp"), dev_limit=6, test_limit=4,
                                 minibatch=3, device="cpu")
-    result = run_compare(config, ["accuracy", "tcb"], suite=None, show_progress=False)
-    table = getattr(result, "table", result)  # a DataFrame, or a CompareResult holding one
-    exported = export_run(tmp_path / "cmp", out=tmp_path / "card.yaml", strategy="tcb")
+    run_compare(config, ["accuracy", "tcb"], suite=None, top_n=2, show_progress=False)
+    root = tmp_path / "cmp"
+    exported = export_run(root, out=tmp_path / "card.yaml", strategy="tcb")
     assert exported.card["search"]["strategy"] == "tcb" and exported.card["search"]["study"] == "sst2-tcb"
     assert exported.card["metrics"]["robustness"] is None  # compared without a suite
-    winner = export_run(tmp_path / "cmp", out=tmp_path / "winner.yaml").card["search"]["strategy"]
-    searched = table[table["strategy"] != "baseline"]
-    assert winner in set(searched[searched["avg_acc"] == searched["avg_acc"].max()]["strategy"])
-    # a compare that evaluates top-N candidates records its chosen winner (and its robustness) per run:
-    # export takes that trial, not the study's best
-    best = json.loads((tmp_path / "cmp" / "tcb" / "summary.json").read_text())["best_trial"]
-    other = 1 - best if best in (0, 1) else 0
-    rows = pd.DataFrame([{"strategy": "tcb", "seed": 0, "rank": 1, "winner": True, "n_test": 4, "avg_acc": 0.5, "trial": other,
-                          "pdr": 0.1, "pdr_ci_low": -0.2, "pdr_ci_high": 0.4, "acc_worst": 0.25, "acc_worst_ci_low": 0.05,
-                          "acc_worst_ci_high": 0.7, "acc_worst_family": "typo", "acc_var_pert": 0.01, "taboo_retention_i1": None}])
-    rows.to_csv(tmp_path / "cmp" / "compare_runs.csv", index=False)
-    chosen = export_run(tmp_path / "cmp", out=tmp_path / "chosen.yaml", strategy="tcb").card
-    assert chosen["search"]["trial"] == other and chosen["search"]["winner"]
-    assert chosen["metrics"]["robustness"]["acc_worst_ci95"] == [0.05, 0.7] and chosen["metrics"]["robustness"]["pdr"] == 0.1
+    assert "dev accuracy" in exported.card["search"]["selection"] and "no test number" in exported.card["search"]["selection"]
+    from promptopt.experiments import Session
+
+    session = Session(model=config.model, data=config.data)
+    default = session.scorer.score(session.data.default_prompt(), session.items("test")).table["correct"].mean()
+    warned = any("not better than the task's default prompt" in w for w in exported.warnings)
+    assert warned == (exported.card["metrics"]["test"]["accuracy"] <= default)
+
+    runs = pd.read_csv(root / "compare_runs.csv")
+    dev_best = compare_candidates(root).query("winner").sort_values(["dev_accuracy", "order"], ascending=[False, True]).iloc[0]
+    picked = open_run(root)
+    assert (picked.config.study.strategy, picked.winner_trial) == (dev_best["strategy"], int(dev_best["trial"]))
+    test_columns = [c for c in runs.columns if c in ("avg_acc", "acc_ci_low", "acc_ci_high", "avg_tcb", "acc_worst", "pdr")]
+    searched = runs.index[runs["strategy"] != "baseline"]
+    distinct = np.linspace(0.1, 0.9, len(searched))  # test accuracies that would each make another candidate the best
+    for shift in range(len(searched)):  # every rotation of the test numbers over the candidates
+        shuffled = runs.copy()
+        shuffled.loc[searched, test_columns] = runs.loc[np.roll(searched, shift), test_columns].to_numpy()
+        shuffled.loc[searched, "avg_acc"] = np.roll(distinct, shift)
+        shuffled.to_csv(root / "compare_runs.csv", index=False)
+        again = open_run(root)
+        assert (again.config.study.strategy, again.winner_trial) == (picked.config.study.strategy, picked.winner_trial)
+    runs.to_csv(root / "compare_runs.csv", index=False)
+
+    robust = export_run(root, out=tmp_path / "robust.yaml", select="robust")
+    assert robust.card["search"]["selection"].startswith("best dev Acc_worst") and "no test number" in robust.card["search"]["selection"]
+    named = export_run(root, out=tmp_path / "named.yaml", strategy="tcb", trial=0).card
+    assert named["search"]["trial"] == 0 and "--trial" in named["search"]["selection"]
 
 
 # --- load_prompt ------------------------------------------------------------------------------------------

@@ -16,7 +16,8 @@ from promptopt.cli.render import console, print_export
 def export_command(
     run_dir: Path = typer.Argument(..., help="a search run directory or a compare directory"),
     out: Path = typer.Option(..., "--out", help="the file to write (lm-eval: the task YAML; its items go beside it as .jsonl)"),
-    strategy: Optional[str] = typer.Option(None, "--strategy", help="compare directories: this strategy's winner (default: the best test accuracy)"),
+    strategy: Optional[str] = typer.Option(None, "--strategy", help="compare directories: this strategy's winner (default: the highest dev accuracy among the searches' winners)"),
+    select: str = typer.Option("dev", "--select", help="compare directories: dev (the winner with the highest dev accuracy) or robust (best dev Acc_worst among the evaluated candidates as accurate as the best on dev); test items never choose"),
     trial: Optional[int] = typer.Option(None, "--trial", help="this trial number instead of the winner"),
     fmt: str = typer.Option("card", "--format", help="card (YAML, version 2), messages (chat JSON), text, or lm-eval (task YAML)"),
     device: Optional[str] = typer.Option(None, "--device", help="override the run's device (fingerprints and the token-id hash need the model)"),
@@ -25,7 +26,7 @@ def export_command(
     from promptopt.experiments.export import export_run
 
     quiet_libraries()
-    print_export(export_run(run_dir, out=out, strategy=strategy, trial=trial, fmt=fmt, device=device))
+    print_export(export_run(run_dir, out=out, strategy=strategy, trial=trial, fmt=fmt, device=device, select=select))
 
 
 @app.command("verify")

@@ -286,6 +286,11 @@ def print_taboo_sweep(report, task: str, temperature: float) -> None:
 def print_export(result) -> None:
     test = result.card["metrics"]["test"]
     low, high = test["accuracy_ci95"]
-    console.print(f"trial #{result.trial} of {result.card['search']['study']} ({result.card['search']['strategy']}): "
-                  f"test accuracy {fmt(test['accuracy'])} [{fmt(low)}, {fmt(high)}] on {test['n']} items")
+    search = result.card["search"]
+    console.print(f"trial #{result.trial} of {search['study']} ({search['strategy']}): "
+                  f"test accuracy {fmt(test['accuracy'])} [{fmt(low)}, {fmt(high)}] on {test['n']} items (held out: it chose nothing)")
+    if search.get("selection"):
+        console.print(f"chosen by: {search['selection']}", markup=False, highlight=False)
+    for warning in result.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     console.print("wrote " + ", ".join(str(p) for p in result.paths))

@@ -33,45 +33,76 @@ class Run:
     config: object  # SearchConfig
     summary: dict
     cache_dir: Path  # where its result cache (cache.sqlite) lives: the run, or the compare directory
-    compare_row: dict | None = None  # its row of compare.csv (or of compare_runs.csv, where compare writes one)
+    compare_row: dict | None = None  # its row of compare_runs.csv: the numbers compare measured for it
     winner_trial: int | None = None  # the trial compare chose, when it is not simply the study's best
+    selection: str = ""  # how it was chosen, in words (recorded in the card)
 
 
-def open_run(run_dir: str | Path, *, strategy: str | None = None) -> Run:
-    """A search run directory, or a compare directory's winner (highest test accuracy, then δ_TCB) or
-    its `strategy`. Errors name the directory and what is missing."""
+SELECTIONS = ("dev", "robust")
+_CANDIDATE_COLUMNS = {"strategy", "seed", "rank", "winner", "trial", "dev_accuracy"}
+
+
+def compare_candidates(root: Path):
+    """Every prompt a compare evaluated for a searched strategy (compare_runs.csv: each search's top-N, with its
+    dev accuracy), in the compare's order. Selection reads the dev columns only."""
     import pandas as pd
 
+    path = root / "compare_runs.csv"
+    if not path.is_file():
+        raise UserError(f"{root}: compare_runs.csv missing: the compare did not finish (rerun it with --resume)")
+    runs = pd.read_csv(path)
+    missing = _CANDIDATE_COLUMNS - set(runs.columns)
+    if missing:
+        raise UserError(f"{path}: written by an older promptopt (no {', '.join(sorted(missing))} column): rerun the compare")
+    searched = runs[runs["strategy"] != "baseline"].reset_index(drop=True)
+    if searched.empty:
+        raise UserError(f"{path}: no searched strategy in the comparison")
+    return searched.assign(order=range(len(searched)))
+
+
+def select_by_dev(candidates, strategy: str | None = None):
+    """Among the searches' own winners (of `strategy`, else of every strategy), the highest dev accuracy; ties go
+    to the strategy compared first, then the lower seed. -> (row, how). Test numbers are never read."""
+    winners = candidates[candidates["winner"].astype(bool)]
+    if strategy is not None:
+        winners = winners[winners["strategy"] == strategy]
+    best = winners.sort_values(["dev_accuracy", "order"], ascending=[False, True], kind="stable").iloc[0]
+    among = f"the {len(winners)} {strategy + ' ' if strategy else ''}search winners"
+    return best, (f"highest dev accuracy ({best['dev_accuracy']:.3f}) among {among} (ties: the strategy compared first, "
+                  "then the lower seed); no test number was read")
+
+
+def _strategy_rows(candidates, strategy: str | None, root: Path):
+    if strategy is None:
+        return candidates
+    if strategy not in set(candidates["strategy"]):
+        raise UserError(f"--strategy {strategy}: {root} compares {', '.join(dict.fromkeys(candidates['strategy']))}")
+    return candidates[candidates["strategy"] == strategy]
+
+
+def open_run(run_dir: str | Path, *, strategy: str | None = None, pick: dict | None = None) -> Run:
+    """A search run directory, or one search of a compare directory: `pick` (a compare_runs.csv row chosen by
+    `select_robust`), else the dev-accuracy winner (`select_by_dev`) of `strategy` or of every strategy.
+    Errors name the directory and what is missing."""
     from promptopt.search import SearchConfig
 
     root = Path(run_dir)
-    winner_trial = None
+    winner_trial, selection = None, ""
     if not root.is_dir():
         raise UserError(f"{root}: no such run directory")
     compare_row = None
     if (root / "compare.csv").is_file():
-        table = pd.read_csv(root / "compare.csv")
-        searched = table[table["strategy"] != "baseline"]
-        if searched.empty:
-            raise UserError(f"{root / 'compare.csv'}: no searched strategy in the comparison")
-        if strategy is None:
-            ranked = searched.assign(_tcb=searched["avg_tcb"].fillna(-math.inf)).sort_values(["avg_acc", "_tcb"], ascending=False, kind="stable")
-            strategy = str(ranked.iloc[0]["strategy"])
-        elif strategy not in set(searched["strategy"]):
-            raise UserError(f"--strategy {strategy}: {root} compares {', '.join(searched['strategy'])}")
-        compare_row = _plain_row(searched[searched["strategy"] == strategy].iloc[0])
-        path, cache_dir = root / strategy, root
-        if (root / "compare_runs.csv").is_file():  # compare with top-N candidates and seeds: its chosen winner
-            runs = pd.read_csv(root / "compare_runs.csv")
-            if {"strategy", "winner", "trial"} <= set(runs.columns):
-                chosen = runs[(runs["strategy"] == strategy) & runs["winner"].astype(bool)]
-                if len(chosen):
-                    order = ["avg_acc", "seed"] if "seed" in chosen else ["avg_acc"]
-                    best = chosen.sort_values(order, ascending=[False, True][: len(order)], kind="stable").iloc[0]  # best seed
-                    compare_row = {**compare_row, **_plain_row(best)}
-                    seed_dir = root / strategy / f"seed{int(best['seed'])}" if "seed" in best else None
-                    path = seed_dir if seed_dir is not None and seed_dir.is_dir() else path
-                    winner_trial = int(best["trial"]) if best["trial"] == best["trial"] else None
+        candidates = _strategy_rows(compare_candidates(root), strategy, root)
+        if pick is None:
+            pick, selection = select_by_dev(candidates)
+            pick = _plain_row(pick)
+        else:
+            selection = pick.pop("selection", "")
+        strategy = str(pick["strategy"])
+        compare_row = pick
+        seed_dir = root / strategy / f"seed{int(pick['seed'])}"
+        path, cache_dir = (seed_dir if seed_dir.is_dir() else root / strategy), root
+        winner_trial = int(pick["trial"]) if pick.get("trial") is not None else None
     elif (root / "config.json").is_file():
         path, cache_dir = root, root
     else:
@@ -87,7 +118,8 @@ def open_run(run_dir: str | Path, *, strategy: str | None = None) -> Run:
     if not (path / "summary.json").is_file():
         raise UserError(f"{path}: no finished study (summary.json missing): finish it with `promptopt search ... --resume`")
     summary = json.loads((path / "summary.json").read_text(encoding="utf-8"))
-    return Run(path=path, config=config, summary=summary, cache_dir=cache_dir, compare_row=compare_row, winner_trial=winner_trial)
+    return Run(path=path, config=config, summary=summary, cache_dir=cache_dir, compare_row=compare_row, winner_trial=winner_trial,
+               selection=selection or summary.get("selection", ""))
 
 
 def _plain_row(row) -> dict:
@@ -276,6 +308,39 @@ def build_card(session: Session, prompt: Prompt, *, dev_items: list, test_items:
     return card
 
 
+# --- robust selection after the fact -------------------------------------------------------------------------
+def select_robust(root: Path, candidates, *, device: str | None = None, suite: str = "cheap", limit: int | None = None):
+    """Among every prompt the compare evaluated (each search's top-N) whose dev accuracy is inside the best one's
+    95% Wilson interval, the best dev Acc_worst under `suite` (default: the families the `robust` strategy sees;
+    measured now on dev items, through the compare's result cache). -> (compare_runs row with "selection", session)."""
+    from promptopt.metrics.stats import wilson_interval
+    from promptopt.robustness.suite import Similarity, evaluate_robustness, load_suite
+
+    the_suite = load_suite(suite)
+    rows = [_plain_row(r) for _, r in candidates.iterrows()]
+    first = open_run(root, pick=dict(rows[0]))
+    config = first.config if device is None else first.config.replace(device=device)
+    session = Session(model=config.model, data=config.data, out=root, batch_size=config.batch_size)
+    n = int(first.summary["dev"]["n"])
+    best = max(rows, key=lambda r: (r["dev_accuracy"], -r["order"]))
+    low, _ = wilson_interval(round(best["dev_accuracy"] * n), n)
+    eligible = [r for r in rows if r["dev_accuracy"] >= low]
+    dev, similarity, scored, seen = session.items("dev", limit), Similarity(), [], {}
+    for row in eligible:
+        run = open_run(root, pick=dict(row))
+        prompt = decode_trial(run, session.data, pick_trial(run, load_study(run), None).params)
+        key = json.dumps(prompt.to_card(), sort_keys=True)
+        if key not in seen:  # a prompt two searches share is stressed once
+            seen[key] = evaluate_robustness(session.scorer, prompt, dev, the_suite, pool=session.data.pool, similarity=similarity,
+                                            paraphrases=session.paraphrases).summary["acc_worst"]
+        scored.append((seen[key], row["dev_accuracy"], -row["order"], row))
+    acc_worst, _, _, chosen = max(scored, key=lambda x: x[:3])
+    chosen["selection"] = (f"best dev Acc_worst ({acc_worst:.3f}, suite {the_suite.name}, {len(dev)} dev items) among {len(eligible)} "
+                           f"of {len(rows)} evaluated candidates whose dev accuracy is inside the best one's 95% interval "
+                           f"(≥ {low:.3f}); no test number was read")
+    return chosen, session
+
+
 # --- the command -----------------------------------------------------------------------------------------
 @dataclass
 class Exported:
@@ -283,33 +348,71 @@ class Exported:
     paths: list[Path]
     run: Run
     trial: int
+    warnings: list[str]
 
 
 def export_run(run_dir: str | Path, *, out: str | Path, strategy: str | None = None, trial: int | None = None,
-               fmt: str = "card", device: str | None = None) -> Exported:
-    """Pick a trial of a finished run, build its card (measured on the run's dev and test items) and write
-    `out` in format `fmt` (card, messages, text or lm-eval)."""
+               fmt: str = "card", device: str | None = None, select: str = "dev") -> Exported:
+    """Pick a trial of a finished run by dev numbers only (`select`: dev accuracy, or robust: dev Acc_worst among the
+    trials as accurate as the best), build its card (measured on the run's dev and test items: the test numbers
+    stay a held-out estimate) and write `out` in format `fmt` (card, messages, text or lm-eval)."""
     from promptopt.experiments import formats
 
     if fmt not in FORMATS:
         raise UserError(f"--format {fmt}: expected one of {', '.join(FORMATS)}")
+    if select not in SELECTIONS:
+        raise UserError(f"--select {select}: expected one of {', '.join(SELECTIONS)}")
     out = Path(out)
     if out.is_dir():
         raise UserError(f"--out {out}: is a directory; give a file name")
-    run = open_run(run_dir, strategy=strategy)
+    root, session = Path(run_dir), None
+    if select == "robust":
+        if not (root / "compare.csv").is_file():
+            raise UserError(f"--select robust: {root} is not a compare directory (a search run has one winner; pass --trial to pick another)")
+        if trial is not None:
+            raise UserError("--select robust chooses the trial itself; drop --trial")
+        pick, session = select_robust(root, _strategy_rows(compare_candidates(root), strategy, root), device=device)
+        run = open_run(root, pick=pick)
+    else:
+        run = open_run(root, strategy=strategy)
     study = load_study(run)
     chosen = pick_trial(run, study, trial)
     config = run.config if device is None else run.config.replace(device=device)
-    session = Session(model=config.model, data=config.data, out=run.cache_dir, batch_size=config.batch_size)
+    session = session or Session(model=config.model, data=config.data, out=run.cache_dir, batch_size=config.batch_size)
     prompt = decode_trial(run, session.data, chosen.params)
     winner = chosen.number == winner_number(run)
+    selection = run.selection if trial is None else f"trial {trial}, named by the user (--trial)"
     search = {"run_dir": str(run.path), "strategy": config.study.strategy, "study": config.name, "trial": chosen.number,
-              "seed": config.study.seed, "winner": winner, "params": _clean(dict(chosen.params))}
+              "seed": config.study.seed, "winner": winner, "selection": selection, "params": _clean(dict(chosen.params))}
     carving = json.loads((run.path / "splits.json").read_text(encoding="utf-8")) if (run.path / "splits.json").is_file() else None
     card = build_card(session, prompt, dev_items=session.items("dev"), test_items=session.items("test"), search=search,
                       robustness=_robustness(run.compare_row) if winner else None, carving=carving)
     paths = formats.write(card, fmt, out, items=session.items("test"))
-    return Exported(card=card, paths=paths, run=run, trial=chosen.number)
+    return Exported(card=card, paths=paths, run=run, trial=chosen.number, warnings=_warnings(session, card, run, prompt))
 
 
-__all__ = ["FORMATS", "Exported", "Run", "build_card", "export_run", "open_run", "pick_trial"]
+MIN_CLEAN_CORRECT = 20  # fewer clean-correct items than this and a PDR is mostly noise
+
+
+def _warnings(session: Session, card: dict, run: Run, prompt: Prompt) -> list[str]:
+    """What a user should know before trusting the card (read, never used to choose): it is no better than the
+    task's default prompt on the same test items, or its PDR rests on few clean-correct items."""
+    test_items = session.items("test")
+    table = session.scorer.score(session.data.default_prompt(), test_items).table
+    default, ours = float(table["correct"].mean()), card["metrics"]["test"]["accuracy"]
+    out = []
+    if ours <= default:
+        out.append(f"the exported prompt is not better than the task's default prompt on the same {len(test_items)} test "
+                   f"items ({ours:.3f} vs {default:.3f})")
+    robust = card["metrics"].get("robustness")
+    n_robust = json.loads((run.cache_dir / "summary.json").read_text()).get("n_robust") if (run.cache_dir / "summary.json").is_file() else None
+    if robust and robust.get("pdr") is not None and n_robust:
+        clean_correct = int(session.scorer.score(prompt, test_items[:n_robust]).table["correct"].sum())
+        if clean_correct < MIN_CLEAN_CORRECT:
+            out.append(f"its PDR ({robust['pdr']:.3f}) rests on {clean_correct} clean-correct items (fewer than {MIN_CLEAN_CORRECT}): "
+                       "read it with its interval")
+    return out
+
+
+__all__ = ["FORMATS", "SELECTIONS", "Exported", "Run", "build_card", "compare_candidates", "export_run", "open_run", "pick_trial",
+           "select_by_dev", "select_robust"]
