@@ -3,6 +3,8 @@ coverage and an item that flips under one variant only), exact McNemar, seeded b
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -74,3 +76,16 @@ def test_spearman_against_hand_values():
     # ranks x = 1,2,3,4; y = 1,3,2,4 -> 1 − 6·Σd²/(n(n²−1)) = 1 − 6·2/60 = 0.8
     assert spearman([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(0.8)
     assert np.isnan(spearman([1, 1, 1], [1, 2, 3]))
+
+
+def test_auroc_against_hand_counts():
+    from promptopt.metrics.stats import auroc, auroc_interval
+
+    # positives 0.9, 0.4; negatives 0.8, 0.4, 0.1: pairs (0.9>0.8, 0.9>0.4, 0.9>0.1, 0.4<0.8, 0.4=0.4, 0.4>0.1) = 4.5 / 6
+    scores, labels = [0.9, 0.8, 0.4, 0.4, 0.1], [1, 0, 1, 0, 0]
+    assert auroc(scores, labels) == pytest.approx(4.5 / 6)
+    assert auroc([-s for s in scores], labels) == pytest.approx(1.5 / 6)  # the reversed signal
+    assert auroc([1, 2, float("nan")], [0, 1, 1]) == 1.0  # a missing score is left out
+    assert math.isnan(auroc([1, 2], [1, 1]))
+    low, high = auroc_interval(scores, labels, n_boot=300, seed=1)
+    assert 0 <= low <= 4.5 / 6 <= high <= 1

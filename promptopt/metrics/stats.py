@@ -82,6 +82,30 @@ def bootstrap_interval(statistic, n_items: int, *, n_boot: int = 2000, seed: int
     return float(np.quantile(values, alpha)), float(np.quantile(values, 1 - alpha))
 
 
+def auroc(scores, labels) -> float:
+    """Area under the ROC curve of `scores` for the positive `labels` (Mann–Whitney: the share of (positive,
+    negative) pairs the score orders correctly, ties counting half). NaN when a class is empty."""
+    import numpy as np
+    import pandas as pd
+
+    scores, labels = np.asarray(scores, dtype=float), np.asarray(labels, dtype=bool)
+    keep = np.isfinite(scores)
+    scores, labels = scores[keep], labels[keep]
+    n_pos, n_neg = int(labels.sum()), int((~labels).sum())
+    if n_pos == 0 or n_neg == 0:
+        return float("nan")
+    ranks = pd.Series(scores).rank(method="average").to_numpy()
+    return float((ranks[labels].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+def auroc_interval(scores, labels, *, n_boot: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of `auroc`, resampling answers."""
+    import numpy as np
+
+    scores, labels = np.asarray(scores, dtype=float), np.asarray(labels, dtype=bool)
+    return bootstrap_interval(lambda idx: auroc(scores[idx], labels[idx]), len(scores), n_boot=n_boot, seed=seed)
+
+
 def format_spread(correct, *, n_boot: int = 1000, seed: int = 0) -> dict:
     """FormatSpread (arXiv 2310.11324): max − min accuracy over the formats of one prompt, on the same items.
 
