@@ -235,7 +235,7 @@ def test_similarity_embeds_each_text_once():
 def test_lm_paraphrase_on_the_embedded_model_with_the_real_similarity_filter(embedded_lm, tmp_path):
     """SmolLM2 paraphrases real SST-2 sentences and the sentence-embedding filter judges them: kept variants
     are new text at least `similarity_threshold` from the original, and every other one is a counted drop."""
-    from promptopt.robustness.perturb import LMParaphraseOperator
+    from promptopt.robustness.perturb import ParaphraseMemo
     from promptopt.robustness.suite import evaluate_robustness
     from promptopt.scoring import Scorer
 
@@ -246,12 +246,10 @@ def test_lm_paraphrase_on_the_embedded_model_with_the_real_similarity_filter(emb
     data = load_task("sst2")
     items = data.dev[:4]
     similarity = Similarity()
-    LMParaphraseOperator._memo.clear()  # generate here, not from an earlier test's memo
-    try:
-        result = evaluate_robustness(Scorer(embedded_lm, data), data.default_prompt(), items, suite, pool=data.pool,
-                                     similarity=similarity)
-    finally:
-        LMParaphraseOperator._memo.clear()
+    memo = ParaphraseMemo()  # generated here: nothing reused from another test
+    result = evaluate_robustness(Scorer(embedded_lm, data), data.default_prompt(), items, suite, pool=data.pool,
+                                 similarity=similarity, paraphrases=memo)
+    assert (memo.hits, memo.misses) == (0, len(items))
     row = result.families.set_index("family").loc["para"]
     drops = {reason: int(row[f"dropped_{reason}"]) for reason in ("not_applicable", "protection", "unchanged", "similarity")}
     assert row["n_variants"] + sum(drops.values()) == len(items), drops

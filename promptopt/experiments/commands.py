@@ -51,7 +51,8 @@ def score(session: Session, *, card: Path | None, split: str, limit: int | None,
     if out is not None:
         check_table_path(out)
         check_out_files(out, out.with_suffix(".json"))
-    result = session.scorer.score(session.prompt(card), session.data.split(split)[:limit])
+    prompt = session.prompt(card)  # a bad card fails before the model loads
+    result = session.scorer.score(prompt, session.data.split(split)[:limit])
     if out is not None:
         table = result.table.copy()
         table["gold"] = table["gold"].astype(str)  # golds mix ints and strings across tasks
@@ -87,7 +88,8 @@ def evaluate(session: Session, *, card: Path | None, suite: str, split: str, lim
     the_suite = load_suite(suite)
     if out is not None:
         check_out_files(out.with_suffix(".csv"), out.with_suffix(".json"))
-    result = evaluate_robustness(session.scorer, session.prompt(card), session.data.split(split)[:limit], the_suite,
+    prompt = session.prompt(card)  # a bad card fails before the model loads
+    result = evaluate_robustness(session.scorer, prompt, session.data.split(split)[:limit], the_suite,
                                  pool=session.data.pool, paraphrases=session.paraphrases, progress=session.progress)
     if out is not None:
         write_table(result.families, out.with_suffix(".csv"))
