@@ -40,7 +40,8 @@ def robustness_section(source, chosen, winners: pd.DataFrame | None) -> str:
             names = _suite_families(suite)
             n = source.summary.get("n_robust")
             out.append(_families_line(names, f"Families measured by compare (suite {esc(suite)}, on the first {n} test items)")
-                       if names else note(f"Suite {esc(suite)} on the first {n} test items."))
+                       if names else note(f"Suite {esc(suite)} on the first {n} test items: not a built-in suite, and compare "
+                                          "records only its name, so its families cannot be listed here."))
             out.append(note("Per-family numbers are not written by compare today (compare_runs.csv keeps only each prompt's "
                             "worst family): <code>promptopt evaluate --prompt CARD --suite " + esc(suite) + " --out "
                             + esc(source.root) + "/robustness</code> writes them, and this section then plots them."))
@@ -155,12 +156,12 @@ def proxy_section(source) -> str:
         rows = [tr([td(r["signal"], left=True), td(r["target"], left=True), td(str(r["n_prompts"])),
                     cell_estimate(r["spearman"], r["ci_low"], r["ci_high"], signed=True, col="spearman",
                                   mark=str(r["interval_excludes_0"]).lower() == "true")]) for _, r in c.iterrows()]
-        out.append(table(["Signal", "Robustness target", "Prompts", "Spearman ρ [95% CI]"], rows, table_id="proxy"))
+        out.append(table(["Signal", "Robustness target", "Prompts", "Spearman ρ [95% CI]"], rows, table_id="proxy-table"))
     if source.auroc is not None and len(source.auroc):
         a = source.auroc
         out.append("<h3>Item-level AUROC</h3>" + table(list(map(str, a.columns)),
                    [tr([td(v if isinstance(v, str) else sig(v), left=isinstance(v, str), value=None if isinstance(v, str) else v)
-                        for v in row]) for row in a.itertuples(index=False)], table_id="auroc"))
+                        for v in row]) for row in a.itertuples(index=False)], table_id="auroc-table"))
     if not out:
         return note("Not measured: no diagnose proxy tables here (<code>promptopt diagnose proxy RUN_DIR/*</code> writes them).")
     return "".join(out)
@@ -174,7 +175,7 @@ def sweep_section(source) -> str:
                 td(str(int(r["n"])) if finite(r.get("n")) else "—"), td(num(r.get("accuracy"), 3), value=r.get("accuracy")),
                 cell_estimate(r.get("retention"), r.get("retention_ci_low"), r.get("retention_ci_high"), col="retention"),
                 td(sig(r.get("length_expansion")), value=r.get("length_expansion"))]) for _, r in s.iterrows()]
-    out = [table(["Model", "Task", "Condition", "n", "Accuracy", "Retention [95% Wilson]", "Length × baseline"], rows, table_id="sweep")]
+    out = [table(["Model", "Task", "Condition", "n", "Accuracy", "Retention [95% Wilson]", "Length × baseline"], rows, table_id="sweep-table")]
     for path in source.sweep_figures:
         data = base64.b64encode(path.read_bytes()).decode("ascii")
         out.append(f'<figure><img alt="{esc(path.name)}" src="data:image/png;base64,{data}" style="max-width:100%">'

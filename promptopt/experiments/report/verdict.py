@@ -147,7 +147,7 @@ def paired_section(paired: pd.DataFrame | None, summary: dict) -> str:
                     **{m.col: (r[m.col], r[f"{m.col}_ci_low"], r[f"{m.col}_ci_high"], significant(r, m)) for m in metrics}}
                    for r in searched + baseline]
     height = 160 + 34 * len(forest_rows)
-    return (table(headers, rows, table_id="paired") + note("* significant (rule above). Intervals under each Δ.")
+    return (table(headers, rows, table_id="paired-table") + note("* significant (rule above). Intervals under each Δ.")
             + figures.embed(figures.forest(forest_rows, [(m.col, m.label) for m in metrics]), "forest", max(300, height)))
 
 
@@ -177,7 +177,7 @@ def strategy_section(compare: pd.DataFrame, candidates: pd.DataFrame | None, sum
                  td(sig(r.get("avg_tcb")), value=r.get("avg_tcb")), td(sig(r.get("avg_ppl")), value=r.get("avg_ppl")),
                  td(f"{sig(r.get('wall_seconds'))} s" if finite(r.get("wall_seconds")) else "—")]
         rows.append(tr(cells, strategy=r["strategy"]))
-    out = [table(headers, rows, table_id="strategies")]
+    out = [table(headers, rows, table_id="strategies-table")]
     if seeds > 1:
         out.append(note(f"Mean ± sd over {seeds} seeds. The accuracy interval is the Wilson interval of all seeds' answers pooled; "
                         "compare writes no pooled interval for Acc_worst and PDR (each seed's own is below)."))
@@ -208,7 +208,7 @@ def _candidates(candidates: pd.DataFrame, seeds: int) -> str:
                        strategy=r["strategy"], seed=r.get("seed", 0)))
     what = "one row per seed and evaluated candidate" if seeds > 1 else "every evaluated top-N candidate"
     return (f'<details id="per-seed"><summary>{len(rows)} rows: {what} (winner ✓)</summary>'
-            + table(headers, rows, table_id="candidates") + "</details>")
+            + table(headers, rows, table_id="candidates-table") + "</details>")
 
 
 def winners_of(candidates: pd.DataFrame | None, compare: pd.DataFrame) -> pd.DataFrame:
