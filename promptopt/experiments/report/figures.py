@@ -58,18 +58,21 @@ def forest(rows: list[dict], metrics: list[tuple[str, str]]):
     return fig
 
 
-def strategy_robustness(winners: pd.DataFrame):
-    """Acc_worst and PDR of every winner (one point per strategy and seed) with compare's intervals."""
+def strategy_robustness(winners: pd.DataFrame, columns: list[tuple[str, str]]):
+    """Each robustness number (Acc_worst, PDR, …) of every winner, one point per strategy and seed, with
+    compare's intervals."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    fig = make_subplots(rows=1, cols=2, subplot_titles=["Acc_worst (higher = more robust)", "PDR (lower = more robust)"])
+    fig = make_subplots(rows=1, cols=len(columns), subplot_titles=[
+        label + (" (lower = more robust)" if key.startswith(("pdr", "format")) else " (higher = more robust)") for key, label in columns])
     labels = winners["label"].tolist()
-    for j, key in enumerate(("acc_worst", "pdr"), 1):
+    for j, (key, label) in enumerate(columns, 1):
         values = winners[key].tolist()
+        low, high = (winners[f"{key}_ci_{end}"] if f"{key}_ci_{end}" in winners else [None] * len(values) for end in ("low", "high"))
         fig.add_trace(go.Scatter(x=labels, y=values, mode="markers", marker={"size": 11, "color": PLAIN}, showlegend=False,
-                                 error_y=_bars(values, winners[f"{key}_ci_low"], winners[f"{key}_ci_high"]),
-                                 hovertemplate="%{x}<br>" + key + " %{y:.3f}<extra></extra>"), row=1, col=j)
+                                 error_y=_bars(values, low, high), hovertemplate="%{x}<br>" + label + " %{y:.3f}<extra></extra>"),
+                      row=1, col=j)
     fig.update_layout(title="Robustness of each winner on the robustness items (95% intervals)")
     return fig
 
@@ -124,7 +127,7 @@ def flip_map(cells: pd.DataFrame, title: str):
         z=z.to_numpy().tolist(), x=families, y=items, customdata=hover.to_numpy().tolist(), zmin=-0.5, zmax=3.5,
         colorscale=scale, xgap=1, ygap=1, hovertemplate="%{customdata}<extra></extra>",
         colorbar={"tickvals": [0, 1, 2, 3], "ticktext": list(FLIPS), "title": "answer"}))
-    fig.update_layout(title=title, xaxis={"title": "family", "side": "top"}, yaxis={"title": "item", "autorange": "reversed", "type": "category"})
+    fig.update_layout(title=title, xaxis={"side": "top"}, yaxis={"title": "item", "autorange": "reversed", "type": "category"})
     return fig
 
 

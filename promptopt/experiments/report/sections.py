@@ -11,6 +11,7 @@ import pandas as pd
 from promptopt.experiments.report import figures
 from promptopt.experiments.report.families import family_table, flips, usable
 from promptopt.experiments.report.numbers import cell_estimate, esc, estimate, finite, note, num, sig, table, td, tr
+from promptopt.experiments.report.verdict import robust_columns
 
 
 def _families_line(names: list[str], what: str) -> str:
@@ -45,8 +46,9 @@ def robustness_section(source, chosen, winners: pd.DataFrame | None) -> str:
             out.append(note("Per-family numbers are not written by compare today (compare_runs.csv keeps only each prompt's "
                             "worst family): <code>promptopt evaluate --prompt CARD --suite " + esc(suite) + " --out "
                             + esc(source.root) + "/robustness</code> writes them, and this section then plots them."))
-            if winners is not None and winners[["acc_worst", "pdr"]].map(finite).any().any():
-                out.append(figures.embed(figures.strategy_robustness(winners), "robustness-winners", 380))
+            columns = robust_columns(winners)
+            if columns:
+                out.append(figures.embed(figures.strategy_robustness(winners, columns), "robustness-winners", 380))
     for path, frame, side in source.families:
         out.append(_evaluate_table(path, frame, side))
     for path, frame in source.taboo:

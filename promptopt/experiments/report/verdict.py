@@ -23,6 +23,20 @@ RULE = ("Δ = first − second on the same test items (pooled over seeds), 95% p
         "Acc_worst, PDR and other robustness differences are called significant when their interval excludes 0.")
 
 
+_ROBUST = re.compile(r"^(acc_worst|pdr|format_spread)(?:_(seen|unseen))?$")
+
+
+def robust_columns(frame: pd.DataFrame | None) -> list[tuple[str, str]]:
+    """(column, label) of the per-prompt robustness numbers a compare table holds with a value: acc_worst and
+    pdr today, seen/unseen variants and format spread where a later compare writes them."""
+    if frame is None:
+        return []
+    found = [(c, _ROBUST.match(c)) for c in frame.columns if _ROBUST.match(c) and frame[c].map(finite).any()]
+    order = list(_LABELS)
+    found.sort(key=lambda cm: (order.index(cm[1].group(1)), ("", "seen", "unseen").index(cm[1].group(2) or "")))
+    return [(c, _LABELS[m.group(1)] + (f" ({m.group(2)})" if m.group(2) else "")) for c, m in found]
+
+
 @dataclass(frozen=True)
 class Metric:
     col: str  # delta_acc, delta_acc_worst_unseen, ...
@@ -160,18 +174,18 @@ def _get(row, key):
 def strategy_section(compare: pd.DataFrame, candidates: pd.DataFrame | None, summary: dict) -> str:
     seeds = int(summary.get("seeds") or 1)
     n_robust = summary.get("n_robust")
-    headers = ["Strategy", "Seeds", "Test items", "Accuracy", "Robust items", "Acc_worst", "PDR", "AccVar (pert.)",
-               "Worst family", "mean δ_TCB", "mean PPL", "Search time"]
+    robust = robust_columns(compare)
+    headers = (["Strategy", "Seeds", "Test items", "Accuracy"] + (["Robust items"] if robust else []) + [label for _, label in robust]
+               + ["AccVar (pert.)", "Worst family", "mean δ_TCB", "mean PPL", "Search time"])
     rows = []
     for _, r in compare.iterrows():
         many = seeds > 1 and r["strategy"] != "baseline"
         cells = [td(r["strategy"], left=True), td(str(int(r["n_seeds"])) if finite(r.get("n_seeds")) else "1"),
                  td(str(int(r["n_test"])), value=r["n_test"], col="n_test"),
                  cell_estimate(r["avg_acc"], r.get("acc_ci_low"), r.get("acc_ci_high"), col="avg_acc", sd=r.get("avg_acc_sd") if many else None),
-                 td(str(n_robust) if n_robust else "—"),
-                 cell_estimate(r.get("acc_worst"), r.get("acc_worst_ci_low"), r.get("acc_worst_ci_high"), col="acc_worst",
-                               sd=r.get("acc_worst_sd") if many else None),
-                 cell_estimate(r.get("pdr"), r.get("pdr_ci_low"), r.get("pdr_ci_high"), col="pdr", sd=r.get("pdr_sd") if many else None),
+                 *([td(str(n_robust) if n_robust else "—")] if robust else []),
+                 *[cell_estimate(r.get(key), r.get(f"{key}_ci_low"), r.get(f"{key}_ci_high"), col=key, sd=r.get(f"{key}_sd") if many else None)
+                   for key, _ in robust],
                  td(sig(r.get("acc_var_pert")), value=r.get("acc_var_pert")),
                  td(str(r.get("acc_worst_family")) if isinstance(r.get("acc_worst_family"), str) else "—", left=True),
                  td(sig(r.get("avg_tcb")), value=r.get("avg_tcb")), td(sig(r.get("avg_ppl")), value=r.get("avg_ppl")),
@@ -195,7 +209,8 @@ def strategy_section(compare: pd.DataFrame, candidates: pd.DataFrame | None, sum
 
 def _candidates(candidates: pd.DataFrame, seeds: int) -> str:
     """Each search's evaluated candidates (winner marked), one row per (strategy, seed, rank), folded away."""
-    headers = ["Strategy", "Seed", "Rank", "Winner", "Trial", "Dev accuracy", "Test accuracy", "Acc_worst", "PDR"]
+    robust = robust_columns(candidates)
+    headers = ["Strategy", "Seed", "Rank", "Winner", "Trial", "Dev accuracy", "Test accuracy"] + [label for _, label in robust]
     rows = []
     for _, r in candidates.iterrows():
         trial = r.get("trial")
@@ -203,8 +218,7 @@ def _candidates(candidates: pd.DataFrame, seeds: int) -> str:
                         td(str(int(r["rank"])) if finite(r.get("rank")) else "0"), td("✓" if str(r.get("winner")).lower() == "true" else ""),
                         td(str(int(trial)) if finite(trial) else "—"), td(num(r.get("dev_accuracy"), 3)),
                         cell_estimate(r["avg_acc"], r.get("acc_ci_low"), r.get("acc_ci_high"), col="avg_acc"),
-                        cell_estimate(r.get("acc_worst"), r.get("acc_worst_ci_low"), r.get("acc_worst_ci_high"), col="acc_worst"),
-                        cell_estimate(r.get("pdr"), r.get("pdr_ci_low"), r.get("pdr_ci_high"), col="pdr")],
+                        *[cell_estimate(r.get(key), r.get(f"{key}_ci_low"), r.get(f"{key}_ci_high"), col=key) for key, _ in robust]],
                        strategy=r["strategy"], seed=r.get("seed", 0)))
     what = "one row per seed and evaluated candidate" if seeds > 1 else "every evaluated top-N candidate"
     return (f'<details id="per-seed"><summary>{len(rows)} rows: {what} (winner ✓)</summary>'
