@@ -211,7 +211,7 @@ def suite_file(tmp_path_factory) -> Path:
 def _config(tiny_llama_dir, out, **extra):
     from promptopt.search import SearchConfig
 
-    settings = {"task": "sst2", "trials": 3, "dev_limit": 6, "test_limit": 6, "minibatch": 3, **extra}
+    settings = {"task": "sst2", "trials": 3, "dev_limit": 6, "test_limit": 8, "minibatch": 3, "seed": 2, **extra}
     return SearchConfig.build(model=str(tiny_llama_dir), out=str(out), device="cpu", **settings)
 
 
@@ -293,13 +293,12 @@ def test_the_browser_checks_can_fail(tmp_path):
 
 
 # --- what it says ---------------------------------------------------------------------------------------------
-def test_paired_table_and_verdict_say_what_compare_paired_csv_says(compare_dir, dom):
-    import pandas as pd
-
+def assert_page_says(page: str, paired) -> None:
+    """The paired table holds compare_paired.csv's numbers (exactly in data-*, rounded on screen) and each
+    verdict clause says significant exactly where compare's flags do."""
     from promptopt.experiments.report.verdict import metrics_of
 
-    paired = pd.read_csv(compare_dir / "compare_paired.csv")
-    found = parse(dom, "paired-table")
+    found = parse(page, "paired-table")
     rows = {(attrs["data-a"], attrs["data-b"]): cells for attrs, cells in found.rows if "data-a" in attrs}
     assert set(rows) == set(zip(paired["a"], paired["b"]))
     metrics = metrics_of(paired)
@@ -315,7 +314,7 @@ def test_paired_table_and_verdict_say_what_compare_paired_csv_says(compare_dir, 
                 assert (float(attrs["data-low"]), float(attrs["data-high"])) == (r[f"{col}_ci_low"], r[f"{col}_ci_high"])
                 assert shown[1:] == pytest.approx([r[f"{col}_ci_low"], r[f"{col}_ci_high"]], abs=0.0051), (col, text)
         sentence = found.verdicts[(r["a"], r["b"])]
-        flags = {"accuracy": bool(r["significant"]),
+        flags = {"accuracy": str(r["significant"]).lower() == "true",
                  "Acc_worst": r["delta_acc_worst_ci_low"] > 0 or r["delta_acc_worst_ci_high"] < 0,
                  "PDR": r["delta_pdr_ci_low"] > 0 or r["delta_pdr_ci_high"] < 0}
         if "no difference" in sentence:
@@ -325,6 +324,34 @@ def test_paired_table_and_verdict_say_what_compare_paired_csv_says(compare_dir, 
         for label, flag in flags.items():
             assert ("significant (favours" in clauses[label]) == flag, (label, sentence)
             assert clauses[label].rstrip(".").endswith("not significant") == (not flag), (label, sentence)
+
+
+def test_paired_table_and_verdict_say_what_compare_paired_csv_says(compare_dir, dom):
+    import pandas as pd
+
+    paired = pd.read_csv(compare_dir / "compare_paired.csv")
+    assert (paired["delta_acc"] != 0).any()  # the run has differences to show, not only ties
+    assert_page_says(dom, paired)
+
+
+def test_paired_table_and_verdict_follow_an_edited_csv(compare_dir, tmp_path):
+    """The same checks on numbers no rounding hides, with significant differences of each kind."""
+    import pandas as pd
+
+    from promptopt.experiments.report import build_report
+
+    run = tmp_path / "cmp"
+    shutil.copytree(compare_dir, run)
+    paired = pd.read_csv(run / "compare_paired.csv")
+    paired["delta_acc"], paired["delta_acc_ci_low"], paired["delta_acc_ci_high"] = 0.0371, 0.0123, 0.0618
+    paired["mcnemar_p"], paired["significant"], paired["only_a_correct"] = 0.0312, True, 5
+    paired.loc[1, ["mcnemar_p", "significant"]] = [0.0714, False]  # interval excludes 0, McNemar does not: not significant
+    paired["delta_acc_worst"], paired["delta_acc_worst_ci_low"], paired["delta_acc_worst_ci_high"] = -0.1666, -0.2917, -0.0417
+    paired["delta_pdr"], paired["delta_pdr_ci_low"], paired["delta_pdr_ci_high"] = 0.0833, -0.0417, 0.2083
+    paired.to_csv(run / "compare_paired.csv", index=False)
+    page = build_report(run)
+    assert_page_says(page, pd.read_csv(run / "compare_paired.csv"))
+    assert "McNemar p = 0.07, not significant" in page  # compare's flag decides, not the interval alone
 
 
 def test_verdict_sentences_follow_the_significance_flags():
