@@ -28,12 +28,15 @@ from tests.clirun import promptopt as run_cli
 REPO = Path(__file__).resolve().parent.parent
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 
-# Prepended to a copy of the page: records console.error, uncaught errors and failed resource loads in a
+# Prepended to a copy of the page: records console.error, warnings (console.warn, and plotly's "WARN:" lines
+# through console.trace/log: a bad attribute it ignores), uncaught errors and failed resource loads in a
 # DOM attribute that --dump-dom shows (headless Chromium's stderr does not say which console level); once the
 # page has loaded, how many marks (points, heatmap images, lines) each plot container drew.
 _HOOK = """<script>(function(){var errs=[];function keep(m){errs.push(String(m));
 document.documentElement.setAttribute('data-console-errors',JSON.stringify(errs));}
 var orig=console.error;console.error=function(){keep(Array.prototype.join.call(arguments,' '));return orig.apply(console,arguments);};
+['warn','trace','log'].forEach(function(level){var f=console[level];console[level]=function(){var m=Array.prototype.join.call(arguments,' ');
+if(level==='warn'||m.indexOf('WARN:')===0)keep('warning: '+m);return f.apply(console,arguments);};});
 window.addEventListener('error',function(e){keep(e.message||('failed to load '+((e.target&&(e.target.src||e.target.href))||'resource')));},true);
 window.addEventListener('unhandledrejection',function(e){keep('unhandled rejection: '+e.reason);});
 window.addEventListener('load',function(){setTimeout(function(){var out=[];
@@ -278,14 +281,15 @@ def test_report_renders_in_headless_chromium(report, dom, tmp_path):
 
 
 def test_the_browser_checks_can_fail(tmp_path):
-    """Guard against vacuous checks: a console error, a failed script load, a blank page and an empty plot
-    container are all seen."""
+    """Guard against vacuous checks: a console error or warning, a failed script load, a blank page and an
+    empty plot container are all seen."""
     bad = tmp_path / "bad.html"
-    bad.write_text('<!DOCTYPE html><html><head></head><body><script>console.error("broken plot")</script>'
+    bad.write_text('<!DOCTYPE html><html><head></head><body><script>console.error("broken plot");console.warn("bad colour");console.trace("WARN:","plotly ignored it")</script>'
                    '<script src="https://cdn.example.invalid/plotly.js"></script><div class="plot" data-plot="empty"></div></body></html>')
     dom, stderr = rendered_dom(bad, tmp_path)
     errors = console_errors(dom, stderr)
     assert any("broken plot" in e for e in errors) and any("failed to load" in e for e in errors), errors
+    assert "warning: bad colour" in errors and "warning: WARN: plotly ignored it" in errors
     assert plot_marks(dom) == {"empty": 0}
     shot = tmp_path / "blank.png"
     chromium(tmp_path / "profile-blank", "--window-size=400,300", f"--screenshot={shot}", bad.as_uri())

@@ -226,7 +226,7 @@ def proxy(correlations: pd.DataFrame):
         values = part["spearman"].tolist()
         colours = [SIGNIFICANT if bool(e) else PLAIN for e in part["interval_excludes_0"]]
         fig.add_trace(go.Scatter(x=values, y=part["signal"], mode="markers", marker={"size": 10, "color": colours}, showlegend=False,
-                                 error_x=_bars(values, part["ci_low"], part["ci_high"]),
+                                 error_x={**_bars(values, part["ci_low"], part["ci_high"]), "color": PLAIN},  # one colour: bars take no list
                                  hovertemplate="%{y}: ρ %{x:.2f}<extra></extra>"), row=1, col=j)
         fig.add_vline(x=0, line_dash="dot", line_color="#888", row=1, col=j)
     fig.update_xaxes(range=[-1.05, 1.05])
