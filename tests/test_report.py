@@ -407,7 +407,8 @@ def test_card_section_shows_the_card_export_writes(compare_dir, dom, tmp_path):
     exported = export_run(compare_dir, out=tmp_path / "card.yaml")
     section = dom[dom.index('id="card"'):dom.index('id="search"')]
     search = exported.card["search"]
-    assert "version 2" in section and f"strategy <b>{search['strategy']}</b>" in section and f"trial #{search['trial']}" in section
+    assert "version 2" in section and f"export picked strategy <b>{search['strategy']}</b> (of tcb, ppl)" in section
+    assert f"trial #{search['trial']}" in section
     test = exported.card["metrics"]["test"]
     assert re.search(rf'<td class="l">test</td><td>{test["n"]}</td>', section), section[:3000]
     assert "promptopt_card: 2" in section and "promptopt_card: 1" not in dom

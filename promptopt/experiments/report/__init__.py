@@ -96,7 +96,7 @@ def build_report(run_dir: str | Path, *, card: Path | None = None, robustness: l
         ("strategies", "Strategies", strategy_section(source.compare, source.candidates, source.summary) if source.kind == "compare"
          else _search_table(source) if source.kind == "search" else note("No search strategy here.")),
         ("robustness", "Robustness per family and strategy", robustness_section(source, chosen, winners)),
-        ("card", "The chosen card", card_section(chosen, source.root)),
+        ("card", "The chosen card", card_section(chosen, source.root, source.strategies)),
         ("search", "Search", search_section(source)),
         ("proxy", "Is a cheap signal a proxy for robustness? (diagnose proxy)", proxy_section(source)),
         ("sweep", "Stress sweep (taboo paper, Figures 1, 3, 8)", sweep_section(source)),

@@ -58,7 +58,7 @@ def _metric_rows(split: str, m: dict) -> str:
     return "<tr>" + "".join(cells) + "</tr>"
 
 
-def card_section(chosen: Chosen, root: Path) -> str:
+def card_section(chosen: Chosen, root: Path, strategies: list[str] = ()) -> str:
     if chosen.card is None:
         return note(f"No card: {esc(chosen.problem)}. <code>promptopt export {esc(root)} --out card.yaml</code> writes it.")
     card = chosen.card
@@ -69,7 +69,9 @@ def card_section(chosen: Chosen, root: Path) -> str:
     search, model, metrics = card.get("search") or {}, card.get("model") or {}, card.get("metrics") or {}
     origin = (f"the card given with --card ({esc(chosen.path)})" if chosen.path else
               f"the card <code>promptopt export {esc(root)}</code> writes")
-    how = [f"strategy <b>{esc(search.get('strategy'))}</b>", f"study {esc(search.get('study'))}", f"trial #{esc(search.get('trial'))}",
+    picked = (f"export picked strategy <b>{esc(search.get('strategy'))}</b> (of {esc(', '.join(strategies))})" if len(strategies) > 1
+              else f"strategy <b>{esc(search.get('strategy'))}</b>")
+    how = [picked, f"study {esc(search.get('study'))}", f"trial #{esc(search.get('trial'))}",
            f"sampler seed {esc(search.get('seed'))}", "the search's winner" if search.get("winner") else "not the search's winner"]
     rule = search.get("selected_by") or search.get("selection") or chosen.selected_by
     lines = [f"<p>This is {origin}: version 2 · model <code>{esc(model.get('spec'))}</code> "
@@ -95,7 +97,8 @@ def card_section(chosen: Chosen, root: Path) -> str:
     else:
         lines.append(note("The card records no robustness numbers (compare ran without a suite, or this is not the winner)."))
     instruction = card.get("instruction") or ""
-    lines.append(f"<p><b>Prompt:</b> instruction <q>{esc(instruction[:300])}</q> · {len(card.get('exemplars') or [])} exemplar(s) · "
+    said = f"<q>{esc(instruction[:300])}</q>" if instruction else "none"
+    lines.append(f"<p><b>Prompt:</b> instruction {said} · {len(card.get('exemplars') or [])} exemplar(s) · "
                  f"{esc((card.get('rendering') or {}).get('mode'))} rendering · <code>promptopt verify card.yaml</code> re-checks it.</p>")
     lines.append(f"<details><summary>The whole card (YAML)</summary><pre>{esc(chosen.text)}</pre></details>")
     return "".join(lines)
