@@ -49,13 +49,14 @@ def verify_command(
 
 @app.command("report")
 def report_command(
-    run_dir: Path = typer.Argument(..., help="a search run directory or a compare directory"),
+    run_dir: Path = typer.Argument(..., help="a compare or search directory, an `evaluate --out` folder or a `stress` sweep"),
     out: Optional[Path] = typer.Option(None, "--out", help="the HTML file (default: RUN_DIR/report.html)"),
-    card: Optional[Path] = typer.Option(None, "--card", help="an exported card to show (default: the run's best card)"),
+    card: Optional[Path] = typer.Option(None, "--card", help="an exported card to show (default: the card `export RUN_DIR` writes, built in memory)"),
     robustness: Optional[list[Path]] = typer.Option(None, "--robustness", help="`evaluate --out` family tables (.csv) to plot; repeatable"),
     taboo: Optional[list[Path]] = typer.Option(None, "--taboo", help="`stress --out` rank tables (.csv) to plot; repeatable"),
 ) -> None:
-    """Write one self-contained HTML report (opens offline): comparison, trials, Pareto fronts, robustness, the card."""
+    """Write one self-contained HTML report (opens offline) that leads with the verdict: paired differences, strategies,
+    robustness per family, the card export would write, the search."""
     from promptopt.experiments.report import write_report
 
     quiet_libraries()
