@@ -1,15 +1,20 @@
-"""Benchmark 2: k-shot scoring throughput — prefix-cached vs uncached, and vs lm-evaluation-harness on the
-same items, model (the de-quantized embedded SmolLM2 folder) and prompt (SST-2, fixed 4-shot
-"Review: …\\nSentiment:" with " negative"/" positive"). Predictions must agree item by item.
+"""Benchmark 2: k-shot scoring throughput on SST-2 (fixed 4-shot "Review: …\\nSentiment:" with
+" negative"/" positive", the de-quantized embedded SmolLM2, batches of 16), against three baselines measured
+in the same run:
 
-Needs `pip install lm-eval` beside the project (`make bench` does it). Target: ≥ 5× lm-eval's items/s.
+- [2a] the floor: a plain `lm.base(input_ids=…)` forward over the very padded suffix batches the scorer ran
+  (captured from its calls), without the prefix. The scorer's suffix tokens/s over the floor's is the "floor
+  ratio", on its first call in the process and repeated (targets ≥ 0.85 and ≥ 0.9). The scorer does more
+  than the floor: attention over the cached prefix, the output head, δ_TCB, tokenization, the table.
+- [2b] the same scorer without the prefix cache (predictions and log-probs must agree).
+- [2c] lm-evaluation-harness on the same items, model and prompt: predictions must agree item by item;
+  target ≥ 5× its items/s. Skipped, saying why, when lm-eval is not installed (`make bench` installs it).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -19,6 +24,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 
 N_ITEMS = int(os.environ.get("BENCH_ITEMS", "200"))
+ROUNDS = 3  # floor and repeated scorer alternate, best of each: load from other processes hurts both alike
 
 
 def lm_eval_task(folder: Path, shots, items) -> str:
@@ -62,27 +68,63 @@ def main() -> None:
     prompt = task.default_prompt()
     assert prompt.template.query == "Review: {question}\nSentiment:" and len(prompt.exemplars) == 4
 
+    # [2a] First call: a fresh scorer right after loading, as a user's first `score`. Every batch it runs on top
+    # of the prefix cache is recorded: (padded suffix ids, real suffix tokens, prefix length).
+    batches = []
+
+    def record(_, args, kwargs):
+        cache = kwargs.get(lm.cache_kwarg)
+        if cache is not None:  # the prefix's own run has no cache
+            prefix = cache.get_seq_length()
+            batches.append((kwargs["input_ids"], int(kwargs["attention_mask"][:, prefix:].sum()), prefix))
+
+    hook = lm.base.register_forward_pre_hook(record, with_kwargs=True)
     scorer = Scorer(lm, task, batch_size=16)
-    scorer.score(prompt, items[:8])
     start = time.perf_counter()
     cached = scorer.score(prompt, items)
-    t_cached = time.perf_counter() - start
+    t_first = time.perf_counter() - start
+    hook.remove()
+    prefix_len, n_tokens = batches[0][2], sum(n for _, n, _ in batches)
+
+    def floor_pass() -> float:
+        start = time.perf_counter()
+        with torch.inference_mode():
+            for ids, _, _ in batches:
+                lm.base(input_ids=ids)
+        return time.perf_counter() - start
+
+    t_floor, t_cached = float("inf"), float("inf")
+    for _ in range(ROUNDS):
+        t_floor = min(t_floor, floor_pass())
+        start = time.perf_counter()
+        scorer.score(prompt, items)
+        t_cached = min(t_cached, time.perf_counter() - start)
+    widths = [ids.shape[1] for ids, _, _ in batches]
+    print(f"[2a] SST-2 4-shot, {len(items)} items, batch 16: {prefix_len} shared prefix tokens, {n_tokens} suffix tokens in "
+          f"{len(batches)} batches (padded widths {max(widths)}..{min(widths)})")
+    print(f"     floor: plain lm.base forward over the same padded suffix batches, no prefix: {n_tokens / t_floor:.0f} suffix tok/s "
+          f"(best of {ROUNDS})")
+    for label, seconds, target in (("first call", t_first, 0.85), (f"repeated (best of {ROUNDS})", t_cached, 0.9)):
+        ratio = t_floor / seconds
+        print(f"     scorer, {label}: {n_tokens / seconds:.0f} suffix tok/s, {len(items) / seconds:.2f} items/s -> floor ratio "
+              f"{ratio:.3f} (target ≥ {target}: {'met' if ratio >= target else 'NOT met'})")
+
+    # [2b] The same scorer without the prefix cache.
     scorer.runner.use_prefix_cache = False
     start = time.perf_counter()
     uncached = scorer.score(prompt, items)
     t_uncached = time.perf_counter() - start
     same = (cached.table["pred"] == uncached.table["pred"]).all()
     max_lp = (cached.table["gold_logprob"] - uncached.table["gold_logprob"]).abs().max()
-    print(f"[2a] SST-2 4-shot, {len(items)} items: prefix-cached {len(items) / t_cached:.1f} items/s, "
-          f"uncached {len(items) / t_uncached:.1f} items/s -> {t_uncached / t_cached:.2f}x "
-          f"(same predictions: {same}, max |Δ log p| {max_lp:.2e})")
+    print(f"[2b] prefix-cached {len(items) / t_cached:.2f} items/s, uncached {len(items) / t_uncached:.2f} items/s -> "
+          f"{t_uncached / t_cached:.2f}x (same predictions: {same}, max |Δ log p| {max_lp:.2e})")
 
     try:
         import lm_eval
         from lm_eval.tasks import TaskManager
     except ImportError:
-        print("[2b] lm-eval is not installed: pip install lm-eval (make bench does it)")
-        sys.exit(1)
+        print("[2c] skipped: lm-eval is not installed (pip install lm-eval, or make bench)")
+        return
     _, folder, filename = _resolve("smollm2-135m-instruct")
     model_dir = _dequantized_folder(folder, filename)
     with tempfile.TemporaryDirectory() as tmp:
@@ -99,7 +141,7 @@ def main() -> None:
     agree = sum(int(a == b) for a, b in zip(lm_preds, cached.table["pred"]))
     max_diff = max(abs(a - b) for a, b in zip(lm_gold_lp, cached.table["gold_logprob"]))
     ratio = t_lm_eval / t_cached
-    print(f"[2b] lm-eval {len(items) / t_lm_eval:.2f} items/s (whole simple_evaluate call), promptopt {len(items) / t_cached:.1f} items/s "
+    print(f"[2c] lm-eval {len(items) / t_lm_eval:.2f} items/s (whole simple_evaluate call), promptopt {len(items) / t_cached:.1f} items/s "
           f"-> {ratio:.1f}x  (target ≥ 5x: {'met' if ratio >= 5 else 'NOT met'})")
     print(f"     identical predictions on {agree}/{len(items)} items; max |Δ log p(gold)| vs lm-eval {max_diff:.2e}; "
           f"acc promptopt {cached.summary['accuracy']:.3f} vs lm-eval {out['results'][name]['acc,none']:.3f}")

@@ -32,6 +32,39 @@ def cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:
 
 
 _PREFIX_CACHE_SLOTS = 4
+_GROUPED_SDPA = "promptopt_grouped_sdpa"
+
+
+def _grouped_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
+    """transformers' sdpa, except that on CPU grouped-query key/value heads reach torch's kernel ungrouped under
+    a mask as well.
+
+    Under a mask (every prefix-cached or padded batch) transformers copies each key/value head once per query
+    head of its group, layer by layer, because CUDA kernels need it; torch's CPU kernel takes the groups as they
+    are (`enable_gqa`) and gives the same numbers bit for bit. On SmolLM2's prefix-cached scoring shapes (16 rows,
+    28 queries, 152 keys) attention ran 2.3x faster and the whole forward 1.07-1.13x.
+    """
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    plain = kwargs.get("position_bias") is None and kwargs.get("softcap") is None
+    if query.device.type != "cpu" or attention_mask is None or getattr(module, "num_key_value_groups", 1) == 1 or not plain:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, enable_gqa=True
+    )
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _use_grouped_sdpa(model: torch.nn.Module) -> None:
+    """Run an sdpa model on CPU through `_grouped_sdpa` (registered once, with sdpa's masks)."""
+    if model.config._attn_implementation != "sdpa" or next(model.parameters()).device.type != "cpu":
+        return
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(_GROUPED_SDPA, _grouped_sdpa)
+    AttentionMaskInterface.register(_GROUPED_SDPA, sdpa_mask)
+    model.set_attn_implementation(_GROUPED_SDPA)
 
 
 @dataclass
@@ -77,6 +110,7 @@ class Runner:
         self._prefixes: OrderedDict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]] = OrderedDict()
         self.use_prefix_cache = True
         self.compact = True  # generation drops finished rows from the batch (off: the reference behaviour, for tests)
+        _use_grouped_sdpa(lm.model)
 
     # --- prefix cache --------------------------------------------------------------------------
     def _prefix(self, sequences: Sequence[Sequence[int]], limit: int) -> tuple[int, list | None]:

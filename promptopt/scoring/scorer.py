@@ -44,7 +44,10 @@ class Scorer:
 
     # --- tokenization --------------------------------------------------------------------------
     def _encode(self, texts: list[str], prompt: Prompt) -> list[list[int]]:
-        return self.lm.tokenizer(texts, add_special_tokens=prompt.add_special_tokens)["input_ids"]
+        """Token ids of each text; a text repeated (one context per choice) is tokenized once."""
+        unique = list(dict.fromkeys(texts))
+        ids = dict(zip(unique, self.lm.tokenizer(unique, add_special_tokens=prompt.add_special_tokens)["input_ids"]))
+        return [ids[text] for text in texts]
 
     def _pairs(self, contexts: list[str], continuations: list[str], prompt: Prompt, item_ids: list[str]):
         """lm-eval's encoding: trailing context spaces move to the continuation; the continuation's ids
