@@ -105,7 +105,8 @@ def print_search_result(result) -> None:
     if result.pareto is not None:
         print_frame(result.pareto[["number", "accuracy", "signed_stability", "instruction", "template", "k"]], ["number", "accuracy", "signed_stability", "instruction", "template", "k"], "Pareto front", 20)
     states = result.trials["state"].value_counts().to_dict()
-    console.print(f"trials: {states}; wall {result.wall_seconds:.1f}s; cache hit rate {result.cache_hit_rate:.2f}")
+    skipped = f"{result.duplicates_skipped} duplicate prompt{'' if result.duplicates_skipped == 1 else 's'} skipped (FAIL, not counted)"
+    console.print(f"trials: {states}; {skipped}; wall {result.wall_seconds:.1f}s; cache hit rate {result.cache_hit_rate:.2f}")
     console.print(f"wrote {result.card_path} and the trials table in {result.card_path.parent}")
     console.print(f"dashboard: {dashboard_command(result.config)}")
 

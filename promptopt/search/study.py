@@ -74,7 +74,7 @@ def _run(ctx: SearchContext, storage, cached, factory, current: dict, start: flo
     config, out = ctx.config, Path(ctx.config.out)
     joined = config.study.resume
     hits_before, misses_before = cached.cache.hits, cached.cache.misses
-    study = open_study(config, ctx.strategy, storage, index=0, joined=joined, create=not joined, current=current)
+    study = open_study(config, ctx.strategy, storage, index=0, create=not joined, current=current)
     scrub_stored_config(study)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "config.json", json.dumps(config.public_dict(), indent=1))
@@ -92,7 +92,7 @@ def _run(ctx: SearchContext, storage, cached, factory, current: dict, start: flo
         bar.refresh()
 
     try:
-        with workers(config, factory, joined, ctx.expand):  # this process is worker 0; its model is loaded anyway
+        with workers(config, factory, ctx.expand):  # this process is worker 0; its model is loaded anyway
             optimize(ctx, study, cached, progress, worker_name(0), note=note(show_progress))
         progress(study, None)
     finally:
