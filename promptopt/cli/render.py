@@ -77,8 +77,9 @@ def print_compare(result, task: str, model: str) -> None:
         if r.strategy != "baseline":
             console.print(f"{r.strategy}: {r.selected_by}")
     s = result.summary
-    reuse = (f"reuse: {s['evaluations']} distinct prompts evaluated, {s['evaluations_reused']} shared with another search; "
-             f"result cache hit rate {fmt(s['result_cache_hit_rate'])}")
+    reuse = (f"reuse: {s['evaluations']} distinct prompts evaluated, {s['evaluations_reused']} shared with another search, "
+             f"{s['evaluations_resumed']} taken from an earlier run; {len(s['studies_resumed'])} studies resumed; "
+             f"result cache {s['result_cache_hits']} hits, {s['result_cache_misses']} misses")
     if s.get("variant_embedding_hit_rate") is not None:
         reuse += f"; variant embeddings reused {fmt(s['variant_embedding_hit_rate'])}"
     if s.get("paraphrase_memo_hits") or s.get("paraphrase_memo_misses"):

@@ -78,7 +78,7 @@ def _candidates(study, strategy) -> list[dict]:
     out = []
     for t in trials:
         metrics = t.user_attrs.get("metrics", {})
-        out.append({"number": t.number, "params": t.params, "value": t.value if not strategy.multi_objective else None,
+        out.append({"number": t.number, "ordinal": t.user_attrs.get("ordinal", t.number), "params": t.params, "value": t.value if not strategy.multi_objective else None,
                     "values": t.values, "accuracy": metrics.get("accuracy", float("nan")), "n": metrics.get("n", 0),
                     "signed_stability": metrics.get("signed_stability", float("-inf"))})
     return out

@@ -11,6 +11,7 @@ from promptopt.errors import PromptTooLongError
 from promptopt.scoring.api import CachingScorer
 from promptopt.search.context import SearchContext, decode
 from promptopt.search.recovery import counts, fault_point, give_back, pid_namespace, recover
+from promptopt.search.storage import sampling_state
 
 MAX_DUPLICATES_IN_A_ROW = 25  # samples that decode to evaluated prompts before a search stops as exhausted
 
@@ -82,6 +83,7 @@ def make_objective(ctx: SearchContext, cached: CachingScorer, worker: str):
         objective.current = trial._trial_id
         trial.set_user_attr("worker_pidns", pid_namespace())  # first: the process that owns the trial (recover)
         trial.set_user_attr("worker", worker)
+        trial.set_user_attr("ordinal", sampling_state(trial.study, trial)[0])  # its place in the sampled sequence
         fault_point("ask")
         prompt = space.suggest(trial, ctx.candidates, ctx.data.spec)  # the parameters are stored before any scoring
         key = prompt_key(prompt)
