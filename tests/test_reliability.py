@@ -124,3 +124,16 @@ def test_compare_resume_refuses_a_changed_study_before_any_work(whole, model, tm
     summary = json.loads((out / "summary.json").read_text())
     assert sorted(summary["studies_resumed"]) == ["sst2-accuracy", "sst2-ppl", "sst2-tcb"]
     assert (out / "acc_ppl" / "best_card.yaml").exists()
+
+
+def test_an_over_long_card_prompt_names_the_card(model, tmp_path):
+    """score/evaluate with a card whose prompt does not fit the model: one line naming the card file."""
+    from promptopt.prompts import save_card
+    from promptopt.tasks import load_task
+
+    prompt = load_task("sst2").default_prompt()
+    card = tmp_path / "long_card.yaml"
+    save_card(prompt.with_(instruction="Read the review very carefully. " * 400), card)
+    for command in (["score", "--limit", "2"], ["evaluate", "--suite", "quick", "--limit", "2"]):
+        run = promptopt(*command, "--task", "sst2", "--model", model, "--device", "cpu", "--prompt", card)
+        assert_one_error_line(run, f"card {card}: item ", "tokens but model")
