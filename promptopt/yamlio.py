@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -141,6 +142,23 @@ def check_output(path: str | Path, *, folder: bool, what: str) -> None:
         raise UserError(f"{what} {path}: {existing} is not a directory")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise UserError(f"{what} {path}: cannot write in {existing} (read-only file system or permission denied)")
+
+
+def key_line(path: str | Path, dotted_key: str) -> int | None:
+    """The 1-based line of `a.b` in a YAML mapping file, for messages about a value every row shares."""
+    try:
+        node = yaml.compose(Path(path).read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return None
+    line = None
+    for part in re.sub(r"\[\d+\]$", "", dotted_key).split("."):
+        if not isinstance(node, yaml.MappingNode):
+            return None
+        match = next(((k, v) for k, v in node.value if getattr(k, "value", None) == part), None)
+        if match is None:
+            return None
+        line, node = match[0].start_mark.line + 1, match[1]
+    return line
 
 
 def builtin_names(folder: Path) -> list[str]:

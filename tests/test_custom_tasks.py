@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -87,19 +88,80 @@ def test_short_schema_list_of_columns_reads_the_columns(tmp_path):
         ({"question": "goal", "choices": "sol1", "answer": "label"},
          r"data.jsonl line \d+: fields.choices: 'sol1' holds text \('.*'\), not a list of choices"),
         ({"question": "goal", "choices": ["sol_1", "sol2"], "answer": "label"},
-         r"fields.choices\[0\]: 'sol_1' is not a column but other entries are"),
+         r"data.jsonl line 1: fields.choices\[0\]: 'sol_1' is not a column but the other entries are \(columns: goal, "
+         r"sol1, sol2, label\); did you mean 'sol1'\? \(the same in every row\)"),
         ({"question": "goal", "choices": ["sol_1", "sol_2"], "answer": "label"},
          r"fields.choices\[0\]: 'sol_1' is not a column; did you mean 'sol1'\?"),
         ({"question": "goal", "choices": "{{ sol1 }}", "answer": "label"},
          r"fields.choices: template must render a list"),
         ({"question": "{{ gaol }}", "choices": ["sol1", "sol2"], "answer": "label"},
-         r"fields.question: template uses 'gaol' is undefined"),
+         r"data.jsonl line 1: fields.question: the template reads 'gaol', which is not a column \(columns: goal, sol1, "
+         r"sol2, label\); did you mean 'goal'\? \(the same in every row\)"),
+        ({"question": "goal", "choices": "{{[sol1, missing]}}", "answer": "label"},
+         r"fields.choices: the template reads 'missing', which is not a column"),
+        ({"question": "{goal} {gaol}", "choices": ["sol1", "sol2"], "answer": "label"},
+         r"fields.question: column 'gaol' not found .*did you mean 'goal'\?"),
+        ({"question": "{{ goal.x }}", "choices": ["sol1", "sol2"], "answer": "label"},
+         r"fields.question: the template reads a value the row does not have: 'str object' has no attribute 'x'"),
     ],
 )
 def test_choice_mistakes_are_one_line_data_errors(tmp_path, fields, message):
     rows = _offline_rows("piqa/plain_text/validation", 6)
     with pytest.raises(DataError, match=message):
         load_task(str(_write(tmp_path, rows, {"name": "piqa", "fields": fields})))
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"doc_to_text": "question_sterm"}, r"doc_to_text: column 'question_sterm' not found"),
+        ({"doc_to_text": "Q: {question_sterm}"}, r"doc_to_text: column 'question_sterm' not found"),
+        ({"doc_to_text": "Q: {{ question_sterm }}"}, r"doc_to_text: the template reads 'question_sterm', which is not a column"),
+        ({"doc_to_target": "lable"}, r"doc_to_target: column 'lable' not found .*; did you mean 'label'\?"),
+        ({"doc_to_choice": "{{[a, missing]}}"}, r"doc_to_choice: the template reads 'missing', which is not a column"),
+        ({"doc_to_choice": "{{[a, labl]}}"}, r"doc_to_choice: the template reads 'labl', which is not a column .*did you mean 'label'"),
+    ],
+)
+def test_every_field_form_names_the_missing_column_and_a_likely_typo(tmp_path, fields, message):
+    """Column, {column} text, Jinja template, a template that builds the choices: each names the column the
+    row lacks, with the closest column; a mistake every row shares names the first row and says so."""
+    rows = [{"question_stem": f"q{i}", "a": "x", "b": "y", "label": i % 2} for i in range(8)]
+    task = {"name": "t", "doc_to_text": "question_stem", "doc_to_choice": "{{[a, b]}}", "doc_to_target": "label", **fields}
+    with pytest.raises(DataError) as caught:
+        load_task(str(_write(tmp_path, rows, task)))
+    text = str(caught.value)
+    assert re.search(message, text), text
+    assert "data.jsonl line 1: " in text and text.endswith("(the same in every row)"), text
+    assert "columns: question_stem, a, b, label" in text
+    if "question_sterm" in text:
+        assert "did you mean 'question_stem'?" in text
+
+
+def test_duplicate_choices_are_an_error_unless_the_task_allows_them(tmp_path, tiny_lm):
+    """`choices: [positive, positive]` once scored accuracy 1.0 (ties went to the first choice). Now: one
+    error naming the task file, the line and the repeated text (or the data row, when the row's columns
+    repeat); with answer.allow_duplicate_choices: true it loads and a tie counts as wrong."""
+    from promptopt.scoring import Scorer
+
+    rows = [{"q": f"review {i}", "a": i % 2, "x": "good", "y": "good" if i == 5 else "bad"} for i in range(8)]
+    splits = {"seed": 3, "pool": {"from": "validation", "size": 1}, "dev": {"from": "validation", "size": 1},
+              "test": {"from": "validation"}}
+    literal = {"name": "t", "fields": {"question": "q", "choices": ["positive", "positive"], "answer": "a"}, "splits": splits}
+    path = _write(tmp_path, rows, literal)
+    line = next(i for i, text in enumerate(path.read_text().splitlines(), 1) if "positive" in text) - 1
+    with pytest.raises(ConfigError, match=rf"task.yaml line {line}: fields.choices: choice 'positive' appears twice "
+                                          r"\['positive', 'positive'\]; make the choices distinct, or set answer.allow_duplicate_choices: true"):
+        load_task(str(path))
+    by_row = {"name": "t", "fields": {"question": "q", "choices": ["x", "y"], "answer": "a"}, "splits": splits}
+    with pytest.raises(DataError, match=r"data.jsonl line 6: fields.choices: choice 'good' appears twice \['good', 'good'\]"):
+        load_task(str(_write(tmp_path, rows, by_row)))
+
+    allowed = _write(tmp_path, rows, {**literal, "answer": {"type": "multiple_choice", "allow_duplicate_choices": True}})
+    data = load_task(str(allowed))
+    table = Scorer(tiny_lm, data).score(data.default_prompt(), data.test).table
+    assert not table["correct"].any() and (table["pred"] == -1).all()  # every item is a tie: wrong, not index 0
+    with pytest.raises(ConfigError, match="allow_duplicate_choices: expected false"):
+        load_task(str(_write(tmp_path, rows, {**literal, "answer": {"type": "number", "allow_duplicate_choices": True}})))
 
 
 def test_data_errors_name_file_line_and_field(tmp_path):

@@ -1,8 +1,8 @@
 """Fault injection: what survives kill -9, Ctrl-C, a lost storage, bad input and a changed config.
 
 Runs go through the CLI in subprocesses on the tiny random model with small limits. A run is stopped at a
-known point through the PROMPTOPT_FAULT_SLEEP=<phase>:<seconds> hook (promptopt/search/recovery.py:
-`fault_point`), which prints `fault-point <phase>` on stderr and sleeps there. After every fault the run
+known point through the PROMPTOPT_FAULT_SLEEP=<phase>:<seconds>[:<n>] hook (promptopt/search/recovery.py:
+`fault_point`), which prints `fault-point <phase>` on stderr and sleeps there (the n-th time). After every fault the run
 is resumed and the study checked: no trial lost (each failed trial's parameters re-run), none counted
 twice, nothing left RUNNING, and every file in the run directory parses.
 
@@ -129,18 +129,19 @@ def load(url: str, name: str = "sst2-tcb") -> optuna.Study:
 
 
 def assert_nothing_lost_or_double(study: optuna.Study, budget: int, *, exact: bool = True) -> None:
-    """Nothing RUNNING or WAITING; every failed trial's parameters re-run to the end; the budget met (exactly,
-    for one worker) by COMPLETE/PRUNED trials, each a distinct trial."""
+    """Nothing RUNNING or WAITING; every failed trial's parameters re-run to the end (a skipped duplicate
+    prompt is not re-run); the budget met (exactly, for one worker) by COMPLETE/PRUNED trials, each a
+    distinct trial."""
     trials = study.get_trials(deepcopy=False)
     states = [t.state.name for t in trials]
     assert "RUNNING" not in states and "WAITING" not in states, states
     assert len({t.number for t in trials}) == len(trials)
     done = [t for t in trials if t.state.name in ("COMPLETE", "PRUNED")]
     assert len(done) == budget if exact else budget <= len(done) <= budget + 1, states
-    for failed in (t for t in trials if t.state.name == "FAIL"):
+    for failed in (t for t in trials if t.state.name == "FAIL" and "duplicate_of" not in t.user_attrs):
         retries = [t for t in done if failed.number in t.system_attrs.get("retry_history", [])]
         assert len(retries) == 1, f"trial {failed.number} failed and was re-run {len(retries)} times"
-        assert retries[0].params == failed.params
+        assert failed.params.items() <= retries[0].params.items()  # what it had sampled, re-run (all of it, if any)
 
 
 def assert_run_dir_parses(out: Path) -> None:
@@ -199,9 +200,9 @@ def postgres_url() -> str:
 
 
 # --- kill -9, Ctrl-C ----------------------------------------------------------------------------------
-def kill_at(search: list[str], phase: str) -> None:
-    """Run `search` until the fault point `phase`, then kill -9 it."""
-    run = Run(*search, PROMPTOPT_FAULT_SLEEP=f"{phase}:120")
+def kill_at(search: list[str], phase: str, nth: int = 1) -> None:
+    """Run `search` until the `nth` time it reaches the fault point `phase`, then kill -9 it."""
+    run = Run(*search, PROMPTOPT_FAULT_SLEEP=f"{phase}:120:{nth}")
     run.wait_for(f"fault-point {phase}")
     run.proc.send_signal(signal.SIGKILL)
     run.finish()
@@ -397,9 +398,75 @@ def test_ctrl_c_then_two_workers_join_together(run_dir, model):
 def test_worker_seeds():
     from promptopt.search.storage import worker_seed
 
-    assert worker_seed(7, 0, joined=False) == 7  # single-worker run: the seed itself, reproducible
-    assert worker_seed(7, 1, joined=False) == worker_seed(7, 1, joined=False) != 7
-    assert worker_seed(7, 0, joined=True, n_existing=2) != worker_seed(7, 1, joined=True, n_existing=2)
+    assert worker_seed(7, 0) == 7  # worker 0, in a new run or a resumed one: the seed itself, reproducible
+    assert worker_seed(7, 1) == worker_seed(7, 1) != 7
+
+
+# --- a resumed run is the uninterrupted run -------------------------------------------------------------
+def sampled_sequence(study: optuna.Study) -> list[tuple]:
+    """The study as the sampler saw it: every trial but those abandoned and re-run (a retry takes the place
+    of the trial it replaces), as (state, duplicate_of, params, value)."""
+    return [(t.state.name, t.user_attrs.get("duplicate_of"), t.params, t.value) for t in study.trials
+            if t.state.name != "FAIL" or "duplicate_of" in t.user_attrs]
+
+
+def test_kill_9_anywhere_then_resume_gives_the_uninterrupted_run(tmp_path, model):
+    """search --trials 8 --seed 5, killed during trial 3 (two trials done), resumed and killed before a
+    trial sampled its parameters, resumed and killed before the card, resumed to the end: the same trials,
+    parameters, values and winner as the run that was never interrupted (trial numbers shift by the retries)."""
+    search = ["search", *LIMITS, "--model", model, "--trials", "8", "--seed", "5"]
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    assert_ok(cli(*search, "--out", str(whole)))
+    kill_at([*search, "--out", str(cut)], "trial", nth=3)
+    assert [t.state.name for t in load(sqlite_url(cut)).trials] == ["COMPLETE", "COMPLETE", "RUNNING"]
+    kill_at([*search, "--out", str(cut), "--resume"], "ask", nth=3)  # the retry, trial 3, then killed before sampling
+    assert load(sqlite_url(cut)).trials[-1].params == {}  # nothing stored: its retry must sample the same point
+    kill_at([*search, "--out", str(cut), "--resume"], "card")
+    assert_ok(cli(*search, "--out", str(cut), "--resume"))
+    expected, got = load(sqlite_url(whole)), load(sqlite_url(cut))
+    assert [t.state.name for t in got.trials].count("FAIL") == 2
+    assert sampled_sequence(got) == sampled_sequence(expected)
+    assert_nothing_lost_or_double(got, 8)
+    summaries = [json.loads((out / "summary.json").read_text()) for out in (whole, cut)]
+    assert summaries[0]["best_params"] == summaries[1]["best_params"]
+    assert summaries[0]["test"] == summaries[1]["test"]
+    cards = [yaml.safe_load((out / "best_card.yaml").read_text()) for out in (whole, cut)]
+    for card in cards:
+        card["provenance"].pop("created"), card["provenance"].pop("trial")
+    assert cards[0] == cards[1]
+
+
+def test_a_prompt_is_evaluated_once_per_study(tmp_path, model):
+    """A space of three prompts (k = 0, one instruction, three templates) and a budget of three: samples
+    that decode to an evaluated prompt are skipped, not counted, and reported; the three finished trials are
+    the three prompts. With a budget of five the space runs out and the search stops, with a note."""
+    space = yaml.safe_load(SPACE.read_text())
+    space["instructions"] = {"none": ""}
+    space["templates"] = dict(list(space["templates"].items())[:3])
+    space["exemplars"] = {"candidates": 4, "k": [0, 0]}
+    path = tmp_path / "three.yaml"
+    path.write_text(yaml.safe_dump(space))
+    out = tmp_path / "run"
+    run = promptopt("search", *LIMITS, "--model", model, "--space", path, "--trials", "3", "--seed", "3", "--out", out)
+    assert run.code == 0, run.stderr
+    study = load(sqlite_url(out))
+    done = [t for t in study.trials if t.state.name == "COMPLETE"]
+    skipped = [t for t in study.trials if t.state.name == "FAIL"]
+    assert len(done) == 3 and len({t.params["template"] for t in done}) == 3
+    assert skipped and all(t.user_attrs["duplicate_of"] in {d.number for d in done} for t in skipped)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["duplicates_skipped"] == len(skipped)
+    assert f"{len(skipped)} duplicate prompt{'s' if len(skipped) > 1 else ''} skipped" in run.stdout
+    assert_nothing_lost_or_double(study, 3)
+
+    from promptopt.search.trial import MAX_DUPLICATES_IN_A_ROW
+
+    run = promptopt("search", *LIMITS, "--model", model, "--space", path, "--trials", "5", "--resume", "--out", out)
+    assert run.code == 0, run.stderr
+    assert "note: stopped with 3 of 5 trials" in run.stderr
+    study = load(sqlite_url(out))
+    assert [t.state.name for t in study.trials].count("COMPLETE") == 3
+    assert json.loads((out / "summary.json").read_text())["duplicates_skipped"] == len(skipped) + MAX_DUPLICATES_IN_A_ROW
 
 
 # --- resume with a changed configuration ---------------------------------------------------------------

@@ -77,8 +77,9 @@ def print_compare(result, task: str, model: str) -> None:
         if r.strategy != "baseline":
             console.print(f"{r.strategy}: {r.selected_by}")
     s = result.summary
-    reuse = (f"reuse: {s['evaluations']} distinct prompts evaluated, {s['evaluations_reused']} shared with another search; "
-             f"result cache hit rate {fmt(s['result_cache_hit_rate'])}")
+    reuse = (f"reuse: {s['evaluations']} distinct prompts evaluated, {s['evaluations_reused']} shared with another search, "
+             f"{s['evaluations_resumed']} taken from an earlier run; {len(s['studies_resumed'])} studies resumed; "
+             f"result cache {s['result_cache_hits']} hits, {s['result_cache_misses']} misses")
     if s.get("variant_embedding_hit_rate") is not None:
         reuse += f"; variant embeddings reused {fmt(s['variant_embedding_hit_rate'])}"
     if s.get("paraphrase_memo_hits") or s.get("paraphrase_memo_misses"):
@@ -105,7 +106,8 @@ def print_search_result(result) -> None:
     if result.pareto is not None:
         print_frame(result.pareto[["number", "accuracy", "signed_stability", "instruction", "template", "k"]], ["number", "accuracy", "signed_stability", "instruction", "template", "k"], "Pareto front", 20)
     states = result.trials["state"].value_counts().to_dict()
-    console.print(f"trials: {states}; wall {result.wall_seconds:.1f}s; cache hit rate {result.cache_hit_rate:.2f}")
+    skipped = f"{result.duplicates_skipped} duplicate prompt{'' if result.duplicates_skipped == 1 else 's'} skipped (FAIL, not counted)"
+    console.print(f"trials: {states}; {skipped}; wall {result.wall_seconds:.1f}s; cache hit rate {result.cache_hit_rate:.2f}")
     console.print(f"wrote {result.card_path} and the trials table in {result.card_path.parent}")
     console.print(f"dashboard: {dashboard_command(result.config)}")
 

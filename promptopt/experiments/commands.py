@@ -9,14 +9,26 @@ a task suits a command) lives here, so the CLI and the library cannot drift apar
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from promptopt.errors import UserError
+from promptopt.errors import PromptTooLongError, UserError
 from promptopt.experiments.session import Session
 from promptopt.yamlio import atomic_write_text, check_output, check_table_path, write_table
 
 ROBUST_SEARCH_SUITE = "cheap"  # the families a `robust` search looks at (seen by its winners)
+
+
+@contextmanager
+def card_errors(card: Path | None):
+    """A prompt too long for the model is the card's doing when a card was given: the message names it."""
+    try:
+        yield
+    except PromptTooLongError as exc:
+        if card is None:
+            raise
+        raise PromptTooLongError(f"card {card}: {exc}") from None
 
 
 def check_out_files(*paths: Path | None) -> None:
@@ -52,7 +64,8 @@ def score(session: Session, *, card: Path | None, split: str, limit: int | None,
         check_table_path(out)
         check_out_files(out, out.with_suffix(".json"))
     prompt = session.prompt(card)  # a bad card fails before the model loads
-    result = session.scorer.score(prompt, session.data.split(split)[:limit])
+    with card_errors(card):
+        result = session.scorer.score(prompt, session.data.split(split)[:limit])
     if out is not None:
         table = result.table.copy()
         table["gold"] = table["gold"].astype(str)  # golds mix ints and strings across tasks
@@ -89,8 +102,9 @@ def evaluate(session: Session, *, card: Path | None, suite: str, split: str, lim
     if out is not None:
         check_out_files(out.with_suffix(".csv"), out.with_suffix(".json"))
     prompt = session.prompt(card)  # a bad card fails before the model loads
-    result = evaluate_robustness(session.scorer, prompt, session.data.split(split)[:limit], the_suite,
-                                 pool=session.data.pool, paraphrases=session.paraphrases, progress=session.progress)
+    with card_errors(card):
+        result = evaluate_robustness(session.scorer, prompt, session.data.split(split)[:limit], the_suite,
+                                     pool=session.data.pool, paraphrases=session.paraphrases, progress=session.progress)
     if out is not None:
         write_table(result.families, out.with_suffix(".csv"))
         atomic_write_text(out.with_suffix(".json"), json.dumps(result.summary, indent=1, default=str))
@@ -125,7 +139,8 @@ def stress(session: Session, *, card: Path | None, protocol=None, split: str, li
         scorer = Scorer(session.lm, data, batch_size=batch_size, progress=session.progress)
     else:
         data, prompt, items, scorer = session.data, session.prompt(card), session.data.split(split)[:limit], session.scorer
-    result = taboo_stress(scorer, prompt, items, ranks=ranks, mode=mode, temperature=temperature, seed=seed)
+    with card_errors(card):
+        result = taboo_stress(scorer, prompt, items, ranks=ranks, mode=mode, temperature=temperature, seed=seed)
     if out is not None:
         write_table(result.summary, out.with_suffix(".csv"))
         write_table(result.items, out.with_suffix(".parquet"))

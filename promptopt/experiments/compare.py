@@ -14,6 +14,11 @@ seed of both strategies; items of all seeds are pooled).
 
 One session: the model is loaded once, one result cache serves every study, all studies live in one
 storage (`study.db` in the run directory by default).
+
+A compare is one resumable unit: `resume=True` continues whatever exists (finished studies reused, a killed
+one resumed, missing ones created) and reuses every finished evaluation (`evaluations/` in the run
+directory), so a compare killed anywhere ends with the tables the uninterrupted run writes. Whether each
+study may be resumed or created is decided before anything is scored.
 """
 
 from __future__ import annotations
@@ -21,19 +26,22 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from itertools import combinations
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from promptopt.errors import ConfigError
+from promptopt.card import sha256_json
+from promptopt.errors import ConfigError, UserError
 from promptopt.experiments.session import Session
 from promptopt.metrics.stats import PerItemRobustness, bootstrap_interval, mcnemar_exact, wilson_interval
-from promptopt.search import SearchConfig, check_search, get_strategy, run_search
-from promptopt.search.config import default_storage_url
-from promptopt.yamlio import atomic_write_bytes_via, atomic_write_text, check_output
+from promptopt.search import SearchConfig, get_strategy, run_search, study_exists
+from promptopt.search.config import default_storage_url, redact
+from promptopt.search.recovery import fault_point
+from promptopt.tasks.item import items_sha256
+from promptopt.yamlio import atomic_write_bytes_via, atomic_write_text, check_output, write_table
 
 SELECTIONS = ("strategy", "robust")
 _N_BOOT = 2000
@@ -92,10 +100,13 @@ def run_compare(
         from promptopt.robustness import VariantExpander
 
         expand = VariantExpander("cheap")
-    for config in configs.values():  # every study's space checked before the first one runs
-        check_search(config, session.data, expand)
+    configs = _plan(configs, session.data, expand, out, resume=base.study.resume)  # before anything is scored
     test, dev = session.items("test"), session.items("dev")
-    evaluator = _Evaluator(session, test, the_suite, robust_limit, Similarity() if the_suite else None, show_progress)
+    store = _Store(out / "evaluations", {"model": base.model.spec, "dtype": base.model.resolved_dtype(),
+                                         "quantize": base.model.quantize, "test": items_sha256(test),
+                                         "robust_limit": robust_limit,
+                                         "suite": sha256_json(asdict(the_suite)) if the_suite else None})
+    evaluator = _Evaluator(session, test, the_suite, robust_limit, Similarity() if the_suite else None, show_progress, store)
 
     start = time.perf_counter()
     baseline_prompt = session.data.default_prompt()
@@ -105,6 +116,7 @@ def run_compare(
     baseline_wall = time.perf_counter() - start
     walls: dict[str, float] = {"baseline": baseline_wall}
     for (name, s), config in configs.items():
+        fault_point("compare-search")
         result = run_search(config, scorer=session.scorer, expand=expand, show_progress=show_progress)
         walls[name] = walls.get(name, 0.0) + result.wall_seconds
         ranked = result.ranking[:top_n] or [{"number": result.best_number, "prompt": result.prompt, "accuracy": result.dev["accuracy"],
@@ -126,7 +138,9 @@ def run_compare(
         "top_n": top_n, "select": select, "suite": the_suite.name if the_suite else None,
         "n_test": len(test), "n_robust": len(test[:robust_limit]) if the_suite else 0,
         "evaluations": evaluator.evaluations, "evaluations_reused": evaluator.reused,
+        "evaluations_resumed": evaluator.resumed, "studies_resumed": [c.name for c in configs.values() if c.study.resume],
         "result_cache_hit_rate": session.scorer.cache.hit_rate,
+        "result_cache_hits": session.scorer.cache.hits, "result_cache_misses": session.scorer.cache.misses,
         "variant_embedding_hit_rate": evaluator.similarity.hit_rate if evaluator.similarity else None,
         "paraphrase_memo_hits": session.paraphrases.hits,
         "paraphrase_memo_misses": session.paraphrases.misses,
@@ -146,29 +160,101 @@ def _seed_config(base: SearchConfig, name: str, s: int, seeds: int, out: Path, s
                         seed=base.study.seed + 7919 * s, pool_draw=None if s == 0 else base.study.seed + s)
 
 
-class _Evaluator:
-    """Scores a prompt on the test items and stresses it, once per distinct prompt."""
+def _plan(configs: dict, data, expand, out: Path, *, resume: bool) -> dict:
+    """Each study's config with `resume` set to whether it exists, after checking every study (space,
+    strategy, and for an existing one that it means the same thing). Without `resume`, a compare that has
+    started in `out` (a study or an evaluation exists) is refused: nothing is scored before this."""
+    exists = {key: study_exists(config, data, expand) for key, config in configs.items()}
+    started = [configs[key].name for key, found in exists.items() if found]
+    if not resume and (started or _Store.any_in(out / "evaluations")):
+        what = f"study '{started[0]}' exists in {redact(next(iter(configs.values())).storage_url)}" if started else f"{out / 'evaluations'} exists"
+        raise UserError(f"compare in {out} has already started ({what}): pass --resume to continue it, or choose another --out")
+    return {key: config.replace(resume=exists[key]) for key, config in configs.items()}
 
-    def __init__(self, session, test, suite, robust_limit, similarity, progress):
+
+class _Store:
+    """Finished evaluations, one folder each under <out>/evaluations/<key>: a resumed compare reuses them
+    instead of scoring and stressing again. The key covers what an evaluation depends on (prompt card,
+    test items, suite, robustness items, model); every file is written atomically and `done.json` last, so
+    an evaluation cut short is redone."""
+
+    def __init__(self, folder: Path, context: dict) -> None:
+        self.folder, self.context = folder, context
+
+    @staticmethod
+    def any_in(folder: Path) -> bool:
+        return folder.is_dir() and any(folder.glob("*/done.json"))
+
+    def key(self, prompt, kind: str) -> str:
+        return sha256_json([kind, prompt.to_card(), self.context])[:24]
+
+    def load(self, key: str) -> Evaluated | None:
+        folder = self.folder / key
+        if not (folder / "done.json").is_file():
+            return None
+        done = json.loads((folder / "done.json").read_text(encoding="utf-8"))
+        evaluated = Evaluated(pd.read_parquet(folder / "test.parquet") if done["test"] else None, robust=done["robust"])
+        if done["clean"]:
+            evaluated.clean = pd.read_parquet(folder / "clean.parquet").set_index("item_id")["correct"]
+            evaluated.variants = pd.read_parquet(folder / "variants.parquet")
+        return evaluated
+
+    def save(self, key: str, evaluated: Evaluated) -> None:
+        folder = self.folder / key
+        if evaluated.test is not None:
+            write_table(evaluated.test, folder / "test.parquet")
+        if evaluated.clean is not None:
+            write_table(evaluated.clean.reset_index(), folder / "clean.parquet")
+            write_table(evaluated.variants, folder / "variants.parquet")
+        done = {"test": evaluated.test is not None, "clean": evaluated.clean is not None, "robust": evaluated.robust}
+        atomic_write_text(folder / "done.json", json.dumps(done, indent=1))
+
+
+_TEST_COLUMNS = ["item_id", "correct", "tcb", "ppl"]  # what the tables read of a prompt's test items
+
+
+class _Evaluator:
+    """Scores a prompt on the test items and stresses it, once per distinct prompt (and once per compare:
+    finished evaluations are kept in the store and reused by a resumed compare)."""
+
+    def __init__(self, session, test, suite, robust_limit, similarity, progress, store: _Store):
         self.session, self.test, self.suite, self.similarity, self.progress = session, test, suite, similarity, progress
         self.robust_items = test[:robust_limit]
         self.robust_limit = robust_limit
+        self.store = store
         self._done: dict[str, Evaluated] = {}
-        self.evaluations = self.reused = 0
+        self.evaluations = self.reused = self.resumed = 0
 
     def __call__(self, prompt) -> Evaluated:
-        key = json.dumps(prompt.to_card(), sort_keys=True)
+        key = self.store.key(prompt, "test")
         if key in self._done:
             self.reused += 1
             return self._done[key]
         self.evaluations += 1
-        evaluated = Evaluated(self.session.scorer.score(prompt, self.test).table)
-        if self.suite is not None:
-            evaluated.robust, evaluated.clean, evaluated.variants = self.robustness(prompt, self.robust_items)
+        evaluated = self.store.load(key)
+        if evaluated is not None:
+            self.resumed += 1
+        else:
+            fault_point("compare-test")
+            evaluated = Evaluated(self.session.scorer.score(prompt, self.test).table[_TEST_COLUMNS])
+            if self.suite is not None:
+                fault_point("compare-robust")
+                evaluated.robust, evaluated.clean, evaluated.variants = self._stress(prompt, self.robust_items)
+            self.store.save(key, evaluated)
         self._done[key] = evaluated
         return evaluated
 
     def robustness(self, prompt, items):
+        """(summary, clean, variants) of a prompt stressed on `items` (`select="robust"`: dev items), kept in the store."""
+        key = self.store.key(prompt, f"robustness:{items_sha256(items)}")
+        stored = self.store.load(key)
+        if stored is None:
+            stored = Evaluated(None)
+            stored.robust, stored.clean, stored.variants = self._stress(prompt, items)
+            self.store.save(key, stored)
+        return stored.robust, stored.clean, stored.variants
+
+    def _stress(self, prompt, items):
         from promptopt.robustness import taboo_stress
         from promptopt.robustness.suite import evaluate_robustness
 

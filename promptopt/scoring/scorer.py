@@ -146,6 +146,7 @@ class Scorer:
             hidden.append(results[cursor].hidden)  # every choice shares the context: one critical state
             targets.append(gold_pairs[1][0])
             pred, pred_norm = int(lls.argmax()), int((lls / lengths).argmax())
+            pred, pred_norm = (-1 if conts[cursor : cursor + n].count(conts[cursor + p]) > 1 else p for p in (pred, pred_norm))  # a tie between equal choices (allowed by the task) is wrong
             gold_tokens = len(gold_pairs[1])
             rows.append(
                 {

@@ -32,6 +32,7 @@ class SearchResult:
     pareto: pd.DataFrame | None = None
     selection: str = ""  # how the winner was chosen, in words
     ranking: list = field(default_factory=list)  # distinct trials in the strategy's order of preference
+    duplicates_skipped: int = 0  # sampled points that decoded to a prompt already evaluated (not counted)
 
 
 @dataclass

@@ -67,9 +67,14 @@ def check_study(config: SearchConfig, storage, current: dict) -> None:
     if stored is None and config.study.resume:
         raise UserError(f"--resume: no study '{config.name}' in {where}")
     if stored is not None:
-        attrs = stored.user_attrs
-        then = json.loads(attrs["identity"]) if "identity" in attrs else _legacy_identity(json.loads(attrs.get("config", "{}")))
-        check_resumable(config.name, then, current)
+        check_same_study(config, stored, current)
+
+
+def check_same_study(config: SearchConfig, stored, current: dict) -> None:
+    """A stored study (summary) means what `current` means, else one UserError naming the first field."""
+    attrs = stored.user_attrs
+    then = json.loads(attrs["identity"]) if "identity" in attrs else _legacy_identity(json.loads(attrs.get("config", "{}")))
+    check_resumable(config.name, then, current)
 
 
 def scrub_stored_config(study) -> None:

@@ -13,6 +13,7 @@ from promptopt.search.config import redact
 from promptopt.search.context import SearchContext, SearchResult, decode, note
 from promptopt.search.recovery import fault_point
 from promptopt.search.strategies import select_winner
+from promptopt.search.trial import is_duplicate
 from promptopt.yamlio import atomic_write_text, write_parquet_and_csv
 
 
@@ -55,14 +56,16 @@ def write_outputs(ctx: SearchContext, study, cached, wall: float, hits_before: i
     save_card(prompt, card_path, provenance)
     hits, misses = cached.cache.hits - hits_before, cached.cache.misses - misses_before
     hit_rate = hits / (hits + misses) if hits + misses else float("nan")
+    duplicates = sum(is_duplicate(t) for t in study.get_trials(deepcopy=False))
     result = SearchResult(config, trials, best.params, best.number, prompt, dev, test, card_path, wall, hit_rate, pareto,
-                          selection=selection, ranking=_ranking(ctx.strategy, candidates, winner))
+                          selection=selection, ranking=_ranking(ctx.strategy, candidates, winner), duplicates_skipped=duplicates)
     for entry in result.ranking:
         entry["prompt"] = decode(ctx, entry["params"])
     summary = {"study": config.name, "storage": redact(config.storage_url), "best_trial": best.number, "best_params": best.params,
                "selection": selection,
                "dev": dev, "test": test, "wall_seconds": wall, "cache_hit_rate": result.cache_hit_rate,
-               "trials": {s: int((trials["state"] == s).sum()) for s in trials["state"].unique()}}
+               "trials": {s: int((trials["state"] == s).sum()) for s in trials["state"].unique()},
+               "duplicates_skipped": duplicates}
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=1, default=str))
     return result
 
@@ -75,7 +78,7 @@ def _candidates(study, strategy) -> list[dict]:
     out = []
     for t in trials:
         metrics = t.user_attrs.get("metrics", {})
-        out.append({"number": t.number, "params": t.params, "value": t.value if not strategy.multi_objective else None,
+        out.append({"number": t.number, "ordinal": t.user_attrs.get("ordinal", t.number), "params": t.params, "value": t.value if not strategy.multi_objective else None,
                     "values": t.values, "accuracy": metrics.get("accuracy", float("nan")), "n": metrics.get("n", 0),
                     "signed_stability": metrics.get("signed_stability", float("-inf"))})
     return out

@@ -24,13 +24,22 @@ from promptopt.search.config import SearchConfig, redact
 FAULT_ENV = "PROMPTOPT_FAULT_SLEEP"
 
 
+_FAULT_SEEN: dict[str, int] = {}
+
+
 def fault_point(phase: str) -> None:
-    """Test hook for tests/test_faults.py: with PROMPTOPT_FAULT_SLEEP=<phase>:<seconds> the run announces
-    `fault-point <phase>` on stderr and sleeps there, so a test can kill it at a known point. Phases:
-    trial (after a trial's first minibatch), rescore (before the winner is re-scored), card (after the
-    trials table, before the card and summary)."""
-    name, _, seconds = os.environ.get(FAULT_ENV, "").partition(":")
-    if name == phase:
+    """Test hook for tests/test_faults.py: with PROMPTOPT_FAULT_SLEEP=<phase>:<seconds>[:<n>] the run
+    announces `fault-point <phase>` on stderr and sleeps there (the n-th time it gets there, default the
+    first), so a test can kill it at a known point. Phases: ask (a trial started, before its parameters are
+    sampled), trial (after a trial's first minibatch), rescore (before the winner is re-scored), card (after
+    the trials table, before the card and summary); compare-search (before a compare's next study),
+    compare-test (before a prompt's test scoring), compare-robust (before its robustness evaluation)."""
+    name, _, rest = os.environ.get(FAULT_ENV, "").partition(":")
+    if name != phase:
+        return
+    seconds, _, nth = rest.partition(":")
+    _FAULT_SEEN[phase] = _FAULT_SEEN.get(phase, 0) + 1
+    if _FAULT_SEEN[phase] == int(nth or 1):
         print(f"fault-point {phase}", file=sys.stderr, flush=True)
         time.sleep(float(seconds or 0))
 
@@ -55,13 +64,16 @@ _OWNER_ATTRS = ("worker", "worker_pidns")
 
 def retry_callback():
     """Optuna's retry callback, except that the queued copy does not inherit the dead process's `worker`
-    attrs (until the objective's first line sets its own, the retry must not look like that process's)."""
+    attrs (until the objective's first line sets its own, the retry must not look like that process's),
+    and a trial skipped as a duplicate prompt is not re-run."""
     from optuna import storages
 
     base = getattr(storages, "RetryHeartbeatStaleTrialCallback", None) or storages.RetryFailedTrialCallback
 
     class Retry(base):
         def __call__(self, study, trial) -> None:
+            if "duplicate_of" in trial.user_attrs:  # a skipped duplicate prompt: nothing to re-run
+                return
             trial = copy.deepcopy(trial)
             trial.user_attrs = {k: v for k, v in trial.user_attrs.items() if k not in _OWNER_ATTRS}
             super().__call__(study, trial)

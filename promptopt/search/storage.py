@@ -6,8 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import socket
 import threading
 import warnings
 
@@ -58,26 +56,86 @@ def stored_study(config: SearchConfig, storage):
     return next((s for s in optuna.get_all_study_summaries(storage, include_best_trial=False) if s.study_name == config.name), None)
 
 
-def worker_seed(seed: int, index: int, *, joined: bool, n_existing: int = 0) -> int:
-    """The sampler seed of one worker. In the run that creates the study, worker 0 uses `seed` itself and
-    worker i a seed derived from (seed, i), so a single-worker run is reproducible. A process that joins an
-    existing study (--resume, another machine) derives it from (seed, host, pid, i, trials so far), so
-    processes that join together never sample the same points."""
-    if not joined and index == 0:
+def worker_seed(seed: int, index: int) -> int:
+    """The base sampler seed of one worker: worker 0 (every single-worker run, and each process that joins
+    with --resume) uses `seed` itself, worker i of a run a seed derived from (seed, i). Processes that
+    join together still sample different points: each trial's seed also depends on its ordinal
+    (`TrialSeeded`), which no two live trials share."""
+    if index == 0:
         return seed
-    parts = [seed, index] + ([socket.gethostname(), os.getpid(), n_existing] if joined else [])
-    return int.from_bytes(hashlib.sha256(json.dumps(parts).encode()).digest()[:4], "little")
+    return _derive(seed, index)
+
+
+def _derive(*parts) -> int:
+    return int.from_bytes(hashlib.sha256(json.dumps(list(parts)).encode()).digest()[:4], "little")
+
+
+def sampling_state(study, trial) -> tuple[int, bool]:
+    """(ordinal, after a duplicate) of a trial. The ordinal is its place in the study's sequence of sampled
+    points: the trials before it, not counting those that failed and were (or will be) re-run, so a retry
+    gets the ordinal of the trial it replaces and a resumed run the ordinals the uninterrupted run used.
+    A prompt skipped as a duplicate (`duplicate_of`) counts, and the trial after it samples at random."""
+    from optuna.trial import TrialState
+
+    before = [t for t in study.get_trials(deepcopy=False) if t.number < trial.number
+              and (t.state != TrialState.FAIL or "duplicate_of" in t.user_attrs)]
+    return len(before), bool(before) and "duplicate_of" in before[-1].user_attrs
+
+
+def _trial_seeded():
+    from optuna.samplers import BaseSampler, RandomSampler
+
+    class TrialSeeded(BaseSampler):
+        """A sampler rebuilt before each trial with a seed from (seed, the trial's ordinal). Optuna's samplers
+        are deterministic given the study's finished trials and their seed, so the point a trial samples does
+        not depend on how many processes sampled before it: a kill and --resume continue the uninterrupted
+        run's stream, and a retry of a trial killed before it stored its parameters samples the same ones.
+
+        After a sample that decoded to an evaluated prompt the next one is drawn at random: a skipped
+        duplicate is not in TPE's history, so TPE would propose the same point again."""
+
+        def __init__(self, make, seed: int) -> None:
+            self._make, self._seed = make, seed
+            self._inner = make(seed)
+
+        def infer_relative_search_space(self, study, trial):
+            return self._inner.infer_relative_search_space(study, trial)
+
+        def sample_relative(self, study, trial, search_space):
+            return self._inner.sample_relative(study, trial, search_space)
+
+        def sample_independent(self, study, trial, param_name, param_distribution):
+            return self._inner.sample_independent(study, trial, param_name, param_distribution)
+
+        def before_trial(self, study, trial) -> None:
+            ordinal, after_duplicate = sampling_state(study, trial)
+            seed = _derive(self._seed, ordinal)
+            self._inner = RandomSampler(seed=seed) if after_duplicate else self._make(seed)
+            self._inner.before_trial(study, trial)
+
+        def after_trial(self, study, trial, state, values) -> None:
+            self._inner.after_trial(study, trial, state, values)
+
+        def reseed_rng(self) -> None:
+            self._inner.reseed_rng()
+
+    return TrialSeeded
 
 
 def sampler(config: SearchConfig, strategy: Strategy, seed: int):
+    """TPE (NSGA-II for multi-objective strategies), seeded per trial (see `TrialSeeded`)."""
     from optuna.samplers import NSGAIISampler, TPESampler
 
     trials = config.study.trials
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        if strategy.multi_objective:
-            return NSGAIISampler(seed=seed, population_size=max(4, min(50, trials // 3)))
-        return TPESampler(seed=seed, n_startup_trials=max(1, min(10, trials // 3)), multivariate=True, group=True)
+
+    def make(trial_seed: int):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if strategy.multi_objective:
+                return NSGAIISampler(seed=trial_seed, population_size=max(4, min(50, trials // 3)))
+            return TPESampler(seed=trial_seed, n_startup_trials=max(1, min(10, trials // 3)), multivariate=True, group=True)
+
+    return _trial_seeded()(make, seed)
 
 
 def pruner(config: SearchConfig, strategy: Strategy):
@@ -90,13 +148,12 @@ def pruner(config: SearchConfig, strategy: Strategy):
         return WilcoxonPruner(p_threshold=0.1, n_startup_steps=config.study.minibatch)
 
 
-def open_study(config: SearchConfig, strategy: Strategy, storage, *, index: int, joined: bool, create: bool,
+def open_study(config: SearchConfig, strategy: Strategy, storage, *, index: int, create: bool,
                 current: dict | None = None):
     """Create the study (recording its public config and identity) or load it, with this worker's sampler."""
     import optuna
 
-    n_existing = len(optuna.load_study(study_name=config.name, storage=storage).trials) if not create else 0
-    the_sampler = sampler(config, strategy, worker_seed(config.study.seed, index, joined=joined, n_existing=n_existing))
+    the_sampler = sampler(config, strategy, worker_seed(config.study.seed, index))
     if not create:
         return optuna.load_study(study_name=config.name, storage=storage, sampler=the_sampler, pruner=pruner(config, strategy))
     try:

@@ -19,10 +19,10 @@ from pathlib import Path
 from promptopt.errors import ConfigError
 from promptopt.search.config import SearchConfig
 from promptopt.search.context import SearchContext, SearchResult, build_context, check_prompts_fit, note, require_variants
-from promptopt.search.identity import check_study, identity, scrub_stored_config
+from promptopt.search.identity import check_same_study, check_study, identity, scrub_stored_config
 from promptopt.search.outputs import report_leftovers, write_outputs
 from promptopt.search.recovery import counts, storage_errors, worker_name
-from promptopt.search.storage import existing_storage, make_storage, open_study, quiet_optuna
+from promptopt.search.storage import existing_storage, make_storage, open_study, quiet_optuna, stored_study
 from promptopt.search.trial import optimize
 from promptopt.search.workers import workers
 from promptopt.yamlio import atomic_write_text, check_output
@@ -67,6 +67,20 @@ def run_search(config: SearchConfig, *, scorer=None, data=None, expand=None, sho
         return _run(ctx, storage, scorer, factory, current, start, show_progress)
 
 
+def study_exists(config: SearchConfig, data, expand=None) -> bool:
+    """Whether the study of `config` exists, having checked what `check_search` checks and, for an existing
+    study, that a resume may join it (one UserError otherwise). Creates nothing: a caller running several
+    studies (compare) decides which to resume and which to create before any of them costs anything."""
+    quiet_optuna()
+    ctx = build_context(config, data, expand)
+    require_variants(ctx)
+    with storage_errors(config):
+        stored = stored_study(config, existing_storage(config))
+        if stored is not None:
+            check_same_study(config, stored, identity(ctx))
+    return stored is not None
+
+
 def _run(ctx: SearchContext, storage, cached, factory, current: dict, start: float, show_progress: bool) -> SearchResult:
     """The study, its workers and the run directory, once everything is validated."""
     from tqdm.auto import tqdm
@@ -74,7 +88,7 @@ def _run(ctx: SearchContext, storage, cached, factory, current: dict, start: flo
     config, out = ctx.config, Path(ctx.config.out)
     joined = config.study.resume
     hits_before, misses_before = cached.cache.hits, cached.cache.misses
-    study = open_study(config, ctx.strategy, storage, index=0, joined=joined, create=not joined, current=current)
+    study = open_study(config, ctx.strategy, storage, index=0, create=not joined, current=current)
     scrub_stored_config(study)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "config.json", json.dumps(config.public_dict(), indent=1))
@@ -92,7 +106,7 @@ def _run(ctx: SearchContext, storage, cached, factory, current: dict, start: flo
         bar.refresh()
 
     try:
-        with workers(config, factory, joined, ctx.expand):  # this process is worker 0; its model is loaded anyway
+        with workers(config, factory, ctx.expand):  # this process is worker 0; its model is loaded anyway
             optimize(ctx, study, cached, progress, worker_name(0), note=note(show_progress))
         progress(study, None)
     finally:
@@ -103,4 +117,4 @@ def _run(ctx: SearchContext, storage, cached, factory, current: dict, start: flo
     return result
 
 
-__all__ = ["SearchResult", "run_search"]
+__all__ = ["SearchResult", "run_search", "study_exists"]

@@ -9,8 +9,44 @@ import pandas as pd
 
 from promptopt.errors import PromptTooLongError
 from promptopt.scoring.api import CachingScorer
-from promptopt.search.context import SearchContext
+from promptopt.search.context import SearchContext, decode
 from promptopt.search.recovery import counts, fault_point, give_back, pid_namespace, recover
+from promptopt.search.storage import sampling_state
+
+MAX_DUPLICATES_IN_A_ROW = 25  # samples that decode to evaluated prompts before a search stops as exhausted
+
+
+class DuplicatePrompt(Exception):
+    """The sampled point decodes to a prompt the study has evaluated: the trial is FAILed with user attr
+    `duplicate_of` and not counted; the next trial samples afresh."""
+
+
+def prompt_key(prompt) -> str:
+    """What makes two prompts the same prompt: their card (instruction, template, shots in order)."""
+    import hashlib
+    import json
+
+    return hashlib.sha256(json.dumps(prompt.to_card(), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def evaluated_as(ctx: SearchContext, study, trial, key: str) -> int | None:
+    """The number of a trial of the study that evaluated the prompt `key` (finished, or running with a lower
+    number, so of two concurrent trials the later one is the duplicate), else None."""
+    from optuna.trial import TrialState
+
+    for other in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)):
+        if other.number == trial.number or (other.state == TrialState.RUNNING and other.number > trial.number):
+            continue
+        other_key = other.user_attrs.get("prompt_key")
+        if other_key is None and other.state != TrialState.RUNNING:  # a study from before prompt keys were recorded
+            other_key = prompt_key(decode(ctx, other.params))
+        if other_key == key:
+            return other.number
+    return None
+
+
+def is_duplicate(trial) -> bool:
+    return trial.state.name == "FAIL" and "duplicate_of" in trial.user_attrs
 
 
 def with_robust_correct(table: pd.DataFrame, groups, cached) -> pd.DataFrame:
@@ -47,8 +83,16 @@ def make_objective(ctx: SearchContext, cached: CachingScorer, worker: str):
         objective.current = trial._trial_id
         trial.set_user_attr("worker_pidns", pid_namespace())  # first: the process that owns the trial (recover)
         trial.set_user_attr("worker", worker)
-        prompt = space.suggest(trial, ctx.candidates, ctx.data.spec)
+        trial.set_user_attr("ordinal", sampling_state(trial.study, trial)[0])  # its place in the sampled sequence
+        fault_point("ask")
+        prompt = space.suggest(trial, ctx.candidates, ctx.data.spec)  # the parameters are stored before any scoring
+        key = prompt_key(prompt)
+        trial.set_user_attr("prompt_key", key)
         trial.set_user_attr("exemplars", [ex.id for ex in prompt.exemplars])
+        same = evaluated_as(ctx, trial.study, trial, key)
+        if same is not None:
+            trial.set_user_attr("duplicate_of", same)
+            raise DuplicatePrompt(f"trial {trial.number} decodes to the prompt of trial {same}")
         frames = []
         for start in range(0, len(ctx.dev), minibatch):
             batch = ctx.dev[start : start + minibatch]
@@ -82,12 +126,15 @@ def optimize(ctx: SearchContext, study, cached: CachingScorer, progress, worker:
     Before each trial, abandoned trials are failed and their parameters queued (`recover`); queued retries
     run first, even when the budget is met, so no started trial is lost. No new trial starts while the
     trials running elsewhere would meet the budget by themselves: this process waits for them to finish or
-    to go stale (at most the grace period after their process died), then re-runs the stale ones."""
+    to go stale (at most the grace period after their process died), then re-runs the stale ones.
+    A sample that decodes to a prompt already evaluated is skipped and not counted (`DuplicatePrompt`);
+    after MAX_DUPLICATES_IN_A_ROW in a row the space is taken as exhausted and the search stops short."""
     study_config = ctx.config.study
     budget = study_config.trials
     objective = make_objective(ctx, cached, worker)
     callbacks = [progress] if progress else None
     waiting_since = None
+    duplicates_in_a_row = 0
     while True:
         recover(study, study_config.grace_period)
         done, running, waiting = counts(study)
@@ -103,8 +150,15 @@ def optimize(ctx: SearchContext, study, cached: CachingScorer, progress, worker:
         waiting_since = None
         objective.current = None
         try:
-            study.optimize(objective, n_trials=1, callbacks=callbacks, gc_after_trial=False)
+            study.optimize(objective, n_trials=1, callbacks=callbacks, gc_after_trial=False, catch=(DuplicatePrompt,))
         except BaseException as exc:
             if not isinstance(exc, PromptTooLongError):  # a prompt too long would fail again
                 give_back(study, objective.current)
             raise
+        last = study._storage.get_trial(objective.current) if objective.current is not None else None
+        duplicates_in_a_row = duplicates_in_a_row + 1 if last is not None and is_duplicate(last) else 0
+        if duplicates_in_a_row >= MAX_DUPLICATES_IN_A_ROW:
+            if note is not None:
+                note(f"stopped with {done} of {budget} trials: the last {duplicates_in_a_row} samples all decoded to prompts "
+                     "already evaluated, so the space holds few other prompts the sampler finds")
+            return

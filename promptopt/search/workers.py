@@ -17,7 +17,7 @@ from promptopt.search.storage import make_storage, open_study, quiet_optuna
 from promptopt.search.trial import optimize
 
 
-def worker_main(config_dict: dict, factory, index: int, joined: bool, ready=None, errors=None, expand=None) -> None:
+def worker_main(config_dict: dict, factory, index: int, ready=None, errors=None, expand=None) -> None:
     """Entry point of a worker process: builds its own scorer from the factory (model, task data, the
     shared result cache), signals `ready`, and joins the study. A user error goes to `errors` (the parent
     reports it in one line); Ctrl-C exits quietly with status 130."""
@@ -32,7 +32,7 @@ def worker_main(config_dict: dict, factory, index: int, joined: bool, ready=None
             cached = factory()
             ctx = build_context(config, cached.data, expand)
             storage = make_storage(config)
-            study = open_study(config, ctx.strategy, storage, index=index, joined=joined, create=False)
+            study = open_study(config, ctx.strategy, storage, index=index, create=False)
             if ready is not None:
                 ready.set()
             optimize(ctx, study, cached, None, worker_name(index))
@@ -45,7 +45,7 @@ def worker_main(config_dict: dict, factory, index: int, joined: bool, ready=None
 
 
 @contextmanager
-def workers(config: SearchConfig, factory, joined: bool, expand=None):
+def workers(config: SearchConfig, factory, expand=None):
     """Workers 1..n-1 as spawned processes, started together (each with its model loaded). On the way out
     they are joined; if this process stops early (Ctrl-C, an error) they are interrupted so each gives its
     trial back, then terminated if they do not stop."""
@@ -53,7 +53,7 @@ def workers(config: SearchConfig, factory, joined: bool, expand=None):
     spawn = multiprocessing.get_context("spawn")
     errors = spawn.Queue() if n > 1 else None
     ready = [spawn.Event() for _ in range(1, n)]
-    procs = [spawn.Process(target=worker_main, args=(config.to_dict(), factory, i, joined, ready[i - 1], errors, expand)) for i in range(1, n)]
+    procs = [spawn.Process(target=worker_main, args=(config.to_dict(), factory, i, ready[i - 1], errors, expand)) for i in range(1, n)]
     for proc in procs:
         proc.start()
     ok = False

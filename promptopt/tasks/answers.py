@@ -127,6 +127,28 @@ def gold_index(value: Any, choices: list[str], labels: list[str] | None, ref: Ro
     return index
 
 
+def check_distinct_choices(spec, ref: RowRef, row: dict, choices: list[str]) -> None:
+    """Two equal choices cannot be told apart (the first would win every tie, so a gold on either scores
+    right): an error naming where the choices come from, unless the task allows duplicates."""
+    from promptopt.errors import ConfigError
+    from promptopt.tasks.fields import lookup
+    from promptopt.yamlio import key_line
+
+    seen = set()
+    dup = next((c for c in choices if c in seen or seen.add(c)), None)
+    if dup is None:
+        return
+    field = spec.fields["choices"]
+    fix = ("make the choices distinct, or set answer.allow_duplicate_choices: true to allow them "
+           "(a tie between equal choices then counts as wrong)")
+    literal = field.kind == "list" and all(e.kind == "column" and not lookup(row, e.raw)[0] for e in field.entries)
+    if literal:  # the words are the task file's, the same in every row
+        line = key_line(spec.where, field.key)
+        raise ConfigError(f"{spec.where}{f' line {line}' if line else ''}: {field.key}: choice '{dup}' appears twice "
+                          f"{choices}; {fix}")
+    raise ref.fail(field.key, f"choice '{dup}' appears twice {choices}; {fix}")
+
+
 @register
 class MultipleChoice(AnswerType):
     """Each choice's continuation scored by log-likelihood (lm-eval's acc; acc_norm divides by length)."""
@@ -139,6 +161,8 @@ class MultipleChoice(AnswerType):
     def make_item(self, spec, ref, row):
         item_id, question = self._base(spec, ref, row)
         choices, gold = self._choices_and_gold(spec, ref, row)
+        if not spec.allow_duplicate_choices:
+            check_distinct_choices(spec, ref, row, choices)
         return Item(item_id, question, gold, choices[gold], tuple(choices), where=ref.where)
 
 
@@ -151,13 +175,14 @@ class MultipleChoiceGenerated(MultipleChoice):
     generative = True
 
     def judge(self, spec, item, text, prompt):
-        shown = prompt.choice_texts(item.choices)
+        shown = options = prompt.choice_texts(item.choices)
         index, start = choice_answer(text, shown)
         if index is None and shown != list(item.choices):  # letters or label words shown: the text counts too
-            index, start = choice_answer(text, list(item.choices))
+            options = list(item.choices)
+            index, start = choice_answer(text, options)
         if index is None:
             return "", -1, False
-        return shown[index], start, index == item.gold
+        return shown[index], start, index == item.gold and options.count(options[index]) == 1  # a tie is wrong
 
     def judge_unstated(self, spec, item, text, prompt):
         """Without an answer line only 'the answer is X' counts: a chain of thought starts with capitals ('A

@@ -17,7 +17,7 @@ import numpy as np
 
 from promptopt.errors import ConfigError, DataError
 from promptopt.prompts import Prompt
-from promptopt.tasks.fields import RowRef
+from promptopt.tasks.fields import RowError, RowRef
 from promptopt.tasks.item import Item
 from promptopt.tasks.spec import SourceSpec, TaskSpec
 
@@ -96,7 +96,7 @@ def read_file(path: Path, where: str, split: str) -> list[Row]:
         rows = [(f"{path} row {i + 1}", row) for i, row in enumerate(frame.to_dict("records"))]
     if not rows:
         raise DataError(f"{where}: data file {path} has no rows")
-    return [(RowRef(f"{split}-{i}", ref), row) for i, (ref, row) in enumerate(rows)]
+    return [(RowRef(f"{split}-{i}", ref, str(path)), row) for i, (ref, row) in enumerate(rows)]
 
 
 def _json_rows(text: str, path: Path, kind: str) -> list[tuple[str, dict]]:
@@ -137,7 +137,7 @@ def _json_lines(text: str, path: Path) -> list[tuple[str, dict]]:
 
 
 def _dataset_rows(dataset, label: str, split: str) -> list[Row]:
-    return [(RowRef(f"{split}-{i}", f"{label} row {i + 1}"), row) for i, row in enumerate(dataset)]
+    return [(RowRef(f"{split}-{i}", f"{label} row {i + 1}", label), row) for i, row in enumerate(dataset)]
 
 
 def _package_root(source: SourceSpec, where: str) -> Path:
@@ -207,6 +207,29 @@ def to_item(spec: TaskSpec, ref: RowRef, row: dict) -> Item:
     return spec.answer.make_item(spec, ref, row)
 
 
+def _to_items(spec: TaskSpec, rows: list[Row], indices) -> list[Item]:
+    """The rows at `indices` as items. A mistake that every row of the source shares is reported at the
+    source's first row, saying so (the first carved row's line, say 417, would suggest that row alone is wrong)."""
+    items = []
+    for i in indices:
+        try:
+            items.append(to_item(spec, *rows[i]))
+        except RowError as exc:
+            raise _every_row(spec, rows, exc) from None
+    return items
+
+
+def _every_row(spec: TaskSpec, rows: list[Row], error: RowError) -> DataError:
+    for ref, row in rows:
+        try:
+            to_item(spec, ref, row)
+        except RowError as other:
+            if (other.key, other.message) == (error.key, error.message):
+                continue
+        return error  # some row reads differently: the mistake is that row's
+    return DataError(f"{rows[0][0].where}: {error.key}: {error.message} (the same in every row)")
+
+
 # --- carving ------------------------------------------------------------------------------------
 def load_task_data(spec: TaskSpec, *, subsets: list[str] | None = None) -> TaskData:
     """Carve pool/dev/test: per source split one seeded permutation, handed out in role order."""
@@ -229,7 +252,7 @@ def load_task_data(spec: TaskSpec, *, subsets: list[str] | None = None) -> TaskD
                     f"{spec.where}: splits.{role}: needs {size} items from '{source_split}' but only "
                     f"{len(rows) - start} remain of {len(rows)}"
                 )
-            carved[role] = [to_item(spec, *rows[i]) for i in order[start:stop]]
+            carved[role] = _to_items(spec, rows, order[start:stop])
             if not carved[role]:
                 raise DataError(f"{spec.where}: splits.{role}: the split is empty")
             start = stop

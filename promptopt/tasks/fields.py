@@ -32,25 +32,41 @@ _ENV = None
 
 
 def _jinja_env():
-    """One sandboxed, immutable environment with strict undefined names (lm-eval's choice)."""
+    """One sandboxed, immutable environment with strict undefined names (lm-eval's choice); an undefined
+    value fails even inside a rendered list (`{{[a, b]}}` calls repr, which plain StrictUndefined allows)."""
     global _ENV
     if _ENV is None:
         import jinja2
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-        _ENV = ImmutableSandboxedEnvironment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+        class Strict(jinja2.StrictUndefined):
+            __slots__ = ()
+            __repr__ = jinja2.StrictUndefined._fail_with_undefined_error
+
+        _ENV = ImmutableSandboxedEnvironment(undefined=Strict, keep_trailing_newline=True)
     return _ENV
+
+
+class RowError(DataError):
+    """A field cannot be read from a row; `key` and `message` without the row, so a loader can tell a
+    mistake every row shares (then it names no row) from one row's."""
+
+    def __init__(self, ref: RowRef, key: str, message: str) -> None:
+        super().__init__(f"{ref.where}: {key}: {message}")
+        self.ref, self.key, self.message = ref, key, message
 
 
 @dataclass(frozen=True)
 class RowRef:
-    """Where a row came from, for error messages: `data/piqa.jsonl line 6`, `validation row 12`."""
+    """Where a row came from, for error messages: `data/piqa.jsonl line 6`, `validation row 12`; `source` is
+    the file or dataset itself."""
 
     id: str
     where: str
+    source: str = ""
 
-    def fail(self, key: str, message: str) -> DataError:
-        return DataError(f"{self.where}: {key}: {message}")
+    def fail(self, key: str, message: str) -> RowError:
+        return RowError(self, key, message)
 
 
 def lookup(row: Any, path: str) -> tuple[bool, Any]:
@@ -70,6 +86,19 @@ def _columns(row: Any) -> str:
     return ", ".join(map(str, row)) if isinstance(row, dict) else "-"
 
 
+def did_you_mean(name: str, row: Any) -> str:
+    """`; did you mean 'x'?` when a column of the row is a likely typo of `name` (its first part), else ''."""
+    top = name.split(".")[0]
+    if not isinstance(row, dict) or top in row:
+        return ""
+    close = difflib.get_close_matches(top, [str(c) for c in row], n=1, cutoff=0.7)
+    return f"; did you mean '{name.replace(top, close[0], 1)}'?" if close else ""
+
+
+def missing_column(name: str, row: Any) -> str:
+    return f"column '{name}' not found (columns: {_columns(row)}){did_you_mean(name, row)}"
+
+
 @dataclass(frozen=True)
 class FieldSpec:
     """One compiled field: `resolve(row, ref)` gives its value for a row."""
@@ -79,6 +108,7 @@ class FieldSpec:
     kind: str  # column | jinja | format | list | literal
     template: Any = None
     entries: tuple[FieldSpec, ...] = ()
+    names: tuple[str, ...] = ()  # the names a Jinja template reads from the row
 
     @classmethod
     def parse(cls, raw: Any, key: str, where: str) -> FieldSpec:
@@ -100,11 +130,15 @@ class FieldSpec:
         if _JINJA_MARK.search(raw):
             import jinja2
 
+            from jinja2 import meta
+
+            env = _jinja_env()
             try:
-                template = _jinja_env().from_string(raw)
+                template = env.from_string(raw)
+                names = tuple(sorted(meta.find_undeclared_variables(env.parse(raw)) - set(env.globals)))
             except jinja2.TemplateSyntaxError as exc:
                 raise ConfigError(f"{where}: {key}: invalid Jinja template (line {exc.lineno}: {exc.message})") from None
-            return cls(key, raw, "jinja", template=template)
+            return cls(key, raw, "jinja", template=template, names=names)
         if _FORMAT_FIELD.search(raw):
             return cls(key, raw, "format")
         return cls(key, raw, "column")
@@ -116,13 +150,13 @@ class FieldSpec:
         if self.kind == "column":
             found, value = lookup(row, self.raw)
             if not found:
-                raise ref.fail(self.key, f"column '{self.raw}' not found (columns: {_columns(row)})")
+                raise ref.fail(self.key, missing_column(self.raw, row))
             return value
         if self.kind == "format":
             def field(match: re.Match) -> str:
                 found, value = lookup(row, match.group(1))
                 if not found:
-                    raise ref.fail(self.key, f"column '{match.group(1)}' not found (columns: {_columns(row)})")
+                    raise ref.fail(self.key, missing_column(match.group(1), row))
                 return str(value)
 
             return _FORMAT_FIELD.sub(field, self.raw)
@@ -132,7 +166,12 @@ class FieldSpec:
             try:
                 return self.template.render(**row) if isinstance(row, dict) else self.template.render()
             except jinja2.UndefinedError as exc:
-                raise ref.fail(self.key, f"template uses {exc.message} (columns: {_columns(row)})") from None
+                absent = [n for n in self.names if not isinstance(row, dict) or n not in row]
+                if absent:  # name the column (Jinja's own message may name a value, or 'dict object')
+                    raise ref.fail(self.key, f"the template reads '{absent[0]}', which is not a column "
+                                             f"(columns: {_columns(row)}){did_you_mean(absent[0], row)}") from None
+                raise ref.fail(self.key, f"the template reads a value the row does not have: {exc.message} "
+                                         f"(columns: {_columns(row)})") from None
             except jinja2.TemplateError as exc:
                 raise ref.fail(self.key, f"template failed: {exc}") from None
             except Exception as exc:  # an expression over the row (indexing, a filter) failed on its values
@@ -143,7 +182,8 @@ class FieldSpec:
         is_column = [e.kind == "column" and lookup(row, e.raw)[0] for e in self.entries]
         if any(is_column) and not all(is_column):
             bad = next(e for e, col in zip(self.entries, is_column) if not col)
-            raise ref.fail(bad.key, f"'{bad.raw}' is not a column but other entries are (columns: {_columns(row)})")
+            raise ref.fail(bad.key, f"'{bad.raw}' is not a column but the other entries are (columns: {_columns(row)})"
+                                    f"{did_you_mean(bad.raw, row)}")
         values = []
         for entry, column in zip(self.entries, is_column):
             if column or entry.kind != "column":

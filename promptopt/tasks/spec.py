@@ -19,7 +19,9 @@ splits:                      # disjoint, seeded carving of pool / dev / test fro
   dev: {from: validation, size: 100}
   test: {from: validation, size: null}      # null: everything left
 answer: {type: multiple_choice, metric: acc}  # a registered answer type (tasks/answers.py); generative
-                                            #   types also take extract: answer_line (read 'Answer: ...' first)
+                                            #   types also take extract: answer_line (read 'Answer: ...' first);
+                                            #   allow_duplicate_choices: true lets a row repeat a choice
+                                            #   (else an error; a tie between equal choices counts as wrong)
 generation: {max_new_tokens: 32, stop: ["\n"]}   # generative answer types
 prompt: {instruction: "", k: 4, template: {query: "{question}\nAnswer:"}}
 ```
@@ -80,6 +82,7 @@ class TaskSpec:
     code_sandbox: str | None = None  # bwrap | rlimit | none; None: $PROMPTOPT_SANDBOX, else bwrap
     description: str = ""
     extract: str = "default"  # "default": the answer type's own rule; "answer_line": an 'Answer: ...' line first
+    allow_duplicate_choices: bool = False  # else two equal choices in a row are an error (a tie is never right)
 
     @property
     def answer(self) -> AnswerType:
@@ -148,7 +151,7 @@ def parse_task(data: dict, where: str) -> TaskSpec:
     )
 
     a = f.sub("answer")
-    a.reject_unknown({"type", "metric", "gold_format", "extract", "timeout", "sandbox"})
+    a.reject_unknown({"type", "metric", "gold_format", "extract", "timeout", "sandbox", "allow_duplicate_choices"})
     answer_type = a.choice("type", tuple(ANSWER_TYPES))
     answer = get_answer_type(answer_type)
     metric = a.choice("metric", ("acc", "acc_norm"), "acc")
@@ -159,6 +162,9 @@ def parse_task(data: dict, where: str) -> TaskSpec:
     if extract == "answer_line" and answer_type == "code":
         raise a.fail("extract", "'default' (code answers are run, not read from an answer line)", extract)
     fields = _parse_fields(f, answer)
+    allow_duplicates = a.get("allow_duplicate_choices", bool, False)
+    if allow_duplicates and not answer.has_choices:
+        raise a.fail("allow_duplicate_choices", f"false (answer.type {answer_type} has no choices)", allow_duplicates)
 
     sp = f.sub("splits")
     sp.reject_unknown({"seed", *_SPLIT_ROLES})
@@ -212,6 +218,7 @@ def parse_task(data: dict, where: str) -> TaskSpec:
         template=template,
         code_timeout=float(a.get("timeout", (int, float), 10.0)),
         code_sandbox=a.choice("sandbox", SANDBOX_MODES, None),
+        allow_duplicate_choices=allow_duplicates,
     )
 
 
