@@ -16,7 +16,7 @@ import optuna
 import pandas as pd
 import pytest
 from tests.clirun import promptopt
-from tests.test_faults import Run, assert_ok, assert_one_error_line, assert_run_dir_parses, cli, kill_at, snapshot
+from tests.test_faults import assert_ok, assert_one_error_line, assert_run_dir_parses, cli, kill_at, snapshot
 
 COMPARE = ["compare", "--task", "sst2", "--trials", "2", "--dev-limit", "8", "--test-limit", "6", "--robust-limit", "3",
            "--suite", "quick", "--top-n", "1", "--device", "cpu"]

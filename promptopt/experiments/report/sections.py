@@ -137,7 +137,7 @@ def search_section(source) -> str:
             out.append(figures.embed(figures.pareto(studies[0]), f"pareto-{strategy}", 360))
     trials = trials_frame(source)
     pruned = int((trials["state"] == "PRUNED").sum())
-    out.append(f'<h3 id="scatter">Accuracy vs δ_TCB</h3>')
+    out.append('<h3 id="scatter">Accuracy vs δ_TCB</h3>')
     if trials[["accuracy", "tcb_mean"]].map(finite).all(axis=1).any():
         rows = 2 if pruned else 1
         out.append(figures.embed(figures.trials_scatter(trials), "scatter", 200 + 260 * rows))
