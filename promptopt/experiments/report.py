@@ -19,7 +19,7 @@ from pathlib import Path
 
 from promptopt.errors import UserError
 from promptopt.experiments.export import Run, load_study, open_run
-from promptopt.yamlio import atomic_write_text
+from promptopt.yamlio import atomic_write_text, check_output
 
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem auto;max-width:1150px;color:#1d2330;padding:0 1rem}
@@ -305,6 +305,7 @@ def write_report(run_dir: str | Path, *, out: str | Path | None = None, card: Pa
     out = Path(out) if out is not None else Path(run_dir) / "report.html"
     if out.is_dir():
         raise UserError(f"--out {out}: is a directory; give a file name")
+    check_output(out, folder=False, what="--out")
     page = build_report(run_dir, card=card, robustness=robustness, taboo=taboo)
     atomic_write_text(out, page)
     return out
