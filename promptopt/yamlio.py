@@ -98,50 +98,110 @@ def current_umask() -> int:
     return mask
 
 
+def cannot_write(path: str | Path, exc: OSError) -> UserError:
+    """A full disk, a quota, a read-only or forbidden folder while writing: the user's to fix, in one line."""
+    reason = os.strerror(exc.errno) if exc.errno else (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return UserError(f"cannot write {path}: {reason}")
+
+
+def _temp_beside(path: Path, made: list[Path]) -> str:
+    """A temp file in `path`'s folder, creating the folder (the folders created are appended to `made`)."""
+    missing = [p for p in [path.parent, *path.parent.parents] if not p.exists()]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    made.extend(missing)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    return tmp
+
+
+def remove_empty_dirs(folders) -> None:
+    """Remove those of `folders` (deepest first) that are empty: what a failed write created and left unused."""
+    for folder in sorted(map(Path, folders), key=lambda p: len(p.parts), reverse=True):
+        try:
+            folder.rmdir()
+        except OSError:
+            pass
+
+
 def atomic_write_text(path: str | Path, text: str) -> None:
     """Write via a temp file in the same folder and rename: readers never see half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    atomic_write_texts([(path, text)])
+
+
+def atomic_write_texts(files: list[tuple[str | Path, str]]) -> None:
+    """Several files, all or none: every one goes to a temp file first and is renamed only when all are
+    written, so a full disk or a forbidden folder leaves neither half a file nor some of the files."""
+    written: list[tuple[str, Path]] = []
+    made: list[Path] = []
+    current = None
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.chmod(tmp, 0o666 & ~current_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        for path, text in files:
+            current = Path(path)
+            tmp = _temp_beside(current, made)
+            written.append((tmp, current))
+            with open(tmp, "w", encoding="utf-8") as handle:
+                handle.write(text)
+        for tmp, path in written:
+            current = path
+            os.chmod(tmp, 0o666 & ~current_umask())
+            os.replace(tmp, path)
+        made = []
+    except OSError as exc:
+        raise cannot_write(current, exc) from None
+    finally:
+        for tmp, _ in written:
+            Path(tmp).unlink(missing_ok=True)
+        remove_empty_dirs(made)
 
 
 def atomic_write_bytes_via(path: str | Path, writer) -> None:
     """Call writer(tmp_path) then rename onto `path` (for pandas to_parquet/to_csv)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    tmp, made = None, []
     try:
+        tmp = _temp_beside(path, made)
         writer(tmp)
         os.chmod(tmp, 0o666 & ~current_umask())
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        made = []
+    except OSError as exc:  # pyarrow's and pandas' write errors are OSErrors too
+        raise cannot_write(path, exc) from None
+    finally:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        remove_empty_dirs(made)
 
 
 def check_output(path: str | Path, *, folder: bool, what: str) -> None:
     """Fail before any work if `path` cannot be written: a file where a folder is expected or the reverse,
-    or a read-only or forbidden location. Creates nothing."""
+    or a read-only or forbidden location (including a folder above it that may not be entered). Creates
+    nothing."""
     path = Path(path)
-    if path.exists() and folder != path.is_dir():
-        kind = "a file" if folder else "a directory"
-        raise UserError(f"{what} {path}: is {kind}; expected {'a directory' if folder else 'a file name'}")
-    existing = path if path.is_dir() else path.parent
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
+    try:
+        if path.exists() and folder != path.is_dir():
+            kind = "a file" if folder else "a directory"
+            raise UserError(f"{what} {path}: is {kind}; expected {'a directory' if folder else 'a file name'}")
+        existing = path if path.is_dir() else path.parent
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+    except PermissionError:  # a folder on the way may not be entered, so even stat fails (EACCES)
+        raise UserError(f"{what} {path}: cannot enter {_closed_folder(path)} (permission denied)") from None
     if not existing.is_dir():
         raise UserError(f"{what} {path}: {existing} is not a directory")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise UserError(f"{what} {path}: cannot write in {existing} (read-only file system or permission denied)")
+
+
+def _closed_folder(path: Path) -> Path:
+    """The first folder on the way to `path` that this user may not enter."""
+    for folder in reversed(path.absolute().parents):
+        try:
+            folder.stat()
+        except PermissionError:
+            return folder.parent
+        if not os.access(folder, os.X_OK):
+            return folder
+    return path.parent
 
 
 def key_line(path: str | Path, dotted_key: str) -> int | None:

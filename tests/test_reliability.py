@@ -8,20 +8,35 @@ tests/test_faults.py and promptopt/search/recovery.py `fault_point`).
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import subprocess
+import tempfile
 from pathlib import Path
 
 import optuna
 import pandas as pd
 import pytest
 from tests.clirun import promptopt
-from tests.test_faults import assert_ok, assert_one_error_line, assert_run_dir_parses, cli, kill_at, snapshot
+from tests.test_faults import Run, assert_ok, assert_run_dir_parses, cli, kill_at, snapshot
 
 COMPARE = ["compare", "--task", "sst2", "--trials", "2", "--dev-limit", "8", "--test-limit", "6", "--robust-limit", "3",
            "--suite", "quick", "--top-n", "1", "--device", "cpu"]
 TABLES = ("compare.csv", "compare_paired.csv", "compare_runs.csv")
 WALL = ("wall_seconds", "wall_seconds_sd")
+
+
+def assert_one_error_line(run, *fragments: str) -> None:
+    """Exit 2 and one message line on stderr, starting with 'error:' (progress bars and the fault hook's
+    announcements aside)."""
+    text = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", run.stderr)
+    lines = [line.strip() for line in re.split(r"[\r\n]", text) if line.strip() and "%|" not in line
+             and not line.startswith("fault-point ")]
+    assert run.code == 2, run.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: "), run.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
 
 
 @pytest.fixture(scope="module")
@@ -137,3 +152,156 @@ def test_an_over_long_card_prompt_names_the_card(model, tmp_path):
     for command in (["score", "--limit", "2"], ["evaluate", "--suite", "quick", "--limit", "2"]):
         run = promptopt(*command, "--task", "sst2", "--model", model, "--device", "cpu", "--prompt", card)
         assert_one_error_line(run, f"card {card}: item ", "tokens but model")
+
+
+# --- a full disk, a forbidden folder, two runs at once -----------------------------------------------------
+SEARCH = ["search", "--task", "sst2", "--dev-limit", "4", "--test-limit", "2", "--minibatch", "4", "--trials", "2", "--device", "cpu"]
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """`make(free)`: a 2 MiB tmpfs holding a filler file that leaves `free` bytes; unmounted afterwards."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    if os.geteuid() != 0 or not shutil.which("mount"):
+        pytest.skip("a small tmpfs needs root (mount -t tmpfs)")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"mount -t tmpfs is not permitted here: {done.stderr.strip()}")
+
+    def make(free: int = 0) -> Path:
+        filler = mount / "filler"
+        fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            while os.write(fd, b"\0" * 4096):
+                pass
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        os.truncate(filler, max(0, filler.stat().st_size - free))
+        return mount
+
+    yield make
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.fixture(scope="module")
+def finished_search(tmp_path_factory, model) -> Path:
+    out = tmp_path_factory.mktemp("finished") / "run"
+    assert promptopt(*SEARCH, "--model", model, "--out", out).code == 0
+    return out
+
+
+def left_on(disk: Path) -> list[str]:
+    return sorted(str(p.relative_to(disk)) for p in disk.rglob("*") if p.name != "filler")
+
+
+def test_a_full_disk_is_one_line_and_leaves_nothing_for_every_out(small_disk, model, finished_search):
+    """score, search, compare, evaluate, export (card and lm-eval's two files) and report with --out on a full
+    file system: exit 2, one `error:` line naming what could not be written, nothing left on the disk
+    (search: not even the study.db it had just created)."""
+    disk = small_disk(0)
+    common = ["--model", model, "--device", "cpu"]
+    cases = [
+        (["score", "--task", "sst2", "--limit", "2", *common, "--out", disk / "s.parquet"], "cannot write"),
+        ([*SEARCH, "--model", model, "--out", disk / "run"], "study.db"),
+        ([*COMPARE, "--model", model, "--strategies", "ppl", "--out", disk / "cmp"], "cannot write"),
+        (["evaluate", "--task", "sst2", "--suite", "quick", "--limit", "2", *common, "--out", disk / "ev"], "cannot write"),
+        (["export", finished_search, "--out", disk / "card.yaml"], f"cannot write {disk / 'card.yaml'}: No space left on device"),
+        (["export", finished_search, "--format", "lm-eval", "--out", disk / "task.yaml"], "No space left on device"),
+        (["report", finished_search, "--out", disk / "report.html"], f"cannot write {disk / 'report.html'}: No space left"),
+    ]
+    for args, fragment in cases:
+        run = promptopt(*args)
+        assert_one_error_line(run, fragment)
+        assert "Traceback" not in run.stderr
+        assert left_on(disk) == [], (args[0], left_on(disk))
+
+
+@pytest.mark.parametrize("free", [120_000, 220_000])
+def test_a_disk_that_fills_during_a_search_leaves_no_half_built_study(small_disk, model, free):
+    """Room for the schema but not for the trials (or for part of the schema): one line, and a study.db that
+    holds no finished trial is removed with the run directory this run created."""
+    disk = small_disk(free)
+    run = promptopt(*SEARCH, "--model", model, "--out", disk / "run")
+    assert_one_error_line(run, "database or disk is full")
+    assert left_on(disk) == []
+
+
+def test_an_out_whose_parent_may_not_be_entered_is_one_line():
+    """A non-root user (here: root's child process after setuid to nobody) whose --out lies under a folder it
+    may not enter: `check_output` fails in one line instead of a PermissionError traceback from stat."""
+    from promptopt.errors import UserError
+    from promptopt.yamlio import check_output
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to become another user")
+    with tempfile.TemporaryDirectory(dir="/tmp") as root:  # pytest's own folder is closed to other users
+        os.chmod(root, 0o755)
+        locked = Path(root) / "locked"
+        (locked / "inner").mkdir(parents=True)
+        locked.chmod(0o700)
+        message, code = _as_nobody(lambda: check_output(locked / "inner" / "run", folder=True, what="--out"), UserError)
+    assert code == 2, message
+    assert message == f"--out {locked / 'inner' / 'run'}: cannot enter {locked} (permission denied)"
+
+
+def _as_nobody(call, expected) -> tuple[str, int]:
+    """Run `call` in a forked child as uid/gid 65534: (its error message, 2 for `expected`, 1 otherwise, 0 if none)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: nobody, then the check
+        os.close(read)
+        code = 1
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            call()
+            code = 0
+        except expected as exc:
+            os.write(write, str(exc).encode())
+            code = 2
+        except BaseException as exc:  # noqa: BLE001 - reported to the parent
+            os.write(write, f"{type(exc).__name__}: {exc}".encode())
+        finally:
+            os._exit(code)
+    os.close(write)
+    message = os.read(read, 4096).decode()
+    os.close(read)
+    _, status = os.waitpid(pid, 0)
+    return message, os.waitstatus_to_exitcode(status)
+
+
+def test_two_searches_started_at_once_on_one_out(model, tmp_path):
+    """Both pass the checks before either has created the study (the fault hook holds each just before it
+    creates the storage): one runs, the other gets the 'already exists / pass --resume' line."""
+    out = tmp_path / "run"
+    runs = [Run(*SEARCH, "--model", model, "--out", str(out), PROMPTOPT_FAULT_SLEEP="create-storage:4") for _ in range(2)]
+    for run in runs:
+        run.finish()
+    codes = sorted(run.code for run in runs)
+    assert codes == [0, 2], [run.stderr for run in runs]
+    loser = next(run for run in runs if run.code == 2)
+    assert_one_error_line(loser, "study 'sst2-tcb' already exists in", "pass --resume")
+
+
+def test_a_schema_set_up_by_another_process_at_the_same_moment_is_retried(monkeypatch, tmp_path):
+    """Optuna's schema set-up raced by another process fails with IntegrityError on alembic_version once;
+    opening the storage again then finds the schema."""
+    from optuna import storages
+
+    from promptopt.search import SearchConfig
+    from promptopt.search.storage import make_storage
+
+    real, calls = storages.RDBStorage, []
+
+    def flaky(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("(sqlite3.IntegrityError) UNIQUE constraint failed: alembic_version.version_num")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(storages, "RDBStorage", flaky)
+    config = SearchConfig.build(task="sst2", out=str(tmp_path / "run"))
+    assert make_storage(config) is not None and len(calls) == 2

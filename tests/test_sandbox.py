@@ -163,6 +163,35 @@ def test_parent_environment_invisible(monkeypatch):
 
 
 @requires_bwrap
+def test_no_host_variable_in_any_process_and_no_home(monkeypatch):
+    """/proc/1/environ inside is bwrap's own environment (its PID 1): it was the host's PATH (/root/.cargo,
+    /root/.pyenv...). Now no process inside holds a host variable, the program sees only the sandbox's
+    own, and the interpreter's home (/root here) is not a name inside."""
+    monkeypatch.setenv("PROMPTOPT_PLANTED", "planted-" + uuid.uuid4().hex)
+    host = {f"{k}={v}".encode() for k, v in os.environ.items()}
+    program = (
+        f"import os, sys\nHOME = {os.path.expanduser('~')!r}\n"
+        "found = {}\n"
+        "for pid in filter(str.isdigit, os.listdir('/proc')):\n"
+        "    try:\n"
+        "        found[pid] = [e for e in open(f'/proc/{pid}/environ', 'rb').read().split(b'\\0') if e]\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "sys.exit(repr((found, sorted(os.listdir('/')), os.path.exists(HOME))))\n"
+    )
+    result, _ = isolated(program)
+    environs, top, home_exists = eval(result.detail)  # noqa: S307 - our own program's repr
+    assert environs["1"] == [], environs["1"]  # bwrap itself
+    for pid, entries in environs.items():
+        assert not host & set(entries), (pid, host & set(entries))
+        assert {e.split(b"=")[0] for e in entries} <= {b"PATH", b"HOME", b"OPENBLAS_NUM_THREADS", b"LD_LIBRARY_PATH", b"PWD",
+                                                      b"LC_CTYPE"}, (pid, entries)
+    assert "root" not in top and "home" not in top and not home_exists, top
+    assert sorted(top) == sorted(set(top) & {"bin", "dev", "etc", "lib", "lib32", "lib64", "libx32", "opt", "proc", "sbin",
+                                             "tmp", "usr", "work"}), top
+
+
+@requires_bwrap
 def test_writes_outside_do_not_land(tmp_path):
     target = tmp_path / "written-by-sandbox.txt"
     result, _ = isolated(contained(f"open({str(target)!r}, 'w').write('x')"))

@@ -41,7 +41,7 @@ from promptopt.search import SearchConfig, get_strategy, run_search, study_exist
 from promptopt.search.config import default_storage_url, redact
 from promptopt.search.recovery import fault_point
 from promptopt.tasks.item import items_sha256
-from promptopt.yamlio import atomic_write_bytes_via, atomic_write_text, check_output, write_table
+from promptopt.yamlio import atomic_write_bytes_via, atomic_write_text, check_output, remove_empty_dirs, write_table
 
 SELECTIONS = ("strategy", "robust")
 _N_BOOT = 2000
@@ -77,7 +77,7 @@ def run_compare(
     show_progress: bool = True,
 ) -> CompareResult:
     """Search every strategy `seeds` times, evaluate each search's top-N prompts, compare the winners."""
-    from promptopt.robustness.suite import Similarity, load_suite
+    from promptopt.robustness.suite import load_suite
 
     for name in strategies:
         get_strategy(name)  # fail on a typo before anything runs
@@ -92,6 +92,20 @@ def run_compare(
     the_suite = load_suite(suite) if suite else None
     out = Path(base.out)
     check_output(out, folder=True, what="--out")
+    made_out = not out.exists()
+    try:
+        return _compare(base, strategies, out, seeds=seeds, top_n=top_n, select=select, the_suite=the_suite,
+                        robust_limit=robust_limit, show_progress=show_progress)
+    except Exception:  # folders this compare created and left empty go too (finished work stays for --resume)
+        if made_out:
+            remove_empty_dirs([out, *(p for p in out.rglob("*") if p.is_dir())])
+        raise
+
+
+def _compare(base: SearchConfig, strategies: list[str], out: Path, *, seeds: int, top_n: int, select: str, the_suite,
+             robust_limit: int | None, show_progress: bool) -> CompareResult:
+    from promptopt.robustness.suite import Similarity
+
     storage = base.study.storage or default_storage_url(out)
     session = Session(model=base.model, data=base.data, out=out, batch_size=base.batch_size)
     configs = {(name, s): _seed_config(base, name, s, seeds, out, storage) for name in strategies for s in range(seeds)}

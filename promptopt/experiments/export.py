@@ -19,6 +19,7 @@ from promptopt.card import prompt_hashes, sha256_json, sha256_text, token_ids_sh
 from promptopt.errors import UserError
 from promptopt.experiments.session import Session
 from promptopt.prompts import Prompt
+from promptopt.yamlio import check_output
 
 FORMATS = ("card", "messages", "text", "lm-eval")
 _BOOTSTRAP = 2000
@@ -365,6 +366,7 @@ def export_run(run_dir: str | Path, *, out: str | Path, strategy: str | None = N
     out = Path(out)
     if out.is_dir():
         raise UserError(f"--out {out}: is a directory; give a file name")
+    check_output(out, folder=False, what="--out")  # before the card is measured
     root, session = Path(run_dir), None
     if select == "robust":
         if not (root / "compare.csv").is_file():

@@ -15,7 +15,7 @@ import yaml
 
 from promptopt.errors import UserError
 from promptopt.prompts import LETTERS, Prompt
-from promptopt.yamlio import atomic_write_text
+from promptopt.yamlio import atomic_write_texts
 
 QUESTION_SLOT, OPTIONS_SLOT = "{question}", "{options}"
 
@@ -204,8 +204,7 @@ def write(card: dict, fmt: str, out: Path, *, items=None) -> list[Path]:
         task = lm_eval_task(card, items_file)
         header = _LM_EVAL_HEADER.format(items=items_file.name, folder=out.parent.resolve(), task=task["task"], model=card["model"]["spec"])
         files = [(items_file, lm_eval_items(card, items)), (out, header + dump_yaml(task))]
-    for path, text in files:
-        atomic_write_text(path, text)
+    atomic_write_texts(files)  # all or none
     return [path for path, _ in files]
 
 

@@ -53,11 +53,17 @@ class ResultCache:
     @property
     def _db(self) -> sqlite3.Connection:
         if self._conn is None:
-            with self._errors():
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                conn = sqlite3.connect(self.path, timeout=60, isolation_level=None)
-                conn.execute("PRAGMA journal_mode=WAL")
-                conn.execute("CREATE TABLE IF NOT EXISTS results (key TEXT PRIMARY KEY, row TEXT NOT NULL)")
+            new = not self.path.exists()
+            try:
+                with self._errors():
+                    self.path.parent.mkdir(parents=True, exist_ok=True)
+                    conn = sqlite3.connect(self.path, timeout=60, isolation_level=None)
+                    conn.execute("PRAGMA journal_mode=WAL")
+                    conn.execute("CREATE TABLE IF NOT EXISTS results (key TEXT PRIMARY KEY, row TEXT NOT NULL)")
+            except CacheError:  # e.g. a full disk: a cache that could not be set up leaves no file
+                for suffix in ("", "-wal", "-shm", "-journal") if new else ():
+                    Path(f"{self.path}{suffix}").unlink(missing_ok=True)
+                raise
             self._conn = conn
         return self._conn
 
@@ -69,6 +75,8 @@ class ResultCache:
         except sqlite3.OperationalError as exc:
             if "locked" in str(exc) or "busy" in str(exc):
                 raise CacheError(f"result cache {self.path}: {exc} (another process holds it)") from None
+            if "disk is full" in str(exc) or "readonly" in str(exc):  # the disk's problem, not the file's
+                raise CacheError(f"cannot write the result cache {self.path}: {exc}") from None
             raise CacheError(f"result cache {self.path} is unreadable ({exc}): delete it (it only holds cached scores) and run again") from None
         except (sqlite3.DatabaseError, json.JSONDecodeError) as exc:
             raise CacheError(f"result cache {self.path} is corrupt ({exc}): delete it (it only holds cached scores) and run again") from None

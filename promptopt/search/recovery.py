@@ -33,7 +33,8 @@ def fault_point(phase: str) -> None:
     first), so a test can kill it at a known point. Phases: ask (a trial started, before its parameters are
     sampled), trial (after a trial's first minibatch), rescore (before the winner is re-scored), card (after
     the trials table, before the card and summary); compare-search (before a compare's next study),
-    compare-test (before a prompt's test scoring), compare-robust (before its robustness evaluation)."""
+    compare-test (before a prompt's test scoring), compare-robust (before its robustness evaluation);
+    create-storage (a new run, checked, about to create its study's storage)."""
     name, _, rest = os.environ.get(FAULT_ENV, "").partition(":")
     if name != phase:
         return
@@ -206,6 +207,9 @@ def storage_errors(config: SearchConfig):
         cause = storage_cause(exc)
         if cause is None:
             raise
+        if "disk is full" in str(cause):
+            raise StorageError(f"cannot write the storage {redact(config.storage_url)}: database or disk is full; free some "
+                               "space and run again (a study that has finished trials is continued with --resume)") from None
         raise StorageError(
             f"lost the storage {redact(config.storage_url)} ({first_line(getattr(cause, 'orig', None) or cause)}); "
             "a trial left RUNNING is failed and re-run by --resume"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import threading
 import warnings
 
@@ -13,29 +14,81 @@ from promptopt.errors import StorageError, UserError
 from promptopt.search.config import SearchConfig, redact, sqlite_path
 from promptopt.search.recovery import first_line, retry_callback, storage_cause
 from promptopt.search.strategies import Strategy
+from promptopt.yamlio import cannot_write
 
 
 def make_storage(config: SearchConfig):
     """An RDBStorage with heartbeat and retry of stale trials; unreachable URLs become one clear error."""
+    import time
+
     from optuna import storages
 
     url = config.storage_url
     if sqlite_path(url) is not None:
-        sqlite_path(url).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            sqlite_path(url).parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise cannot_write(sqlite_path(url).parent, exc) from None
     engine_kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
     callback_kw = "heartbeat_stale_trial_callback" if hasattr(storages, "RetryHeartbeatStaleTrialCallback") else "failed_trial_callback"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # heartbeat and the retry callback are "experimental" in Optuna
-        try:
-            return storages.RDBStorage(
-                url,
-                engine_kwargs=engine_kwargs,
-                heartbeat_interval=config.study.heartbeat_interval,
-                grace_period=config.study.grace_period,
-                **{callback_kw: retry_callback()(max_retry=3)},
-            )
-        except Exception as exc:  # any failure to open a user-given URL is the URL's problem
-            raise StorageError(f"cannot open storage {redact(url)}: {first_line(exc)}") from None
+    for attempt in (1, 2):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # heartbeat and the retry callback are "experimental" in Optuna
+            try:
+                return storages.RDBStorage(
+                    url,
+                    engine_kwargs=engine_kwargs,
+                    heartbeat_interval=config.study.heartbeat_interval,
+                    grace_period=config.study.grace_period,
+                    **{callback_kw: retry_callback()(max_retry=3)},
+                )
+            except Exception as exc:  # any failure to open a user-given URL is the URL's problem
+                if attempt == 1 and _schema_race(exc):  # another process set the schema up at the same moment
+                    time.sleep(0.5)
+                    continue
+                raise StorageError(f"cannot open storage {redact(url)}: {first_line(exc)}") from None
+
+
+def _schema_race(exc: BaseException) -> bool:
+    text = str(exc)
+    return "alembic_version" in text or "already exists" in text or "UNIQUE constraint failed" in text
+
+
+def claim_sqlite_file(config: SearchConfig) -> None:
+    """Create the run's new SQLite file exclusively (O_EXCL): of two runs started at the same instant on one
+    --out, the second is told to --resume instead of colliding in Optuna's schema set-up."""
+    path = sqlite_path(config.storage_url)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+    except FileExistsError:
+        raise UserError(f"study '{config.name}' already exists in {redact(config.storage_url)} (another run created it just "
+                        "now): pass --resume to continue it, or choose another --out / --study-name") from None
+    except OSError as exc:
+        raise cannot_write(path, exc) from None
+
+
+def remove_new_sqlite(config: SearchConfig, storage) -> bool:
+    """Delete the SQLite file this run created (and its journal), when no trial of it has finished: a run
+    that failed before its first trial leaves no half-built study.db behind."""
+    import optuna
+    from optuna.trial import TrialState
+
+    path = sqlite_path(config.storage_url)
+    try:
+        if storage is not None:
+            studies = optuna.get_all_study_summaries(storage, include_best_trial=False)
+            for summary in studies:
+                trials = storage.get_all_trials(summary._study_id, deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+                if trials:
+                    return False  # finished work: --resume continues from it
+            storage.engine.dispose()
+    except Exception:  # the file is unreadable (a half-built schema): nothing in it to keep
+        if storage is not None:
+            storage.engine.dispose()
+    for name in (path.name, path.name + "-journal", path.name + "-wal", path.name + "-shm"):
+        (path.parent / name).unlink(missing_ok=True)
+    return True
 
 
 def existing_storage(config: SearchConfig):

@@ -13,16 +13,18 @@ count towards the budget, so nothing is counted twice (recovery.py says when a t
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 
 from promptopt.errors import ConfigError
-from promptopt.search.config import SearchConfig
+from promptopt.search.config import SearchConfig, sqlite_path
 from promptopt.search.context import SearchContext, SearchResult, build_context, check_prompts_fit, note, require_variants
 from promptopt.search.identity import check_same_study, check_study, identity, scrub_stored_config
 from promptopt.search.outputs import report_leftovers, write_outputs
-from promptopt.search.recovery import counts, storage_errors, worker_name
-from promptopt.search.storage import existing_storage, make_storage, open_study, quiet_optuna, stored_study
+from promptopt.search.recovery import counts, fault_point, storage_errors, worker_name
+from promptopt.search.storage import (claim_sqlite_file, existing_storage, make_storage, open_study, quiet_optuna,
+                                      remove_new_sqlite, stored_study)
 from promptopt.search.trial import optimize
 from promptopt.search.workers import workers
 from promptopt.yamlio import atomic_write_text, check_output
@@ -44,6 +46,7 @@ def run_search(config: SearchConfig, *, scorer=None, data=None, expand=None, sho
     quiet_optuna()
     out = Path(config.out)
     check_output(out, folder=True, what="--out")
+    made_out = not out.exists()
     if data is not None and config.study.n_workers > 1:
         raise ConfigError("run_search(data=...): worker processes load the task's own data; use n_workers=1")
     data = data if data is not None else scorer.data if scorer is not None else config.data.load()
@@ -62,9 +65,18 @@ def run_search(config: SearchConfig, *, scorer=None, data=None, expand=None, sho
     else:
         factory = ScorerFactory(model=config.model, data=config.data, cache_path=str(scorer.cache.path), batch_size=config.batch_size)
     check_prompts_fit(ctx, scorer)
-    with storage_errors(config):
-        storage = storage or make_storage(config)
-        return _run(ctx, storage, scorer, factory, current, start, show_progress)
+    creates = storage is None and sqlite_path(config.storage_url) is not None
+    fault_point("create-storage")
+    if creates:
+        claim_sqlite_file(config)  # a run started at the same instant on this --out is told to --resume
+    try:
+        with storage_errors(config):
+            storage = storage or make_storage(config)
+            return _run(ctx, storage, scorer, factory, current, start, show_progress)
+    except Exception:  # a full disk, a lost storage, any error: a run that finished no trial leaves nothing
+        if creates and remove_new_sqlite(config, storage) and made_out:
+            shutil.rmtree(out, ignore_errors=True)
+        raise
 
 
 def study_exists(config: SearchConfig, data, expand=None) -> bool:

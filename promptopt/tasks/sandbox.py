@@ -5,8 +5,9 @@ Generated code never runs in our process. Three modes (keyword `sandbox`, defaul
 
 - "bwrap": bubblewrap namespaces. No network (a new net namespace holds only an idle loopback), its own PID
   namespace (everything in it dies with it), read-only /usr, /lib* and the interpreter's stdlib only (no
-  site-packages, no venv, no home; of /etc only ld.so.cache), tmpfs /tmp and a tmpfs work folder holding only
-  the program, an empty environment, and an unprivileged id (`SANDBOX_ID` inside; outside too when we run as
+  site-packages, no venv, no home: an interpreter outside /usr is bound at /opt/python; of /etc only
+  ld.so.cache), tmpfs /tmp and a tmpfs work folder holding only the program, an empty environment (bwrap's
+  own too: it is PID 1 inside, its environment readable there), and an unprivileged id (`SANDBOX_ID` inside; outside too when we run as
   root, else our own uid), plus the rlimits below and a process-count limit. Where bwrap is missing or cannot
   create namespaces (probed once) it falls back to "rlimit" with one warning.
 - "rlimit": a temporary folder and rlimits (CPU, address space, file size, open files, no core); files and
@@ -123,13 +124,16 @@ def bwrap_available() -> bool:
 # --- running and killing -------------------------------------------------------------------------------
 
 
-def _execute(argv: list[str], *, timeout: float, output_limit: int, **popen) -> tuple[int, bytes, str]:
+def _execute(argv: list[str], *, timeout: float, output_limit: int, mark: bool = True, **popen) -> tuple[int, bytes, str]:
     """Run argv in its own session; return (exit status, stderr, "" | "timeout" | "output_limit").
 
     Never blocks past the deadline: pipes are read as data comes, the program's exit is watched without
-    reaping it (so its process group id stays ours to kill), and at the end its whole tree is killed."""
+    reaping it (so its process group id stays ours to kill), and at the end its whole tree is killed.
+    `mark`: carry a token in the environment to find descendants that left the group (not for bwrap: its
+    PID namespace dies with it, and its environment stays empty)."""
     token = uuid.uuid4().hex
-    popen["env"] = {**popen.get("env", {}), _TOKEN_ENV: token}
+    if mark:
+        popen["env"] = {**popen.get("env", {}), _TOKEN_ENV: token}
     start = time.monotonic()
     proc = subprocess.Popen(
         argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
@@ -278,25 +282,29 @@ def _run_bwrap(program: str, *, plan: str, limit_arg: str, **budget) -> tuple[in
                           "--unshare-uts", "--unshare-cgroup-try"]
         else:
             namespaces = ["--unshare-all", "--unshare-user", "--disable-userns"]
-        python = _interpreter()
         ids = str(SANDBOX_ID)
+        mounts, python, env = _filesystem(_interpreter())
         argv = [
-            "bwrap", *namespaces, "--die-with-parent", "--new-session", "--uid", ids, "--gid", ids,
-            *_filesystem(python),
-            "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", WORK,
-            "--setenv", "OPENBLAS_NUM_THREADS", "1", "--file", str(fds[0]), f"{WORK}/program.py", "--chdir", WORK,
+            shutil.which("bwrap") or "bwrap", *namespaces, "--die-with-parent", "--new-session", "--uid", ids, "--gid", ids,
+            *mounts, "--clearenv", *(arg for name, value in env.items() for arg in ("--setenv", name, value)),
+            "--file", str(fds[0]), f"{WORK}/program.py", "--chdir", WORK,
             python, "-I", "-S", "-B", "-c", _LAUNCH, limit_arg, f"{WORK}/program.py",
         ]
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
-        return _execute(argv, cwd="/", env=env, pass_fds=fds, **popen, **budget)
+        # bwrap's own environment is empty too: it is the sandbox's PID 1, readable in /proc/1/environ
+        return _execute(argv, cwd="/", env={}, mark=False, pass_fds=fds, **popen, **budget)
     finally:
         for fd in fds:
             os.close(fd)
 
 
-def _filesystem(python: str) -> list[str]:
-    """bwrap arguments for the sandbox's file system: read-only system and interpreter, empty site-packages,
-    small tmpfs /tmp, /dev/shm and work folder, /proc of its own PID namespace, a minimal /dev."""
+PYTHON_ROOT = "/opt/python"  # where an interpreter installed outside /usr (pyenv under /root) appears inside
+
+
+def _filesystem(python: str) -> tuple[list[str], str, dict[str, str]]:
+    """bwrap arguments for the sandbox's file system, the interpreter's path inside, and the program's
+    environment. Read-only system and interpreter, empty site-packages, small tmpfs /tmp, /dev/shm and work
+    folder, /proc of its own PID namespace, a minimal /dev. An interpreter outside /usr is bound at
+    PYTHON_ROOT, not where it lives, so its home (e.g. /root) is not even a name inside."""
     args = ["--ro-bind", "/usr", "/usr"]
     for name in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
         if os.path.islink(name):
@@ -305,19 +313,22 @@ def _filesystem(python: str) -> list[str]:
             args += ["--ro-bind", name, name]
     if os.path.isfile("/etc/ld.so.cache"):
         args += ["--ro-bind", "/etc/ld.so.cache", "/etc/ld.so.cache"]
-    bound = ["/usr"]
+    env = {"PATH": "/usr/bin:/bin", "HOME": WORK, "OPENBLAS_NUM_THREADS": "1"}
     prefixes = (sys.base_prefix, sys.base_exec_prefix, os.path.dirname(os.path.dirname(python)))
-    for root in sorted({os.path.realpath(p) for p in prefixes}):
-        if not any(_under(root, b) for b in bound):
-            args += ["--ro-bind", root, root]
-            bound.append(root)
+    roots = sorted({os.path.realpath(p) for p in prefixes if not _under(os.path.realpath(p), "/usr")})
+    moved = {root: PYTHON_ROOT if len(roots) == 1 else root for root in roots}  # several roots: keep their paths
+    inside = lambda path: next((moved[r] + path[len(r):] for r in roots if _under(path, r)), path)  # noqa: E731
+    for root in roots:
+        args += ["--ro-bind", root, moved[root]]
     for folder in _site_packages(python):
-        if any(_under(folder, b) for b in bound):
-            args += ["--size", "4096", "--tmpfs", folder, "--remount-ro", folder]
+        if _under(folder, "/usr") or any(_under(folder, r) for r in roots):
+            args += ["--size", "4096", "--tmpfs", inside(folder), "--remount-ro", inside(folder)]
+    if any(moved[r] != r for r in roots):  # its shared libpython is found by an absolute RUNPATH
+        env["LD_LIBRARY_PATH"] = ":".join(moved[r] + "/lib" for r in roots)
     args += ["--proc", "/proc", "--dev", "/dev"]
     for folder in ("/dev/shm", "/tmp", WORK):
         args += ["--size", str(TMPFS_BYTES), "--tmpfs", folder]
-    return args + ["--remount-ro", "/dev", "--remount-ro", "/"]
+    return args + ["--remount-ro", "/dev", "--remount-ro", "/"], inside(os.path.realpath(python)), env
 
 
 def _under(path: str, root: str) -> bool:

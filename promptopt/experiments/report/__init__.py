@@ -22,7 +22,7 @@ from promptopt.experiments.report.sections import (
 )
 from promptopt.experiments.report.source import Source, read_source
 from promptopt.experiments.report.verdict import paired_section, strategy_section, verdict_compare, winners_of
-from promptopt.yamlio import atomic_write_text
+from promptopt.yamlio import atomic_write_text, check_output
 
 MAX_BYTES = 6_000_000
 _CSS = """
@@ -117,6 +117,7 @@ def write_report(run_dir: str | Path, *, out: str | Path | None = None, card: Pa
     out = Path(out) if out is not None else Path(run_dir) / "report.html"
     if out.is_dir():
         raise UserError(f"--out {out}: is a directory; give a file name")
+    check_output(out, folder=False, what="--out")  # before the page is built
     page = build_report(run_dir, card=card, robustness=robustness, taboo=taboo)
     atomic_write_text(out, page)
     return out
