@@ -436,7 +436,7 @@ def test_kill_9_anywhere_then_resume_gives_the_uninterrupted_run(tmp_path, model
         provenance = card["provenance"]
         provenance.pop("created")
         provenance["trial"] = ordinal[provenance["trial"]]
-        provenance["selection"] = re.sub(r"#(\d+)", lambda m: f"ordinal {ordinal[int(m[1])]}", provenance["selection"])
+        provenance["selection"] = re.sub(r"#(\d+)", lambda m, o=ordinal: f"ordinal {o[int(m[1])]}", provenance["selection"])
     assert cards[0] == cards[1]
 
 
