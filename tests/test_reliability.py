@@ -70,7 +70,7 @@ def tables(out: Path, drop=WALL) -> dict[str, pd.DataFrame]:
                 frame.loc[i, "trial"] = mapping[int(row["trial"])]
             if "card" in frame:  # the card's path, inside this run directory
                 frame.loc[i, "card"] = str(row["card"]).replace(str(out), "<out>")
-            frame.loc[i, "selected_by"] = re.sub(r"#(\d+)", lambda m: f"#ordinal{mapping[int(m[1])]}", str(row["selected_by"]))
+            frame.loc[i, "selected_by"] = re.sub(r"#(\d+)", lambda m, o=mapping: f"#ordinal{o[int(m[1])]}", str(row["selected_by"]))
         return frame
 
     frames = {name: pd.read_csv(out / name) for name in TABLES}
@@ -165,7 +165,7 @@ def small_disk(tmp_path):
     mount.mkdir()
     if os.geteuid() != 0 or not shutil.which("mount"):
         pytest.skip("a small tmpfs needs root (mount -t tmpfs)")
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True, text=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True, text=True, check=False)
     if done.returncode != 0:
         pytest.skip(f"mount -t tmpfs is not permitted here: {done.stderr.strip()}")
 
@@ -183,7 +183,7 @@ def small_disk(tmp_path):
         return mount
 
     yield make
-    subprocess.run(["umount", "-l", str(mount)], check=False)
+    subprocess.run(["umount", "-l", str(mount)], check=False, capture_output=True)
 
 
 @pytest.fixture(scope="module")

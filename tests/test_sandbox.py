@@ -5,6 +5,7 @@ bwrap-specific tests skip where bubblewrap is unavailable, except in CI ($CI set
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import os
 import socket
@@ -180,7 +181,7 @@ def test_no_host_variable_in_any_process_and_no_home(monkeypatch):
         "sys.exit(repr((found, sorted(os.listdir('/')), os.path.exists(HOME))))\n"
     )
     result, _ = isolated(program)
-    environs, top, home_exists = eval(result.detail)  # noqa: S307 - our own program's repr
+    environs, top, home_exists = ast.literal_eval(result.detail)  # our own program's repr
     assert environs["1"] == [], environs["1"]  # bwrap itself
     for pid, entries in environs.items():
         assert not host & set(entries), (pid, host & set(entries))
