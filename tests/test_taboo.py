@@ -166,5 +166,7 @@ def test_finished_rows_leave_the_batch_without_changing_any_result(embedded_lm):
             assert (a.tokens, a.text, a.finish_reason) == (b.tokens, b.text, b.finish_reason)
             if rank:
                 la, lb = a.processor_logs[0], b.processor_logs[0]
-                assert la.steps == lb.steps and la.delta_bits == pytest.approx(lb.delta_bits, rel=1e-4, abs=1e-6)
+                # a smaller batch changes the float32 matmul reduction order: surprisals (bits) move by up to
+                # ~2e-5 (measured on CI: 2.2e-5 on 0.17 bits); tokens and steps above are exact
+                assert la.steps == lb.steps and la.delta_bits == pytest.approx(lb.delta_bits, rel=1e-4, abs=1e-4)
     assert any(g.processor_logs[0].interventions for g in runs[True, 1])
