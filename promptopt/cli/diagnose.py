@@ -14,8 +14,9 @@ from promptopt.cli.options import (
     DtypeOpt, ModelOpt, QuantizeOpt, SearchSuiteOpt, SubsetsOpt, int_list, names,
 )
 from promptopt.cli.render import (
-    console, print_approx, print_conflicts, print_geometry, print_proxy, print_regimes, print_taboo_sweep,
+    console, print_approx, print_conflicts, print_geometry, print_regimes, print_taboo_sweep,
 )
+from promptopt.cli.render_robustness import print_proxy
 
 
 def _diagnose_inputs(model, device, dtype, tasks, limit, text_per_task, trace_tokens):

@@ -12,7 +12,8 @@ from promptopt.cli.app import app, quiet_libraries, session, split_subsets
 from promptopt.cli.options import (
     BatchOpt, CardOpt, DeviceOpt, DtypeOpt, ModelOpt, QuantizeOpt, SearchSuiteOpt, SubsetsOpt, TaskOpt, int_list, names,
 )
-from promptopt.cli.render import console, print_robustness, print_stress, print_stress_sweep
+from promptopt.cli.render import console, print_stress, print_stress_sweep
+from promptopt.cli.render_robustness import print_robustness
 from promptopt.errors import UserError
 
 

@@ -12,7 +12,8 @@ from promptopt.cli.options import (
     BatchOpt, DevLimitOpt, DeviceOpt, DtypeOpt, MinibatchOpt, ModelOpt, PruningOpt, QuantizeOpt, ResumeOpt, SearchSuiteOpt, SeedOpt,
     SpaceOpt, StorageOpt, SubsetsOpt, TaskOpt, TestLimitOpt, WorkersOpt, names,
 )
-from promptopt.cli.render import console, print_compare, print_search_result
+from promptopt.cli.render import console, print_search_result
+from promptopt.cli.render_robustness import print_compare
 
 
 def search_config(**flat):
