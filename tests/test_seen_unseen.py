@@ -50,13 +50,16 @@ def _config(tiny_llama_dir, out):
                               minibatch=2, device="cpu")
 
 
+STRATEGIES = ["accuracy", "robust"]  # robust trains on the search suite
+
+
 @pytest.fixture(scope="module")
 def compared(tiny_llama_dir, suites, tmp_path_factory):
     from promptopt.experiments import run_compare
 
     judge, searched = suites
     out = tmp_path_factory.mktemp("seen") / "cmp"
-    result = run_compare(_config(tiny_llama_dir, out), ["accuracy"], top_n=1, suite=str(judge), search_suite=str(searched),
+    result = run_compare(_config(tiny_llama_dir, out), STRATEGIES, top_n=1, suite=str(judge), search_suite=str(searched),
                          show_progress=False)
     return out, result
 
@@ -133,14 +136,15 @@ def test_a_resumed_compare_writes_the_same_items(compared, tiny_llama_dir, suite
 
     out, _ = compared
     before = pd.read_parquet(out / "robustness_items.parquet")
-    again = run_compare(_config(tiny_llama_dir, out).replace(resume=True), ["accuracy"], top_n=1, suite=str(suites[0]),
+    again = run_compare(_config(tiny_llama_dir, out).replace(resume=True), STRATEGIES, top_n=1, suite=str(suites[0]),
                         search_suite=str(suites[1]), show_progress=False)
     assert again.summary["evaluations_resumed"] == again.summary["evaluations"]  # nothing scored again
     pd.testing.assert_frame_equal(pd.read_parquet(out / "robustness_items.parquet"), before)
     from promptopt.errors import UserError
 
-    with pytest.raises(UserError, match="started with --search-suite searched"):
-        run_compare(_config(tiny_llama_dir, out).replace(resume=True), ["accuracy"], top_n=1, suite=str(suites[0]),
+    assert json.loads((out / "search_suite.json").read_text())["name"] == "searched"
+    with pytest.raises(UserError, match="robust strategy under --search-suite searched"):  # its studies trained on that
+        run_compare(_config(tiny_llama_dir, out).replace(resume=True), STRATEGIES, top_n=1, suite=str(suites[0]),
                     search_suite="cheap", show_progress=False)
 
 

@@ -138,7 +138,7 @@ def _compare(base: SearchConfig, strategies: list[str], out: Path, *, seeds: int
 
         expand = VariantExpander(search_suite_spec)
     configs = _plan(configs, session.data, expand, out, resume=base.study.resume)  # before anything is scored
-    _check_search_suite(out, search_suite, resume=base.study.resume)
+    marker = _search_suite_marker(out, search_suite, resume=base.study.resume) if expand is not None else None
     test, dev = session.items("test"), session.items("dev")
     search_digest = sha256_json(asdict(search_suite)) if search_suite else None
     store = _Store(out / "evaluations", {"model": base.model.spec, "dtype": base.model.resolved_dtype(),
@@ -157,6 +157,8 @@ def _compare(base: SearchConfig, strategies: list[str], out: Path, *, seeds: int
     winners: dict[str, list[Evaluated]] = {"baseline": [baseline] * seeds}
     baseline_wall = time.perf_counter() - start
     walls: dict[str, float] = {"baseline": baseline_wall}
+    if marker is not None:  # written where the robust studies are about to be: they were searched under it
+        atomic_write_text(out / _SEARCH_SUITE_FILE, json.dumps(marker, indent=1))
     for (name, s), config in configs.items():
         fault_point("compare-search")
         result = run_search(config, scorer=session.scorer, expand=expand, show_progress=show_progress)
@@ -196,18 +198,20 @@ def _compare(base: SearchConfig, strategies: list[str], out: Path, *, seeds: int
     return CompareResult(table, runs_table, paired, summary)
 
 
-def _check_search_suite(out: Path, search_suite, *, resume: bool) -> None:
-    """Studies do not record what the `robust` strategy trained on, so the compare does: a resumed compare must
-    search (and label seen families) with the suite it started with."""
-    path = out / "search_suite.json"
-    mine = {"name": search_suite.name if search_suite else None,
-            "sha256": sha256_json(asdict(search_suite)) if search_suite else None}
+_SEARCH_SUITE_FILE = "search_suite.json"
+
+
+def _search_suite_marker(out: Path, search_suite, *, resume: bool) -> dict:
+    """A `robust` study does not record the suite it trained on, so the compare does (search_suite.json): a
+    resumed compare must search with the suite it started with. Checked before anything is scored."""
+    mine = {"name": search_suite.name, "sha256": sha256_json(asdict(search_suite))}
+    path = out / _SEARCH_SUITE_FILE
     if resume and path.is_file():
         theirs = json.loads(path.read_text(encoding="utf-8"))
         if theirs.get("sha256") != mine["sha256"]:
-            raise UserError(f"compare in {out} started with --search-suite {theirs.get('name') or 'none'}; resume it with the same "
-                            f"search suite (got {mine['name'] or 'none'}), or choose another --out")
-    atomic_write_text(path, json.dumps(mine, indent=1))
+            raise UserError(f"compare in {out} searched the robust strategy under --search-suite {theirs.get('name')}; resume it "
+                            f"with the same search suite (got {mine['name']}), or choose another --out")
+    return mine
 
 
 def _items(winners: dict) -> pd.DataFrame | None:
