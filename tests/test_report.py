@@ -305,8 +305,8 @@ def assert_page_says(page: str, paired) -> None:
     found = parse(page, "paired-table")
     rows = {(attrs["data-a"], attrs["data-b"]): cells for attrs, cells in found.rows if "data-a" in attrs}
     assert set(rows) == set(zip(paired["a"], paired["b"]))
-    metrics = metrics_of(paired)
-    assert [m.col for m in metrics] == ["delta_acc", "delta_acc_worst", "delta_pdr"]
+    metrics = metrics_of(paired)  # quick judged under the search suite cheap: seen and unseen families, labelled
+    assert [m.col for m in metrics] == ["delta_acc", "delta_acc_worst_seen", "delta_acc_worst_unseen", "delta_pdr_seen", "delta_pdr_unseen"]
     for _, r in paired.iterrows():
         cells = {attrs["data-col"]: (text, attrs) for text, attrs in rows[(r["a"], r["b"])] if "data-col" in attrs}
         for col in [m.col for m in metrics] + ["mcnemar_p", "n_pairs"]:
@@ -318,13 +318,13 @@ def assert_page_says(page: str, paired) -> None:
                 assert (float(attrs["data-low"]), float(attrs["data-high"])) == (r[f"{col}_ci_low"], r[f"{col}_ci_high"])
                 assert shown[1:] == pytest.approx([r[f"{col}_ci_low"], r[f"{col}_ci_high"]], abs=0.0051), (col, text)
         sentence = found.verdicts[(r["a"], r["b"])]
-        flags = {"accuracy": str(r["significant"]).lower() == "true",
-                 "Acc_worst": r["delta_acc_worst_ci_low"] > 0 or r["delta_acc_worst_ci_high"] < 0,
-                 "PDR": r["delta_pdr_ci_low"] > 0 or r["delta_pdr_ci_high"] < 0}
+        flags = {m.label: str(r["significant"]).lower() == "true" if m.base == "acc" else
+                 bool(r[f"{m.col}_ci_low"] > 0 or r[f"{m.col}_ci_high"] < 0) for m in metrics}
         if "no difference" in sentence:
             assert not any(flags.values()) and r["only_a_correct"] == r["only_b_correct"] == 0, sentence
             continue
-        clauses = dict(re.match(r"(accuracy|Acc_worst|PDR) (.*)", c.strip()).groups() for c in sentence.split(":", 1)[1].split(";"))
+        clauses = dict(re.match(r"(accuracy|(?:Acc_worst|PDR)(?: \((?:seen|unseen)\))?) (.*)", c.strip()).groups()
+                       for c in sentence.split(":", 1)[1].split(";"))
         for label, flag in flags.items():
             assert ("significant (favours" in clauses[label]) == flag, (label, sentence)
             assert clauses[label].rstrip(".").endswith("not significant") == (not flag), (label, sentence)
@@ -350,8 +350,9 @@ def test_paired_table_and_verdict_follow_an_edited_csv(compare_dir, tmp_path):
     paired["delta_acc"], paired["delta_acc_ci_low"], paired["delta_acc_ci_high"] = 0.0371, 0.0123, 0.0618
     paired["mcnemar_p"], paired["significant"], paired["only_a_correct"] = 0.0312, True, 5
     paired.loc[1, ["mcnemar_p", "significant"]] = [0.0714, False]  # interval excludes 0, McNemar does not: not significant
-    paired["delta_acc_worst"], paired["delta_acc_worst_ci_low"], paired["delta_acc_worst_ci_high"] = -0.1666, -0.2917, -0.0417
-    paired["delta_pdr"], paired["delta_pdr_ci_low"], paired["delta_pdr_ci_high"] = 0.0833, -0.0417, 0.2083
+    for split in ("", "_seen", "_unseen"):
+        paired[f"delta_acc_worst{split}"], paired[f"delta_acc_worst{split}_ci_low"], paired[f"delta_acc_worst{split}_ci_high"] = -0.1666, -0.2917, -0.0417
+        paired[f"delta_pdr{split}"], paired[f"delta_pdr{split}_ci_low"], paired[f"delta_pdr{split}_ci_high"] = 0.0833, -0.0417, 0.2083
     paired.to_csv(run / "compare_paired.csv", index=False)
     page = build_report(run)
     assert_page_says(page, pd.read_csv(run / "compare_paired.csv"))
@@ -397,7 +398,8 @@ def test_family_section_lists_the_families_measured(dom):
     section = dom[dom.index('id="robustness"'):dom.index('id="card"')]
     listed = re.search(r'class="families" data-families="([^"]*)"', section)
     assert listed and listed.group(1).split(",") == ["synonym", "exemplar_reorder", "distractor", "typos_keyboard"], section[:2000]
-    assert "Per-family numbers are not written by compare today" in section  # said in one line, not invented
+    assert "Families measured (robustness_items.parquet)" in section  # compare keeps every answer now
+    assert "distractor (unseen)" in section and "synonym (seen)" in section  # judged under quick, searched under cheap
     assert "not measured here" not in dom
 
 

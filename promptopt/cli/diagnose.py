@@ -11,11 +11,12 @@ import typer
 from promptopt.cli.app import diagnose_app, quiet_libraries, session
 from promptopt.cli.options import (
     BatchOpt, CardOpt, DeviceOpt, DiagnoseLimitOpt, DiagnoseOutOpt, DiagnoseTasksOpt, DiagnoseTextOpt, DiagnoseTraceOpt,
-    DtypeOpt, ModelOpt, QuantizeOpt, SubsetsOpt, int_list, names,
+    DtypeOpt, ModelOpt, QuantizeOpt, SearchSuiteOpt, SubsetsOpt, int_list, names,
 )
 from promptopt.cli.render import (
-    console, print_approx, print_conflicts, print_geometry, print_proxy, print_regimes, print_taboo_sweep,
+    console, print_approx, print_conflicts, print_geometry, print_regimes, print_taboo_sweep,
 )
+from promptopt.cli.render_robustness import print_proxy
 
 
 def _diagnose_inputs(model, device, dtype, tasks, limit, text_per_task, trace_tokens):
@@ -33,18 +34,21 @@ def _given(**values) -> dict:
 
 @diagnose_app.command("proxy")
 def diagnose_proxy(
-    run_dirs: list[Path] = typer.Argument(..., help="search run directories of one task and model (e.g. every strategy/seed folder of a compare run); their trials are pooled"),
+    run_dirs: list[Path] = typer.Argument(..., help="search run directories of one task and model (e.g. every strategy/seed folder of a compare run), their trials pooled; or compare / evaluate folders (or *_items.parquet files) whose kept answers give the item-level AUROC alone"),
     trials: int = typer.Option(8, "--trials", min=3, help="distinct prompts (spread over each study's values) to stress"),
     limit: Optional[int] = typer.Option(40, "--limit", min=1, help="dev items per prompt"),
-    suite: str = typer.Option("quick", "--suite", help="perturbation suite that measures robustness"),
+    suite: str = typer.Option("unseen", "--suite", help="perturbation suite that measures robustness (default: the families no search looks at)"),
+    search_suite: str = SearchSuiteOpt,
     seed: int = typer.Option(0, "--seed", help="bootstrap seed"),
-    out: Optional[Path] = typer.Option(None, "--out", help="folder for proxy_prompts.csv and proxy_correlations.csv (default: the run directory, or the runs' common parent)"),
+    out: Optional[Path] = typer.Option(None, "--out", help="folder for proxy_prompts.csv, proxy_correlations.csv, proxy_items.parquet and proxy_item_auroc.csv (default: the run directory, or the runs' common parent)"),
 ) -> None:
-    """Is δ_TCB a good proxy for robustness here? Spearman ρ of cheap signals vs measured Acc_worst and PDR."""
-    from promptopt.experiments.proxy import proxy_correlations
+    """Is δ_TCB a good proxy for robustness here? Spearman ρ of cheap signals vs measured Acc_worst and PDR across
+    prompts, and across answers the AUROC of each clean signal for "this answer changes under an unseen perturbation"."""
+    from promptopt.experiments.proxy import diagnose_proxy as run_proxy
 
     quiet_libraries()
-    result = proxy_correlations(run_dirs, n_trials=trials, limit=limit, suite=suite, seed=seed, out=out)
+    result = run_proxy(run_dirs, n_trials=trials, limit=limit, suite=suite,
+                       search_suite=None if search_suite == "none" else search_suite, seed=seed, out=out)
     print_proxy(result, len(run_dirs))
 
 

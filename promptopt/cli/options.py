@@ -16,6 +16,9 @@ TaskOpt = typer.Option(..., "--task", help="built-in task name or path to a task
 CardOpt = typer.Option(None, "--prompt", help="prompt card (YAML); default: the task's own prompt")
 SubsetsOpt = typer.Option(None, "--subsets", help="comma-separated subsets (e.g. MMLU subjects), or 'all'")
 BatchOpt = typer.Option(16, "--batch-size", min=1)
+SearchSuiteOpt = typer.Option("cheap", "--search-suite",
+                              help="the families a search may look at (the robust strategy and --select robust use them); "
+                                   "judged families with their name or operator are reported as seen, the others as unseen; 'none': nothing is seen")
 # search and compare share these
 StorageOpt = typer.Option(None, "--storage", envvar="PROMPTOPT_STORAGE", show_envvar=True,
                           help="Optuna storage URL (default: SQLite in --out); a URL with a password is best given in $PROMPTOPT_STORAGE (or PGPASSWORD / ~/.pgpass), and is never written with its password")

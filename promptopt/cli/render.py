@@ -6,6 +6,7 @@ import math
 import sys
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 console = Console() if sys.stdout.isatty() else Console(width=200)  # pipes and files get whole tables
@@ -41,7 +42,11 @@ def print_summary(summary: dict, title: str) -> None:
     table.add_column("metric")
     table.add_column("value", justify="right")
     for key, value in summary.items():
-        table.add_row(key, fmt(value) if not isinstance(value, list) else "[" + ", ".join(fmt(v) for v in value) + "]")
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):  # names (families): plain text
+            shown = ", ".join(value) or "(none)"
+        else:
+            shown = fmt(value) if not isinstance(value, list) else "[" + ", ".join(fmt(v) for v in value) + "]"
+        table.add_row(key, escape(shown))
     console.print(table)
 
 
@@ -52,40 +57,6 @@ def pm(value, sd) -> str:
 
 def ci(low, high) -> str:
     return "—" if low != low else f"[{low:.3f}, {high:.3f}]"
-
-
-def print_compare(result, task: str, model: str) -> None:
-    table = Table(title=f"compare · {task} · {result.summary['n_test']} test items · {model} · seeds {result.summary['seeds']}")
-    for name in ("strategy", "Acc", "Acc 95% CI", "δ_TCB", "PPL", "AccVar_pert", "PDR", "Acc_worst", "Acc_worst 95% CI", "taboo R(i=1)", "wall s"):
-        table.add_column(name, justify="left" if name == "strategy" else "right")
-    for _, r in result.table.iterrows():
-        table.add_row(r.strategy, pm(r.avg_acc, r.avg_acc_sd), ci(r.acc_ci_low, r.acc_ci_high), pm(r.avg_tcb, r.avg_tcb_sd),
-                      pm(r.avg_ppl, r.avg_ppl_sd), fmt(r.acc_var_pert), pm(r.pdr, r.pdr_sd), pm(r.acc_worst, r.acc_worst_sd),
-                      ci(r.get("acc_worst_ci_low", float("nan")), r.get("acc_worst_ci_high", float("nan"))),
-                      fmt(r.taboo_retention_i1), fmt(r.wall_seconds))
-    console.print(table)
-    paired = Table(title="paired on the same test items (a − b): 95% paired-bootstrap intervals, exact McNemar; * = significant at 0.05")
-    for name in ("a", "b", "Δ Acc", "95% CI", "McNemar p", "Δ Acc_worst", "95% CI ", "Δ PDR", "95% CI  "):
-        paired.add_column(name, justify="left" if name in ("a", "b") else "right")
-    for _, r in result.paired.iterrows():
-        paired.add_row(r.a, r.b, f"{r.delta_acc:+.3f}{' *' if r.significant else ''}", ci(r.delta_acc_ci_low, r.delta_acc_ci_high),
-                       f"{r.mcnemar_p:.3g}", fmt(r.get("delta_acc_worst", float("nan"))),
-                       ci(r.get("delta_acc_worst_ci_low", float("nan")), r.get("delta_acc_worst_ci_high", float("nan"))),
-                       fmt(r.get("delta_pdr", float("nan"))), ci(r.get("delta_pdr_ci_low", float("nan")), r.get("delta_pdr_ci_high", float("nan"))))
-    console.print(paired)
-    for _, r in result.table.iterrows():
-        if r.strategy != "baseline":
-            console.print(f"{r.strategy}: {r.selected_by}")
-    s = result.summary
-    reuse = (f"reuse: {s['evaluations']} distinct prompts evaluated, {s['evaluations_reused']} shared with another search, "
-             f"{s['evaluations_resumed']} taken from an earlier run; {len(s['studies_resumed'])} studies resumed; "
-             f"result cache {s['result_cache_hits']} hits, {s['result_cache_misses']} misses")
-    if s.get("variant_embedding_hit_rate") is not None:
-        reuse += f"; variant embeddings reused {fmt(s['variant_embedding_hit_rate'])}"
-    if s.get("paraphrase_memo_hits") or s.get("paraphrase_memo_misses"):
-        reuse += f"; LM paraphrases reused {s['paraphrase_memo_hits']}, generated {s['paraphrase_memo_misses']}"
-    console.print(reuse)
-
 
 
 def print_search_result(result) -> None:
@@ -180,13 +151,6 @@ def print_trace(frame, model: str) -> None:
     console.print(f"{int(frame['dip'].sum())} dip(s) in {len(frame)} tokens; text: {''.join(frame['token'])!r}")
 
 
-def print_robustness(result, task: str, suite: str) -> None:
-    columns = ["family", "n_variants", "dropped_not_applicable", "dropped_protection", "dropped_similarity",
-               "acc_clean_same_items", "acc_perturbed", "pdr", "tcb_clean_mean", "tcb_perturbed_mean"]
-    print_frame(result.families, columns, f"robustness · {task} · suite {suite}", 50)
-    print_summary(result.summary, "summary")
-
-
 _TABOO_COLUMNS = ["rank", "n", "accuracy", "retention", "retention_ci_low", "retention_ci_high", "marginal_retention",
                   "mean_surprisal_per_intervention"]
 
@@ -215,17 +179,6 @@ def print_stress_sweep(result, tasks: list[str], mode: str, protocol: str | None
         console.print(table)
     console.print(f"{result.decoded} condition(s) decoded, {result.reused} reused from {out}; {result.seconds:.1f} s; wrote "
                   + ", ".join(str(p) for p in result.written))
-
-
-def print_proxy(result, n_runs: int) -> None:
-    print_frame(result.prompts, list(result.prompts.columns), f"proxy · {n_runs} run(s) · prompts", 50)
-    table = Table(title="Spearman ρ across prompts, 95% bootstrap interval over prompts (* = excludes 0)")
-    for name in ("signal", "target", "n", "ρ", "95% CI"):
-        table.add_column(name, justify="left" if name in ("signal", "target") else "right")
-    for _, r in result.correlations.iterrows():
-        table.add_row(r.signal, r.target, str(r.n_prompts), f"{r.spearman:+.3f}{' *' if r.interval_excludes_0 else ''}", ci(r.ci_low, r.ci_high))
-    console.print(table)
-    console.print(f"wrote {result.folder / 'proxy_prompts.csv'} and {result.folder / 'proxy_correlations.csv'}")
 
 
 def print_geometry(report, model: str, k: int, alpha: float, beta: float) -> None:

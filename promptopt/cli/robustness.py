@@ -10,9 +10,10 @@ import typer
 
 from promptopt.cli.app import app, quiet_libraries, session, split_subsets
 from promptopt.cli.options import (
-    BatchOpt, CardOpt, DeviceOpt, DtypeOpt, ModelOpt, QuantizeOpt, SubsetsOpt, TaskOpt, int_list, names,
+    BatchOpt, CardOpt, DeviceOpt, DtypeOpt, ModelOpt, QuantizeOpt, SearchSuiteOpt, SubsetsOpt, TaskOpt, int_list, names,
 )
-from promptopt.cli.render import console, print_robustness, print_stress, print_stress_sweep
+from promptopt.cli.render import console, print_stress, print_stress_sweep
+from promptopt.cli.render_robustness import print_robustness
 from promptopt.errors import UserError
 
 
@@ -20,21 +21,24 @@ from promptopt.errors import UserError
 def evaluate(
     task: str = TaskOpt,
     prompt: Optional[Path] = CardOpt,
-    suite: str = typer.Option("default", "--suite", help="built-in suite name (default, quick) or a suite YAML"),
+    suite: str = typer.Option("default", "--suite", help="built-in suite name (default, quick, unseen, cheap) or a suite YAML"),
+    search_suite: str = SearchSuiteOpt,
     model: str = ModelOpt,
     split: str = typer.Option("test", "--split", help="dev or test"),
     limit: Optional[int] = typer.Option(None, "--limit", min=1, help="only the first N items"),
-    out: Optional[Path] = typer.Option(None, "--out", help="write families (.csv) and a .json summary"),
+    out: Optional[Path] = typer.Option(None, "--out", help="OUT: write families (OUT.csv), a summary (OUT.json) and every answer (OUT_items.parquet)"),
     subsets: Optional[str] = SubsetsOpt,
     device: str = DeviceOpt,
     dtype: Optional[str] = DtypeOpt,
     quantize: Optional[str] = QuantizeOpt,
 ) -> None:
-    """Robustness of a prompt under a perturbation suite: per-family accuracy, PDR, AccVar, Acc_worst."""
+    """Robustness of a prompt under a perturbation suite: per-family accuracy, PDR, AccVar, Acc_worst, each family
+    labelled seen or unseen by --search-suite."""
     from promptopt.experiments import commands
 
     the_session = session(task, model, device, dtype, quantize, subsets)
-    the_suite, result = commands.evaluate(the_session, card=prompt, suite=suite, split=split, limit=limit, out=out)
+    the_suite, result = commands.evaluate(the_session, card=prompt, suite=suite, split=split, limit=limit, out=out,
+                                          search_suite=None if search_suite == "none" else search_suite)
     print_robustness(result, the_session.data.spec.name, the_suite.name)
 
 

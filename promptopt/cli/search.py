@@ -9,10 +9,11 @@ import typer
 
 from promptopt.cli.app import app, quiet_libraries, split_subsets
 from promptopt.cli.options import (
-    BatchOpt, DevLimitOpt, DeviceOpt, DtypeOpt, MinibatchOpt, ModelOpt, PruningOpt, QuantizeOpt, ResumeOpt, SeedOpt, SpaceOpt,
-    StorageOpt, SubsetsOpt, TaskOpt, TestLimitOpt, WorkersOpt, names,
+    BatchOpt, DevLimitOpt, DeviceOpt, DtypeOpt, MinibatchOpt, ModelOpt, PruningOpt, QuantizeOpt, ResumeOpt, SearchSuiteOpt, SeedOpt,
+    SpaceOpt, StorageOpt, SubsetsOpt, TaskOpt, TestLimitOpt, WorkersOpt, names,
 )
-from promptopt.cli.render import console, print_compare, print_search_result
+from promptopt.cli.render import console, print_search_result
+from promptopt.cli.render_robustness import print_compare
 
 
 def search_config(**flat):
@@ -77,11 +78,12 @@ def compare(
     test_limit: Optional[int] = TestLimitOpt,
     subsets: Optional[str] = SubsetsOpt,
     batch_size: int = BatchOpt,
-    suite: str = typer.Option("default", "--suite", help="perturbation suite for the robustness columns, or 'none'"),
+    suite: str = typer.Option("unseen", "--suite", help="perturbation suite the winners are judged on (default: the families no search looks at), or 'none'"),
+    search_suite: str = SearchSuiteOpt,
     robust_limit: Optional[int] = typer.Option(None, "--robust-limit", min=1, help="test items used for robustness (default: all)"),
     seeds: int = typer.Option(1, "--seeds", min=1, help="searches per strategy (sampler seed and exemplar candidates vary)"),
     top_n: int = typer.Option(3, "--top-n", min=1, help="distinct top trials of each search scored on test items and stressed"),
-    select: str = typer.Option("strategy", "--select", help="strategy: each strategy's own winner; robust: best dev Acc_worst among the top-N inside the best dev accuracy's interval"),
+    select: str = typer.Option("strategy", "--select", help="strategy: each strategy's own winner; robust: best dev Acc_worst (under --search-suite) among the top-N inside the best dev accuracy's interval"),
     device: str = DeviceOpt,
     dtype: Optional[str] = DtypeOpt,
     quantize: Optional[str] = QuantizeOpt,
@@ -97,6 +99,8 @@ def compare(
         test_limit=test_limit, subsets=subsets, batch_size=batch_size, device=device, dtype=dtype, quantize=quantize,
     )
     result = run_compare(base, names(strategies), seeds=seeds, top_n=top_n,
-                         select=select, suite=None if suite == "none" else suite, robust_limit=robust_limit)
+                         select=select, suite=None if suite == "none" else suite,
+                         search_suite=None if search_suite == "none" else search_suite, robust_limit=robust_limit)
     print_compare(result, task, model)
-    console.print(f"wrote {out / 'compare.csv'}, compare_runs.csv, compare_paired.csv, summary.json and one run directory per strategy under {out}")
+    items = ", robustness_items.parquet" if result.summary.get("suite") else ""
+    console.print(f"wrote {out / 'compare.csv'}, compare_runs.csv, compare_paired.csv{items}, summary.json and one run directory per strategy under {out}")

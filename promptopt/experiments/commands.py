@@ -39,7 +39,7 @@ def check_out_files(*paths: Path | None) -> None:
 
 
 # --- search --------------------------------------------------------------------------------------
-def variant_expander(strategies) -> object | None:
+def variant_expander(strategies, search_suite: str = ROBUST_SEARCH_SUITE) -> object | None:
     """The expander a set of strategies needs (the `robust` strategy scores perturbed dev variants), else None."""
     from promptopt.search import get_strategy
 
@@ -47,7 +47,7 @@ def variant_expander(strategies) -> object | None:
         return None
     from promptopt.robustness import VariantExpander
 
-    return VariantExpander(ROBUST_SEARCH_SUITE)
+    return VariantExpander(search_suite)
 
 
 def search(config):
@@ -94,19 +94,31 @@ def trace(text: str, *, model: str, device: str, dtype, max_new_tokens: int, cha
 
 
 # --- robustness ----------------------------------------------------------------------------------
-def evaluate(session: Session, *, card: Path | None, suite: str, split: str, limit: int | None, out: Path | None = None):
-    """`promptopt evaluate`: a prompt under a perturbation suite; with `out`, families (.csv) and a .json summary."""
-    from promptopt.robustness.suite import evaluate_robustness, load_suite
+def items_path(out: Path) -> Path:
+    """Where `evaluate --out OUT` keeps every answer: OUT_items.parquet (`--out DIR/robustness` gives the
+    robustness_items.parquet a report of DIR reads)."""
+    return out.with_name(out.with_suffix("").name + "_items.parquet")
+
+
+def evaluate(session: Session, *, card: Path | None, suite: str, split: str, limit: int | None, out: Path | None = None,
+             search_suite: str | None = ROBUST_SEARCH_SUITE):
+    """`promptopt evaluate`: a prompt under a perturbation suite, each family labelled seen (by `search_suite`) or
+    unseen; with `out`, families (.csv), a .json summary and every answer (_items.parquet)."""
+    from promptopt.robustness.suite import evaluate_robustness, load_suite, seen_families
 
     the_suite = load_suite(suite)
+    the_search_suite = load_suite(search_suite) if search_suite else None
     if out is not None:
-        check_out_files(out.with_suffix(".csv"), out.with_suffix(".json"))
+        check_out_files(out.with_suffix(".csv"), out.with_suffix(".json"), items_path(out))
     prompt = session.prompt(card)  # a bad card fails before the model loads
     with card_errors(card):
         result = evaluate_robustness(session.scorer, prompt, session.data.split(split)[:limit], the_suite,
-                                     pool=session.data.pool, paraphrases=session.paraphrases, progress=session.progress)
+                                     pool=session.data.pool, paraphrases=session.paraphrases, progress=session.progress,
+                                     seen=seen_families(the_suite, the_search_suite))
+    result.summary["search_suite"] = the_search_suite.name if the_search_suite else None
     if out is not None:
         write_table(result.families, out.with_suffix(".csv"))
+        write_table(result.items, items_path(out))
         atomic_write_text(out.with_suffix(".json"), json.dumps(result.summary, indent=1, default=str))
     return the_suite, result
 

@@ -5,7 +5,17 @@ several times (sampler seed and exemplar-candidate draw vary per seed). For each
 distinct trials are scored on the same held-out test items and stressed (perturbation suite, and taboo
 retention at i = 1 for generative tasks); a prompt two searches share is evaluated once. The winner of a
 search is the strategy's own choice (`select="strategy"`) or, with `select="robust"`, the trial with the
-best Acc_worst on dev items among those whose dev accuracy is inside the best one's 95% interval.
+best Acc_worst on dev items under the search suite among those whose dev accuracy is inside the best one's
+95% interval.
+
+Seen and unseen: `search_suite` (default `cheap`) holds the families a search may look at (the `robust`
+strategy trains on them, `select="robust"` reads them on dev items); `suite` (default `unseen`) the families
+the winners are judged on. A judged family with the name or the operator of a search-suite family is
+*seen*, any other *unseen* (`promptopt.robustness.suite.seen_families`), and every robustness number comes
+three ways: over all judged families (`acc_worst`, `pdr`, ... as before), over the unseen ones
+(`acc_worst_unseen`, ...) and over the seen ones (`acc_worst_seen`, ...; NaN when none is judged). Every
+answer goes to `robustness_items.parquet` (one row per strategy, seed, item, family and variant of the
+winners, and one clean row per item: family null), from which every robustness number can be recomputed.
 
 Then: per strategy mean ± sd over seeds, and for every pair of strategies (and each against the task's
 default prompt) the paired difference on the same test items — accuracy, Acc_worst, PDR — with a seeded
@@ -44,7 +54,13 @@ from promptopt.tasks.item import items_sha256
 from promptopt.yamlio import atomic_write_bytes_via, atomic_write_text, check_output, remove_empty_dirs, write_table
 
 SELECTIONS = ("strategy", "robust")
+ITEMS_FILE = "robustness_items.parquet"
+SPLITS = ("unseen", "seen")
 _N_BOOT = 2000
+# per prompt: over all judged families, then (suffix _unseen / _seen) over each split alone
+_ROBUST_KEYS = ("acc_var_pert", "pdr", "pdr_pooled", "acc_worst", "acc_worst_family_min", "acc_worst_family")
+_SPLIT_MEANS = ("acc_var_pert", "pdr", "pdr_pooled", "acc_worst", "acc_worst_family_min")
+_PAIRED_KEYS = ("acc_worst", "pdr")
 
 
 @dataclass
@@ -54,7 +70,8 @@ class Evaluated:
     test: pd.DataFrame  # per-item test table
     robust: dict = field(default_factory=dict)  # robustness summary (+ taboo) on the robustness items
     clean: pd.Series | None = None  # item_id -> correct, robustness items
-    variants: pd.DataFrame | None = None  # item_id, family, correct
+    variants: pd.DataFrame | None = None  # item_id, family, correct (and seen, where the families were labelled)
+    items: pd.DataFrame | None = None  # every answer, clean and perturbed (robustness.suite.ITEM_COLUMNS)
 
 
 @dataclass
@@ -72,11 +89,13 @@ def run_compare(
     seeds: int = 1,
     top_n: int = 3,
     select: str = "strategy",
-    suite: str | None = "default",
+    suite: str | None = "unseen",
+    search_suite: str | None = "cheap",
     robust_limit: int | None = None,
     show_progress: bool = True,
 ) -> CompareResult:
-    """Search every strategy `seeds` times, evaluate each search's top-N prompts, compare the winners."""
+    """Search every strategy `seeds` times, evaluate each search's top-N prompts, compare the winners.
+    `search_suite`: what searches may look at; `suite`: what the winners are judged on (None: no robustness)."""
     from promptopt.robustness.suite import load_suite
 
     for name in strategies:
@@ -87,15 +106,19 @@ def run_compare(
         raise ConfigError(f"seeds and top_n must be positive, got seeds={seeds}, top_n={top_n}")
     if select not in SELECTIONS:
         raise ConfigError(f"select: expected one of {', '.join(SELECTIONS)}, got {select!r}")
-    if select == "robust" and not suite:
-        raise ConfigError("select='robust' needs a perturbation suite")
+    if select == "robust" and not search_suite:
+        raise ConfigError("select='robust' reads dev robustness under the search suite: give a search suite")
+    if not search_suite and any(get_strategy(name).needs_variants for name in strategies):
+        raise ConfigError(f"strategies {', '.join(strategies)}: the robust strategy trains on the search suite: give a search suite")
     the_suite = load_suite(suite) if suite else None
+    the_search_suite = load_suite(search_suite) if search_suite else None
     out = Path(base.out)
     check_output(out, folder=True, what="--out")
     made_out = not out.exists()
     try:
         return _compare(base, strategies, out, seeds=seeds, top_n=top_n, select=select, the_suite=the_suite,
-                        robust_limit=robust_limit, show_progress=show_progress)
+                        search_suite=the_search_suite, search_suite_spec=search_suite, robust_limit=robust_limit,
+                        show_progress=show_progress)
     except Exception:  # folders this compare created and left empty go too (finished work stays for --resume)
         if made_out:
             remove_empty_dirs([out, *(p for p in out.rglob("*") if p.is_dir())])
@@ -103,8 +126,8 @@ def run_compare(
 
 
 def _compare(base: SearchConfig, strategies: list[str], out: Path, *, seeds: int, top_n: int, select: str, the_suite,
-             robust_limit: int | None, show_progress: bool) -> CompareResult:
-    from promptopt.robustness.suite import Similarity
+             search_suite, search_suite_spec: str | None, robust_limit: int | None, show_progress: bool) -> CompareResult:
+    from promptopt.robustness.suite import Similarity, seen_families
 
     storage = base.study.storage or default_storage_url(out)
     session = Session(model=base.model, data=base.data, out=out, batch_size=base.batch_size)
@@ -113,14 +136,19 @@ def _compare(base: SearchConfig, strategies: list[str], out: Path, *, seeds: int
     if any(get_strategy(name).needs_variants for name in strategies):
         from promptopt.robustness import VariantExpander
 
-        expand = VariantExpander("cheap")
+        expand = VariantExpander(search_suite_spec)
     configs = _plan(configs, session.data, expand, out, resume=base.study.resume)  # before anything is scored
+    marker = _search_suite_marker(out, search_suite, resume=base.study.resume) if expand is not None else None
     test, dev = session.items("test"), session.items("dev")
+    search_digest = sha256_json(asdict(search_suite)) if search_suite else None
     store = _Store(out / "evaluations", {"model": base.model.spec, "dtype": base.model.resolved_dtype(),
                                          "quantize": base.model.quantize, "test": items_sha256(test),
                                          "robust_limit": robust_limit,
-                                         "suite": sha256_json(asdict(the_suite)) if the_suite else None})
-    evaluator = _Evaluator(session, test, the_suite, robust_limit, Similarity() if the_suite else None, show_progress, store)
+                                         "suite": sha256_json(asdict(the_suite)) if the_suite else None,
+                                         "search_suite": search_digest})
+    seen = seen_families(the_suite, search_suite) if the_suite else frozenset()
+    evaluator = _Evaluator(session, test, the_suite, robust_limit, Similarity() if the_suite or search_suite else None,
+                           show_progress, store, search_suite=search_suite, seen=seen)
 
     start = time.perf_counter()
     baseline_prompt = session.data.default_prompt()
@@ -129,6 +157,8 @@ def _compare(base: SearchConfig, strategies: list[str], out: Path, *, seeds: int
     winners: dict[str, list[Evaluated]] = {"baseline": [baseline] * seeds}
     baseline_wall = time.perf_counter() - start
     walls: dict[str, float] = {"baseline": baseline_wall}
+    if marker is not None:  # written where the robust studies are about to be: they were searched under it
+        atomic_write_text(out / _SEARCH_SUITE_FILE, json.dumps(marker, indent=1))
     for (name, s), config in configs.items():
         fault_point("compare-search")
         result = run_search(config, scorer=session.scorer, expand=expand, show_progress=show_progress)
@@ -147,9 +177,13 @@ def _compare(base: SearchConfig, strategies: list[str], out: Path, *, seeds: int
     runs_table = pd.DataFrame(runs)
     table = _strategy_table(runs_table, winners, walls)
     paired = _paired_table(winners, seed=base.study.seed)
+    families = [f.name for f in the_suite.families] if the_suite else []
     summary = {
         "task": session.data.spec.name, "model": base.model.spec, "strategies": strategies, "seeds": seeds,
         "top_n": top_n, "select": select, "suite": the_suite.name if the_suite else None,
+        "search_suite": search_suite.name if search_suite else None,
+        "families_seen": [f for f in families if f in seen], "families_unseen": [f for f in families if f not in seen],
+        "seen_rule": "a judged family is seen when the search suite has a family of the same name or operator",
         "n_test": len(test), "n_robust": len(test[:robust_limit]) if the_suite else 0,
         "evaluations": evaluator.evaluations, "evaluations_reused": evaluator.reused,
         "evaluations_resumed": evaluator.resumed, "studies_resumed": [c.name for c in configs.values() if c.study.resume],
@@ -160,8 +194,37 @@ def _compare(base: SearchConfig, strategies: list[str], out: Path, *, seeds: int
         "paraphrase_memo_misses": session.paraphrases.misses,
         "table": json.loads(table.to_json(orient="records")), "paired": json.loads(paired.to_json(orient="records")),
     }
-    _write(out, table, runs_table, paired, summary)
+    _write(out, table, runs_table, paired, summary, _items(winners))
     return CompareResult(table, runs_table, paired, summary)
+
+
+_SEARCH_SUITE_FILE = "search_suite.json"
+
+
+def _search_suite_marker(out: Path, search_suite, *, resume: bool) -> dict:
+    """A `robust` study does not record the suite it trained on, so the compare does (search_suite.json): a
+    resumed compare must search with the suite it started with. Checked before anything is scored."""
+    mine = {"name": search_suite.name, "sha256": sha256_json(asdict(search_suite))}
+    path = out / _SEARCH_SUITE_FILE
+    if resume and path.is_file():
+        theirs = json.loads(path.read_text(encoding="utf-8"))
+        if theirs.get("sha256") != mine["sha256"]:
+            raise UserError(f"compare in {out} searched the robust strategy under --search-suite {theirs.get('name')}; resume it "
+                            f"with the same search suite (got {mine['name']}), or choose another --out")
+    return mine
+
+
+def _items(winners: dict) -> pd.DataFrame | None:
+    """Every winner's answers, one row per (strategy, seed, item, family, variant); the baseline once (seed 0)."""
+    parts = []
+    for name, evaluations in winners.items():
+        for s, ev in enumerate(evaluations[:1] if name == "baseline" else evaluations):
+            if ev.items is not None:
+                parts.append(ev.items.assign(strategy=name, seed=s))
+    if not parts:
+        return None
+    items = pd.concat(parts, ignore_index=True)
+    return items[["strategy", "seed", *[c for c in items.columns if c not in ("strategy", "seed")]]]
 
 
 def _seed_config(base: SearchConfig, name: str, s: int, seeds: int, out: Path, storage: str) -> SearchConfig:
@@ -211,6 +274,8 @@ class _Store:
         if done["clean"]:
             evaluated.clean = pd.read_parquet(folder / "clean.parquet").set_index("item_id")["correct"]
             evaluated.variants = pd.read_parquet(folder / "variants.parquet")
+        if done.get("items"):
+            evaluated.items = pd.read_parquet(folder / "items.parquet")
         return evaluated
 
     def save(self, key: str, evaluated: Evaluated) -> None:
@@ -220,7 +285,10 @@ class _Store:
         if evaluated.clean is not None:
             write_table(evaluated.clean.reset_index(), folder / "clean.parquet")
             write_table(evaluated.variants, folder / "variants.parquet")
-        done = {"test": evaluated.test is not None, "clean": evaluated.clean is not None, "robust": evaluated.robust}
+        if evaluated.items is not None:
+            write_table(evaluated.items, folder / "items.parquet")
+        done = {"test": evaluated.test is not None, "clean": evaluated.clean is not None, "items": evaluated.items is not None,
+                "robust": evaluated.robust}
         atomic_write_text(folder / "done.json", json.dumps(done, indent=1))
 
 
@@ -231,8 +299,10 @@ class _Evaluator:
     """Scores a prompt on the test items and stresses it, once per distinct prompt (and once per compare:
     finished evaluations are kept in the store and reused by a resumed compare)."""
 
-    def __init__(self, session, test, suite, robust_limit, similarity, progress, store: _Store):
+    def __init__(self, session, test, suite, robust_limit, similarity, progress, store: _Store, *, search_suite=None,
+                 seen=frozenset()):
         self.session, self.test, self.suite, self.similarity, self.progress = session, test, suite, similarity, progress
+        self.search_suite, self.seen = search_suite, seen
         self.robust_items = test[:robust_limit]
         self.robust_limit = robust_limit
         self.store = store
@@ -253,37 +323,45 @@ class _Evaluator:
             evaluated = Evaluated(self.session.scorer.score(prompt, self.test).table[_TEST_COLUMNS])
             if self.suite is not None:
                 fault_point("compare-robust")
-                evaluated.robust, evaluated.clean, evaluated.variants = self._stress(prompt, self.robust_items)
+                evaluated.robust, evaluated.clean, evaluated.variants, evaluated.items = self._stress(
+                    prompt, self.robust_items, self.suite, seen=self.seen, taboo=True)
             self.store.save(key, evaluated)
         self._done[key] = evaluated
         return evaluated
 
+    @property
+    def search_suite_name(self) -> str | None:
+        return self.search_suite.name if self.search_suite else None
+
     def robustness(self, prompt, items):
-        """(summary, clean, variants) of a prompt stressed on `items` (`select="robust"`: dev items), kept in the store."""
+        """(summary, clean, variants) of a prompt stressed on `items` under the search suite (`select="robust"`: dev
+        items; the judging suite's families stay unseen), kept in the store."""
         key = self.store.key(prompt, f"robustness:{items_sha256(items)}")
         stored = self.store.load(key)
         if stored is None:
             stored = Evaluated(None)
-            stored.robust, stored.clean, stored.variants = self._stress(prompt, items)
+            stored.robust, stored.clean, stored.variants, _ = self._stress(prompt, items, self.search_suite)
             self.store.save(key, stored)
         return stored.robust, stored.clean, stored.variants
 
-    def _stress(self, prompt, items):
+    def _stress(self, prompt, items, suite, *, seen=None, taboo: bool = False):
         from promptopt.robustness import taboo_stress
         from promptopt.robustness.suite import evaluate_robustness
 
         scorer, data = self.session.scorer, self.session.data
-        rob = evaluate_robustness(scorer, prompt, items, self.suite, pool=data.pool, similarity=self.similarity,
-                                  paraphrases=self.session.paraphrases,
+        rob = evaluate_robustness(scorer, prompt, items, suite, pool=data.pool, similarity=self.similarity,
+                                  paraphrases=self.session.paraphrases, seen=seen,
                                   progress=self.progress, desc=f"robustness {prompt.task}")
         summary = dict(rob.summary)
         summary["taboo_retention_i1"] = math.nan  # log-likelihood tasks generate nothing to stress
-        if data.spec.generative:
+        if taboo and data.spec.generative:
             stress = taboo_stress(scorer, prompt, items, ranks=(1,)).summary.set_index("rank")
             summary["taboo_retention_i1"] = stress.loc[1, "retention"]
-        clean = scorer.score(prompt, items).table.set_index("item_id")["correct"].astype(bool)
-        variants = rob.variants[["item_id", "family", "correct"]] if len(rob.variants) else pd.DataFrame(columns=["item_id", "family", "correct"])
-        return summary, clean, variants
+        clean = rob.items.loc[rob.items["family"].isna()].set_index("item_id")["clean_correct"].astype(bool).rename("correct")
+        variants = rob.variants if len(rob.variants) else pd.DataFrame(columns=["item_id", "family", "correct"])
+        if seen is not None:
+            variants = variants.assign(seen=variants["family"].isin(set(seen)).astype(bool))
+        return summary, clean, variants[["item_id", "family", "correct", *(["seen"] if seen is not None else [])]], rob.items
 
 
 def _choose(select, ranked, result, evaluator, dev):
@@ -297,7 +375,8 @@ def _choose(select, ranked, result, evaluator, dev):
         summary, _, _ = evaluator.robustness(entry["prompt"], dev[: evaluator.robust_limit])
         scored.append((summary["acc_worst"], entry["accuracy"], -entry["number"], entry))
     acc_worst, _, _, chosen = max(scored, key=lambda x: x[:3])
-    return chosen, (f"best dev Acc_worst ({acc_worst:.3f}) among {len(eligible)} of the top {len(ranked)} trials whose dev "
+    under = getattr(evaluator, "search_suite_name", None)
+    return chosen, (f"best dev Acc_worst ({acc_worst:.3f}{f', search suite {under}' if under else ''}) among {len(eligible)} of the top {len(ranked)} trials whose dev "
                     f"accuracy is inside the best one's 95% interval (≥ {low:.3f})")
 
 
@@ -316,6 +395,12 @@ def _run_row(strategy, seed, rank, ev: Evaluated, *, winner, how, extra) -> dict
     for key in ("acc_worst", "pdr", "acc_var_pert"):
         ci = r.get(f"{key}_ci95", [math.nan, math.nan])
         row[f"{key}_ci_low"], row[f"{key}_ci_high"] = ci
+    for split in SPLITS:  # the same numbers over the unseen families alone, and over the seen ones
+        for key in _ROBUST_KEYS:
+            value = r.get(f"{key}_{split}")
+            row[f"{key}_{split}"] = math.nan if value is None else value
+        for key in _PAIRED_KEYS:
+            row[f"{key}_{split}_ci_low"], row[f"{key}_{split}_ci_high"] = r.get(f"{key}_{split}_ci95") or [math.nan, math.nan]
     row.update(extra)
     return row
 
@@ -327,17 +412,19 @@ def _strategy_table(runs: pd.DataFrame, winners: dict, walls: dict) -> pd.DataFr
     for name, group in chosen.groupby("strategy", sort=False):
         row = {"strategy": name, "n_seeds": len(winners[name]) if name != "baseline" else 1, "n_test": int(group["n_test"].iloc[0])}
         for key in ("avg_acc", "avg_tcb", "tcb_geomean", "avg_ppl", "acc_var_pert", "pdr", "pdr_pooled", "acc_worst",
-                    "acc_worst_family_min", "taboo_retention_i1"):
+                    "acc_worst_family_min", "taboo_retention_i1", *(f"{k}_{split}" for split in SPLITS for k in _SPLIT_MEANS)):
             values = group[key].astype(float)
             row[key] = float(values.mean())
             row[f"{key}_sd"] = float(values.std(ddof=1)) if len(values) > 1 else math.nan
         if len(group) == 1:  # one search: its own intervals
-            for key in ("acc_ci_low", "acc_ci_high", "acc_worst_ci_low", "acc_worst_ci_high", "pdr_ci_low", "pdr_ci_high"):
+            for key in ("acc_ci_low", "acc_ci_high", "acc_worst_ci_low", "acc_worst_ci_high", "pdr_ci_low", "pdr_ci_high",
+                        *(f"{k}_{split}_ci_{end}" for split in SPLITS for k in _PAIRED_KEYS for end in ("low", "high"))):
                 row[key] = group[key].iloc[0]
         else:  # several: the pooled Wilson interval of accuracy over seeds × items
             k = float((group["avg_acc"] * group["n_test"]).sum())
             row["acc_ci_low"], row["acc_ci_high"] = wilson_interval(round(k), int(group["n_test"].sum()))
-        row["acc_worst_family"] = group["acc_worst_family"].iloc[0]
+        for key in ("acc_worst_family", *(f"acc_worst_family_{split}" for split in SPLITS)):
+            row[key] = group[key].iloc[0]
         row["selected_by"] = group["selected_by"].iloc[0]
         row["wall_seconds"] = walls.get(name, math.nan)
         rows.append(row)
@@ -345,7 +432,9 @@ def _strategy_table(runs: pd.DataFrame, winners: dict, walls: dict) -> pd.DataFr
 
 
 def _paired_table(winners: dict, *, seed: int) -> pd.DataFrame:
-    """Every pair of strategies on the same test items: Δ accuracy, Δ Acc_worst, Δ PDR (first − second).
+    """Every pair of strategies on the same test items: Δ accuracy, Δ Acc_worst, Δ PDR (first − second); the
+    robustness deltas over all judged families, and where families are labelled over the unseen ones alone
+    (`delta_acc_worst_unseen`: the headline) and the seen ones alone (NaN when the split has no family).
 
     With several seeds the pairs are (seed, item), but the seeds of one item are not independent samples: the
     bootstrap resamples items, each with all its seeds (`cluster_index`), so repeating a search does not narrow
@@ -365,15 +454,21 @@ def _paired_table(winners: dict, *, seed: int) -> pd.DataFrame:
             n_items, n_boot=_N_BOOT, seed=seed)
         row["only_a_correct"], row["only_b_correct"], row["mcnemar_p"] = mcnemar_exact(acc_a, acc_b)
         if winners[a][0].clean is not None:
-            pa, pb = _pooled(winners[a]), _pooled(winners[b])
-            n_robust = len(pa.items) // n_seeds
-            for key in ("acc_worst", "pdr"):
-                point = pa.metrics()[key] - pb.metrics()[key]
-                row[f"delta_{key}"] = float(point)
-                row[f"delta_{key}_ci_low"], row[f"delta_{key}_ci_high"] = bootstrap_interval(
-                    lambda idx, key=key: (pa.metrics(cluster_index(idx, n_robust, n_seeds))[key]
-                                          - pb.metrics(cluster_index(idx, n_robust, n_seeds))[key]),
-                    n_robust, n_boot=_N_BOOT // 4, seed=seed)
+            labelled = all("seen" in ev.variants for ev in (*winners[a], *winners[b]))
+            for split in (None, *(SPLITS if labelled else ())):
+                pa, pb = _pooled(winners[a], split), _pooled(winners[b], split)
+                n_robust = len(pa.items) // n_seeds
+                suffix = f"_{split}" if split else ""
+                for key in _PAIRED_KEYS:
+                    name = f"delta_{key}{suffix}"
+                    if split and not _has_families(winners[a], split):
+                        row[name] = row[f"{name}_ci_low"] = row[f"{name}_ci_high"] = math.nan
+                        continue
+                    row[name] = float(pa.metrics()[key] - pb.metrics()[key])
+                    row[f"{name}_ci_low"], row[f"{name}_ci_high"] = bootstrap_interval(
+                        lambda idx, key=key, pa=pa, pb=pb, n_robust=n_robust: (pa.metrics(cluster_index(idx, n_robust, n_seeds))[key]
+                                                                               - pb.metrics(cluster_index(idx, n_robust, n_seeds))[key]),
+                        n_robust, n_boot=_N_BOOT // 4, seed=seed)
         row["significant"] = bool(row["mcnemar_p"] < 0.05 and not (row["delta_acc_ci_low"] <= 0 <= row["delta_acc_ci_high"]))
         rows.append(row)
     return pd.DataFrame(rows)
@@ -386,17 +481,27 @@ def cluster_index(items, n_items: int, n_seeds: int) -> np.ndarray:
     return (np.arange(n_seeds)[:, None] * n_items + items[None, :]).ravel()
 
 
-def _pooled(evaluations: list[Evaluated]) -> PerItemRobustness:
-    """Items of every seed, keyed (seed, item), so two strategies' seeds pair up item by item."""
+def _pooled(evaluations: list[Evaluated], split: str | None = None) -> PerItemRobustness:
+    """Items of every seed, keyed (seed, item), so two strategies' seeds pair up item by item; with `split`, only the
+    variants of its families (every item stays: one no family of the split perturbed counts as its clean answer)."""
     clean = pd.concat([ev.clean.rename(lambda i, s=s: f"{s}:{i}") for s, ev in enumerate(evaluations)])
     variants = pd.concat([ev.variants.assign(item_id=ev.variants["item_id"].map(lambda i, s=s: f"{s}:{i}"))
                           for s, ev in enumerate(evaluations)], ignore_index=True)
-    return PerItemRobustness(clean, variants)
+    if split is not None:
+        variants = variants[variants["seen"].astype(bool) == (split == "seen")]
+    return PerItemRobustness(clean, variants[["item_id", "family", "correct"]])
 
 
-def _write(out: Path, table, runs, paired, summary) -> None:
+def _has_families(evaluations: list[Evaluated], split: str) -> bool:
+    """Whether the judging suite has a family of this split (the summary lists them even when no variant was kept)."""
+    return bool(evaluations[0].robust.get(f"families_{split}", [None]))
+
+
+def _write(out: Path, table, runs, paired, summary, items: pd.DataFrame | None = None) -> None:
     atomic_write_bytes_via(out / "compare.csv", lambda p: table.to_csv(p, index=False))
     atomic_write_bytes_via(out / "compare.parquet", lambda p: table.to_parquet(p, index=False))
     atomic_write_bytes_via(out / "compare_runs.csv", lambda p: runs.to_csv(p, index=False))
     atomic_write_bytes_via(out / "compare_paired.csv", lambda p: paired.to_csv(p, index=False))
+    if items is not None:
+        write_table(items, out / ITEMS_FILE)
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=1, default=str))

@@ -6,35 +6,89 @@ need no perturbation are read from the same clean run (mean log10 δ_TCB, mean s
 margin, V_eff, accuracy). The answer is the Spearman correlation of each signal with each measured
 robustness number across the M prompts, with a seeded 95% bootstrap interval over prompts. A signal
 whose interval excludes 0 predicts robustness here; one that straddles 0 does not, at this M.
+
+The item-level question comes beside it: over every answer (M prompts × dev items), the AUROC of each clean
+signal for "this answer changes under some unseen perturbation" (`promptopt.experiments.item_auroc`; a family
+is unseen when `search_suite` has no family of its name or operator). The suite defaults to `unseen`, the
+families no search looks at. Given directories (or files) that hold a robustness items table instead of a
+search (a `compare` or `evaluate --out` folder), only the AUROC table is computed, from the answers kept
+there: no model is loaded.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from promptopt.errors import UserError
+from promptopt.experiments.item_auroc import item_auroc
 from promptopt.metrics.stats import bootstrap_interval, spearman
-from promptopt.yamlio import atomic_write_bytes_via
+from promptopt.yamlio import atomic_write_bytes_via, write_table
 
 SIGNALS = ("log10_tcb", "signed_stability", "ppl", "margin", "v_eff", "accuracy")
 TARGETS = ("acc_worst", "pdr")
 
 
+AUROC_FILE = "proxy_item_auroc.csv"
+ITEMS_FILE = "proxy_items.parquet"
+
+
 @dataclass
 class ProxyResult:
-    prompts: pd.DataFrame  # one row per prompt: signals and measured robustness
-    correlations: pd.DataFrame  # one row per (signal, target)
-    folder: Path | None = None  # where the two tables were written
+    prompts: pd.DataFrame | None  # one row per prompt: signals and measured robustness (None: from items tables)
+    correlations: pd.DataFrame | None  # one row per (signal, target)
+    folder: Path | None = None  # where the tables were written
+    auroc: pd.DataFrame | None = None  # one row per signal: item-level AUROC for "changes under an unseen perturbation"
+    written: list = field(default_factory=list)  # the files written
 
 
-def proxy_correlations(run_dirs, *, n_trials: int = 8, limit: int | None = 40, suite: str = "quick",
-                       seed: int = 0, out: str | Path | None = None, show_progress: bool = True) -> ProxyResult:
+def _items_files(path: Path) -> list[Path]:
+    """A robustness items table given directly, or those a compare / evaluate folder holds (no search in it)."""
+    if path.is_file() and path.suffix == ".parquet":
+        return [path]
+    if path.is_dir() and not (path / "config.json").is_file():
+        return sorted(path.glob("*_items.parquet"))
+    return []
+
+
+def diagnose_proxy(run_dirs, **options) -> ProxyResult:
+    """`promptopt diagnose proxy`: search run directories -> `proxy_correlations`; folders (or files) holding a
+    robustness items table and no search -> `proxy_from_items` (the item-level AUROC alone)."""
+    paths = [Path(r) for r in ([run_dirs] if isinstance(run_dirs, (str, Path)) else run_dirs)]
+    found = [_items_files(p) for p in paths]
+    if paths and all(found):
+        return proxy_from_items([f for files in found for f in files], seed=options.get("seed", 0), out=options.get("out"))
+    return proxy_correlations(paths, **options)
+
+
+def proxy_from_items(files: list[Path], *, seed: int = 0, out: str | Path | None = None) -> ProxyResult:
+    """The item-level AUROC table from answers already kept (robustness_items.parquet of a compare or an evaluate),
+    written as proxy_item_auroc.csv beside the first table (or in `out`)."""
+    from promptopt.yamlio import check_output
+
+    if out is not None:
+        check_output(out, folder=True, what="--out")
+    tables = []
+    for path in files:
+        try:
+            table = pd.read_parquet(path)
+        except (OSError, ValueError) as exc:  # not a Parquet file, or a damaged one: the user's input
+            raise UserError(f"{path}: cannot read the robustness items table ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+        tables.append(table.assign(source=str(path)) if len(files) > 1 else table)
+    auroc = item_auroc(pd.concat(tables, ignore_index=True), seed=seed)
+    target = Path(out) if out is not None else files[0].parent
+    atomic_write_bytes_via(target / AUROC_FILE, lambda p: auroc.to_csv(p, index=False))
+    return ProxyResult(None, None, target, auroc, [target / AUROC_FILE])
+
+
+def proxy_correlations(run_dirs, *, n_trials: int = 8, limit: int | None = 40, suite: str = "unseen",
+                       search_suite: str | None = "cheap", seed: int = 0, out: str | Path | None = None,
+                       show_progress: bool = True) -> ProxyResult:
     """`run_dirs`: one search run directory or several of one task and model (e.g. every strategy and seed of a
     `compare`), whose complete trials are pooled: more distinct prompts, tighter intervals. The M prompts are
     taken evenly over each study's ranking of its values, round-robin across studies, identical prompts once.
@@ -45,7 +99,7 @@ def proxy_correlations(run_dirs, *, n_trials: int = 8, limit: int | None = 40, s
     from optuna.trial import TrialState
 
     from promptopt.experiments.session import Session
-    from promptopt.robustness.suite import Similarity, evaluate_robustness, load_suite
+    from promptopt.robustness.suite import Similarity, evaluate_robustness, load_suite, seen_families
     from promptopt.search import SearchConfig
     from promptopt.search.strategies import signed_stability
     from promptopt.search import decode_params
@@ -58,6 +112,7 @@ def proxy_correlations(run_dirs, *, n_trials: int = 8, limit: int | None = 40, s
     if not runs:
         raise UserError("diagnose proxy: give at least one run directory")
     the_suite = load_suite(suite)
+    seen = seen_families(the_suite, load_suite(search_suite) if search_suite else None)
     studies = []
     for run in runs:
         if not (run / "config.json").is_file():
@@ -96,23 +151,30 @@ def proxy_correlations(run_dirs, *, n_trials: int = 8, limit: int | None = 40, s
         raise UserError(f"{', '.join(map(str, runs))}: {len(picks)} distinct prompts among the complete trials; a correlation needs at least 3")
     items = session.items("dev", limit)
     similarity = Similarity()
-    rows = []
+    rows, answers = [], []
     for run, trial, prompt in picks:
         clean = session.scorer.score(prompt, items).table
         rob = evaluate_robustness(session.scorer, prompt, items, the_suite, pool=session.data.pool, similarity=similarity,
-                                  paraphrases=session.paraphrases,
+                                  paraphrases=session.paraphrases, seen=seen,
                                   progress=show_progress, desc=f"proxy trial {trial.number}")
+        answers.append(rob.items.assign(prompt=f"{run}#{trial.number}"))
         tcb = clean["tcb"].replace([np.inf], np.nan).dropna()
         rows.append({"run": str(run), "trial": trial.number, "log10_tcb": float(np.log10(tcb).mean()) if len(tcb) else math.nan,
                      "signed_stability": float(signed_stability(clean).mean()), "ppl": float(clean["ppl"].mean()),
                      "margin": float(clean["margin"].mean()), "v_eff": float(clean["v_eff"].mean()),
-                     "accuracy": float(clean["correct"].mean()), "acc_worst": rob.summary["acc_worst"], "pdr": rob.summary["pdr"]})
+                     "accuracy": float(clean["correct"].mean()), "acc_worst": rob.summary["acc_worst"], "pdr": rob.summary["pdr"],
+                     "acc_worst_unseen": rob.summary["acc_worst_unseen"], "pdr_unseen": rob.summary["pdr_unseen"]})
     prompts = pd.DataFrame(rows)
     correlations = correlation_table(prompts, seed=seed)
+    kept = pd.concat(answers, ignore_index=True)
+    auroc = item_auroc(kept, seed=seed)
     target = Path(out) if out is not None else runs[0] if len(runs) == 1 else Path(os.path.commonpath([r.resolve() for r in runs]))
     atomic_write_bytes_via(target / "proxy_prompts.csv", lambda p: prompts.to_csv(p, index=False))
     atomic_write_bytes_via(target / "proxy_correlations.csv", lambda p: correlations.to_csv(p, index=False))
-    return ProxyResult(prompts, correlations, target)
+    write_table(kept[["prompt", *(c for c in kept.columns if c != "prompt")]], target / ITEMS_FILE)
+    atomic_write_bytes_via(target / AUROC_FILE, lambda p: auroc.to_csv(p, index=False))
+    written = [target / name for name in ("proxy_prompts.csv", "proxy_correlations.csv", ITEMS_FILE, AUROC_FILE)]
+    return ProxyResult(prompts, correlations, target, auroc, written)
 
 
 def correlation_table(prompts: pd.DataFrame, *, seed: int = 0, n_boot: int = 2000) -> pd.DataFrame:

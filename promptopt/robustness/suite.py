@@ -7,11 +7,17 @@ PDR as the mean of per-family PDRs (PromptBench) and pooled, Acc_worst per item 
 prompt and on every kept variant), AccVar_pert as the mean per-item variance over an item's versions,
 each with a seeded 95% bootstrap interval over items; the family-level numbers keep their own names.
 PDR is NaN, and said so, when clean accuracy is 0.
+
+Seen and unseen: given the family names a search looked at (`seen_families(suite, search_suite)`), every
+family is labelled, and the summary repeats the item-level metrics over the unseen families alone and over
+the seen ones alone (`acc_worst_unseen`, `pdr_seen`, ...). The result also keeps every answer
+(`RobustnessResult.items`, ITEM_COLUMNS): one row per kept variant, and one clean row per item.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -78,6 +84,17 @@ def parse_suite(data: dict, where: str) -> Suite:
             raise f.fail("distractors", f"a sentence file next to the suite ({path} not found)")
         distractors = tuple(line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
     return Suite(f.get("name", str, Path(where).stem), where, f.get("seed", int, 1234), threshold, variants, tuple(families), distractors)
+
+
+def seen_families(suite: Suite, search_suite: Suite | None) -> frozenset[str]:
+    """Families of `suite` a search under `search_suite` has seen: the same name, or the same operator with
+    any options (a search trained on one-character typos has seen typos, whatever their count or name).
+    A family in both suites is allowed; it is reported as seen. No search suite: nothing is seen."""
+    if search_suite is None:
+        return frozenset()
+    names = {f.name for f in search_suite.families}
+    operators = {f.operator for f in search_suite.families}
+    return frozenset(f.name for f in suite.families if f.name in names or f.operator in operators)
 
 
 def builtin_suite_names() -> list[str]:
@@ -158,11 +175,22 @@ def make_variants(suite: Suite, family: Family, prompt: Prompt, items: list[Item
     return kept, counts
 
 
+# One row per kept variant (and one clean row per item, family null): what `robustness_items.parquet` holds.
+ITEM_SIGNALS = ("tcb", "margin", "top_prob", "entropy", "v_eff")  # read at the critical point, clean and perturbed
+ITEM_COLUMNS = ["item_id", "family", "operator", "variant", "seen", "clean_correct", "perturbed_correct",
+                "clean_prediction", "perturbed_prediction",
+                *(f"{side}_{name}" for name in ITEM_SIGNALS for side in ("clean", "perturbed")),
+                "variant_kind", "variant_text"]
+SPLITS = ("unseen", "seen")
+_SPLIT_KEYS = ("acc_worst", "pdr", "pdr_pooled", "acc_var_pert", "acc_worst_family_min", "acc_worst_family")
+
+
 @dataclass
 class RobustnessResult:
     families: pd.DataFrame
     summary: dict
     variants: pd.DataFrame
+    items: pd.DataFrame | None = None  # ITEM_COLUMNS: every answer, clean and perturbed
 
 
 def evaluate_robustness(
@@ -176,9 +204,11 @@ def evaluate_robustness(
     paraphrases: ParaphraseMemo | None = None,
     progress: bool = False,
     desc: str = "robustness",
+    seen: Collection[str] | None = None,
 ) -> RobustnessResult:
     """Every family of `suite` on `items`: variants made, filtered and scored beside the clean items.
-    `similarity` and `paraphrases` memoize embeddings and LM paraphrases across calls (pass the session's)."""
+    `similarity` and `paraphrases` memoize embeddings and LM paraphrases across calls (pass the session's).
+    `seen`: the family names a search looked at (`seen_families`); None leaves families unlabelled."""
     from tqdm.auto import tqdm
 
     similarity = similarity or Similarity()
@@ -186,6 +216,7 @@ def evaluate_robustness(
     context = {"pool": pool, "evaluated": {i.id for i in items}, "distractors": list(suite.distractors), "lm": scorer.lm,
                "runner": scorer.runner, "paraphrases": paraphrases or ParaphraseMemo()}
     rows, variant_rows, spreads = [], [], {}
+    originals = {item.id: item.question for item in items}
     for family in tqdm(suite.families, desc=desc, disable=not progress, leave=False):
         kept, counts = make_variants(suite, family, prompt, items, context, similarity)
         tables = []
@@ -195,13 +226,19 @@ def evaluate_robustness(
         for group in groups.values():
             table = scorer.score(group[0].prompt, [v.item for v in group]).table
             table["question"] = [v.item.question for v in group]
+            # a changed question is the variant; else the prompt is (exemplars, format): keep what the model saw
+            changed = [v.item.question != originals.get(v.item.id) for v in group]
+            table["variant_kind"] = ["question" if c else "prompt" for c in changed]
+            table["variant_text"] = [v.item.question if c else _rendered(scorer, group[0].prompt, v.item) for v, c in zip(group, changed)]
             tables.append(table)
         perturbed = pd.concat(tables, ignore_index=True) if tables else pd.DataFrame(columns=["item_id", "correct", "tcb"])
         same = clean.loc[perturbed["item_id"]] if len(perturbed) else clean.iloc[:0]
         acc_clean_same = float(same["correct"].mean()) if len(same) else float("nan")
         acc_pert = float(perturbed["correct"].mean()) if len(perturbed) else float("nan")
         rows.append({
-            "family": family.name, "operator": family.operator, "n_items": len(items), "n_variants": len(perturbed),
+            "family": family.name, "operator": family.operator,
+            **({"seen": family.name in seen} if seen is not None else {}),
+            "n_items": len(items), "n_variants": len(perturbed),
             **{f"dropped_{k}": v for k, v in counts.items()},
             "acc_clean_same_items": acc_clean_same, "acc_perturbed": acc_pert,
             "pdr": performance_drop_rate(acc_clean_same, acc_pert) if len(perturbed) else float("nan"),
@@ -213,10 +250,12 @@ def evaluate_robustness(
             rows[-1].update(format_spread=spreads[family.name]["spread"], format_spread_ci_low=spreads[family.name]["ci95"][0],
                             format_spread_ci_high=spreads[family.name]["ci95"][1], n_formats=spreads[family.name]["n_formats"])
         if len(perturbed):
-            variant_rows.append(perturbed.assign(family=family.name))
+            variant_rows.append(perturbed.assign(family=family.name, operator=family.operator))
     families = pd.DataFrame(rows)
     variants_long = (pd.concat(variant_rows, ignore_index=True)[["item_id", "family", "correct"]] if variant_rows
                      else pd.DataFrame(columns=["item_id", "family", "correct"]))
+    if seen is not None:
+        variants_long["seen"] = variants_long["family"].isin(set(seen))
     clean_correct = clean["correct"].astype(bool)
     metrics = robustness_metrics(clean_correct, variants_long)
     intervals = robustness_intervals(clean_correct, variants_long, seed=suite.seed)
@@ -237,8 +276,71 @@ def evaluate_robustness(
     if spreads:  # the first format family's spread (FormatSpread: max − min accuracy over the prompt's formats)
         first = next(iter(spreads.values()))
         summary.update(format_spread=first["spread"], format_spread_ci95=first["ci95"], format_spread_n_formats=first["n_formats"])
+    if seen is not None:
+        summary.update(split_summary(clean_correct, variants_long, [f.name for f in suite.families], seen, seed=suite.seed))
     variants = pd.concat(variant_rows, ignore_index=True) if variant_rows else pd.DataFrame()
-    return RobustnessResult(families, summary, variants)
+    return RobustnessResult(families, summary, variants, items_table(clean, variants, seen, items))
+
+
+def split_summary(clean_correct: pd.Series, variants_long: pd.DataFrame, families: list[str], seen: Collection[str], *,
+                  seed: int) -> dict:
+    """The item-level metrics over the unseen families alone and over the seen ones alone (each on every item:
+    an item no family of the split perturbed counts as its clean answer). NaN for a split with no family."""
+    seen = set(seen)
+    out = {"families_seen": [f for f in families if f in seen], "families_unseen": [f for f in families if f not in seen]}
+    for split in SPLITS:
+        names = out[f"families_{split}"]
+        if not names:
+            out.update({f"{key}_{split}": (None if key == "acc_worst_family" else float("nan")) for key in _SPLIT_KEYS})
+            out.update({f"{key}_{split}_ci95": [float("nan"), float("nan")] for key in ("acc_worst", "pdr")})
+            continue
+        part = variants_long[variants_long["family"].isin(names)][["item_id", "family", "correct"]]
+        m = robustness_metrics(clean_correct, part)
+        ci = robustness_intervals(clean_correct, part, seed=seed)
+        out.update({f"acc_worst_{split}": m["acc_worst"], f"acc_worst_{split}_ci95": ci["acc_worst_ci95"],
+                    f"pdr_{split}": m["pdr"], f"pdr_{split}_ci95": ci["pdr_ci95"], f"pdr_pooled_{split}": m["pdr_pooled"],
+                    f"acc_var_pert_{split}": m["acc_var"], f"acc_worst_family_min_{split}": m["acc_worst_family_min"],
+                    f"acc_worst_family_{split}": m["acc_worst_family"]})
+    return out
+
+
+def items_table(clean: pd.DataFrame, variants: pd.DataFrame, seen: Collection[str] | None, items: list[Item]) -> pd.DataFrame:
+    """ITEM_COLUMNS from the clean per-item table (indexed by item_id) and the scored variants: one clean row per
+    item (family, variant, seen and the perturbed columns null), then one row per variant, numbered per (item,
+    family) in the order the suite made them. Predictions are text (a choice index for log-likelihood tasks)."""
+    def signal(frame, name):
+        return frame[name].astype(float).to_numpy() if name in frame else np.full(len(frame), np.nan)
+
+    c = clean.reindex([i.id for i in items])
+    base = {"item_id": list(c.index), "clean_correct": c["correct"].astype(bool).to_numpy(),
+            "clean_prediction": c["pred"].astype(str).to_numpy(), **{f"clean_{n}": signal(c, n) for n in ITEM_SIGNALS}}
+    clean_rows = pd.DataFrame({**base, "variant_kind": "clean", "variant_text": [i.question for i in items]})
+    parts = [clean_rows]
+    if len(variants):
+        v = variants.reset_index(drop=True)
+        same = clean.loc[v["item_id"]]
+        parts.append(pd.DataFrame({
+            "item_id": v["item_id"].to_numpy(), "family": v["family"].to_numpy(), "operator": v["operator"].to_numpy(),
+            "variant": v.groupby(["family", "item_id"], sort=False).cumcount().to_numpy(),
+            "clean_correct": same["correct"].astype(bool).to_numpy(), "perturbed_correct": v["correct"].astype(bool).to_numpy(),
+            "clean_prediction": same["pred"].astype(str).to_numpy(), "perturbed_prediction": v["pred"].astype(str).to_numpy(),
+            **{f"clean_{n}": signal(same, n) for n in ITEM_SIGNALS}, **{f"perturbed_{n}": signal(v, n) for n in ITEM_SIGNALS},
+            "variant_kind": v["variant_kind"].to_numpy(),
+            "variant_text": v["variant_text"].astype(str).to_numpy()}))
+    table = pd.concat(parts, ignore_index=True).reindex(columns=ITEM_COLUMNS)
+    table["variant"] = table["variant"].astype("Int64")
+    table["perturbed_correct"] = table["perturbed_correct"].astype("boolean")
+    for name in ("family", "operator", "perturbed_prediction"):
+        table[name] = table[name].astype(object).where(table[name].notna(), None)
+    labels = table["family"].map(lambda f: None if f is None else (f in set(seen)) if seen is not None else None)
+    table["seen"] = labels.astype("boolean")
+    return table
+
+
+def _rendered(scorer, prompt: Prompt, item: Item) -> str:
+    """The text the model was shown for a prompt-level variant (exemplars, format): the variant is the prompt."""
+    tokenizer = getattr(getattr(scorer, "lm", None), "tokenizer", None)
+    return item.question if tokenizer is None else prompt.context(item.question, item.choices, tokenizer)
 
 
 def _format_spread(clean_correct: pd.Series, tables: list[pd.DataFrame], *, seed: int) -> dict:

@@ -29,7 +29,13 @@ def column(frame: pd.DataFrame, role: str) -> str | None:
 
 
 def usable(frame: pd.DataFrame | None) -> bool:
-    return frame is not None and len(frame) > 0 and all(column(frame, r) for r in ("item", "family", "clean", "perturbed"))
+    return (frame is not None and all(column(frame, r) for r in ("item", "family", "clean", "perturbed"))
+            and len(variant_rows(frame)) > 0)
+
+
+def variant_rows(items: pd.DataFrame) -> pd.DataFrame:
+    """The perturbed answers only: compare and evaluate also keep one clean row per item (family null)."""
+    return items[items[column(items, "family")].notna()]
 
 
 def group_labels(frame: pd.DataFrame) -> pd.Series:
@@ -38,13 +44,14 @@ def group_labels(frame: pd.DataFrame) -> pd.Series:
     if name is None:
         return pd.Series("", index=frame.index)
     values = frame[name]
-    if values.dtype == bool:
-        return values.map({True: "seen", False: "unseen"})
+    if set(values.dropna().unique()) <= {True, False}:  # a bool column, nullable or not
+        return values.map({True: "seen", False: "unseen"}).fillna("").astype(str)
     return values.astype(str)
 
 
 def family_table(items: pd.DataFrame, *, n_boot: int = 500, seed: int = 0) -> pd.DataFrame:
     """One row per (strategy, group, family): n items, n variants, clean/perturbed accuracy, PDR, intervals."""
+    items = variant_rows(items)
     item, family = column(items, "item"), column(items, "family")
     frame = pd.DataFrame({
         "strategy": items["strategy"].astype(str) if "strategy" in items else "",
@@ -77,6 +84,7 @@ def family_table(items: pd.DataFrame, *, n_boot: int = 500, seed: int = 0) -> pd
 def flips(items: pd.DataFrame) -> pd.DataFrame:
     """One row per (item, family) of one prompt: the flip code (worst variant: broken > fixed > unchanged)
     and a hover text with every variant's answers and text."""
+    items = variant_rows(items)
     item, family, text = column(items, "item"), column(items, "family"), column(items, "text")
     clean_pred, pert_pred = column(items, "clean_pred"), column(items, "perturbed_pred")
     clean = items[column(items, "clean")].astype(bool).to_numpy()

@@ -33,6 +33,9 @@ def robustness_section(source, chosen, winners: pd.DataFrame | None) -> str:
     out = []
     if usable(source.items):
         out.append(_from_items(source.items, chosen))
+        columns = robust_columns(winners) if source.kind == "compare" else []
+        if columns:  # each winner's own numbers and intervals, labelled seen / unseen
+            out.append(figures.embed(figures.strategy_robustness(winners, columns), "robustness-winners", 380))
     elif source.kind == "compare":
         suite = source.summary.get("suite")
         if not suite:

@@ -26,12 +26,20 @@ RULE = ("Δ = first − second on the same test items (pooled over seeds), 95% p
 _ROBUST = re.compile(r"^(acc_worst|pdr|format_spread)(?:_(seen|unseen))?$")
 
 
+def _labelled_only(found: list, base_of, group_of) -> list:
+    """Where a number comes labelled seen/unseen, the label is what the reader gets: the all-families column of
+    the same metric (kept in the CSVs for older readers) is left out."""
+    labelled = {base_of(x) for x in found if group_of(x)}
+    return [x for x in found if group_of(x) or base_of(x) not in labelled]
+
+
 def robust_columns(frame: pd.DataFrame | None) -> list[tuple[str, str]]:
     """(column, label) of the per-prompt robustness numbers a compare table holds with a value: acc_worst and
-    pdr today, seen/unseen variants and format spread where a later compare writes them."""
+    pdr, their seen/unseen variants (which replace the unlabelled ones), and format spread where written."""
     if frame is None:
         return []
     found = [(c, _ROBUST.match(c)) for c in frame.columns if _ROBUST.match(c) and frame[c].map(finite).any()]
+    found = _labelled_only(found, lambda cm: cm[1].group(1), lambda cm: cm[1].group(2))
     order = list(_LABELS)
     found.sort(key=lambda cm: (order.index(cm[1].group(1)), ("", "seen", "unseen").index(cm[1].group(2) or "")))
     return [(c, _LABELS[m.group(1)] + (f" ({m.group(2)})" if m.group(2) else "")) for c, m in found]
@@ -55,6 +63,7 @@ def metrics_of(paired: pd.DataFrame) -> list[Metric]:
         match = _METRIC.match(col)
         if match and {f"{col}_ci_low", f"{col}_ci_high"} <= set(paired.columns) and paired[col].map(finite).any():
             found.append(Metric(col, match.group(1), match.group(2) or ""))
+    found = _labelled_only(found, lambda m: m.base, lambda m: m.base != "acc" and m.group)
     order = list(_LABELS)
     return sorted(found, key=lambda m: (order.index(m.base), ("", "seen", "unseen").index(m.group)))
 
@@ -137,6 +146,9 @@ def verdict_compare(paired: pd.DataFrame | None, summary: dict) -> str:
     robust_n = summary.get("n_robust")
     where = (f" Robustness (Acc_worst, PDR) is measured on the first {robust_n} test items under suite {esc(summary.get('suite'))}."
              if robust_n else "")
+    if robust_n and "families_unseen" in summary:
+        where += (f" Unseen families (no search looked at them): {esc(', '.join(summary['families_unseen']) or 'none')}; seen (search "
+                  f"suite {esc(summary.get('search_suite') or 'none')}, same name or operator): {esc(', '.join(summary.get('families_seen') or []) or 'none')}.")
     out.append(note(esc(RULE) + where))
     return "".join(out)
 
