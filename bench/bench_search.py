@@ -6,7 +6,8 @@
 - `robust` (multi-fidelity: variants only for trials alive under the accuracy pruner that can still win)
   next to `accuracy` at the same budget (trials, dev items, seed): distinct (prompt, item) pairs scored
   (result-cache misses, cold cache), wall time and the trials' own time; the target is robust ≤ 2× accuracy.
-All ratios come from runs in this one process.
+All ratios come from runs in this one process. BENCH_TRIALS, BENCH_DEV size it; BENCH_ONLY=3c runs only
+the robust-vs-accuracy part (3ab only the others).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 TRIALS = int(os.environ.get("BENCH_TRIALS", "16"))
 DEV = int(os.environ.get("BENCH_DEV", "64"))
+ONLY = os.environ.get("BENCH_ONLY", "")  # "3c": only robust vs accuracy; "3ab": only pruning and the cache
 
 
 def main() -> None:
@@ -33,11 +35,18 @@ def main() -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     with tempfile.TemporaryDirectory() as tmp:
         base = SearchConfig.build(task="sst2", strategy="tcb", trials=TRIALS, dev_limit=DEV, test_limit=32, device="cpu", seed=7)
-        pruned = run_search(base.replace(out=f"{tmp}/pruned"), show_progress=False)
-        full = run_search(base.replace(out=f"{tmp}/full", pruning=False), show_progress=False)
-        replay = run_search(base.replace(out=f"{tmp}/pruned", study_name="replay"), show_progress=False)
-        accuracy = run_search(base.replace(out=f"{tmp}/accuracy", strategy="accuracy"), show_progress=False)
-        robust = run_search(base.replace(out=f"{tmp}/robust", strategy="robust"), expand=VariantExpander("cheap"), show_progress=False)
+        if ONLY != "3c":
+            pruning_and_cache(base, tmp, run_search)
+        if ONLY != "3ab":
+            accuracy = run_search(base.replace(out=f"{tmp}/accuracy", strategy="accuracy"), show_progress=False)
+            robust = run_search(base.replace(out=f"{tmp}/robust", strategy="robust"), expand=VariantExpander("cheap"), show_progress=False)
+            robust_vs_accuracy(accuracy, robust)
+
+
+def pruning_and_cache(base, tmp, run_search) -> None:
+    pruned = run_search(base.replace(out=f"{tmp}/pruned"), show_progress=False)
+    full = run_search(base.replace(out=f"{tmp}/full", pruning=False), show_progress=False)
+    replay = run_search(base.replace(out=f"{tmp}/pruned", study_name="replay"), show_progress=False)
 
     def best(result):  # a pruned trial's stored value is its last per-item report: compare complete ones
         return result.trials.loc[result.trials["state"] == "COMPLETE", "value_tcb"].max()
@@ -53,6 +62,8 @@ def main() -> None:
     print(f"[3b] result cache: cold run hit rate {pruned.cache_hit_rate:.2f}; replay of the same seed into a new study "
           f"hit rate {replay.cache_hit_rate:.2f}, {pruned.wall_seconds / replay.wall_seconds:.1f}x faster than cold")
 
+
+def robust_vs_accuracy(accuracy, robust) -> None:
     def trial_seconds(result):  # the trials' own time: without model loading and the winner's test scoring
         return result.trials["duration"].dt.total_seconds().sum()
 
@@ -68,7 +79,7 @@ def main() -> None:
 
     print(f"[3c] robust (multi-fidelity, suite cheap) vs accuracy: {TRIALS} trials, {DEV} dev items, seed 7, cold caches")
     for name, result in (("accuracy", accuracy), ("robust", robust)):
-        value = result.trials.loc[result.trials["state"] == "COMPLETE", "value"].max()
+        value = result.trials.loc[result.trials["state"] == "COMPLETE", f"value_{name}"].max()
         print(f"     {name:<9}: {result.pairs_scored} distinct (prompt, item) pairs scored, wall {result.wall_seconds:.1f}s "
               f"(trials {trial_seconds(result):.1f}s), {states(result)}, best dev {name} {value:.4f}")
     print(f"     robust/accuracy: pairs {robust.pairs_scored / accuracy.pairs_scored:.2f}x, wall "
