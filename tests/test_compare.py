@@ -127,8 +127,8 @@ def test_robust_search_runs_with_cached_variants(tiny_llama_dir, tmp_path):
     with pytest.raises(ConfigError, match="needs perturbed variants"):
         run_search(config, show_progress=False)
     result = run_search(config, expand=VariantExpander("cheap"), show_progress=False)
-    metrics = [m for m in result.trials["user_attrs_metrics"]]
-    assert all(m["robust_accuracy"] <= m["accuracy"] for m in metrics)
+    metrics = [m for m in result.trials.loc[result.trials["state"] == "COMPLETE", "user_attrs_metrics"]]  # multi-fidelity:
+    assert metrics and all(m["robust_accuracy"] <= m["accuracy"] for m in metrics)  # a pruned trial may have no variants
 
 
 def test_proxy_correlations_on_a_finished_study(tiny_llama_dir, tmp_path):

@@ -33,6 +33,7 @@ class SearchResult:
     selection: str = ""  # how the winner was chosen, in words
     ranking: list = field(default_factory=list)  # distinct trials in the strategy's order of preference
     duplicates_skipped: int = 0  # sampled points that decoded to a prompt already evaluated (not counted)
+    pairs_scored: int = 0  # distinct (prompt, item) pairs this process scored for the trials (result-cache misses)
 
 
 @dataclass

@@ -31,6 +31,7 @@ def identity(ctx: SearchContext) -> dict:
         "dev_items_sha256": items_sha256(ctx.dev),
         "pool_candidates_sha256": items_sha256(ctx.candidates),
         "strategy": config.study.strategy,
+        "strategy_version": ctx.strategy.version,  # what the strategy's trial values mean (robust 2: multi-fidelity)
         "space_file_sha256": _file_sha256(ctx.space.where),
         "model": config.model.spec,
         "dtype": config.model.resolved_dtype(),
@@ -45,11 +46,22 @@ def _legacy_identity(stored_config: dict) -> dict:
             "model": model.get("spec"), "quantize": model.get("quantize")}
 
 
+# Fields added to the identity after studies were first recorded, and what a study without them meant.
+_ADDED = {"strategy_version": 1}
+
+
 def check_resumable(name: str, stored: dict, current: dict) -> None:
     """Refuse to resume a study whose trial values meant something else, naming the first differing field."""
+    stored = {**stored, **{k: v for k, v in _ADDED.items() if k in current and k not in stored}}  # after the others
     for key, then in stored.items():
         if key in current and current[key] != then:
             now = current[key]
+            if key == "strategy_version":
+                raise UserError(
+                    f"--resume: study '{name}' was created with strategy_version={then!r} of strategy "
+                    f"'{current.get('strategy')}' but this promptopt computes version {now!r} (see promptopt/search/"
+                    "strategies.py), so its trial values would mean something else; start a new study (--out / --study-name)"
+                )
             if key.endswith("_sha256"):
                 then, now = str(then)[:12], str(now)[:12]
             raise UserError(

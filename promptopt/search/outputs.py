@@ -34,6 +34,7 @@ def write_outputs(ctx: SearchContext, study, cached, wall: float, hits_before: i
     winner, selection = select_winner(ctx.strategy, candidates)
     best = next(t for t in study.trials if t.number == winner["number"])
     prompt = decode(ctx, best.params)
+    pairs_scored = cached.cache.misses - misses_before  # the search's own cost, before the winner's test items
     fault_point("rescore")
     dev_table = cached.score_table(prompt, ctx.dev)
     test_table = cached.score_table(prompt, ctx.test)
@@ -58,14 +59,15 @@ def write_outputs(ctx: SearchContext, study, cached, wall: float, hits_before: i
     hit_rate = hits / (hits + misses) if hits + misses else float("nan")
     duplicates = sum(is_duplicate(t) for t in study.get_trials(deepcopy=False))
     result = SearchResult(config, trials, best.params, best.number, prompt, dev, test, card_path, wall, hit_rate, pareto,
-                          selection=selection, ranking=_ranking(ctx.strategy, candidates, winner), duplicates_skipped=duplicates)
+                          selection=selection, ranking=_ranking(ctx.strategy, candidates, winner), duplicates_skipped=duplicates,
+                          pairs_scored=pairs_scored)
     for entry in result.ranking:
         entry["prompt"] = decode(ctx, entry["params"])
     summary = {"study": config.name, "storage": redact(config.storage_url), "best_trial": best.number, "best_params": best.params,
                "selection": selection,
                "dev": dev, "test": test, "wall_seconds": wall, "cache_hit_rate": result.cache_hit_rate,
                "trials": {s: int((trials["state"] == s).sum()) for s in trials["state"].unique()},
-               "duplicates_skipped": duplicates}
+               "duplicates_skipped": duplicates, "pairs_scored": pairs_scored}
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=1, default=str))
     return result
 

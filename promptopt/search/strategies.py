@@ -16,7 +16,8 @@ so per-item values can be reported to a paired pruner (Optuna's WilcoxonPruner) 
 | `acc_tcb`      | same value as `tcb`                                   | best value (the former `tcb`)        |
 | `pareto`       | (accuracy, mean signed stability), NSGA-II            | highest accuracy on the front        |
 | `robust`       | correct_i ∧ every cheap perturbed variant of i        | best value (robust dev accuracy)     |
-|                | correct (synonym, keyboard typo, exemplar reorder)    |                                      |
+|                | correct (synonym, keyboard typo, exemplar reorder);   |                                      |
+|                | multi-fidelity, see below                             |                                      |
 
 stability_i = (clip(log10 δ_TCB,i, −1, 5) + 1) / 6 ∈ [0, 1] (scale-free: δ spans 1 … 50,000);
 sign_i = +1 when item i is correct, −1 when wrong, so a stably wrong answer is penalized, never rewarded.
@@ -26,6 +27,23 @@ while accuracy moved it by 0.25 on the demo, so δ_TCB never changed a decision.
 a decision to make that accuracy cannot: among prompts whose dev accuracies are statistically
 indistinguishable from the best (inside its 95% Wilson interval), take the one whose answers are most
 stable. The blend still guides the sampler (and the pruner); `acc_tcb` keeps the plain best value.
+
+`robust` is multi-fidelity: an item's perturbed variants are scored only for trials still alive under
+the accuracy pruner (not successive-halving rungs). Two rungs per trial (search/trial.py runs them):
+1. clean: every dev item on the clean prompt, minibatch by minibatch; per-item *clean correctness* goes to
+   the paired pruner (`screen_values`), so a trial clearly less accurate than the incumbent (the best
+   robust trial; its reported values are its clean ones too) is pruned before any variant is scored;
+2. variants: only for a trial that survived the whole dev set, and only while it can still win. Its
+   clean correctness bounds its robust correctness from above (robust_i ≤ correct_i), so it is pruned
+   without a variant when that bound is below the incumbent's robust value, and during the rung as soon
+   as (robust so far + clean-correct items still to check) is; a clean-wrong item is not robust whatever
+   its variants say, and an item that failed one variant is not scored on the others.
+A COMPLETE trial's value is still its robust accuracy on every dev item, so values stay comparable; the
+bound prunes only trials that cannot beat the incumbent. With pruning off every trial completes (the
+bound is pruning too), but the last point still holds. Why: scoring every cheap variant of every dev item
+of every trial made `robust` about 4× the pairs of `accuracy`; `bench/bench_search.py` [3c] measures it.
+The version before this one (`multi_fidelity=False`: variants for every item, robust values reported to
+the pruner) is `Strategy.version` 1; a study of it is refused on --resume (search/identity.py).
 """
 
 from __future__ import annotations
@@ -127,10 +145,17 @@ class Strategy:
     item_values: Callable[[pd.DataFrame], np.ndarray] | None = None
     trial_values: Callable[[pd.DataFrame], tuple[float, ...]] | None = None
     needs_variants: bool = False  # the trial value reads perturbed variants of the dev items
+    # needs_variants only: report `screen_values` (clean, an upper bound of item_values) to the pruner and score
+    # variants only for surviving trials that can still win (module docstring); False: variants for every item
+    multi_fidelity: bool = False
+    screen_values: Callable[[pd.DataFrame], np.ndarray] | None = None
+    version: int = 1  # what a study's trial values mean; bump when that changes (resume refuses other versions)
 
     def __post_init__(self) -> None:
         if (self.item_values is None) == (self.trial_values is None):
             raise ValueError(f"strategy {self.name!r}: give exactly one of item_values and trial_values")
+        if self.multi_fidelity and (not self.needs_variants or self.screen_values is None or self.multi_objective):
+            raise ValueError(f"strategy {self.name!r}: multi_fidelity needs needs_variants, screen_values and item_values")
 
     @property
     def multi_objective(self) -> bool:
@@ -175,8 +200,9 @@ for _strategy in (
     Strategy(name="acc_tcb", description=f"accuracy + {LAMBDA_TCB}·mean signed stability", item_values=accuracy_tcb_values),
     Strategy(name="pareto", description="Pareto front of (accuracy, mean signed stability)", trial_values=pareto_values,
              choose=front_best_accuracy),
-    Strategy(name="robust", description="dev accuracy counting an item only if its cheap perturbed variants are right too",
-             item_values=robust_values, needs_variants=True),
+    Strategy(name="robust", description="dev accuracy counting an item only if its cheap perturbed variants are right too "
+             "(variants scored only for trials alive under the accuracy pruner that can still win)",
+             item_values=robust_values, needs_variants=True, multi_fidelity=True, screen_values=accuracy_values, version=2),
 ):
     register_strategy(_strategy)
 

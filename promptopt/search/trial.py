@@ -1,5 +1,11 @@
 """One trial: the sampled prompt scored on the dev items minibatch by minibatch (each item's value reported
-to the paired pruner as it arrives), and the loop that runs trials until the budget is met."""
+to the paired pruner as it arrives), and the loop that runs trials until the budget is met.
+
+A multi-fidelity strategy (`robust`; strategies.py says why) runs two rungs: the clean prompt on every dev
+item with per-item clean correctness reported to the pruner, then, for a trial the pruner left alive, the
+perturbed variants, scored only while the trial can still beat the incumbent (`cannot_win`). Such a trial
+is PRUNED with user attr `rung` = "clean", "promotion" (its clean accuracy is not above the incumbent's
+robust value, so no variant is scored) or "variants"; `partial_value` is then an upper bound of its value."""
 
 from __future__ import annotations
 
@@ -49,13 +55,36 @@ def is_duplicate(trial) -> bool:
     return trial.state.name == "FAIL" and "duplicate_of" in trial.user_attrs
 
 
-def with_robust_correct(table: pd.DataFrame, groups, cached) -> pd.DataFrame:
-    """Add robust_correct: the item is right on the clean prompt and on every one of its variants."""
+def with_robust_correct(table: pd.DataFrame, groups, cached, *, lazy: bool = False) -> pd.DataFrame:
+    """Add robust_correct: the item is right on the clean prompt and on every one of its variants.
+    lazy: score a variant only while its item is still robust (right on the clean prompt and on every
+    variant scored so far): the same column, fewer pairs."""
     ok = dict(zip(table["item_id"], table["correct"].astype(bool)))
     for variant_prompt, items in groups:
-        for item_id, correct in zip([i.id for i in items], cached.score_table(variant_prompt, items)["correct"]):
+        todo = [i for i in items if ok[i.id]] if lazy else items
+        if not todo:
+            continue
+        for item_id, correct in zip([i.id for i in todo], cached.score_table(variant_prompt, todo)["correct"]):
             ok[item_id] = ok[item_id] and bool(correct)
     return table.assign(robust_correct=table["item_id"].map(ok).astype(bool))
+
+
+def incumbent(study, n: int) -> tuple[int, int] | None:
+    """(robust count on the n dev items, trial number) of the study's best COMPLETE trial, or None."""
+    try:
+        best = study.best_trial
+    except ValueError:
+        return None
+    return round(best.value * n), best.number
+
+
+def cannot_win(upper: int, best: tuple[int, int] | None, number: int) -> bool:
+    """A trial whose value is at most upper/n cannot be chosen over the incumbent (`best_value` breaks ties
+    by the lower trial number)."""
+    if best is None:
+        return False
+    count, best_number = best
+    return upper < count or (upper == count and best_number < number)
 
 
 def trial_summary(table: pd.DataFrame) -> dict:
@@ -93,6 +122,8 @@ def make_objective(ctx: SearchContext, cached: CachingScorer, worker: str):
         if same is not None:
             trial.set_user_attr("duplicate_of", same)
             raise DuplicatePrompt(f"trial {trial.number} decodes to the prompt of trial {same}")
+        if strategy.multi_fidelity:
+            return multi_fidelity_value(ctx, cached, trial, prompt)
         frames = []
         for start in range(0, len(ctx.dev), minibatch):
             batch = ctx.dev[start : start + minibatch]
@@ -118,6 +149,51 @@ def make_objective(ctx: SearchContext, cached: CachingScorer, worker: str):
 
     objective.current = None
     return objective
+
+
+def _prune(trial, table: pd.DataFrame, rung: str, upper: float):
+    import optuna
+
+    trial.set_user_attr("metrics", trial_summary(table))
+    trial.set_user_attr("rung", rung)
+    trial.set_user_attr("partial_value", upper)  # an upper bound of the trial's value (robust_i <= correct_i)
+    return optuna.TrialPruned()
+
+
+def multi_fidelity_value(ctx: SearchContext, cached: CachingScorer, trial, prompt) -> float:
+    """A multi-fidelity trial (module docstring): clean rung under the pruner, then the variants while the
+    trial can still beat the incumbent. Returns the strategy's value on every dev item, or raises TrialPruned."""
+    strategy, dev, minibatch = ctx.strategy, ctx.dev, ctx.config.study.minibatch
+    n, pruning = len(dev), ctx.config.study.pruning
+    frames = []
+    for start in range(0, n, minibatch):  # rung 1: the clean prompt, per-item screen values to the paired pruner
+        table = cached.score_table(prompt, dev[start : start + minibatch])
+        frames.append(table)
+        if start == 0:
+            fault_point("trial")
+        for offset, value in enumerate(strategy.screen_values(table)):
+            trial.report(float(value), step=start + offset)
+        if start + minibatch < n and trial.should_prune():
+            partial = pd.concat(frames, ignore_index=True)
+            raise _prune(trial, partial, "clean", float(strategy.screen_values(partial).mean()))
+    clean = pd.concat(frames, ignore_index=True)
+    open_items = int(clean["correct"].astype(bool).sum())  # clean-correct items whose variants are not scored yet
+    if pruning and cannot_win(open_items, incumbent(trial.study, n), trial.number):
+        raise _prune(trial, clean, "promotion", open_items / n)
+    robust, frames = 0, []
+    for start in range(0, n, minibatch):  # rung 2: variants of the clean-correct items, while the trial can win
+        batch, table = dev[start : start + minibatch], clean.iloc[start : start + minibatch]
+        groups = ctx.expand(cached, prompt, batch) if table["correct"].astype(bool).any() else []  # whole batch: same variants
+        table = with_robust_correct(table, groups, cached, lazy=True)
+        frames.append(table)
+        robust += int(table["robust_correct"].sum())
+        open_items -= int(table["correct"].astype(bool).sum())
+        if start + minibatch < n and pruning and cannot_win(robust + open_items, incumbent(trial.study, n), trial.number):
+            raise _prune(trial, clean, "variants", (robust + open_items) / n)
+    full = pd.concat(frames, ignore_index=True)
+    trial.set_user_attr("metrics", trial_summary(full))
+    trial.set_user_attr("rung", "variants")
+    return strategy.values(full)[0]
 
 
 def optimize(ctx: SearchContext, study, cached: CachingScorer, progress, worker: str, note=None) -> None:
