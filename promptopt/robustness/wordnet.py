@@ -52,10 +52,37 @@ def install_wordnet(target: Path = TARGET) -> Path:
 
 
 def require_wordnet() -> None:
+    _load_english_wordnet()
     if not wordnet_available():
         raise UnsupportedError(
             "WordNet is not installed (needed by the synonym perturbations): python -m promptopt.robustness.wordnet --install"
         )
+
+
+def _load_english_wordnet() -> None:
+    """Load nltk's `wordnet` corpus (the one nlpaug reads) without the sense map nltk builds from the
+    `wordnet` package onto the loaded corpus. Loaded from that very package, the map is the identity,
+    yet it parses index.sense twice: 8.5 of the 14 s a process needs before its first synonym on a
+    2-core machine. The map only serves Open Multilingual WordNet lookups, which English never makes."""
+    import nltk
+    import nltk.corpus
+    from nltk.corpus.reader.wordnet import WordNetCorpusReader
+    from nltk.corpus.util import LazyCorpusLoader
+
+    lazy = nltk.corpus.wordnet
+    if not isinstance(lazy, LazyCorpusLoader):
+        return  # loaded already
+    try:
+        root = nltk.data.find("corpora/wordnet")
+    except LookupError:
+        return  # not installed (or zipped): nltk's own loader decides, and wordnet_available() says
+
+    class EnglishWordNet(WordNetCorpusReader):
+        def map_wn(self, version="wordnet"):
+            return None if version == "wordnet" else super().map_wn(version)
+
+    reader = EnglishWordNet(root, *lazy._LazyCorpusLoader__args)
+    lazy.__dict__, lazy.__class__ = reader.__dict__, reader.__class__  # what LazyCorpusLoader does on first use
 
 
 def pos_tagger():
