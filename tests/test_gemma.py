@@ -13,6 +13,28 @@ pytestmark = pytest.mark.slow
 GEMMA = "gemma3-270m"
 
 
+@pytest.fixture(scope="module", autouse=True)
+def gemma_loaded_once():
+    """Every CLI call here runs in this process (tests/clirun.py): they share one load of the 262k-vocab model
+    instead of loading it once per command."""
+    import promptopt.models as models
+    from promptopt.models import load as load_module
+
+    real, loaded = load_module.load_model, {}
+
+    def load_once(spec, **options):
+        key = (spec, options.get("device"), options.get("dtype"), options.get("quantize"))
+        if key not in loaded:
+            loaded[key] = real(spec, **options)
+        return loaded[key]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(load_module, "load_model", load_once)
+        patch.setattr(models, "load_model", load_once)
+        yield loaded
+    assert len(loaded) == 1  # score, trace, stress and diagnose all ran on the one load
+
+
 def _ok(proc):
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout

@@ -21,8 +21,9 @@ import pytest
 from tests.clirun import promptopt
 from tests.test_faults import Run, assert_ok, assert_run_dir_parses, cli, kill_at, snapshot
 
+PLUMBING_SUITE = str(Path(__file__).parent / "suites" / "plumbing.yaml")  # no WordNet, no LM: processes start fast
 COMPARE = ["compare", "--task", "sst2", "--trials", "2", "--dev-limit", "8", "--test-limit", "6", "--robust-limit", "3",
-           "--suite", "quick", "--top-n", "1", "--device", "cpu"]
+           "--suite", PLUMBING_SUITE, "--top-n", "1", "--device", "cpu"]
 TABLES = ("compare.csv", "compare_paired.csv", "compare_runs.csv")
 WALL = ("wall_seconds", "wall_seconds_sd")
 
@@ -79,8 +80,11 @@ def tables(out: Path, drop=WALL) -> dict[str, pd.DataFrame]:
 
 
 def assert_same_tables(a: Path, b: Path, drop=WALL) -> None:
+    """Every count, label, prediction and trial exact; float columns within 1e-5 relative: a resumed run scores
+    what is left in other batches than the whole run did (some rows come from the killed run's cache), and a
+    row's float32 hidden state, hence its δ_TCB, moves in the 7th digit with the batch's padded width."""
     for name, frame in tables(a, drop).items():
-        pd.testing.assert_frame_equal(tables(b, drop)[name], frame, check_exact=True, obj=name)
+        pd.testing.assert_frame_equal(tables(b, drop)[name], frame, check_exact=False, rtol=1e-5, atol=1e-9, obj=name)
 
 
 def test_compare_killed_at_every_phase_resumes_to_the_uninterrupted_tables(whole, model, tmp_path):
@@ -149,7 +153,7 @@ def test_an_over_long_card_prompt_names_the_card(model, tmp_path):
     prompt = load_task("sst2").default_prompt()
     card = tmp_path / "long_card.yaml"
     save_card(prompt.with_(instruction="Read the review very carefully. " * 400), card)
-    for command in (["score", "--limit", "2"], ["evaluate", "--suite", "quick", "--limit", "2"]):
+    for command in (["score", "--limit", "2"], ["evaluate", "--suite", PLUMBING_SUITE, "--limit", "2"]):
         run = promptopt(*command, "--task", "sst2", "--model", model, "--device", "cpu", "--prompt", card)
         assert_one_error_line(run, f"card {card}: item ", "tokens but model")
 
@@ -207,7 +211,7 @@ def test_a_full_disk_is_one_line_and_leaves_nothing_for_every_out(small_disk, mo
         (["score", "--task", "sst2", "--limit", "2", *common, "--out", disk / "s.parquet"], "cannot write"),
         ([*SEARCH, "--model", model, "--out", disk / "run"], "study.db"),
         ([*COMPARE, "--model", model, "--strategies", "ppl", "--out", disk / "cmp"], "cannot write"),
-        (["evaluate", "--task", "sst2", "--suite", "quick", "--limit", "2", *common, "--out", disk / "ev"], "cannot write"),
+        (["evaluate", "--task", "sst2", "--suite", PLUMBING_SUITE, "--limit", "2", *common, "--out", disk / "ev"], "cannot write"),
         (["export", finished_search, "--out", disk / "card.yaml"], f"cannot write {disk / 'card.yaml'}: No space left on device"),
         (["export", finished_search, "--format", "lm-eval", "--out", disk / "task.yaml"], "No space left on device"),
         (["report", finished_search, "--out", disk / "report.html"], f"cannot write {disk / 'report.html'}: No space left"),

@@ -144,7 +144,7 @@ def test_variants_are_identical_across_processes_and_hash_seeds():
     outputs = {
         subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                        env={**os.environ, "PYTHONHASHSEED": str(h)}).stdout
-        for h in (1, 2, 3)
+        for h in (1, 2)  # two hash seeds show a dependence as well as three; each process loads WordNet (~10 s)
     }
     assert len(outputs) == 1
 
