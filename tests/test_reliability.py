@@ -125,6 +125,8 @@ def test_finished_compare_rerun_reuses_everything_and_scores_nothing(whole, mode
     assert "0 misses" in rerun.stdout
     assert snapshot(out / "evaluations") == stored
     assert_same_tables(whole, out)
+    walls = [pd.read_csv(run / "compare.csv").set_index("strategy")["wall_seconds"].drop("baseline") for run in (whole, out)]
+    assert (walls[1] >= walls[0]).all() and (walls[0] > 0).all()  # a reused study keeps its search's seconds
 
 
 def test_compare_resume_refuses_a_changed_study_before_any_work(whole, model, tmp_path):

@@ -123,7 +123,10 @@ def _run(ctx: SearchContext, storage, cached, factory, current: dict, start: flo
         progress(study, None)
     finally:
         bar.close()
-    wall = time.perf_counter() - start
+    # the study's search time, summed over the runs that worked on it (a resumed or rerun study keeps what the
+    # earlier runs spent instead of reporting its own few seconds; runs on several machines add up)
+    wall = float(study.user_attrs.get("search_seconds", 0.0)) + time.perf_counter() - start
+    study.set_user_attr("search_seconds", wall)
     result = write_outputs(ctx, study, cached, wall, hits_before, misses_before)
     report_leftovers(study, show_progress)
     return result
