@@ -19,6 +19,8 @@ BatchOpt = typer.Option(16, "--batch-size", min=1)
 SearchSuiteOpt = typer.Option("cheap", "--search-suite",
                               help="the families a search may look at (the robust strategy and --select robust use them); "
                                    "judged families with their name or operator are reported as seen, the others as unseen; 'none': nothing is seen")
+ProposeModeOpt = typer.Option("grounded", "--propose-mode", help="induce (APE), grounded (MIPROv2-style), reflect (on answers perturbation changed); history comes with search --rounds")
+ProposerOpt = typer.Option(None, "--proposer", help="model spec that writes the proposals (default: the task's --model)")
 # search and compare share these
 StorageOpt = typer.Option(None, "--storage", envvar="PROMPTOPT_STORAGE", show_envvar=True,
                           help="Optuna storage URL (default: SQLite in --out); a URL with a password is best given in $PROMPTOPT_STORAGE (or PGPASSWORD / ~/.pgpass), and is never written with its password")

@@ -9,11 +9,13 @@ import typer
 
 from promptopt.cli.app import app, quiet_libraries, split_subsets
 from promptopt.cli.options import (
-    BatchOpt, DevLimitOpt, DeviceOpt, DtypeOpt, MinibatchOpt, ModelOpt, PruningOpt, QuantizeOpt, ResumeOpt, SearchSuiteOpt, SeedOpt,
-    SpaceOpt, StorageOpt, SubsetsOpt, TaskOpt, TestLimitOpt, WorkersOpt, names,
+    BatchOpt, DevLimitOpt, DeviceOpt, DtypeOpt, MinibatchOpt, ModelOpt, ProposeModeOpt, ProposerOpt, PruningOpt, QuantizeOpt,
+    ResumeOpt, SearchSuiteOpt, SeedOpt, SpaceOpt, StorageOpt, SubsetsOpt, TaskOpt, TestLimitOpt, WorkersOpt, names,
 )
-from promptopt.cli.render import console, print_search_result
+from promptopt.cli.render import console, print_proposals, print_rounds, print_search_result
 from promptopt.cli.render_robustness import print_compare
+
+ProposeOpt = typer.Option(None, "--propose", min=1, help="N instructions written by --proposer join the space first (README: Proposals)")
 
 
 def search_config(**flat):
@@ -45,6 +47,10 @@ def search(
     device: str = DeviceOpt,
     dtype: Optional[str] = DtypeOpt,
     quantize: Optional[str] = QuantizeOpt,
+    propose: Optional[int] = ProposeOpt,
+    propose_mode: str = ProposeModeOpt,
+    proposer: Optional[str] = ProposerOpt,
+    rounds: int = typer.Option(1, "--rounds", min=1, help="R > 1: OPRO-style rounds, each proposing from the last one's scored instructions (history mode)"),
 ) -> None:
     """Search instructions × exemplar sets × orders × templates with Optuna; write the best prompt card."""
     from promptopt.experiments import commands
@@ -56,7 +62,14 @@ def search(
         dev_limit=dev_limit, test_limit=test_limit, subsets=subsets, batch_size=batch_size, device=device, dtype=dtype,
         quantize=quantize,
     )
-    print_search_result(commands.search(config))
+    request = commands.propose_request(propose, propose_mode, proposer, seed, rounds)
+    if rounds > 1:
+        print_rounds(commands.search_rounds(config, request, rounds))
+        return
+    result, proposals = commands.search(config, request)
+    if proposals is not None:
+        print_proposals(proposals, out / "space.yaml")
+    print_search_result(result)
 
 
 
@@ -87,12 +100,16 @@ def compare(
     device: str = DeviceOpt,
     dtype: Optional[str] = DtypeOpt,
     quantize: Optional[str] = QuantizeOpt,
+    propose: Optional[int] = ProposeOpt,
+    propose_mode: str = ProposeModeOpt,
+    proposer: Optional[str] = ProposerOpt,
 ) -> None:
     """Run several strategies with the same budget and items; compare their winners on held-out test items
     with intervals and paired tests."""
-    from promptopt.experiments import run_compare
+    from promptopt.experiments import commands, run_compare
 
     quiet_libraries()
+    request = commands.propose_request(propose, propose_mode, proposer, seed, 1, search_suite=None if search_suite == "none" else search_suite)
     base = search_config(
         task=task, strategy="tcb", trials=trials, model=model, storage=storage, seed=seed, out=str(out), space=space,
         resume=resume, n_workers=n_workers, minibatch=minibatch, pruning=pruning, dev_limit=dev_limit,
@@ -100,7 +117,41 @@ def compare(
     )
     result = run_compare(base, names(strategies), seeds=seeds, top_n=top_n,
                          select=select, suite=None if suite == "none" else suite,
-                         search_suite=None if search_suite == "none" else search_suite, robust_limit=robust_limit)
+                         search_suite=None if search_suite == "none" else search_suite, robust_limit=robust_limit,
+                         propose=request)
+    if result.proposals is not None:
+        print_proposals(result.proposals, out / "space.yaml")
     print_compare(result, task, model)
     items = ", robustness_items.parquet" if result.summary.get("suite") else ""
     console.print(f"wrote {out / 'compare.csv'}, compare_runs.csv, compare_paired.csv{items}, summary.json and one run directory per strategy under {out}")
+
+
+@app.command("propose")
+def propose_command(
+    task: str = TaskOpt,
+    n: int = typer.Option(12, "--n", min=1, help="instructions to add"),
+    out: Path = typer.Option(..., "--out", help="the space file to write (YAML)"),
+    space: Optional[str] = SpaceOpt,
+    mode: str = typer.Option("grounded", "--mode", help="induce, grounded, history (from the space's own instructions scored on dev) or reflect"),
+    proposer: Optional[str] = ProposerOpt,
+    model: str = ModelOpt,
+    seed: int = typer.Option(0, "--seed", help="same seed, same proposals"),
+    search_suite: str = typer.Option("cheap", "--search-suite", help="reflect: the families whose answer changes it shows"),
+    dev_limit: Optional[int] = DevLimitOpt,
+    test_limit: Optional[int] = TestLimitOpt,
+    subsets: Optional[str] = SubsetsOpt,
+    cache: Optional[Path] = typer.Option(None, "--cache", help="where proposals are remembered by content hash (default: $PROMPTOPT_CACHE/proposals)"),
+    batch_size: int = BatchOpt,
+    device: str = DeviceOpt,
+    dtype: Optional[str] = DtypeOpt,
+    quantize: Optional[str] = QuantizeOpt,
+) -> None:
+    """Write a search space: the given one plus N instructions a model proposes, filtered, with provenance."""
+    from promptopt.experiments import commands
+
+    quiet_libraries()
+    request = commands.propose_request(n, mode, proposer, seed, 1, search_suite=search_suite, standalone=True)
+    proposed = commands.propose(task=task, model=model, device=device, dtype=dtype, quantize=quantize, subsets=subsets,
+                                dev_limit=dev_limit, test_limit=test_limit, batch_size=batch_size, request=request,
+                                space=space, out=out, cache=cache)
+    print_proposals(proposed.proposals, out)

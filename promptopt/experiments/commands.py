@@ -50,11 +50,64 @@ def variant_expander(strategies, search_suite: str = ROBUST_SEARCH_SUITE) -> obj
     return VariantExpander(search_suite)
 
 
-def search(config):
-    """`promptopt search`: one study, with the perturbed variants its strategy needs."""
+def search(config, request=None):
+    """`promptopt search`: one study, with the perturbed variants its strategy needs, over the space plus
+    `request.n` proposed instructions when a request is given -> (SearchResult, Proposals or None)."""
     from promptopt.search import run_search
 
-    return run_search(config, expand=variant_expander([config.study.strategy]))
+    expand = variant_expander([config.study.strategy])
+    if request is None:
+        return run_search(config, expand=expand), None
+    from promptopt.experiments.propose.rounds import search_with_proposals
+
+    return search_with_proposals(config, request, expand=expand)
+
+
+def search_rounds(config, request, rounds: int):
+    """`promptopt search --rounds R`: OPRO-style rounds (promptopt.experiments.propose.rounds)."""
+    from promptopt.experiments.propose.rounds import search_rounds as run_rounds
+
+    return run_rounds(config, request, rounds=rounds, expand=variant_expander([config.study.strategy]))
+
+
+# --- propose -------------------------------------------------------------------------------------
+PROPOSALS_PER_ROUND = 4  # search --rounds R without --propose N
+
+
+def propose_request(n: int | None, mode: str, proposer: str | None, seed: int, rounds: int, *,
+                    search_suite: str | None = ROBUST_SEARCH_SUITE, standalone: bool = False):
+    """The proposal request of the CLI options, or None when nothing is to be proposed. A mode given
+    without --propose is an error (it would silently do nothing)."""
+    from promptopt.experiments.propose import ProposeRequest
+
+    if n is None and rounds > 1:
+        n = PROPOSALS_PER_ROUND
+    if n is None:
+        if mode != "grounded":
+            raise UserError(f"--propose-mode {mode}: give --propose N (how many instructions to add)")
+        return None
+    if mode == "history" and not standalone and rounds < 2:
+        raise UserError("--propose-mode history proposes from a search's scored instructions: use --rounds R (R ≥ 2)")
+    if mode == "reflect" and not search_suite:
+        raise UserError("--propose-mode reflect shows answers that the search suite's perturbations change: give a --search-suite")
+    return ProposeRequest(n=n, mode=mode, proposer=proposer, seed=seed, search_suite=search_suite or ROBUST_SEARCH_SUITE)
+
+
+def propose(*, task: str, model: str, device: str, dtype, quantize, subsets, dev_limit, test_limit, batch_size: int, request,
+            space: str | None, out: Path, cache: Path | None):
+    """`promptopt propose`: the space plus N proposals, written to `out` (a YAML file)."""
+    from promptopt.experiments.propose import propose_space
+    from promptopt.models import ModelConfig
+    from promptopt.models.load import cache_root
+    from promptopt.tasks import DataConfig
+
+    if Path(out).suffix not in (".yaml", ".yml"):
+        raise UserError(f"--out {out}: a space file is YAML; use a .yaml file name")
+    check_out_files(Path(out))
+    session = Session(model=ModelConfig(spec=model, device=device, dtype=dtype, quantize=quantize),
+                      data=DataConfig(task=task, subsets=tuple(subsets.split(",")) if subsets else None, dev_limit=dev_limit,
+                                      test_limit=test_limit), batch_size=batch_size)
+    return propose_space(session, request, space=space, out=out, cache_dir=cache or cache_root() / "proposals")
 
 
 # --- score ---------------------------------------------------------------------------------------

@@ -80,6 +80,7 @@ class CompareResult:
     runs: pd.DataFrame  # one row per (strategy, seed, rank): every evaluated candidate
     paired: pd.DataFrame  # one row per pair of strategies
     summary: dict
+    proposals: object = None  # what --propose added to the space (experiments.propose.Proposals), else None
 
 
 def run_compare(
@@ -93,9 +94,12 @@ def run_compare(
     search_suite: str | None = "cheap",
     robust_limit: int | None = None,
     show_progress: bool = True,
+    propose=None,
 ) -> CompareResult:
     """Search every strategy `seeds` times, evaluate each search's top-N prompts, compare the winners.
-    `search_suite`: what searches may look at; `suite`: what the winners are judged on (None: no robustness)."""
+    `search_suite`: what searches may look at; `suite`: what the winners are judged on (None: no robustness).
+    `propose`: an experiments.propose.ProposeRequest; its proposals join the space (`<out>/space.yaml`) before
+    any study, so every strategy and seed searches the same grown space."""
     from promptopt.robustness.suite import load_suite
 
     for name in strategies:
@@ -118,7 +122,7 @@ def run_compare(
     try:
         return _compare(base, strategies, out, seeds=seeds, top_n=top_n, select=select, the_suite=the_suite,
                         search_suite=the_search_suite, search_suite_spec=search_suite, robust_limit=robust_limit,
-                        show_progress=show_progress)
+                        show_progress=show_progress, propose=propose)
     except Exception:  # folders this compare created and left empty go too (finished work stays for --resume)
         if made_out:
             remove_empty_dirs([out, *(p for p in out.rglob("*") if p.is_dir())])
@@ -126,11 +130,22 @@ def run_compare(
 
 
 def _compare(base: SearchConfig, strategies: list[str], out: Path, *, seeds: int, top_n: int, select: str, the_suite,
-             search_suite, search_suite_spec: str | None, robust_limit: int | None, show_progress: bool) -> CompareResult:
+             search_suite, search_suite_spec: str | None, robust_limit: int | None, show_progress: bool,
+             propose=None) -> CompareResult:
     from promptopt.robustness.suite import Similarity, seen_families
 
     storage = base.study.storage or default_storage_url(out)
     session = Session(model=base.model, data=base.data, out=out, batch_size=base.batch_size)
+    proposals = None
+    if propose is not None:  # before the plan: every study's identity hashes the grown space
+        from promptopt.experiments.propose.rounds import PROPOSALS_DIR, SPACE_FILE
+        from promptopt.experiments.propose.workflow import propose_space
+
+        if propose.mode == "history":
+            raise ConfigError("compare --propose-mode history: history proposals come from search rounds (search --rounds)")
+        out.mkdir(parents=True, exist_ok=True)
+        proposed = propose_space(session, propose, space=base.study.space, out=out / SPACE_FILE, cache_dir=out / PROPOSALS_DIR)
+        base, proposals = base.replace(space=str(proposed.path)), proposed.proposals
     configs = {(name, s): _seed_config(base, name, s, seeds, out, storage) for name in strategies for s in range(seeds)}
     expand = None
     if any(get_strategy(name).needs_variants for name in strategies):
@@ -194,8 +209,11 @@ def _compare(base: SearchConfig, strategies: list[str], out: Path, *, seeds: int
         "paraphrase_memo_misses": session.paraphrases.misses,
         "table": json.loads(table.to_json(orient="records")), "paired": json.loads(paired.to_json(orient="records")),
     }
+    if proposals is not None:
+        summary["proposals"] = {"space": str(out / "space.yaml"), "accepted": len(proposals.accepted), "drops": proposals.drops,
+                                "attempts": proposals.attempts, "reused": proposals.reused}
     _write(out, table, runs_table, paired, summary, _items(winners))
-    return CompareResult(table, runs_table, paired, summary)
+    return CompareResult(table, runs_table, paired, summary, proposals)
 
 
 _SEARCH_SUITE_FILE = "search_suite.json"

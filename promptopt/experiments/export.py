@@ -178,6 +178,15 @@ def decode_trial(run: Run, data, params: dict) -> Prompt:
     return prompt
 
 
+def instruction_provenance(config, data, params: dict) -> dict | None:
+    """Where a trial's instruction came from, when `promptopt propose` wrote it (the space's proposals block)."""
+    from promptopt.search.space import load_space
+
+    name = str(params.get("instruction"))
+    proposed = load_space(config.study.space or data.spec.name).proposals.get(name)
+    return _clean({"name": name, **proposed}) if proposed else None
+
+
 # --- metrics -------------------------------------------------------------------------------------------
 def _clean(value):
     """JSON/YAML-safe: numpy scalars to Python, NaN and infinities to None."""
@@ -386,6 +395,9 @@ def export_run(run_dir: str | Path, *, out: str | Path, strategy: str | None = N
     selection = run.selection if trial is None else f"trial {trial}, named by the user (--trial)"
     search = {"run_dir": str(run.path), "strategy": config.study.strategy, "study": config.name, "trial": chosen.number,
               "seed": config.study.seed, "winner": winner, "selection": selection, "params": _clean(dict(chosen.params))}
+    proposed = instruction_provenance(config, session.data, chosen.params)
+    if proposed:
+        search["instruction_provenance"] = proposed
     carving = json.loads((run.path / "splits.json").read_text(encoding="utf-8")) if (run.path / "splits.json").is_file() else None
     card = build_card(session, prompt, dev_items=session.items("dev"), test_items=session.items("test"), search=search,
                       robustness=_robustness(run.compare_row) if winner else None, carving=carving)

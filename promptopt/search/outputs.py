@@ -53,6 +53,9 @@ def write_outputs(ctx: SearchContext, study, cached, wall: float, hits_before: i
         "test": {k: test[k] for k in ("n", "accuracy", "tcb_mean", "tcb_geomean", "ppl_mean")},
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+    proposed = ctx.space.proposals.get(str(best.params.get("instruction")))
+    if proposed:  # a proposed instruction won: the card says who wrote it, how, and from what
+        provenance["instruction_provenance"] = {"name": best.params["instruction"], **proposed}
     card_path = out / "best_card.yaml"
     save_card(prompt, card_path, provenance)
     hits, misses = cached.cache.hits - hits_before, cached.cache.misses - misses_before

@@ -15,6 +15,8 @@ templates:                        # name -> prompt template (see promptopt.promp
 formats:                          # optional: equivalent layouts of the chosen template (prompt_formats.py)
   field_separator: true           # true: every choice; or a list, e.g. [": ", " - "]
   casing: [as_is, lower]
+proposals:                        # written by `promptopt propose`: where each proposed instruction came from
+  grounded_3f2a9c1d: {mode: grounded, proposer: smollm2-135m, proposer_sha256: ..., seed: 0, round: 0, parents: []}
 ```
 
 Encoding (what the sampler sees), chosen so that every sampled point decodes to a valid prompt and each
@@ -58,6 +60,7 @@ class SearchSpace:
     k_max: int
     search_order: bool
     formats: dict[str, tuple[str, ...]] = field(default_factory=dict)  # dimension -> choices (searched when given)
+    proposals: dict[str, dict] = field(default_factory=dict)  # instruction name -> provenance of a proposed one
 
     def widest_format(self, template: PromptTemplate) -> PromptTemplate:
         """The template with the longest choice of every searched dimension: what the length check renders."""
@@ -133,7 +136,7 @@ def _suggest_permutation(trial, k: int) -> list[int]:
 
 def parse_space(data: dict, where: str) -> SearchSpace:
     f = Fields(data, where)
-    f.reject_unknown({"task", "description", "instructions", "exemplars", "templates", "formats"})
+    f.reject_unknown({"task", "description", "instructions", "exemplars", "templates", "formats", "proposals"})
     instructions = f.get("instructions", dict)
     if not instructions or not all(isinstance(v, str) for v in instructions.values()):
         raise f.fail("instructions", "a non-empty mapping of name -> text", instructions)
@@ -166,7 +169,19 @@ def parse_space(data: dict, where: str) -> SearchSpace:
         k_max=k_range[1],
         search_order=e.get("search_order", bool, True),
         formats=format_choices(data.get("formats"), where),
+        proposals=_proposals(f, instructions),
     )
+
+
+def _proposals(f: Fields, instructions: dict) -> dict[str, dict]:
+    """The provenance block of proposed instructions: every entry names an instruction of the space."""
+    proposals = f.get("proposals", dict, {})
+    for name, provenance in proposals.items():
+        if str(name) not in {str(k) for k in instructions}:
+            raise f.fail(f"proposals.{name}", "the name of an instruction of this space", name)
+        if not isinstance(provenance, dict) or "mode" not in provenance:
+            raise f.fail(f"proposals.{name}", "a mapping with at least mode:", provenance)
+    return {str(k): dict(v) for k, v in proposals.items()}
 
 
 def builtin_space_names() -> list[str]:

@@ -30,7 +30,8 @@ from promptopt.search.workers import workers
 from promptopt.yamlio import atomic_write_text, check_output
 
 
-def run_search(config: SearchConfig, *, scorer=None, data=None, expand=None, show_progress: bool = True) -> SearchResult:
+def run_search(config: SearchConfig, *, scorer=None, data=None, expand=None, show_progress: bool = True,
+               enqueue: tuple[dict, ...] = ()) -> SearchResult:
     """Run (or resume) the study of `config` and write its run directory.
 
     `scorer`: a CachedScorer to use (an experiment session passes its own, so the model is loaded once);
@@ -39,6 +40,8 @@ def run_search(config: SearchConfig, *, scorer=None, data=None, expand=None, sho
     `expand`: perturbed variants of dev items for the `robust` strategy (promptopt.robustness.VariantExpander).
     `data`: the task data to search on, when it is not the scorer's own (e.g. a subset of its dev items:
     `diagnose conflicts` searches on the ambiguous questions only); single-worker runs only.
+    `enqueue`: parameters a new study tries first (a warm start: `search --rounds` starts each round from the
+    previous round's best); a resumed study has them already.
 
     Order: everything that can fail on input is checked before the first file or study row exists."""
     from promptopt.scoring import ScorerFactory
@@ -72,7 +75,7 @@ def run_search(config: SearchConfig, *, scorer=None, data=None, expand=None, sho
     try:
         with storage_errors(config):
             storage = storage or make_storage(config)
-            return _run(ctx, storage, scorer, factory, current, start, show_progress)
+            return _run(ctx, storage, scorer, factory, current, start, show_progress, enqueue)
     except Exception:  # a full disk, a lost storage, any error: a run that finished no trial leaves nothing
         if creates and remove_new_sqlite(config, storage) and made_out:
             shutil.rmtree(out, ignore_errors=True)
@@ -93,7 +96,8 @@ def study_exists(config: SearchConfig, data, expand=None) -> bool:
     return stored is not None
 
 
-def _run(ctx: SearchContext, storage, cached, factory, current: dict, start: float, show_progress: bool) -> SearchResult:
+def _run(ctx: SearchContext, storage, cached, factory, current: dict, start: float, show_progress: bool,
+         enqueue: tuple[dict, ...] = ()) -> SearchResult:
     """The study, its workers and the run directory, once everything is validated."""
     from tqdm.auto import tqdm
 
@@ -101,6 +105,9 @@ def _run(ctx: SearchContext, storage, cached, factory, current: dict, start: flo
     joined = config.study.resume
     hits_before, misses_before = cached.cache.hits, cached.cache.misses
     study = open_study(config, ctx.strategy, storage, index=0, create=not joined, current=current)
+    if not joined:
+        for params in enqueue:
+            study.enqueue_trial(params, skip_if_exists=True)
     scrub_stored_config(study)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "config.json", json.dumps(config.public_dict(), indent=1))
