@@ -29,7 +29,8 @@ from promptopt.tasks.item import items_sha256
 from promptopt.yamlio import atomic_write_text
 
 VERSION = 1  # bump when a meta-prompt, the cleaning or a filter changes what a request proposes
-MAX_NEW_TOKENS = 96
+MAX_NEW_TOKENS = 96  # an instruction of up to ~80 words (the filter's limit) fits
+SUMMARY_TOKENS = 64  # two sentences
 TEMPERATURE, TOP_P = 0.7, 0.9
 SUMMARY_ROWS, GROUNDING_ROWS, INDUCE_ROWS, HISTORY_SHOWN, FLIPS_SHOWN = 16, 3, 5, 8, 3
 REFLECT_DEV_ITEMS = 48  # dev items the default prompt is perturbed on to find answers that change
@@ -94,7 +95,8 @@ class _Proposer:
     def __post_init__(self) -> None:
         self.chat = self.lm.has_chat_template
 
-    def write(self, request: requests.Request, *, seed: int | None, completion: bool = False, override=None) -> str:
+    def write(self, request: requests.Request, *, seed: int | None, completion: bool = False, override=None,
+              max_new_tokens: int = MAX_NEW_TOKENS) -> str:
         """One reply: sampled with `seed`, greedy with None. `completion` forces the plain-text form; `override`
         replaces the default stop (the end of the paragraph in chat, of the line in a completion)."""
         tok = self.lm.tokenizer
@@ -104,7 +106,7 @@ class _Proposer:
         else:
             ids, stop = tok(request.completion)["input_ids"], ["\n"]
         sampled = seed is not None
-        gen = self.runner.generate([ids], max_new_tokens=MAX_NEW_TOKENS, stop=stop if override is None else override, keep_hidden=False,
+        gen = self.runner.generate([ids], max_new_tokens=max_new_tokens, stop=stop if override is None else override, keep_hidden=False,
                                    temperature=TEMPERATURE if sampled else 0.0, top_p=TOP_P, seed=seed)[0]
         return gen.text
 
@@ -184,7 +186,7 @@ def _generate(request, proposer: _Proposer, session, instructions, template_labe
     if request.mode == "grounded":
         rng = np.random.default_rng([request.seed, mode_index, request.round, 10**6])
         rows = [pool[i] for i in sorted(rng.choice(len(pool), size=min(SUMMARY_ROWS, len(pool)), replace=False))]
-        task_summary = requests.first_sentences(proposer.write(requests.summary(rows), seed=None, override=[])) or "(no summary)"
+        task_summary = requests.first_sentences(proposer.write(requests.summary(rows), seed=None, override=[], max_new_tokens=SUMMARY_TOKENS)) or "(no summary)"
     if request.mode == "reflect":
         flips = find_flips(session, request.search_suite)
         if not flips:

@@ -1,0 +1,195 @@
+"""Instruction proposals: filters (each reason), cleaning, the space file with provenance, proposing with
+the embedded model (seeded, cached by content hash, reflect on real answer changes), and search rounds."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from promptopt.errors import ConfigError, UserError
+from promptopt.experiments.propose import ProposeRequest, propose_space
+from promptopt.experiments.propose.filters import ProposalFilter, gold_strings, label_words
+from promptopt.experiments.propose.proposer import find_flips
+from promptopt.experiments.propose.requests import clean, first_sentences
+from promptopt.experiments.session import Session
+from promptopt.models.load import ModelConfig
+from promptopt.search.space import load_space, parse_space
+from promptopt.tasks.data import DataConfig
+from tests.clirun import promptopt
+
+
+def _cosines(table: dict):
+    """A stand-in similarity for the filter's plumbing: cosine 1 for listed pairs, 0 otherwise."""
+    return lambda a, b: [1.0 if (x, y) in table or (y, x) in table else 0.0 for x, y in zip(a, b)]
+
+
+def test_each_filter_reason_on_hand_made_proposals():
+    later = ("Label each review as negative when the critic disliked the film.", "Mark a review negative when the critic disliked the film.")
+    screen = ProposalFilter(existing=["Decide whether each review is negative or positive."], golds={"photosynthesis", "negative", "b"},
+                            labels={"negative", "positive"},
+                            similarity=_cosines({("Say if each review is negative or positive.", "Decide whether each review is negative or positive."),
+                                                 later}))
+    cases = {
+        "": "empty",
+        "Be brief.": "too_short",
+        " ".join(["word"] * 81): "too_long",
+        "Answer with {question} only, please.": "markup",
+        "<|im_start|>system you are a judge": "markup",
+        "The answer is photosynthesis in every case.": "leaks_gold",
+        "Positive or negative.": "only_label_words",
+        "Say if each review is negative or positive.": "near_duplicate",
+    }
+    for text, reason in cases.items():
+        assert screen.admit(text) == reason, text
+    assert dict(screen.drops) == {reason: list(cases.values()).count(reason) for reason in set(cases.values())}
+    # label words and one-letter golds are the task's vocabulary, not leakage; a word inside another is no match
+    assert screen.admit(later[0]) is None
+    assert screen.admit("Think about option b carefully, then answer the question.") is None
+    assert screen.admit("Explain photosynthesisal cycles briefly before answering.") is None
+    # an accepted proposal is compared with the ones after it
+    assert screen.admit(later[1]) == "near_duplicate" and screen.drops["near_duplicate"] == 2
+
+
+def test_real_embeddings_catch_a_reworded_duplicate():
+    from promptopt.robustness.suite import Similarity
+
+    screen = ProposalFilter(existing=["Decide whether each movie review is negative or positive."], golds=set(), labels=set(),
+                            similarity=Similarity())
+    assert screen.reason("Decide whether every movie review is positive or negative.") == "near_duplicate"
+    assert screen.reason("You are a film critic; read the text closely before you answer.") is None
+
+
+def test_gold_and_label_words_of_real_tasks():
+    sst2 = DataConfig(task="sst2").load()
+    assert label_words([*sst2.pool, *sst2.dev]) == {"negative", "positive"}
+    arc = DataConfig(task="arc_easy", dev_limit=20).load()
+    golds = gold_strings(arc.dev[:20])
+    item = arc.dev[0]
+    assert item.choices[item.gold].lower() in golds
+    assert label_words([*arc.pool, *arc.dev]) == set()  # ARC's choices differ per item
+    screen = ProposalFilter(existing=[], golds=golds, labels=set(), similarity=_cosines({}))
+    leaking = f"Remember that the answer is often {item.choices[item.gold]}, so choose well."
+    assert screen.reason(leaking) == ("leaks_gold" if len(item.choices[item.gold]) > 1 else None)
+
+
+def test_cleaning_a_reply():
+    assert clean('Instruction: "Classify the review as negative or positive."\n\nMore text', mode="grounded") == \
+        "Classify the review as negative or positive."
+    assert clean(" classify each review by its sentiment\n", mode="induce") == "Classify each review by its sentiment."
+    assert first_sentences("Task: One. Two! Three?") == "One. Two!"
+
+
+def test_space_file_provenance_is_validated(tmp_path):
+    raw = yaml.safe_load(Path("search_spaces/sst2.yaml").read_text())
+    raw["proposals"] = {"ghost": {"mode": "grounded"}}
+    with pytest.raises(ConfigError, match=r"x.yaml: proposals.ghost: expected the name of an instruction"):
+        parse_space(raw, "x.yaml")
+    raw["instructions"]["ghost"] = "A proposed instruction for each review."
+    raw["proposals"] = {"ghost": "grounded"}
+    with pytest.raises(ConfigError, match=r"proposals.ghost: expected a mapping with at least mode"):
+        parse_space(raw, "x.yaml")
+    raw["proposals"] = {"ghost": {"mode": "grounded", "round": 0}}
+    assert parse_space(raw, "x.yaml").proposals == {"ghost": {"mode": "grounded", "round": 0}}
+
+
+def test_request_is_checked():
+    with pytest.raises(ConfigError, match="--propose-mode: expected one of induce, grounded, history, reflect, got 'ape'"):
+        ProposeRequest(n=2, mode="ape")
+    with pytest.raises(ConfigError, match="--propose: expected a positive number"):
+        ProposeRequest(n=0)
+
+
+@pytest.fixture(scope="module")
+def sst2_session():
+    return Session(model=ModelConfig(spec="smollm2-135m-instruct", device="cpu"),
+                   data=DataConfig(task="sst2", dev_limit=24, test_limit=24))
+
+
+def test_grounded_proposals_are_seeded_cached_and_carry_provenance(sst2_session, tmp_path, monkeypatch):
+    request = ProposeRequest(n=1, mode="grounded", seed=3)
+    first = propose_space(sst2_session, request, space=None, out=tmp_path / "a.yaml", cache_dir=tmp_path / "cache_a")
+    again = propose_space(sst2_session, request, space=None, out=tmp_path / "b.yaml", cache_dir=tmp_path / "cache_b")
+    texts = [p.text for p in first.proposals.accepted]
+    assert texts == [p.text for p in again.proposals.accepted] and not again.proposals.reused  # same seed, same proposals
+    assert first.proposals.attempts == len(first.proposals.accepted) + len(first.proposals.rejected)
+    assert sum(first.proposals.drops.values()) == len(first.proposals.rejected)
+    space = load_space(str(tmp_path / "a.yaml"))
+    builtin = load_space("sst2")
+    assert list(space.instructions)[: len(builtin.instructions)] == list(builtin.instructions)
+    for p in first.proposals.accepted:
+        assert space.instructions[p.name] == p.text
+        prov = space.proposals[p.name]
+        assert prov["mode"] == "grounded" and prov["proposer"] == "smollm2-135m-instruct" and len(prov["proposer_sha256"]) == 64
+        assert prov["seed"] == 3 and prov["round"] == 0 and prov["tip"] and len(prov["rows"]) == 3
+        pool_ids = {i.id for i in sst2_session.data.pool}
+        assert set(prov["rows"]) <= pool_ids  # grounded on pool rows, never on dev or test items
+    assert first.proposals.task_summary
+    # the cache answers the same request without generating anything
+    monkeypatch.setattr(type(sst2_session.scorer.runner), "generate", lambda *a, **k: pytest.fail("generated again"))
+    cached = propose_space(sst2_session, request, space=None, out=tmp_path / "c.yaml", cache_dir=tmp_path / "cache_a")
+    assert cached.proposals.reused and [p.text for p in cached.proposals.accepted] == texts
+    assert (tmp_path / "c.yaml").read_bytes() == (tmp_path / "a.yaml").read_bytes()
+
+
+def test_reflect_shows_answers_a_perturbation_changed(sst2_session, tmp_path):
+    flips = find_flips(sst2_session, "cheap")
+    assert flips, "the default SST-2 prompt changes some answers under the cheap suite"
+    for flip in flips:
+        assert flip.perturbed.question != flip.item.question and flip.answer != flip.perturbed_answer
+        assert flip.answer in flip.item.choices and flip.perturbed_answer in flip.item.choices
+    made = propose_space(sst2_session, ProposeRequest(n=1, mode="reflect", seed=0), space=None, out=tmp_path / "r.yaml",
+                         cache_dir=tmp_path / "cache")
+    for p in made.proposals.accepted:
+        assert p.provenance["perturbed_families"] and set(p.provenance["perturbed_families"]) <= {f.family for f in flips}
+        assert set(p.provenance["rows"]) <= {f.item.id for f in flips}
+
+
+def test_history_mode_needs_scored_instructions(sst2_session):
+    from promptopt.experiments.propose import propose
+
+    with pytest.raises(UserError, match="history: needs scored instructions"):
+        propose(ProposeRequest(n=1, mode="history"), session=sst2_session, instructions={"none": ""})
+
+
+def test_cli_mistakes_are_one_line(tmp_path):
+    result = promptopt("propose", "--task", "sst2", "--n", "2", "--out", tmp_path / "space.txt")
+    assert result.code == 2 and result.stderr.strip() == f"error: --out {tmp_path / 'space.txt'}: a space file is YAML; use a .yaml file name"
+    result = promptopt("search", "--task", "sst2", "--propose-mode", "reflect", "--out", tmp_path / "s")
+    assert result.code == 2 and "give --propose N" in result.stderr and not (tmp_path / "s").exists()
+    result = promptopt("search", "--task", "sst2", "--propose", "2", "--propose-mode", "history", "--out", tmp_path / "s")
+    assert result.code == 2 and "use --rounds R" in result.stderr and not (tmp_path / "s").exists()
+
+
+def test_search_rounds_warm_start_one_table_and_resume(tiny_llama_dir, tmp_path):
+    """Plumbing on a tiny random model: its proposals are noise, most are filtered; the rounds still grow
+    the space, start from the previous best and resume to the same tables."""
+    out = tmp_path / "rounds"
+    args = ["search", "--task", "sst2", "--model", tiny_llama_dir, "--strategy", "accuracy", "--trials", "3", "--dev-limit", "8",
+            "--test-limit", "8", "--propose", "1", "--propose-mode", "induce", "--rounds", "2", "--out", out, "--seed", "5"]
+    result = promptopt(*args)
+    assert result.code == 0, result.stderr
+    rounds = json.loads((out / "rounds.json").read_text())["rounds"]
+    assert [r["round"] for r in rounds] == [0, 1]
+    trials = pd.read_parquet(out / "trials.parquet")
+    assert sorted(trials["round"].unique()) == [0, 1]
+    first_of_round1 = trials[(trials["round"] == 1) & (trials["number"] == 0)].iloc[0]
+    best0 = rounds[0]["best_trial"]
+    row0 = trials[(trials["round"] == 0) & (trials["number"] == best0)].iloc[0]
+    params = [c for c in trials.columns if c.startswith("params_")]
+    assert first_of_round1[params].equals(row0[params])  # round 1 started from round 0's best
+    space1 = load_space(str(out / "round1" / "space.yaml"))
+    for entry in rounds[1]["proposed"]:
+        assert space1.proposals[entry["name"]]["mode"] == "history" and space1.proposals[entry["name"]]["round"] == 1
+        assert space1.proposals[entry["name"]]["parents"]
+    assert set(load_space(str(out / "round0" / "space.yaml")).instructions) <= set(space1.instructions)
+    assert (out / "best_card.yaml").read_text() == (out / "round1" / "best_card.yaml").read_text()
+    before = (out / "round1" / "space.yaml").read_bytes()
+    again = promptopt(*args, "--resume")
+    assert again.code == 0, again.stderr
+    assert (out / "round1" / "space.yaml").read_bytes() == before  # proposals came back from the cache
+    same = ["round", "number", "state", *params]
+    assert pd.read_parquet(out / "trials.parquet")[same].equals(trials[same])
