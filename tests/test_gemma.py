@@ -87,3 +87,18 @@ def test_score_trace_stress_and_diagnose_on_gemma(tmp_path):
     regimes = pd.read_parquet(folder / "regimes.parquet")
     assert set(regimes["subset"]) >= {"all"} and regimes.loc[regimes["subset"] == "all", "n"].iloc[0] >= 12
     assert (folder / "regimes.png").stat().st_size > 0
+
+
+def test_induce_proposals_from_the_base_model(tmp_path):
+    """APE-style induction needs no chat template: Gemma-3-270M (a base model) proposes through `promptopt propose`."""
+    import yaml
+
+    out = tmp_path / "space.yaml"
+    stdout = _ok(run("propose", "--task", "sst2", "--model", GEMMA, "--mode", "induce", "--n", "1", "--dev-limit", "8",
+                     "--test-limit", "8", "--out", out, "--cache", tmp_path / "cache", "--device", "cpu"))
+    assert "proposals:" in stdout and "dropped:" in stdout
+    space = yaml.safe_load(out.read_text())
+    for name, provenance in space["proposals"].items():
+        assert provenance["mode"] == "induce" and provenance["proposer"] == GEMMA and len(provenance["rows"]) == 5
+        assert space["instructions"][name].endswith((".", "!", "?"))
+    assert set(yaml.safe_load(open("search_spaces/sst2.yaml"))["instructions"]) <= set(space["instructions"])

@@ -193,3 +193,21 @@ def test_search_rounds_warm_start_one_table_and_resume(tiny_llama_dir, tmp_path)
     assert (out / "round1" / "space.yaml").read_bytes() == before  # proposals came back from the cache
     same = ["round", "number", "state", *params]
     assert pd.read_parquet(out / "trials.parquet")[same].equals(trials[same])
+
+
+def test_compare_searches_one_grown_space_for_every_strategy(tiny_llama_dir, tmp_path):
+    out = tmp_path / "cmp"
+    args = ["compare", "--task", "sst2", "--model", tiny_llama_dir, "--strategies", "accuracy,ppl", "--trials", "2", "--dev-limit", "8",
+            "--test-limit", "8", "--top-n", "1", "--suite", "none", "--propose", "1", "--propose-mode", "induce", "--out", out]
+    result = promptopt(*args)
+    assert result.code == 0, result.stderr
+    assert "proposals:" in result.stdout
+    space = load_space(str(out / "space.yaml"))
+    assert space.proposals and set(load_space("sst2").instructions) < set(space.instructions)
+    for strategy in ("accuracy", "ppl"):
+        assert json.loads((out / strategy / "config.json").read_text())["study"]["space"] == str(out / "space.yaml")
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["proposals"]["accepted"] == len(space.proposals) and not summary["proposals"]["reused"]
+    again = promptopt(*args, "--resume")
+    assert again.code == 0, again.stderr
+    assert json.loads((out / "summary.json").read_text())["proposals"]["reused"]
