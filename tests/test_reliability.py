@@ -311,3 +311,34 @@ def test_a_schema_set_up_by_another_process_at_the_same_moment_is_retried(monkey
     monkeypatch.setattr(storages, "RDBStorage", flaky)
     config = SearchConfig.build(task="sst2", out=str(tmp_path / "run"))
     assert make_storage(config) is not None and len(calls) == 2
+
+
+def test_pair_reproduces_the_compares_own_paired_numbers(whole, tmp_path):
+    """`promptopt pair` rebuilds the winners from what a compare wrote. Pairing the compare with a copy whose ppl and
+    tcb labels are swapped must give, for ppl, exactly the compare's own ppl − tcb row (same bootstrap seed), and
+    0 with p = 1 for a strategy paired with itself."""
+    from promptopt.experiments.pair_runs import pair_runs
+
+    swapped, swap = tmp_path / "swapped", {"ppl": "tcb", "tcb": "ppl"}
+    swapped.mkdir()
+    for name in ("summary.json", "compare.csv"):
+        shutil.copy(whole / name, swapped / name)
+    runs = pd.read_csv(whole / "compare_runs.csv")
+    runs.assign(strategy=runs["strategy"].replace(swap)).to_csv(swapped / "compare_runs.csv", index=False)
+    items = pd.read_parquet(whole / "robustness_items.parquet")
+    items.assign(strategy=items["strategy"].replace(swap)).to_parquet(swapped / "robustness_items.parquet")
+    table = pair_runs(whole, swapped, seed=1234).set_index("strategy")
+    own = pd.read_csv(whole / "compare_paired.csv")
+    row = own[(own["a"] == "ppl") & (own["b"] == "tcb")].iloc[0]
+    keys = [c for c in own.columns if c.startswith(("delta_", "only_", "mcnemar", "n_pairs"))]
+    assert keys and len(keys) > 8
+    for key in keys:
+        assert table.loc["ppl", key] == pytest.approx(row[key], nan_ok=True), key
+    correct = {s: pd.read_parquet(whole / s / "best_test_items.parquet")["correct"].mean() for s in ("ppl", "tcb")}
+    assert table.loc["ppl", "delta_acc"] == pytest.approx(correct["ppl"] - correct["tcb"])  # by hand
+    assert table.loc["accuracy", "delta_acc"] == 0 and table.loc["accuracy", "mcnemar_p"] == 1.0
+    result = promptopt("pair", whole, swapped, "--out", tmp_path / "pair.csv")
+    assert result.code == 0, result.stderr
+    assert "McNemar" in result.stdout and pd.read_csv(tmp_path / "pair.csv").shape[0] == 3
+    bad = promptopt("pair", whole, tmp_path)
+    assert_one_error_line(bad, f"{tmp_path}: not a finished compare directory")

@@ -107,6 +107,23 @@ def print_rounds(result) -> None:
     console.print(f"wrote {result.card_path} (the last round's winner), trials.parquet/.csv over all rounds and rounds.json")
 
 
+def print_pairs(table, run_a, run_b) -> None:
+    """a − b per strategy: accuracy (McNemar, clustered bootstrap) and Acc_worst over all and unseen families."""
+    def interval(row, key):
+        if key not in row or row[key] != row[key]:
+            return "-"
+        return f"{row[key]:+.3f} [{row[key + '_ci_low']:+.3f}, {row[key + '_ci_high']:+.3f}]"
+
+    console.print(f"a = {run_a}, b = {run_b}; pairs are (seed, test item); intervals: 95% paired bootstrap over items")
+    for _, row in table.iterrows():
+        console.print(f"{row['strategy']} ({row['seeds']} seeds, {int(row['n_pairs'])} pairs): dev accuracy {row['dev_accuracy_a']:.3f} vs "
+                      f"{row['dev_accuracy_b']:.3f}; test accuracy {row['accuracy_a']:.3f} vs {row['accuracy_b']:.3f}, "
+                      f"Δ {interval(row, 'delta_acc')}, McNemar p = {row['mcnemar_p']:.3g} "
+                      f"({int(row['only_a_correct'])} only a right, {int(row['only_b_correct'])} only b right)")
+        console.print(f"  Δ Acc_worst {interval(row, 'delta_acc_worst')}; unseen families {interval(row, 'delta_acc_worst_unseen')}; "
+                      f"Δ PDR {interval(row, 'delta_pdr')}")
+
+
 def print_written(report) -> None:
     n = len(report.positions.frame) if report.positions is not None else None
     console.print(f"{'' if n is None else f'{n} positions; '}{report.seconds:.1f} s; wrote " + ", ".join(str(p) for p in report.written))

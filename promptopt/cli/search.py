@@ -12,7 +12,7 @@ from promptopt.cli.options import (
     BatchOpt, DevLimitOpt, DeviceOpt, DtypeOpt, MinibatchOpt, ModelOpt, ProposeModeOpt, ProposerOpt, PruningOpt, QuantizeOpt,
     ResumeOpt, SearchSuiteOpt, SeedOpt, SpaceOpt, StorageOpt, SubsetsOpt, TaskOpt, TestLimitOpt, WorkersOpt, names,
 )
-from promptopt.cli.render import console, print_proposals, print_rounds, print_search_result
+from promptopt.cli.render import console, print_pairs, print_proposals, print_rounds, print_search_result
 from promptopt.cli.render_robustness import print_compare
 
 ProposeOpt = typer.Option(None, "--propose", min=1, help="N instructions written by --proposer join the space first (README: Proposals)")
@@ -155,3 +155,16 @@ def propose_command(
                                 dev_limit=dev_limit, test_limit=test_limit, batch_size=batch_size, request=request,
                                 space=space, out=out, cache=cache)
     print_proposals(proposed.proposals, out)
+
+
+@app.command("pair")
+def pair_command(
+    run_a: Path = typer.Argument(..., help="a finished compare directory"),
+    run_b: Path = typer.Argument(..., help="another one, on the same task, model, test items and judged families"),
+    out: Optional[Path] = typer.Option(None, "--out", help="write the paired table (.csv or .parquet)"),
+) -> None:
+    """Pair two compares strategy by strategy, seed by seed and item by item (a − b): e.g. a space grown by
+    --propose against the hand-written one."""
+    from promptopt.experiments import commands
+
+    print_pairs(commands.pair(run_a, run_b, out), run_a, run_b)

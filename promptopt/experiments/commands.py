@@ -70,6 +70,19 @@ def search_rounds(config, request, rounds: int):
     return run_rounds(config, request, rounds=rounds, expand=variant_expander([config.study.strategy]))
 
 
+def pair(run_a: Path, run_b: Path, out: Path | None):
+    """`promptopt pair`: two compares paired item by item (experiments.pair_runs); the table goes to `out` too."""
+    from promptopt.experiments.pair_runs import pair_runs
+
+    if out is not None:
+        check_table_path(out)
+        check_out_files(out)
+    table = pair_runs(run_a, run_b)
+    if out is not None:
+        write_table(table, out)
+    return table
+
+
 # --- propose -------------------------------------------------------------------------------------
 PROPOSALS_PER_ROUND = 4  # search --rounds R without --propose N
 

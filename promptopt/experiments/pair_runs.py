@@ -1,0 +1,73 @@
+"""Two compare directories paired item by item: did what differs between them (a space grown by
+`--propose`, another model, another budget) change what each strategy's winners do?
+
+Pairs are the same strategy and seed in both runs, on the same test items (checked: the runs must have
+scored the same items in the same order, and judged robustness on the same families). The numbers are the
+compare's own: Δ accuracy with the item-clustered paired bootstrap interval and the exact McNemar p-value,
+Δ Acc_worst and Δ PDR over all judged families and over the unseen ones (`experiments.compare`), all read
+from what each compare wrote (`best_test_items.parquet` of its winners, `robustness_items.parquet`); nothing
+is scored again.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from promptopt.errors import UserError
+from promptopt.experiments.compare import ITEMS_FILE, Evaluated, _paired_table
+
+
+def _winners(root: Path) -> tuple[dict[str, list[Evaluated]], dict]:
+    """strategy -> its winners' evaluations, seed by seed, rebuilt from a finished compare's files."""
+    for name in ("compare_runs.csv", "summary.json"):
+        if not (root / name).is_file():
+            raise UserError(f"{root}: not a finished compare directory (no {name})")
+    summary = json.loads((root / "summary.json").read_text(encoding="utf-8"))
+    runs = pd.read_csv(root / "compare_runs.csv")
+    items = pd.read_parquet(root / ITEMS_FILE) if (root / ITEMS_FILE).is_file() else None
+    robust = {"families_unseen": summary.get("families_unseen") or [], "families_seen": summary.get("families_seen") or []}
+    winners: dict[str, list[Evaluated]] = {}
+    for _, row in runs[runs["winner"].astype(bool) & (runs["strategy"] != "baseline")].sort_values(["strategy", "seed"]).iterrows():
+        run_dir = Path(str(row["card"])).parent if isinstance(row.get("card"), str) and row["card"] else None
+        if run_dir is None or not (run_dir / "best_test_items.parquet").is_file():
+            raise UserError(f"{root}: the winner of {row['strategy']} seed {row['seed']} is not its search's best trial "
+                            "(compare --select robust); pairing reads the best trial's test table")
+        ev = Evaluated(pd.read_parquet(run_dir / "best_test_items.parquet"), robust=robust)
+        if items is not None:
+            mine = items[(items["strategy"] == row["strategy"]) & (items["seed"] == row["seed"])]
+            clean = mine[mine["family"].isna()]
+            ev.clean = clean.set_index("item_id")["clean_correct"].astype(bool).rename("correct")
+            perturbed = mine[mine["family"].notna()]
+            ev.variants = pd.DataFrame({"item_id": perturbed["item_id"], "family": perturbed["family"],
+                                        "correct": perturbed["perturbed_correct"].astype(bool), "seen": perturbed["seen"].astype(bool)})
+        ev.robust["dev_accuracy"] = float(row["dev_accuracy"]) if pd.notna(row.get("dev_accuracy")) else float("nan")
+        winners.setdefault(str(row["strategy"]), []).append(ev)
+    return winners, summary
+
+
+def pair_runs(a: str | Path, b: str | Path, *, seed: int = 0) -> pd.DataFrame:
+    """One row per strategy both runs searched: run a − run b, paired by seed and item."""
+    (wa, sa), (wb, sb) = _winners(Path(a)), _winners(Path(b))
+    shared = [name for name in wa if name in wb]
+    if not shared:
+        raise UserError(f"{a} and {b} share no strategy to pair")
+    for key in ("families_unseen", "families_seen", "n_robust", "task", "model"):
+        if sa.get(key) != sb.get(key):
+            raise UserError(f"{a} and {b} differ in {key} ({sa.get(key)!r} vs {sb.get(key)!r}): their items do not pair")
+    rows = []
+    for name in shared:
+        if len(wa[name]) != len(wb[name]):
+            raise UserError(f"strategy {name}: {len(wa[name])} seeds in {a} but {len(wb[name])} in {b}")
+        for ea, eb in zip(wa[name], wb[name]):
+            if list(ea.test["item_id"]) != list(eb.test["item_id"]):
+                raise UserError(f"strategy {name}: the runs scored different test items; pairing needs the same ones")
+        paired = _paired_table({"a": wa[name], "b": wb[name]}, seed=seed)
+        accuracy = {run: float(pd.concat([ev.test["correct"] for ev in w[name]]).mean()) for run, w in (("a", wa), ("b", wb))}
+        dev = {run: float(pd.Series([ev.robust["dev_accuracy"] for ev in w[name]]).mean()) for run, w in (("a", wa), ("b", wb))}
+        rows.append({"strategy": name, "seeds": len(wa[name]), "dev_accuracy_a": dev["a"], "dev_accuracy_b": dev["b"],
+                     "accuracy_a": accuracy["a"], "accuracy_b": accuracy["b"],
+                     **paired.drop(columns=["a", "b"]).iloc[0].to_dict()})
+    return pd.DataFrame(rows)
