@@ -30,6 +30,7 @@ import pandas as pd
 import pytest
 import yaml
 from tests.clirun import Result, promptopt
+from tests.forked import ForkedProcess
 
 REPO = Path(__file__).resolve().parents[1]
 LIMITS = ["--task", "sst2", "--dev-limit", "12", "--test-limit", "4", "--minibatch", "4", "--device", "cpu"]
@@ -48,16 +49,23 @@ def _env(**extra) -> dict:
 
 
 class Run:
-    """A CLI subprocess whose output is collected as it comes, so a test can wait for a fault point."""
+    """A CLI process whose output is collected as it comes, so a test can wait for a fault point.
 
-    def __init__(self, *args: str, **env: str) -> None:
+    By default the process is forked from a warm server (tests/forked.py: a real process, without the
+    interpreter start and heavy imports); `fresh=True` execs a new interpreter."""
+
+    def __init__(self, *args: str, fresh: bool = False, **env: str) -> None:
+        self.forked = not fresh
+        self.out: list[str] = []
+        self.err: list[str] = []
+        if self.forked:
+            self.proc = ForkedProcess([*args], env=_env(**env), cwd=REPO)
+            return
         # a runner started in the background (nohup ... &) ignores SIGINT, and children inherit that: restore
         # the default so the child's Python turns Ctrl-C into KeyboardInterrupt as in a terminal
         self.proc = subprocess.Popen([sys.executable, "-m", "promptopt", *args], cwd=REPO, env=_env(**env), text=True,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-        self.out: list[str] = []
-        self.err: list[str] = []
         self._readers = [threading.Thread(target=self._read, args=(s, lines), daemon=True)
                          for s, lines in ((self.proc.stdout, self.out), (self.proc.stderr, self.err))]
         for reader in self._readers:
@@ -70,15 +78,16 @@ class Run:
 
     def wait_for(self, marker: str, timeout: float = 180) -> None:
         deadline = time.monotonic() + timeout
-        while not any(marker in line for line in self.err):
-            assert self.proc.poll() is None, f"exited {self.proc.returncode} before {marker!r}: {''.join(self.err)}"
+        while marker not in self.stderr:
+            assert self.proc.poll() is None, f"exited {self.proc.returncode} before {marker!r}: {self.stderr}"
             assert time.monotonic() < deadline, f"no {marker!r} within {timeout}s"
             time.sleep(0.05)
 
     def finish(self, timeout: float = 300) -> Run:
         self.proc.wait(timeout=timeout)
-        for reader in self._readers:
-            reader.join(timeout=10)
+        if not self.forked:
+            for reader in self._readers:
+                reader.join(timeout=10)
         return self
 
     @property
@@ -87,11 +96,11 @@ class Run:
 
     @property
     def stderr(self) -> str:
-        return "".join(self.err)
+        return self.proc.read()[1] if self.forked else "".join(self.err)
 
     @property
     def stdout(self) -> str:
-        return "".join(self.out)
+        return self.proc.read()[0] if self.forked else "".join(self.out)
 
 
 def cli(*args: str, **env: str) -> Run:
