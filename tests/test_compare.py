@@ -4,6 +4,7 @@ robust selection. Plumbing on the tiny random model; one end-to-end run on the e
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -15,6 +16,8 @@ from promptopt.experiments import run_compare
 from promptopt.experiments.compare import Evaluated, _choose, _paired_table
 from promptopt.metrics.stats import mcnemar_exact
 from promptopt.search import SearchConfig
+
+PLUMBING_SUITE = str(Path(__file__).parent / "suites" / "plumbing.yaml")  # keyboard typos (through the similarity filter), exemplar reorder
 
 
 def _evaluated(correct, clean=None, variants=None):
@@ -83,7 +86,7 @@ def test_seeds_top_n_and_outputs(tiny_llama_dir, tmp_path):
 @pytest.mark.slow
 def test_two_seeds_end_to_end_on_the_embedded_model(embedded_lm, tmp_path):
     config = SearchConfig.build(task="sst2", trials=2, out=str(tmp_path / "e2e"), dev_limit=8, test_limit=12, minibatch=8, device="cpu")
-    result = run_compare(config, ["ppl", "tcb"], seeds=2, top_n=1, suite="quick", robust_limit=6, show_progress=False)
+    result = run_compare(config, ["ppl", "tcb"], seeds=2, top_n=1, suite=PLUMBING_SUITE, robust_limit=6, show_progress=False)
     table = result.table.set_index("strategy")
     assert np.isfinite(table.loc["tcb", ["avg_acc", "acc_worst", "avg_tcb"]].astype(float)).all()
     assert table.loc["ppl", "n_seeds"] == 2 and not np.isnan(table.loc["ppl", "avg_acc_sd"])
