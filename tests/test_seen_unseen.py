@@ -229,3 +229,18 @@ def test_diagnose_proxy_reads_the_answers_a_compare_kept(compared):
     table = pd.read_csv(out / "proxy_item_auroc.csv")
     assert table["signal"].tolist() == ["log10_tcb", "margin", "top_prob", "entropy", "v_eff"]
     assert (table["split"] == "unseen").all() and "item-level AUROC" in proc.stdout
+
+
+def test_search_robust_trains_on_its_search_suite_and_resume_keeps_it(tiny_llama_dir, suites, tmp_path):
+    """`search --strategy robust --search-suite S`: the suite is part of the study's identity, so a resume that would
+    score other variants is refused in one line before any scoring."""
+    judge, searched = suites
+    out = tmp_path / "robust"
+    args = ["search", "--task", "sst2", "--model", tiny_llama_dir, "--strategy", "robust", "--trials", "2", "--dev-limit", "4",
+            "--test-limit", "4", "--minibatch", "2", "--device", "cpu", "--out", out]
+    first = run_cli(*args, "--search-suite", searched)
+    assert first.code == 0, first.stderr
+    refused = run_cli(*args, "--search-suite", judge, "--resume")
+    assert refused.code == 2 and "search_suite_sha256=" in refused.stderr and refused.stderr.count("\n") == 1, refused.stderr
+    again = run_cli(*args, "--search-suite", searched, "--resume", "--trials", "3")
+    assert again.code == 0, again.stderr

@@ -51,6 +51,7 @@ def search(
     propose_mode: str = ProposeModeOpt,
     proposer: Optional[str] = ProposerOpt,
     rounds: int = typer.Option(1, "--rounds", min=1, help="R > 1: OPRO-style rounds, each proposing from the last one's scored instructions (history mode)"),
+    search_suite: str = typer.Option("cheap", "--search-suite", help="the families the robust strategy trains on and reflect proposals show"),
 ) -> None:
     """Search instructions × exemplar sets × orders × templates with Optuna; write the best prompt card."""
     from promptopt.experiments import commands
@@ -62,11 +63,11 @@ def search(
         dev_limit=dev_limit, test_limit=test_limit, subsets=subsets, batch_size=batch_size, device=device, dtype=dtype,
         quantize=quantize,
     )
-    request = commands.propose_request(propose, propose_mode, proposer, seed, rounds)
+    request = commands.propose_request(propose, propose_mode, proposer, seed, rounds, search_suite=search_suite)
     if rounds > 1:
-        print_rounds(commands.search_rounds(config, request, rounds))
+        print_rounds(commands.search_rounds(config, request, rounds, search_suite=search_suite))
         return
-    result, proposals = commands.search(config, request)
+    result, proposals = commands.search(config, request, search_suite=search_suite)
     if proposals is not None:
         print_proposals(proposals, out / "space.yaml")
     print_search_result(result)

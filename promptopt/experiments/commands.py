@@ -50,12 +50,12 @@ def variant_expander(strategies, search_suite: str = ROBUST_SEARCH_SUITE) -> obj
     return VariantExpander(search_suite)
 
 
-def search(config, request=None):
-    """`promptopt search`: one study, with the perturbed variants its strategy needs, over the space plus
-    `request.n` proposed instructions when a request is given -> (SearchResult, Proposals or None)."""
+def search(config, request=None, *, search_suite: str = ROBUST_SEARCH_SUITE):
+    """`promptopt search`: one study, with the perturbed variants its strategy needs (from `search_suite`), over
+    the space plus `request.n` proposed instructions when a request is given -> (SearchResult, Proposals or None)."""
     from promptopt.search import run_search
 
-    expand = variant_expander([config.study.strategy])
+    expand = variant_expander([config.study.strategy], search_suite)
     if request is None:
         return run_search(config, expand=expand), None
     from promptopt.experiments.propose.rounds import search_with_proposals
@@ -63,11 +63,11 @@ def search(config, request=None):
     return search_with_proposals(config, request, expand=expand)
 
 
-def search_rounds(config, request, rounds: int):
+def search_rounds(config, request, rounds: int, *, search_suite: str = ROBUST_SEARCH_SUITE):
     """`promptopt search --rounds R`: OPRO-style rounds (promptopt.experiments.propose.rounds)."""
     from promptopt.experiments.propose.rounds import search_rounds as run_rounds
 
-    return run_rounds(config, request, rounds=rounds, expand=variant_expander([config.study.strategy]))
+    return run_rounds(config, request, rounds=rounds, expand=variant_expander([config.study.strategy], search_suite))
 
 
 def pair(run_a: Path, run_b: Path, out: Path | None):

@@ -371,6 +371,14 @@ class VariantExpander:
     def __getstate__(self):
         return {"suite_name": self.suite_name, "_suite": None, "_similarity": None, "_memo": {}}
 
+    def fingerprint(self) -> str:
+        """The hash of the suite's content: what a robust trial's value depends on (part of a study's identity)."""
+        from dataclasses import asdict
+
+        from promptopt.card import sha256_json
+
+        return sha256_json(asdict(self._suite or load_suite(self.suite_name)))
+
     def __call__(self, scorer, prompt: Prompt, items: list[Item]) -> list[tuple[Prompt, list[Item]]]:
         if self._suite is None:
             self._suite, self._similarity = load_suite(self.suite_name), Similarity()

@@ -33,6 +33,8 @@ def identity(ctx: SearchContext) -> dict:
         "strategy": config.study.strategy,
         "strategy_version": ctx.strategy.version,  # what the strategy's trial values mean (robust 2: multi-fidelity)
         "space_file_sha256": _file_sha256(ctx.space.where),
+        # the suite whose variants a robust trial scores (the expander's own hash: search does not read suites)
+        **({"search_suite_sha256": ctx.expand.fingerprint()} if ctx.strategy.needs_variants and ctx.expand is not None else {}),
         "model": config.model.spec,
         "dtype": config.model.resolved_dtype(),
         "quantize": config.model.quantize,
