@@ -244,3 +244,20 @@ def test_search_robust_trains_on_its_search_suite_and_resume_keeps_it(tiny_llama
     assert refused.code == 2 and "search_suite_sha256=" in refused.stderr and refused.stderr.count("\n") == 1, refused.stderr
     again = run_cli(*args, "--search-suite", searched, "--resume", "--trials", "3")
     assert again.code == 0, again.stderr
+
+
+def test_exported_card_carries_the_seen_and_unseen_numbers(compared, tmp_path):
+    """The card of a compare's winner states robustness over the families no search saw apart from the seen ones,
+    each equal to what compare measured, with the family lists."""
+    from promptopt.experiments.export import export_run
+
+    out, _ = compared
+    exported = export_run(out, out=tmp_path / "card.yaml", strategy="accuracy")
+    robust = exported.card["metrics"]["robustness"]
+    runs = pd.read_csv(out / "compare_runs.csv")
+    row = runs[(runs["strategy"] == "accuracy") & runs["winner"].astype(bool)].iloc[0]
+    assert robust["families_unseen"] == ["distractor"] and robust["families_seen"] == ["typo", "reorder"]
+    for split in ("unseen", "seen"):
+        assert robust[f"acc_worst_{split}"] == pytest.approx(row[f"acc_worst_{split}"])
+        assert robust[f"acc_worst_{split}_ci95"] == pytest.approx([row[f"acc_worst_{split}_ci_low"], row[f"acc_worst_{split}_ci_high"]])
+        assert robust[f"pdr_{split}"] == pytest.approx(row[f"pdr_{split}"], nan_ok=True)

@@ -228,7 +228,9 @@ def measured(table) -> dict:
     return _clean(out)
 
 
-def _robustness(row: dict | None) -> dict | None:
+def _robustness(row: dict | None, families: dict | None = None) -> dict | None:
+    """The compare's robustness numbers of a winner, over all judged families and split seen/unseen (`families`:
+    the compare summary's families_seen / families_unseen lists)."""
     measured = ("pdr", "acc_worst", "taboo_retention_i1")
     if not row or all(row.get(k) is None or (isinstance(row.get(k), float) and math.isnan(row[k])) for k in measured):
         return None  # compared without a suite: the columns exist but hold nothing
@@ -237,6 +239,17 @@ def _robustness(row: dict | None) -> dict | None:
     for key in ("pdr", "acc_worst"):  # intervals, where compare recorded them
         if row.get(f"{key}_ci_low") is not None and row.get(f"{key}_ci_high") is not None:
             out[f"{key}_ci95"] = [row[f"{key}_ci_low"], row[f"{key}_ci_high"]]
+    for split in ("unseen", "seen"):  # the same over the families no search saw, and the ones it saw
+        for key in ("pdr", "acc_worst"):
+            name = f"{key}_{split}"
+            if name in row:
+                out[name] = row[name]
+                if row.get(f"{name}_ci_low") is not None and row.get(f"{name}_ci_high") is not None:
+                    out[f"{name}_ci95"] = [row[f"{name}_ci_low"], row[f"{name}_ci_high"]]
+        if f"acc_worst_family_{split}" in row:
+            out[f"acc_worst_family_{split}"] = row[f"acc_worst_family_{split}"]
+    if families:
+        out.update({f"families_{split}": families.get(f"families_{split}") for split in ("unseen", "seen")})
     return _clean(out)
 
 
@@ -400,9 +413,18 @@ def export_run(run_dir: str | Path, *, out: str | Path, strategy: str | None = N
         search["instruction_provenance"] = proposed
     carving = json.loads((run.path / "splits.json").read_text(encoding="utf-8")) if (run.path / "splits.json").is_file() else None
     card = build_card(session, prompt, dev_items=session.items("dev"), test_items=session.items("test"), search=search,
-                      robustness=_robustness(run.compare_row) if winner else None, carving=carving)
+                      robustness=_robustness(run.compare_row, _compare_families(run)) if winner else None, carving=carving)
     paths = formats.write(card, fmt, out, items=session.items("test"))
     return Exported(card=card, paths=paths, run=run, trial=chosen.number, warnings=_warnings(session, card, run, prompt))
+
+
+def _compare_families(run: Run) -> dict | None:
+    """families_seen / families_unseen of the compare a run belongs to (its summary.json), if any."""
+    path = run.cache_dir / "summary.json"
+    if run.compare_row is None or not path.is_file():
+        return None
+    summary = json.loads(path.read_text(encoding="utf-8"))
+    return {key: summary.get(key) for key in ("families_seen", "families_unseen")}
 
 
 MIN_CLEAN_CORRECT = 20  # fewer clean-correct items than this and a PDR is mostly noise
