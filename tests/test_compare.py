@@ -150,13 +150,13 @@ def test_proxy_correlations_on_a_finished_study(tiny_llama_dir, tmp_path):
     config = SearchConfig.build(task="sst2", strategy="accuracy", trials=4, model=str(tiny_llama_dir), out=str(tmp_path / "run"),
                                 dev_limit=6, test_limit=4, minibatch=6, pruning=False, device="cpu")
     run_search(config, show_progress=False)
-    result = proxy_correlations(tmp_path / "run", n_trials=3, limit=4, suite="quick", show_progress=False)
+    result = proxy_correlations(tmp_path / "run", n_trials=3, limit=4, suite=PLUMBING_SUITE, show_progress=False)
     assert len(result.prompts) == 3 and len(result.correlations) == 12
     assert (tmp_path / "run" / "proxy_correlations.csv").is_file()
 
     # several studies of one task and model pool their trials (distinct prompts only); tables go to their parent
     run_search(config.replace(out=str(tmp_path / "run2"), seed=7, strategy="tcb"), show_progress=False)
-    pooled = proxy_correlations([tmp_path / "run", tmp_path / "run2"], n_trials=6, limit=4, suite="quick", show_progress=False)
+    pooled = proxy_correlations([tmp_path / "run", tmp_path / "run2"], n_trials=6, limit=4, suite=PLUMBING_SUITE, show_progress=False)
     assert set(pooled.prompts["run"]) == {str(tmp_path / "run"), str(tmp_path / "run2")}
     assert 3 <= len(pooled.prompts) <= 6 and pooled.folder == tmp_path.resolve()
     assert (tmp_path / "proxy_correlations.csv").is_file()

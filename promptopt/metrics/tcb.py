@@ -105,25 +105,30 @@ class OutputGeometry:
             stop = min(start + _VOCAB_CHUNK, self.vocab_size)
             yield start, stop, self.weight[start:stop].float()
 
+    def _statistics(self) -> None:
+        """‖w_i‖² and Var(W) in one float64 pass over W (the only pass that does not depend on h): the row
+        norms feed the anchored ‖J‖² expansion, σ² the statistical approximation."""
+        parts, total = [], 0.0
+        for _, _, w in self._chunks():
+            w = w.double()
+            parts.append(w.pow(2).sum(-1))
+            total += float(w.sum())
+        self._row_sq_norms = torch.cat(parts)
+        n = self.vocab_size * self.hidden_size
+        mean = total / n
+        self._sigma2 = float(self._row_sq_norms.sum()) / n - mean * mean
+
     @property
     def row_sq_norms(self) -> torch.Tensor:
         if self._row_sq_norms is None:
-            parts = [w.double().pow(2).sum(-1) for _, _, w in self._chunks()]
-            self._row_sq_norms = torch.cat(parts)
+            self._statistics()
         return self._row_sq_norms
 
     @property
     def sigma2(self) -> float:
         """Var of all entries of W (the statistical approximation's σ²)."""
         if self._sigma2 is None:
-            total, total_sq = 0.0, 0.0
-            for _, _, w in self._chunks():
-                w = w.double()
-                total += float(w.sum())
-                total_sq += float(w.pow(2).sum())
-            n = self.vocab_size * self.hidden_size
-            mean = total / n
-            self._sigma2 = total_sq / n - mean * mean
+            self._statistics()
         return self._sigma2
 
     # --- logits and their chain-rule factors --------------------------------------------------
