@@ -12,7 +12,7 @@ import yaml
 
 from promptopt.errors import ConfigError, UserError
 from promptopt.experiments.propose import ProposeRequest, propose_space
-from promptopt.experiments.propose.filters import ProposalFilter, gold_strings, label_words
+from promptopt.experiments.propose.filters import ProposalFilter, gold_strings, label_words, shingles
 from promptopt.experiments.propose.proposer import find_flips
 from promptopt.experiments.propose.requests import clean, first_sentences
 from promptopt.experiments.session import Session
@@ -30,7 +30,7 @@ def _cosines(table: dict):
 def test_each_filter_reason_on_hand_made_proposals():
     later = ("Label each review as negative when the critic disliked the film.", "Mark a review negative when the critic disliked the film.")
     screen = ProposalFilter(existing=["Decide whether each review is negative or positive."], golds={"photosynthesis", "negative", "b"},
-                            labels={"negative", "positive"},
+                            labels={"negative", "positive"}, quoted=shingles(["it 's of the quality of a lesser harrison ford motion picture"]),
                             similarity=_cosines({("Say if each review is negative or positive.", "Decide whether each review is negative or positive."),
                                                  later}))
     cases = {
@@ -42,6 +42,7 @@ def test_each_filter_reason_on_hand_made_proposals():
         "The answer is photosynthesis in every case.": "leaks_gold",
         "Positive or negative.": "only_label_words",
         "Say if each review is negative or positive.": "near_duplicate",
+        "Remember: it's of the quality of a lesser harrison ford film.": "quotes_item",
     }
     for text, reason in cases.items():
         assert screen.admit(text) == reason, text

@@ -9,6 +9,8 @@ Reasons, checked in this order (the cheap text checks first, the embedding last)
   evaluation item's answer scores on leakage). Answers every item shares (label words such as SST-2's
   negative/positive) are a task's vocabulary, not leakage, and one-character answers are too common to test;
 - `only_label_words`: nothing but label words (and joiners such as "or");
+- `quotes_item`: 6 consecutive words of a dev or test item's question (reflect shows dev texts, and a small
+  proposer copies them: an instruction that quotes evaluation items is about those items, not the task);
 - `near_duplicate`: all-MiniLM cosine ≥ 0.9 with an instruction already in the space or accepted before.
 """
 
@@ -21,6 +23,7 @@ from dataclasses import dataclass, field
 from promptopt.tasks.item import Item
 
 MIN_WORDS, MAX_WORDS = 3, 80
+QUOTE_WORDS = 6
 DUPLICATE_COSINE = 0.9
 MARKERS = ("{", "}", "<|", "|>", "<start_of_turn>", "<end_of_turn>", "[INST]", "[/INST]", "<<SYS>>", "<s>", "</s>",
            "<bos>", "<eos>")
@@ -48,12 +51,22 @@ def label_words(items: list[Item], template_words=()) -> set[str]:
     return {" ".join(w.lower().split()) for w in (*shared, *template_words) if w and w.strip()}
 
 
+def shingles(texts, k: int = QUOTE_WORDS) -> set[tuple[str, ...]]:
+    """Every run of k consecutive words of the texts (lowercased)."""
+    out = set()
+    for text in texts:
+        words = _WORD.findall(str(text).lower())
+        out.update(tuple(words[i : i + k]) for i in range(len(words) - k + 1))
+    return out
+
+
 @dataclass
 class ProposalFilter:
     existing: list[str]  # instructions already in the space
     golds: set[str]  # gold answers of dev and test items
     labels: set[str]  # label words (not leakage)
     similarity: object  # (texts, texts) -> cosines (robustness.suite.Similarity)
+    quoted: set = field(default_factory=set)  # shingles of the dev and test questions
     drops: Counter = field(default_factory=Counter)
 
     def __post_init__(self) -> None:
@@ -75,6 +88,8 @@ class ProposalFilter:
             return "markup"
         if self._leak is not None and self._leak.search(" ".join(text.lower().split())):
             return "leaks_gold"
+        if self.quoted and shingles([text]) & self.quoted:
+            return "quotes_item"
         label_tokens = {t for label in self.labels for t in _WORD.findall(label)}
         if label_tokens and all(w in label_tokens or w in _JOINERS for w in words):
             return "only_label_words"

@@ -23,12 +23,12 @@ import numpy as np
 from promptopt.card import sha256_json, sha256_text
 from promptopt.errors import ConfigError, UserError
 from promptopt.experiments.propose import requests
-from promptopt.experiments.propose.filters import ProposalFilter, gold_strings, label_words
+from promptopt.experiments.propose.filters import ProposalFilter, gold_strings, label_words, shingles
 from promptopt.experiments.propose.requests import MODES, TIPS, Flip
 from promptopt.tasks.item import items_sha256
 from promptopt.yamlio import atomic_write_text
 
-VERSION = 1  # bump when a meta-prompt, the cleaning or a filter changes what a request proposes
+VERSION = 2  # bump when a meta-prompt, the cleaning or a filter changes what a request proposes
 MAX_NEW_TOKENS = 96  # an instruction of up to ~80 words (the filter's limit) fits
 SUMMARY_TOKENS = 64  # two sentences
 TEMPERATURE, TOP_P = 0.7, 0.9
@@ -180,7 +180,8 @@ def _generate(request, proposer: _Proposer, session, instructions, template_labe
         raise UserError(f"task {data.spec.name}: the exemplar pool is empty; proposals are grounded on pool rows")
     evaluated = [*session.items("dev"), *session.items("test")]
     screen = ProposalFilter(existing=list(instructions.values()), golds=gold_strings(evaluated),
-                            labels=label_words([*pool, *evaluated], template_label_words), similarity=Similarity())
+                            labels=label_words([*pool, *evaluated], template_label_words), similarity=Similarity(),
+                            quoted=shingles(i.question for i in evaluated))
     mode_index = MODES.index(request.mode)
     task_summary, flips = None, []
     if request.mode == "grounded":
