@@ -188,6 +188,13 @@ def test_search_rounds_warm_start_one_table_and_resume(tiny_llama_dir, tmp_path)
         assert space1.proposals[entry["name"]]["parents"]
     assert set(load_space(str(out / "round0" / "space.yaml")).instructions) <= set(space1.instructions)
     assert (out / "best_card.yaml").read_text() == (out / "round1" / "best_card.yaml").read_text()
+    page = promptopt("report", out, "--out", tmp_path / "report.html")
+    assert page.code == 0, page.stderr
+    html = (tmp_path / "report.html").read_text()
+    assert "2 rounds of accuracy search" in html and "round0" in html and "round1" in html
+    exported = promptopt("export", out, "--out", tmp_path / "card.yaml")
+    assert exported.code == 0, exported.stderr
+    assert yaml.safe_load((tmp_path / "card.yaml").read_text())["search"]["study"] == "sst2-accuracy-round1"
     before = (out / "round1" / "space.yaml").read_bytes()
     again = promptopt(*args, "--resume")
     assert again.code == 0, again.stderr

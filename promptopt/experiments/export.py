@@ -390,6 +390,9 @@ def export_run(run_dir: str | Path, *, out: str | Path, strategy: str | None = N
         raise UserError(f"--out {out}: is a directory; give a file name")
     check_output(out, folder=False, what="--out")  # before the card is measured
     root, session = Path(run_dir), None
+    if (root / "rounds.json").is_file():  # search --rounds: the last round's winner (each round starts from the previous best)
+        last = json.loads((root / "rounds.json").read_text(encoding="utf-8"))["rounds"][-1]["round"]
+        root = root / f"round{last}"
     if select == "robust":
         if not (root / "compare.csv").is_file():
             raise UserError(f"--select robust: {root} is not a compare directory (a search run has one winner; pass --trial to pick another)")

@@ -18,7 +18,8 @@ from promptopt.errors import UserError
 from promptopt.experiments.report.card import card_section, chosen_card
 from promptopt.experiments.report.numbers import esc, note, table, td, tr, cell_estimate, sig
 from promptopt.experiments.report.sections import (
-    evaluate_sentence, proxy_section, robustness_section, search_section, search_sentence, sweep_section, sweep_sentence,
+    evaluate_sentence, proxy_section, robustness_section, rounds_sentence, search_section, search_sentence, sweep_section,
+    sweep_sentence,
 )
 from promptopt.experiments.report.source import Source, read_source
 from promptopt.experiments.report.verdict import paired_section, strategy_section, verdict_compare, winners_of
@@ -59,6 +60,8 @@ def _verdict(source: Source) -> str:
         return verdict_compare(source.paired, source.summary)
     if source.kind == "search":
         return f'<p class="headline">{search_sentence(source)}</p>'
+    if source.kind == "rounds":
+        return f'<p class="headline">{rounds_sentence(source)}</p>'
     if source.kind == "sweep":
         return f'<p class="headline">{esc(sweep_sentence(source.sweep))}</p>'
     if source.kind == "evaluate":
@@ -69,8 +72,8 @@ def _verdict(source: Source) -> str:
 
 
 def _search_table(source: Source) -> str:
-    """A single search: its winner on dev and test items."""
-    summary = source.studies[0].run.summary
+    """A single search (or the last round of `search --rounds`): its winner on dev and test items."""
+    summary = source.studies[-1].run.summary
     rows = []
     for split in ("dev", "test"):
         s = summary.get(split) or {}
@@ -94,7 +97,7 @@ def build_report(run_dir: str | Path, *, card: Path | None = None, robustness: l
         ("paired", "Paired differences", paired_section(source.paired, source.summary) if source.kind == "compare"
          else note("Nothing paired: this is not a compare directory.")),
         ("strategies", "Strategies", strategy_section(source.compare, source.candidates, source.summary) if source.kind == "compare"
-         else _search_table(source) if source.kind == "search" else note("No search strategy here.")),
+         else _search_table(source) if source.kind in ("search", "rounds") else note("No search strategy here.")),
         ("robustness", "Robustness per family and strategy", robustness_section(source, chosen, winners)),
         ("card", "The chosen card", card_section(chosen, source.root, source.strategies)),
         ("search", "Search", search_section(source)),

@@ -37,7 +37,8 @@ def chosen_card(source, card: Path | None = None) -> Chosen:
 
     try:
         with tempfile.TemporaryDirectory(prefix="promptopt-report-") as tmp:
-            exported = export_run(source.root, out=Path(tmp) / "card.yaml")
+            root = source.studies[-1].run.path if source.kind == "rounds" else source.root  # rounds: the last round's winner
+            exported = export_run(root, out=Path(tmp) / "card.yaml")
             text = (Path(tmp) / "card.yaml").read_text(encoding="utf-8")
     except Exception as exc:  # the report still renders; the line says why and what to run
         first = str(exc).splitlines()[0] if str(exc) else ""

@@ -199,6 +199,20 @@ def sweep_sentence(sweep: pd.DataFrame) -> str:
     return "Taboo stress sweep: " + "; ".join(parts) + "." if parts else "Taboo stress sweep with no ranked condition."
 
 
+def rounds_sentence(source) -> str:
+    """search --rounds: each round's winner on dev, and the last one's on test."""
+    rounds = source.summary.get("rounds") or []
+    path = " → ".join(f"{r['dev_accuracy']:.3f}" for r in rounds)
+    added = sum(len(r.get("proposed") or []) for r in rounds)
+    last = source.studies[-1].run.summary
+    test = last.get("test") or {}
+    sentence = (f"{len(rounds)} rounds of {source.studies[-1].run.config.study.strategy} search over a space that grew by {added} "
+                f"proposed instructions; each round's winner on dev: {path} (each round starts from the previous best). The last "
+                f"round's winner scores {estimate(test.get('accuracy'), *(test.get('accuracy_ci95') or [None, None])[:2])} on "
+                f"{test.get('n')} test items.")
+    return esc(sentence)
+
+
 def search_sentence(source) -> str:
     s = source.studies[0]
     summary = s.run.summary

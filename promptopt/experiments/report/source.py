@@ -1,7 +1,8 @@
 """What a run directory holds, read once and only read: the report draws what the run wrote.
 
 Kinds: a `compare` directory (compare.csv, compare_paired.csv, compare_runs.csv, one search folder per
-strategy, or per strategy and seed), a `search` run (config.json), an `evaluate` output (a family table
+strategy, or per strategy and seed), a `search` run (config.json), `search --rounds` (rounds.json, one search
+run per round), an `evaluate` output (a family table
 .csv with its .json, or robustness_items.parquet), a `stress` sweep (sweep_summary), or `diagnose proxy`
 tables alone. Tables found beside a run are picked up by their columns, not their names.
 """
@@ -151,6 +152,13 @@ def _by_kind(root: Path) -> Source:
         candidates = pd.read_csv(root / "compare_runs.csv") if (root / "compare_runs.csv").is_file() else None
         return Source(root, "compare", _searches(root, strategies), compare=compare, paired=paired,
                       candidates=candidates, summary=summary)
+    if (root / "rounds.json").is_file():  # search --rounds: one study per round, each its own run directory
+        rounds = json.loads((root / "rounds.json").read_text(encoding="utf-8"))
+        studies = []
+        for entry in rounds["rounds"]:
+            run = open_run(root / f"round{entry['round']}")
+            studies.append(Study(f"round{entry['round']}", 0, run, load_study(run)))
+        return Source(root, "rounds", studies, summary=rounds)
     if (root / "config.json").is_file():
         run = open_run(root)
         return Source(root, "search", [Study(run.config.study.strategy, 0, run, load_study(run))])
