@@ -219,3 +219,24 @@ def test_compare_searches_one_grown_space_for_every_strategy(tiny_llama_dir, tmp
     again = promptopt(*args, "--resume")
     assert again.code == 0, again.stderr
     assert json.loads((out / "summary.json").read_text())["proposals"]["reused"]
+
+
+def test_history_proposals_start_from_the_spaces_own_instructions_scored_on_dev(sst2_session, tmp_path):
+    import dataclasses
+
+    from promptopt.experiments.propose import scored_instructions
+
+    space = load_space("sst2")
+    three = dataclasses.replace(space, instructions=dict(list(space.instructions.items())[:3]))
+    history = scored_instructions(sst2_session, three)
+    assert [name for name, _, _ in history] == list(three.instructions)
+    base = sst2_session.data.default_prompt()
+    by_hand = sst2_session.scorer.score(dataclasses.replace(base, instruction=history[2][1]), sst2_session.items("dev")).table
+    assert history[2][2] == by_hand["correct"].mean()
+    made = propose_space(sst2_session, ProposeRequest(n=1, mode="history", seed=1), space=None, out=tmp_path / "h.yaml",
+                         cache_dir=tmp_path / "cache", history=history)
+    value = {name: v for name, _, v in history}
+    for p in made.proposals.accepted:  # every scored instruction shown (fewer than 8), worst first, as OPRO lists them
+        assert sorted(p.provenance["parents"]) == sorted(three.instructions)
+        shown = [value[name] for name in p.provenance["parents"]]
+        assert shown == sorted(shown)
