@@ -115,7 +115,7 @@ def test_grounded_proposals_are_seeded_cached_and_carry_provenance(sst2_session,
     first = propose_space(sst2_session, request, space=None, out=tmp_path / "a.yaml", cache_dir=tmp_path / "cache_a")
     again = propose_space(sst2_session, request, space=None, out=tmp_path / "b.yaml", cache_dir=tmp_path / "cache_b")
     texts = [p.text for p in first.proposals.accepted]
-    assert texts == [p.text for p in again.proposals.accepted] and not again.proposals.reused  # same seed, same proposals
+    assert texts and first.proposals.to_json() == again.proposals.to_json() and not again.proposals.reused  # same seed, same proposals
     assert first.proposals.attempts == len(first.proposals.accepted) + len(first.proposals.rejected)
     assert sum(first.proposals.drops.values()) == len(first.proposals.rejected)
     space = load_space(str(tmp_path / "a.yaml"))
@@ -144,9 +144,11 @@ def test_reflect_shows_answers_a_perturbation_changed(sst2_session, tmp_path):
         assert flip.answer in flip.item.choices and flip.perturbed_answer in flip.item.choices
     made = propose_space(sst2_session, ProposeRequest(n=1, mode="reflect", seed=0), space=None, out=tmp_path / "r.yaml",
                          cache_dir=tmp_path / "cache")
-    for p in made.proposals.accepted:
-        assert p.provenance["perturbed_families"] and set(p.provenance["perturbed_families"]) <= {f.family for f in flips}
-        assert set(p.provenance["rows"]) <= {f.item.id for f in flips}
+    attempts = [p.provenance for p in made.proposals.accepted] + [r["provenance"] for r in made.proposals.rejected]
+    assert len(attempts) == made.proposals.attempts >= 1
+    for provenance in attempts:  # accepted or not, every proposal was shown answers that changed
+        assert provenance["perturbed_families"] and set(provenance["perturbed_families"]) <= {f.family for f in flips}
+        assert set(provenance["rows"]) <= {f.item.id for f in flips}
 
 
 def test_history_mode_needs_scored_instructions(sst2_session):
@@ -185,7 +187,12 @@ def test_search_rounds_warm_start_one_table_and_resume(tiny_llama_dir, tmp_path)
     space1 = load_space(str(out / "round1" / "space.yaml"))
     for entry in rounds[1]["proposed"]:
         assert space1.proposals[entry["name"]]["mode"] == "history" and space1.proposals[entry["name"]]["round"] == 1
-        assert space1.proposals[entry["name"]]["parents"]
+    written = [json.loads(p.read_text()) for p in (out / "proposals").glob("*.json")]
+    history = [a for w in written for a in [p["provenance"] for p in w["accepted"]] + [r["provenance"] for r in w["rejected"]]
+               if a["mode"] == "history"]
+    assert history and all(a["round"] == 1 and a["parents"] for a in history)  # every round-1 attempt saw round 0's instructions
+    tried0 = set(trials.loc[(trials["round"] == 0) & (trials["state"] == "COMPLETE"), "params_instruction"])
+    assert all(set(a["parents"]) == tried0 for a in history)
     assert set(load_space(str(out / "round0" / "space.yaml")).instructions) <= set(space1.instructions)
     assert (out / "best_card.yaml").read_text() == (out / "round1" / "best_card.yaml").read_text()
     page = promptopt("report", out, "--out", tmp_path / "report.html")
@@ -219,6 +226,35 @@ def test_compare_searches_one_grown_space_for_every_strategy(tiny_llama_dir, tmp
     again = promptopt(*args, "--resume")
     assert again.code == 0, again.stderr
     assert json.loads((out / "summary.json").read_text())["proposals"]["reused"]
+    # refused runs leave the space file as it was: a rerun without --resume, a resume whose proposals would differ
+    before = (out / "space.yaml").read_bytes()
+    rerun = promptopt(*args)
+    assert rerun.code == 2 and "already" in rerun.stderr and "--resume" in rerun.stderr, rerun.stderr
+    changed = promptopt(*[a if a != "8" else "6" for a in args], "--resume")  # --dev-limit 6: other dev items
+    assert changed.code == 2 and "dev_limit=8 but this run has dev_limit=6" in changed.stderr, changed.stderr
+    assert (out / "space.yaml").read_bytes() == before and not (out / "space.yaml.pending").exists()
+
+
+def test_a_proposed_winner_carries_its_provenance_into_both_cards(tiny_llama_dir, tmp_path):
+    raw = yaml.safe_load(Path("search_spaces/sst2.yaml").read_text())
+    provenance = {"mode": "grounded", "proposer": "smollm2-135m-instruct", "proposer_sha256": None, "seed": 0, "attempt": 2,
+                  "round": 0, "parents": [], "tip": "concise", "rows": ["sst2-1", "sst2-2", "sst2-3"]}
+    raw["instructions"] = {"grounded_0a1b2c3d": "Decide whether each review is negative or positive."}
+    raw["proposals"] = {"grounded_0a1b2c3d": provenance}
+    space = tmp_path / "proposed.yaml"
+    space.write_text(yaml.safe_dump(raw))
+    out = tmp_path / "run"
+    result = promptopt("search", "--task", "sst2", "--model", tiny_llama_dir, "--strategy", "accuracy", "--trials", "2",
+                       "--dev-limit", "6", "--test-limit", "4", "--space", space, "--out", out, "--device", "cpu")
+    assert result.code == 0, result.stderr
+    best = yaml.safe_load((out / "best_card.yaml").read_text())
+    assert best["provenance"]["instruction_provenance"] == {"name": "grounded_0a1b2c3d", **provenance}
+    exported = promptopt("export", out, "--out", tmp_path / "card.yaml")
+    assert exported.code == 0, exported.stderr
+    card = yaml.safe_load((tmp_path / "card.yaml").read_text())
+    assert card["search"]["instruction_provenance"] == {"name": "grounded_0a1b2c3d", **provenance}
+    verified = promptopt("verify", tmp_path / "card.yaml", "--device", "cpu")
+    assert verified.code == 0, verified.stderr
 
 
 def test_history_proposals_start_from_the_spaces_own_instructions_scored_on_dev(sst2_session, tmp_path):
@@ -236,7 +272,9 @@ def test_history_proposals_start_from_the_spaces_own_instructions_scored_on_dev(
     made = propose_space(sst2_session, ProposeRequest(n=1, mode="history", seed=1), space=None, out=tmp_path / "h.yaml",
                          cache_dir=tmp_path / "cache", history=history)
     value = {name: v for name, _, v in history}
-    for p in made.proposals.accepted:  # every scored instruction shown (fewer than 8), worst first, as OPRO lists them
-        assert sorted(p.provenance["parents"]) == sorted(three.instructions)
-        shown = [value[name] for name in p.provenance["parents"]]
+    attempts = [p.provenance for p in made.proposals.accepted] + [r["provenance"] for r in made.proposals.rejected]
+    assert attempts
+    for provenance in attempts:  # every scored instruction shown (fewer than 8), worst first, as OPRO lists them
+        assert sorted(provenance["parents"]) == sorted(three.instructions)
+        shown = [value[name] for name in provenance["parents"]]
         assert shown == sorted(shown)

@@ -320,9 +320,10 @@ def test_pair_reproduces_the_compares_own_paired_numbers(whole, tmp_path):
     from promptopt.experiments.pair_runs import pair_runs
 
     swapped, swap = tmp_path / "swapped", {"ppl": "tcb", "tcb": "ppl"}
-    swapped.mkdir()
-    for name in ("summary.json", "compare.csv"):
-        shutil.copy(whole / name, swapped / name)
+    shutil.copytree(whole, swapped)
+    (swapped / "ppl").rename(swapped / "swap")
+    (swapped / "tcb").rename(swapped / "ppl")
+    (swapped / "swap").rename(swapped / "tcb")
     runs = pd.read_csv(whole / "compare_runs.csv")
     runs.assign(strategy=runs["strategy"].replace(swap)).to_csv(swapped / "compare_runs.csv", index=False)
     items = pd.read_parquet(whole / "robustness_items.parquet")

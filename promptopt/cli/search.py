@@ -51,7 +51,7 @@ def search(
     propose_mode: str = ProposeModeOpt,
     proposer: Optional[str] = ProposerOpt,
     rounds: int = typer.Option(1, "--rounds", min=1, help="R > 1: OPRO-style rounds, each proposing from the last one's scored instructions (history mode)"),
-    search_suite: str = typer.Option("cheap", "--search-suite", help="the families the robust strategy trains on and reflect proposals show"),
+    search_suite: str = typer.Option("cheap", "--search-suite", help="the families the robust strategy trains on and reflect proposals show ('none': no variants)"),
 ) -> None:
     """Search instructions × exemplar sets × orders × templates with Optuna; write the best prompt card."""
     from promptopt.experiments import commands
@@ -63,6 +63,7 @@ def search(
         dev_limit=dev_limit, test_limit=test_limit, subsets=subsets, batch_size=batch_size, device=device, dtype=dtype,
         quantize=quantize,
     )
+    search_suite = None if search_suite == "none" else search_suite
     request = commands.propose_request(propose, propose_mode, proposer, seed, rounds, search_suite=search_suite)
     if rounds > 1:
         print_rounds(commands.search_rounds(config, request, rounds, search_suite=search_suite))

@@ -50,12 +50,14 @@ def variant_expander(strategies, search_suite: str = ROBUST_SEARCH_SUITE) -> obj
     return VariantExpander(search_suite)
 
 
-def search(config, request=None, *, search_suite: str = ROBUST_SEARCH_SUITE):
+def search(config, request=None, *, search_suite: str | None = ROBUST_SEARCH_SUITE):
     """`promptopt search`: one study, with the perturbed variants its strategy needs (from `search_suite`), over
     the space plus `request.n` proposed instructions when a request is given -> (SearchResult, Proposals or None)."""
-    from promptopt.search import run_search
+    from promptopt.search import get_strategy, run_search
 
-    expand = variant_expander([config.study.strategy], search_suite)
+    if search_suite is None and get_strategy(config.study.strategy).needs_variants:
+        raise UserError(f"--search-suite none: strategy '{config.study.strategy}' trains on a search suite's variants")
+    expand = variant_expander([config.study.strategy], search_suite) if search_suite else None
     if request is None:
         return run_search(config, expand=expand), None
     from promptopt.experiments.propose.rounds import search_with_proposals
@@ -63,11 +65,12 @@ def search(config, request=None, *, search_suite: str = ROBUST_SEARCH_SUITE):
     return search_with_proposals(config, request, expand=expand)
 
 
-def search_rounds(config, request, rounds: int, *, search_suite: str = ROBUST_SEARCH_SUITE):
+def search_rounds(config, request, rounds: int, *, search_suite: str | None = ROBUST_SEARCH_SUITE):
     """`promptopt search --rounds R`: OPRO-style rounds (promptopt.experiments.propose.rounds)."""
     from promptopt.experiments.propose.rounds import search_rounds as run_rounds
 
-    return run_rounds(config, request, rounds=rounds, expand=variant_expander([config.study.strategy], search_suite))
+    expand = variant_expander([config.study.strategy], search_suite) if search_suite else None
+    return run_rounds(config, request, rounds=rounds, expand=expand)
 
 
 def pair(run_a: Path, run_b: Path, out: Path | None):
@@ -93,8 +96,10 @@ def propose_request(n: int | None, mode: str, proposer: str | None, seed: int, r
     without --propose is an error (it would silently do nothing)."""
     from promptopt.experiments.propose import ProposeRequest
 
-    if n is None and rounds > 1:
-        n = PROPOSALS_PER_ROUND
+    if n is None and rounds > 1:  # rounds alone: round 0 searches the space as it is, later rounds propose from history
+        if mode not in ("grounded", "history"):
+            raise UserError(f"--propose-mode {mode}: give --propose N (how many instructions round 0 adds)")
+        n, mode = PROPOSALS_PER_ROUND, "history"
     if n is None:
         if mode != "grounded":
             raise UserError(f"--propose-mode {mode}: give --propose N (how many instructions to add)")

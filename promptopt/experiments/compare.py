@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from itertools import combinations
@@ -136,23 +137,32 @@ def _compare(base: SearchConfig, strategies: list[str], out: Path, *, seeds: int
 
     storage = base.study.storage or default_storage_url(out)
     session = Session(model=base.model, data=base.data, out=out, batch_size=base.batch_size)
-    proposals = None
+    proposals, pending = None, None
     if propose is not None:  # before the plan: every study's identity hashes the grown space
-        from promptopt.experiments.propose.rounds import PROPOSALS_DIR, SPACE_FILE
+        from promptopt.experiments.propose.rounds import PENDING, PROPOSALS_DIR
         from promptopt.experiments.propose.workflow import propose_space
 
         if propose.mode == "history":
             raise ConfigError("compare --propose-mode history: history proposals come from search rounds (search --rounds)")
         out.mkdir(parents=True, exist_ok=True)
-        proposed = propose_space(session, propose, space=base.study.space, out=out / SPACE_FILE, cache_dir=out / PROPOSALS_DIR)
-        base, proposals = base.replace(space=str(proposed.path)), proposed.proposals
+        proposed = propose_space(session, propose, space=base.study.space, out=out / PENDING, cache_dir=out / PROPOSALS_DIR)
+        base, proposals, pending = base.replace(space=str(proposed.path)), proposed.proposals, proposed.path
     configs = {(name, s): _seed_config(base, name, s, seeds, out, storage) for name in strategies for s in range(seeds)}
     expand = None
     if any(get_strategy(name).needs_variants for name in strategies):
         from promptopt.robustness import VariantExpander
 
         expand = VariantExpander(search_suite_spec)
-    configs = _plan(configs, session.data, expand, out, resume=base.study.resume)  # before anything is scored
+    try:
+        configs = _plan(configs, session.data, expand, out, resume=base.study.resume)  # before anything is scored
+    except BaseException:
+        if pending is not None:
+            pending.unlink(missing_ok=True)  # refused: the space file of the earlier run stays as it was
+        raise
+    if pending is not None:  # the plan holds with the proposed space: put it in place, under its final name
+        final = out / "space.yaml"
+        os.replace(pending, final)
+        configs = {key: config.replace(space=str(final)) for key, config in configs.items()}
     marker = _search_suite_marker(out, search_suite, resume=base.study.resume) if expand is not None else None
     test, dev = session.items("test"), session.items("dev")
     search_digest = sha256_json(asdict(search_suite)) if search_suite else None

@@ -31,11 +31,16 @@ def _winners(root: Path) -> tuple[dict[str, list[Evaluated]], dict]:
     robust = {"families_unseen": summary.get("families_unseen") or [], "families_seen": summary.get("families_seen") or []}
     winners: dict[str, list[Evaluated]] = {}
     for _, row in runs[runs["winner"].astype(bool) & (runs["strategy"] != "baseline")].sort_values(["strategy", "seed"]).iterrows():
-        run_dir = Path(str(row["card"])).parent if isinstance(row.get("card"), str) and row["card"] else None
-        if run_dir is None or not (run_dir / "best_test_items.parquet").is_file():
-            raise UserError(f"{root}: the winner of {row['strategy']} seed {row['seed']} is not its search's best trial "
-                            "(compare --select robust); pairing reads the best trial's test table")
-        ev = Evaluated(pd.read_parquet(run_dir / "best_test_items.parquet"), robust=robust)
+        strategy, seed = str(row["strategy"]), int(row["seed"])
+        run_dir = root / strategy / f"seed{seed}" if int(summary.get("seeds") or 1) > 1 else root / strategy  # compare's layout
+        table = run_dir / "best_test_items.parquet"
+        if not table.is_file() or not (run_dir / "summary.json").is_file():
+            raise UserError(f"{root}: {table} is missing (the compare's run directory of {strategy} seed {seed})")
+        best = json.loads((run_dir / "summary.json").read_text(encoding="utf-8")).get("best_trial")
+        if pd.notna(row.get("trial")) and int(row["trial"]) != best:
+            raise UserError(f"{root}: the winner of {strategy} seed {seed} is trial {int(row['trial'])}, not its search's best "
+                            f"trial {best} (compare --select robust); pairing reads the best trial's test table")
+        ev = Evaluated(pd.read_parquet(table), robust=robust)
         if items is not None:
             mine = items[(items["strategy"] == row["strategy"]) & (items["seed"] == row["seed"])]
             clean = mine[mine["family"].isna()]
@@ -54,6 +59,8 @@ def pair_runs(a: str | Path, b: str | Path, *, seed: int = 0) -> pd.DataFrame:
     shared = [name for name in wa if name in wb]
     if not shared:
         raise UserError(f"{a} and {b} share no strategy to pair")
+    if ((Path(a) / ITEMS_FILE).is_file()) != ((Path(b) / ITEMS_FILE).is_file()):
+        raise UserError(f"only one of {a} and {b} judged robustness ({ITEMS_FILE}): compare both with the same --suite")
     for key in ("families_unseen", "families_seen", "n_robust", "task", "model"):
         if sa.get(key) != sb.get(key):
             raise UserError(f"{a} and {b} differ in {key} ({sa.get(key)!r} vs {sb.get(key)!r}): their items do not pair")

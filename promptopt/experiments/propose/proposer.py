@@ -28,7 +28,7 @@ from promptopt.experiments.propose.requests import MODES, TIPS, Flip
 from promptopt.tasks.item import items_sha256
 from promptopt.yamlio import atomic_write_text
 
-VERSION = 2  # bump when a meta-prompt, the cleaning or a filter changes what a request proposes
+VERSION = 3  # bump when a meta-prompt, the cleaning or a filter changes what a request proposes
 MAX_NEW_TOKENS = 96  # an instruction of up to ~80 words (the filter's limit) fits
 SUMMARY_TOKENS = 64  # two sentences
 TEMPERATURE, TOP_P = 0.7, 0.9
@@ -65,7 +65,7 @@ class Proposal:
 @dataclass
 class Proposals:
     accepted: list[Proposal]
-    rejected: list[dict]  # {"text", "reason"} in the order they were written
+    rejected: list[dict]  # {"text", "reason", "attempt", "provenance"} in the order they were written
     drops: dict[str, int]
     attempts: int
     key: str
@@ -111,40 +111,60 @@ class _Proposer:
         return gen.text
 
 
-def proposer_for(session, spec: str | None) -> _Proposer:
-    """The session's model (no second load) unless another spec is named; it is loaded like the task's model."""
+@dataclass(frozen=True)
+class ProposerModel:
+    """Which model writes and how it is loaded, known without loading it (the cache key needs no model)."""
+
+    config: object  # models.ModelConfig
+    sha256: str | None  # its weights' fingerprint (None: a hub id not in the local cache)
+    own: bool  # the session's model: no second load
+
+    @property
+    def spec(self) -> str:
+        return self.config.spec
+
+    def key(self) -> dict:
+        return {"proposer": self.spec, "proposer_sha256": self.sha256, "dtype": self.config.resolved_dtype(),
+                "quantize": self.config.quantize, "device": self.config.resolved_device_type()}
+
+
+def proposer_model(session, spec: str | None) -> ProposerModel:
+    """The session's model unless another spec is named (loaded like the task's model: device, dtype, quantize)."""
     from promptopt.experiments.fingerprint import model_fingerprint
 
     own = session.model_config
-    if spec is None or spec == own.spec:
-        lm, runner, spec = session.lm, session.scorer.runner, own.spec
-    else:
-        from promptopt.models.runner import Runner
-
-        config = dataclasses.replace(own, spec=spec)
-        config.check()
-        lm = config.load()
-        runner = Runner(lm, batch_size=session.factory.batch_size)
+    config = own if spec is None or spec == own.spec else dataclasses.replace(own, spec=spec)
+    config.check()
     try:
-        sha = model_fingerprint(spec)["weights_sha256"]
+        sha = model_fingerprint(config.spec)["weights_sha256"]
     except Exception:  # a hub id not in the local cache has no fingerprint without a download
         sha = None
-    return _Proposer(lm, runner, spec, sha)
+    return ProposerModel(config, sha, config is own)
 
 
-def request_key(request: ProposeRequest, proposer_spec: str, proposer_sha: str | None, session, instructions: dict,
-                history: list | None) -> str:
+def load_proposer(session, model: ProposerModel) -> _Proposer:
+    if model.own:
+        return _Proposer(session.lm, session.scorer.runner, model.spec, model.sha256)
+    from promptopt.models.runner import Runner
+
+    lm = model.config.load()
+    return _Proposer(lm, Runner(lm, batch_size=session.factory.batch_size), model.spec, model.sha256)
+
+
+def request_key(request: ProposeRequest, model: ProposerModel, session, instructions: dict, label_words, history: list | None) -> str:
     """The hash of everything the proposals depend on (the cache key)."""
     data = session.data
     inputs = {"version": VERSION, "mode": request.mode, "n": request.n, "seed": request.seed, "round": request.round,
-              "proposer": proposer_spec, "proposer_sha256": proposer_sha, "task": data.spec.name,
-              "pool": items_sha256(data.pool), "dev": items_sha256(session.items("dev")), "test": items_sha256(session.items("test")),
-              "instructions": sorted(instructions.values()), "history": history}
-    if request.mode == "reflect":
+              **model.key(), "task": data.spec.name, "pool": items_sha256(data.pool), "dev": items_sha256(session.items("dev")),
+              "test": items_sha256(session.items("test")), "instructions": sorted(instructions.values()),
+              "label_words": sorted(label_words), "history": history}
+    if request.mode == "reflect":  # the flips come from the task's model on its default prompt
         from promptopt.robustness.suite import load_suite
 
+        task_model = session.model_config
         inputs["search_suite"] = sha256_json(asdict(load_suite(request.search_suite)))
-        inputs["task_model"] = session.model_config.spec
+        inputs["task_model"] = {"spec": task_model.spec, "dtype": task_model.resolved_dtype(), "quantize": task_model.quantize,
+                                "device": task_model.resolved_device_type()}
         inputs["reflect_prompt"] = data.default_prompt().to_card()
     return sha256_json(inputs)
 
@@ -157,14 +177,14 @@ def propose(request: ProposeRequest, *, session, instructions: dict[str, str], t
     `cache_dir`: where proposals are remembered by content hash (None: not remembered)."""
     if request.mode == "history" and not history:
         raise UserError("--propose-mode history: needs scored instructions (search --rounds, or propose scores the space's own)")
-    proposer = proposer_for(session, request.proposer)
-    key = request_key(request, proposer.spec, proposer.sha256, session, instructions, history)
+    model = proposer_model(session, request.proposer)
+    key = request_key(request, model, session, instructions, template_label_words, history)
     cached = Path(cache_dir) / f"{key[:24]}.json" if cache_dir is not None else None
     if cached is not None and cached.is_file():
         found = Proposals.from_json(json.loads(cached.read_text(encoding="utf-8")))
         if found.key == key:
-            return found
-    result = _generate(request, proposer, session, instructions, template_label_words, history, key)
+            return found  # the proposer is never loaded
+    result = _generate(request, load_proposer(session, model), session, instructions, template_label_words, history, key)
     if cached is not None:
         cached.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(cached, json.dumps(result.to_json(), indent=1, ensure_ascii=False))
@@ -223,7 +243,7 @@ def _generate(request, proposer: _Proposer, session, instructions, template_labe
         if why is None:
             accepted.append(Proposal(f"{request.mode}_{sha256_text(text)[:8]}", text, provenance))
         else:
-            rejected.append({"text": text, "reason": why, "attempt": attempt})
+            rejected.append({"text": text, "reason": why, "attempt": attempt, "provenance": provenance})
         attempt += 1
     return Proposals(accepted, rejected, dict(screen.drops), attempt, key, task_summary=task_summary)
 

@@ -16,21 +16,23 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
-from promptopt.errors import ConfigError
+from promptopt.errors import ConfigError, UserError
 from promptopt.experiments.propose.proposer import Proposals, ProposeRequest
 from promptopt.experiments.propose.workflow import propose_space
 from promptopt.experiments.session import Session
 from promptopt.search import run_search, study_exists
-from promptopt.search.config import default_storage_url
+from promptopt.search.config import default_storage_url, redact
 from promptopt.search.space import load_space
 from promptopt.yamlio import atomic_write_text, check_output, write_parquet_and_csv
 
 SPACE_FILE = "space.yaml"
+PENDING = "space.yaml.pending"  # a proposed space before its study may run (settle_space)
 PROPOSALS_DIR = "proposals"
 
 
@@ -49,9 +51,30 @@ def search_with_proposals(config, request: ProposeRequest, *, expand=None, show_
     out = Path(config.out)
     check_output(out, folder=True, what="--out")
     session = Session(model=config.model, data=config.data, out=out, batch_size=config.batch_size)
-    proposed = propose_space(session, request, space=config.study.space, out=out / SPACE_FILE, cache_dir=out / PROPOSALS_DIR)
-    result = run_search(config.replace(space=str(proposed.path)), scorer=session.scorer, expand=expand, show_progress=show_progress)
+    proposed = propose_space(session, request, space=config.study.space, out=_new_dir(out) / PENDING, cache_dir=out / PROPOSALS_DIR)
+    config = settle_space(proposed.path, out / SPACE_FILE, config, session.data, expand)
+    result = run_search(config, scorer=session.scorer, expand=expand, show_progress=show_progress)
     return result, proposed.proposals
+
+
+def settle_space(pending: Path, final: Path, config, data, expand, *, may_create: bool = False):
+    """Put a proposed space file in place only once the study that will search it may run: it exists exactly
+    when --resume says so (`may_create`: a missing one may be created, as later rounds are), and a resumed one
+    means the same thing with this space. A refused run leaves the space file it had untouched. -> the config
+    pointing at `final`."""
+    trial = config.replace(space=str(pending))
+    try:
+        exists = study_exists(trial, data, expand)  # a resumed study that would mean something else: one UserError
+        if exists and not config.study.resume:
+            raise UserError(f"study '{config.name}' already exists in {redact(config.storage_url)}: pass --resume to continue it, "
+                            "or choose another --out / --study-name")
+        if not exists and config.study.resume and not may_create:
+            raise UserError(f"--resume: no study '{config.name}' in {redact(config.storage_url)}")
+    except BaseException:
+        pending.unlink(missing_ok=True)
+        raise
+    os.replace(pending, final)
+    return config.replace(space=str(final), resume=exists)
 
 
 def history_of(result, space) -> list[tuple[str, str, float]]:
@@ -79,18 +102,25 @@ def search_rounds(config, request: ProposeRequest, *, rounds: int, expand=None, 
     space, results, proposals = config.study.space, [], []
     for r in range(rounds):
         run_dir = out / f"round{r}"
+        round_config = config.replace(out=str(run_dir), storage=storage, study_name=f"{config.name}-round{r}", space=space)
         made = None
         if r == 0 and request.mode != "history":
-            made = propose_space(session, dataclasses.replace(request, round=0), space=space, out=_new_dir(run_dir) / SPACE_FILE,
+            made = propose_space(session, dataclasses.replace(request, round=0), space=space, out=_new_dir(run_dir) / PENDING,
                                  cache_dir=out / PROPOSALS_DIR)
         elif r > 0:
             history = history_of(results[-1], load_space(space or session.data.spec.name))
+            if not history:
+                raise UserError(f"search --rounds: round {r - 1} completed no trial, so round {r} has no scored instruction to "
+                                "propose from (more --trials, or --no-pruning)")
             made = propose_space(session, dataclasses.replace(request, mode="history", round=r), space=space,
-                                 out=_new_dir(run_dir) / SPACE_FILE, cache_dir=out / PROPOSALS_DIR, history=history)
-        space = str(made.path) if made is not None else space
+                                 out=_new_dir(run_dir) / PENDING, cache_dir=out / PROPOSALS_DIR, history=history)
+        if made is not None:
+            round_config = settle_space(made.path, run_dir / SPACE_FILE, round_config, session.data, expand, may_create=r > 0)
+            space = round_config.study.space
+        else:
+            exists = study_exists(round_config, session.data, expand)
+            round_config = round_config.replace(resume=bool(config.study.resume and exists))
         proposals.append(made.proposals if made is not None else None)
-        round_config = config.replace(out=str(run_dir), storage=storage, study_name=f"{config.name}-round{r}", space=space)
-        round_config = round_config.replace(resume=bool(config.study.resume and study_exists(round_config, session.data, expand)))
         warm = (results[-1].best_params,) if results else ()
         results.append(run_search(round_config, scorer=session.scorer, expand=expand, show_progress=show_progress, enqueue=warm))
     trials = pd.concat([res.trials.assign(round=r) for r, res in enumerate(results)], ignore_index=True)
