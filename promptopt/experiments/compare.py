@@ -154,6 +154,9 @@ def _compare(base: SearchConfig, strategies: list[str], out: Path, *, seeds: int
 
         expand = VariantExpander(search_suite_spec)
     try:
+        # the compare's own record of the suite its robust studies trained on speaks first (it names the suite to
+        # resume with); then every study is checked (a resumed one's identity hashes that suite as well)
+        marker = _search_suite_marker(out, search_suite, resume=base.study.resume) if expand is not None else None
         configs = _plan(configs, session.data, expand, out, resume=base.study.resume)  # before anything is scored
     except BaseException:
         if pending is not None:
@@ -163,7 +166,6 @@ def _compare(base: SearchConfig, strategies: list[str], out: Path, *, seeds: int
         final = out / "space.yaml"
         os.replace(pending, final)
         configs = {key: config.replace(space=str(final)) for key, config in configs.items()}
-    marker = _search_suite_marker(out, search_suite, resume=base.study.resume) if expand is not None else None
     test, dev = session.items("test"), session.items("dev")
     search_digest = sha256_json(asdict(search_suite)) if search_suite else None
     store = _Store(out / "evaluations", {"model": base.model.spec, "dtype": base.model.resolved_dtype(),

@@ -23,6 +23,7 @@ def identity(ctx: SearchContext) -> dict:
     (seed, which only seeds the sampler; minibatch and pruning, which only decide pruning; workers, batch
     size, device, budget, storage URL, test items) may change."""
     config = ctx.config
+    fingerprint = getattr(ctx.expand, "fingerprint", None)  # a hand-made expander (a function) has none to record
     return {
         "task": ctx.data.spec.name,
         "task_file_sha256": _file_sha256(ctx.data.spec.where),
@@ -34,7 +35,7 @@ def identity(ctx: SearchContext) -> dict:
         "strategy_version": ctx.strategy.version,  # what the strategy's trial values mean (robust 2: multi-fidelity)
         "space_file_sha256": _file_sha256(ctx.space.where),
         # the suite whose variants a robust trial scores (the expander's own hash: search does not read suites)
-        **({"search_suite_sha256": ctx.expand.fingerprint()} if ctx.strategy.needs_variants and ctx.expand is not None else {}),
+        **({"search_suite_sha256": fingerprint()} if ctx.strategy.needs_variants and callable(fingerprint) else {}),
         "model": config.model.spec,
         "dtype": config.model.resolved_dtype(),
         "quantize": config.model.quantize,
