@@ -28,6 +28,7 @@ class Session:
         self.progress = progress
         self.data: TaskData = data.load()
         self.paraphrases = ParaphraseMemo()  # LM paraphrases of this session's model, shared by every prompt
+        self.flips: dict = {}  # (suite, dev limit) -> dev answers the suite changes (propose reflect), found once
 
     @property
     def model_config(self) -> ModelConfig:

@@ -263,7 +263,18 @@ def _answer(table_row, item) -> str:
 
 
 def find_flips(session, suite_spec: str, limit: int = REFLECT_DEV_ITEMS) -> list[Flip]:
-    """Dev items whose answer under the task's default prompt changes when the search suite perturbs them."""
+    """Dev items whose answer under the task's default prompt changes when the search suite perturbs them
+    (found once per session: every reflect request of a session shows the same ones)."""
+    memo = getattr(session, "flips", None)
+    if memo is not None and (suite_spec, limit) in memo:
+        return memo[(suite_spec, limit)]
+    flips = _find_flips(session, suite_spec, limit)
+    if memo is not None:
+        memo[(suite_spec, limit)] = flips
+    return flips
+
+
+def _find_flips(session, suite_spec: str, limit: int) -> list[Flip]:
     from promptopt.robustness.perturb import OPERATORS
     from promptopt.robustness.suite import Similarity, load_suite, make_variants
 
