@@ -82,6 +82,21 @@ def run_search(config: SearchConfig, *, scorer=None, data=None, expand=None, sho
         raise
 
 
+def may_run(config: SearchConfig, data, expand=None, *, may_create: bool = False) -> bool:
+    """Whether the study of `config` exists, having made the checks run_search makes before it writes anything:
+    the study exists exactly when --resume says so (`may_create`: a missing one may be created even so) and a
+    resumed one means the same thing (one UserError otherwise). Creates nothing."""
+    quiet_optuna()
+    ctx = build_context(config, data, expand)
+    require_variants(ctx)
+    with storage_errors(config):
+        storage = existing_storage(config)
+        if may_create and stored_study(config, storage) is None:
+            return False
+        check_study(config, storage, identity(ctx))
+        return stored_study(config, storage) is not None
+
+
 def study_exists(config: SearchConfig, data, expand=None) -> bool:
     """Whether the study of `config` exists, having checked what `check_search` checks and, for an existing
     study, that a resume may join it (one UserError otherwise). Creates nothing: a caller running several
@@ -139,4 +154,4 @@ def _run(ctx: SearchContext, storage, cached, factory, current: dict, start: flo
     return result
 
 
-__all__ = ["SearchResult", "run_search", "study_exists"]
+__all__ = ["SearchResult", "may_run", "run_search", "study_exists"]

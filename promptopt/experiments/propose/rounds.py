@@ -26,8 +26,8 @@ from promptopt.errors import ConfigError, UserError
 from promptopt.experiments.propose.proposer import Proposals, ProposeRequest
 from promptopt.experiments.propose.workflow import propose_space
 from promptopt.experiments.session import Session
-from promptopt.search import run_search, study_exists
-from promptopt.search.config import default_storage_url, redact
+from promptopt.search import may_run, run_search, study_exists
+from promptopt.search.config import default_storage_url
 from promptopt.search.space import load_space
 from promptopt.yamlio import atomic_write_text, check_output, write_parquet_and_csv
 
@@ -62,14 +62,8 @@ def settle_space(pending: Path, final: Path, config, data, expand, *, may_create
     when --resume says so (`may_create`: a missing one may be created, as later rounds are), and a resumed one
     means the same thing with this space. A refused run leaves the space file it had untouched. -> the config
     pointing at `final`."""
-    trial = config.replace(space=str(pending))
     try:
-        exists = study_exists(trial, data, expand)  # a resumed study that would mean something else: one UserError
-        if exists and not config.study.resume:
-            raise UserError(f"study '{config.name}' already exists in {redact(config.storage_url)}: pass --resume to continue it, "
-                            "or choose another --out / --study-name")
-        if not exists and config.study.resume and not may_create:
-            raise UserError(f"--resume: no study '{config.name}' in {redact(config.storage_url)}")
+        exists = may_run(config.replace(space=str(pending)), data, expand, may_create=may_create)
     except BaseException:
         pending.unlink(missing_ok=True)
         raise
