@@ -232,6 +232,8 @@ def test_compare_searches_one_grown_space_for_every_strategy(tiny_llama_dir, tmp
     assert rerun.code == 2 and "already" in rerun.stderr and "--resume" in rerun.stderr, rerun.stderr
     changed = promptopt(*[a if a != "8" else "6" for a in args], "--resume")  # --dev-limit 6: other dev items
     assert changed.code == 2 and "dev_limit=8 but this run has dev_limit=6" in changed.stderr, changed.stderr
+    reseeded = promptopt(*args, "--seed", "99", "--resume")  # other proposals, so another space: its studies would differ
+    assert reseeded.code == 2 and "space_file_sha256=" in reseeded.stderr, reseeded.stderr
     assert (out / "space.yaml").read_bytes() == before and not (out / "space.yaml.pending").exists()
 
 
