@@ -71,6 +71,7 @@ class ProposalFilter:
 
     def __post_init__(self) -> None:
         self.kept = [t for t in self.existing if t.strip()]
+        self._label_tokens = {t for label in self.labels for t in _WORD.findall(label)}
         testable = {g for g in self.golds - self.labels if len(g) > 1}
         self._leak = re.compile(r"(?<![\w])(?:" + "|".join(re.escape(g) for g in sorted(testable, key=len, reverse=True)) + r")(?![\w])") \
             if testable else None
@@ -90,8 +91,7 @@ class ProposalFilter:
             return "leaks_gold"
         if self.quoted and shingles([text]) & self.quoted:
             return "quotes_item"
-        label_tokens = {t for label in self.labels for t in _WORD.findall(label)}
-        if label_tokens and all(w in label_tokens or w in _JOINERS for w in words):
+        if self._label_tokens and all(w in self._label_tokens or w in _JOINERS for w in words):
             return "only_label_words"
         if self.kept:
             cosines = self.similarity([text] * len(self.kept), self.kept)

@@ -206,7 +206,7 @@ def _generate(request, proposer: _Proposer, session, instructions, template_labe
     task_summary, flips = None, []
     if request.mode == "grounded":
         rng = np.random.default_rng([request.seed, mode_index, request.round, 10**6])
-        rows = [pool[i] for i in sorted(rng.choice(len(pool), size=min(SUMMARY_ROWS, len(pool)), replace=False))]
+        rows = _rows(rng, pool, SUMMARY_ROWS)
         task_summary = requests.first_sentences(proposer.write(requests.summary(rows), seed=None, override=[], max_new_tokens=SUMMARY_TOKENS)) or "(no summary)"
     if request.mode == "reflect":
         flips = find_flips(session, request.search_suite)
