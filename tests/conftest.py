@@ -17,6 +17,46 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT") and not os.environ.get("OMP_NUM_T
 torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or max(1, min(2, os.cpu_count() or 1))))  # honour a caller's limit
 
 
+def _folder_state(spec: str) -> tuple:
+    """What a local model folder holds (names, sizes, mtimes): a folder rewritten at the same path is another model."""
+    path = Path(spec)
+    if not path.exists():
+        return ()
+    files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
+    return tuple((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def models_loaded_once_per_test_process():
+    """Every in-process load of one model with one set of options returns the same LoadedModel: a load of the
+    embedded model costs ~5 s (weights, tokenizer, head check) and the suite's in-process CLI calls, compares
+    and sessions would otherwise repeat it dozens of times. Failures are not remembered. Loading itself is
+    tested on the real function (tests/test_models.py binds it at import); a test that changes a loaded
+    model's tokenizer works on its own copy (dataclasses.replace)."""
+    import promptopt.models as models
+    from promptopt.models import load as load_module
+
+    import inspect
+
+    real, loaded = load_module.load_model, {}
+    signature = inspect.signature(real)
+
+    def load_once(*args, **options):
+        bound = signature.bind(*args, **options)
+        bound.apply_defaults()  # load_model(s) and load_model(s, dtype=None) are one load
+        spec = str(bound.arguments["spec"])
+        key = (spec, _folder_state(spec), tuple(sorted((k, v) for k, v in bound.arguments.items() if k != "spec")))
+        if key not in loaded:
+            loaded[key] = real(*args, **options)
+        return loaded[key]
+
+    patch = pytest.MonkeyPatch()
+    patch.setattr(load_module, "load_model", load_once)
+    patch.setattr(models, "load_model", load_once)
+    yield loaded
+    patch.undo()
+
+
 @pytest.fixture(scope="session")
 def embedded_lm():
     from promptopt.models import load_model

@@ -212,7 +212,11 @@ def test_lm_paraphrase_on_a_model_without_chat_template(tiny_llama_dir):
     from promptopt.robustness.suite import Similarity, make_variants, parse_suite
     from promptopt.tasks import Item
 
-    lm = load_model(str(tiny_llama_dir), device="cpu")
+    import copy
+    import dataclasses
+
+    loaded = load_model(str(tiny_llama_dir), device="cpu")
+    lm = dataclasses.replace(loaded, tokenizer=copy.deepcopy(loaded.tokenizer))  # the loaded model is shared (conftest)
     lm.tokenizer.chat_template = None  # a base model
     assert not lm.has_chat_template
     prompt = Prompt(task="gsm8k", template=PromptTemplate(query="Question: {question}\nAnswer:"))

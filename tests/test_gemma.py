@@ -14,25 +14,12 @@ GEMMA = "gemma3-270m"
 
 
 @pytest.fixture(scope="module", autouse=True)
-def gemma_loaded_once():
-    """Every CLI call here runs in this process (tests/clirun.py): they share one load of the 262k-vocab model
-    instead of loading it once per command."""
-    import promptopt.models as models
-    from promptopt.models import load as load_module
-
-    real, loaded = load_module.load_model, {}
-
-    def load_once(spec, **options):
-        key = (spec, options.get("device"), options.get("dtype"), options.get("quantize"))
-        if key not in loaded:
-            loaded[key] = real(spec, **options)
-        return loaded[key]
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(load_module, "load_model", load_once)
-        patch.setattr(models, "load_model", load_once)
-        yield loaded
-    assert len(loaded) == 1  # score, trace, stress and diagnose all ran on the one load
+def gemma_loaded_once(models_loaded_once_per_test_process):
+    """Every CLI call here runs in this process (tests/clirun.py) and the session's loads are shared
+    (conftest): score, trace, stress, diagnose and propose run on one load of the 262k-vocab model."""
+    yield
+    gemma = [key for key in models_loaded_once_per_test_process if key[0] == GEMMA]
+    assert len(gemma) == 1, gemma
 
 
 def _ok(proc):
