@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import types
 from pathlib import Path
 
 import pytest
@@ -53,8 +54,18 @@ def models_loaded_once_per_test_process():
     patch = pytest.MonkeyPatch()
     patch.setattr(load_module, "load_model", load_once)
     patch.setattr(models, "load_model", load_once)
-    yield loaded
+    yield types.SimpleNamespace(loaded=loaded, real=real)
     patch.undo()
+
+
+@pytest.fixture
+def models_loaded_fresh(monkeypatch, models_loaded_once_per_test_process):
+    """For a test about a model's lifetime (one freed before the next loads): loads that are not shared."""
+    import promptopt.models as models
+    from promptopt.models import load as load_module
+
+    monkeypatch.setattr(load_module, "load_model", models_loaded_once_per_test_process.real)
+    monkeypatch.setattr(models, "load_model", models_loaded_once_per_test_process.real)
 
 
 @pytest.fixture(scope="session")

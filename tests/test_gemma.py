@@ -18,7 +18,7 @@ def gemma_loaded_once(models_loaded_once_per_test_process):
     """Every CLI call here runs in this process (tests/clirun.py) and the session's loads are shared
     (conftest): score, trace, stress, diagnose and propose run on one load of the 262k-vocab model."""
     yield
-    gemma = [key for key in models_loaded_once_per_test_process if key[0] == GEMMA]
+    gemma = [key for key in models_loaded_once_per_test_process.loaded if key[0] == GEMMA]
     assert len(gemma) == 1, gemma
 
 

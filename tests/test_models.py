@@ -127,19 +127,59 @@ def test_load_errors_are_user_errors(tmp_path):
 
 
 @pytest.mark.slow
-def test_embedded_default_is_cached_as_plain_folder(embedded_lm, embedded_dir):
-    """The GGUF is de-quantized once; the cached HF folder reloads with identical logits."""
-    assert (embedded_dir / "config.json").is_file()
-    assert "quantization_config" not in (embedded_dir / "config.json").read_text()
+def test_embedded_gguf_is_parsed_once_and_its_folder_reloads_with_identical_logits(embedded_lm, tmp_path, monkeypatch):
+    """De-quantizing in a fresh cache parses the GGUF once (transformers alone would parse it for the config,
+    the tokenizer and the weights). The folder it writes holds the session's weights, and reloads with the
+    logits of the model transformers built from the GGUF."""
+    import gguf
+    from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from promptopt.models.load import _resolve
+    from promptopt.models.load import _dequantized_folder, _resolve
 
+    monkeypatch.setenv("PROMPTOPT_CACHE", str(tmp_path / "cache"))
+    parses, built = [], []
+    real_reader, real_build = gguf.GGUFReader, AutoModelForCausalLM.from_pretrained
+    monkeypatch.setattr(gguf, "GGUFReader", lambda *a, **k: parses.append(a) or real_reader(*a, **k))
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", lambda *a, **k: built.append(real_build(*a, **k)) or built[-1])
     _, folder, filename = _resolve("smollm2-135m-instruct")
-    direct = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32)
+    fresh = _dequantized_folder(folder, filename)
+    assert len(parses) == 1 and fresh.is_relative_to(tmp_path / "cache") and len(built) == 1
+    assert (fresh / "config.json").is_file() and "quantization_config" not in (fresh / "config.json").read_text()
+    session = embedded_lm.model.state_dict()
+    written = load_file(fresh / "model.safetensors")
+    assert all(torch.equal(written[name], session[name]) for name in written)
     ids = torch.tensor([embedded_lm.tokenizer("The sea is")["input_ids"]])
-    with torch.no_grad():
-        assert torch.equal(direct(input_ids=ids).logits, embedded_lm.model(input_ids=ids).logits)
+    with torch.no_grad():  # transformers' GGUF model against the cached folder the session loaded
+        assert torch.equal(built[0](input_ids=ids).logits, embedded_lm.model(input_ids=ids).logits)
     assert embedded_lm.has_chat_template
     assert embedded_lm.stop_token_ids == {2}
     assert embedded_lm.output_head.vocab_size == 49152
+
+
+def test_processes_that_need_one_gguf_at_once_dequantize_it_once(tmp_path, monkeypatch):
+    """Two callers at the same moment (pytest-xdist workers, search workers): one de-quantizes, the other
+    waits on the lock and then finds the folder."""
+    import threading
+    import time
+
+    from promptopt.models import load
+
+    monkeypatch.setenv("PROMPTOPT_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    calls = []
+
+    def slow_dequantize(folder, filename, target):
+        calls.append(target)
+        time.sleep(0.5)
+        target.mkdir()
+        (target / "config.json").write_text("{}")
+
+    monkeypatch.setattr(load, "_dequantize", slow_dequantize)
+    found = []
+    threads = [threading.Thread(target=lambda: found.append(load._dequantized_folder(tmp_path, "m.gguf"))) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(calls) == 1 and found == [calls[0], calls[0]]

@@ -160,7 +160,7 @@ def _sweep(tmp_path, tiny_dir, out, *extra):
                      "--out", out, "--device", "cpu", *extra)
 
 
-def test_sweep_writes_figures_and_resumes_without_decoding_again(tmp_path, tiny_llama_dir, monkeypatch):
+def test_sweep_writes_figures_and_resumes_without_decoding_again(tmp_path, tiny_llama_dir, monkeypatch, models_loaded_fresh):
     import gc
     import weakref
 

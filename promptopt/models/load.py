@@ -1,11 +1,12 @@
 """Resolve a model spec and load it: hub id, local HF folder, .gguf file, or the embedded default.
 
-A GGUF file is de-quantized by transformers on first load (seconds), then saved as a plain HF folder in
+A GGUF file is de-quantized by transformers on first load (under a minute on a CPU), then saved as a plain HF folder in
 the cache so later loads take a fraction of a second with identical logits.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import inspect
@@ -188,24 +189,57 @@ def _gguf_cache_dir(folder: Path, filename: str) -> Path:
     return cache_root() / "models" / f"{Path(filename).stem}-{key[:16]}"
 
 
+@contextlib.contextmanager
+def _one_gguf_parse():
+    """transformers parses a GGUF's metadata three times (config, tokenizer, weights), each a `gguf.GGUFReader`
+    of its own; on Gemma-3's 262k-token vocabulary one parse takes ~40 s on a CPU core, 2 of the 3 minutes of
+    its first load. Inside this block one reader per file serves all three (they only read it)."""
+    import gguf
+
+    real, readers = gguf.GGUFReader, {}
+
+    def shared(path, *args, **kwargs):
+        key = (str(Path(path).resolve()), args, tuple(sorted(kwargs.items())))
+        if key not in readers:
+            readers[key] = real(path, *args, **kwargs)
+        return readers[key]
+
+    gguf.GGUFReader = shared
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = real
+
+
 def _dequantized_folder(folder: Path, filename: str) -> Path:
-    """The plain HF folder for a GGUF file, creating it (atomically) on first use."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """The plain HF folder for a GGUF file, creating it (atomically) on first use. Processes that need it at
+    the same moment (pytest-xdist workers, several search workers) wait on a lock instead of each doing it."""
+    from filelock import FileLock
 
     target = _gguf_cache_dir(folder, filename)
     if (target / "config.json").is_file():
         return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(target) + ".lock"):
+        if not (target / "config.json").is_file():  # another process may have made it while this one waited
+            _dequantize(folder, filename, target)
+    return target
+
+
+def _dequantize(folder: Path, filename: str, target: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     log.info("de-quantizing %s once (cached in %s)", filename, target)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32)
+        with _one_gguf_parse():
+            tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
+            model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32)
     except Exception as exc:  # a truncated or foreign file fails deep in the parser (struct.error, mmap, KeyError...)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelNotFoundError(f"cannot read GGUF file {folder / filename} (truncated or not a GGUF model?): {first}") from None
     model.hf_quantizer = None  # save_pretrained refuses a GGUF-loaded model otherwise
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
     try:
         model.save_pretrained(tmp)
@@ -213,9 +247,8 @@ def _dequantized_folder(folder: Path, filename: str) -> Path:
         os.replace(tmp, target)
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
-        if not (target / "config.json").is_file():  # another process may have won the race
+        if not (target / "config.json").is_file():  # a process without the lock (an older promptopt) won the race
             raise
-    return target
 
 
 def model_folder(spec: str) -> str:
