@@ -1,9 +1,12 @@
-"""The one way tests run the `promptopt` command.
+"""The one way tests run the `promptopt` command (and the example scripts).
 
 `promptopt(...)` goes through the real entry point (`promptopt.cli.main`) in this process: no interpreter
 start and no re-import per call, which is most of what a short CLI call costs. `promptopt(..., subprocess=True)`
 starts a real process, for what only a process shows (signals, exit codes of a fresh interpreter, an
-environment of its own). Both return a `Result` with the exit code and what was printed.
+environment of its own). Both return a `Result` with the exit code and what was printed. `script(...)` runs
+an example script as `__main__` in this process, the way `python examples/x.py ARGS` would, without paying
+the interpreter start and the torch / transformers imports again (one example keeps a real process:
+tests/test_export.py::test_example_runs_a_generative_card).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import runpy
 import subprocess as sp
 import sys
 from dataclasses import dataclass
@@ -54,6 +58,26 @@ def promptopt(*args, cwd: str | Path | None = None, env: dict | None = None, sub
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         finally:
             os.chdir(previous)
+    return Result(code, out.getvalue(), err.getvalue())
+
+
+def script(path: str | Path, *args, cwd: str | Path | None = None) -> Result:
+    """Run the script `path` (relative to the repository) with ARGS as `__main__`, from `cwd` (default: the repository)."""
+    target = REPO / path
+    argv = [str(target), *(str(a) for a in args)]
+    out, err = io.StringIO(), io.StringIO()
+    previous, path_before = os.getcwd(), list(sys.path)
+    with mock.patch.object(sys, "argv", argv), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        os.chdir(cwd or REPO)
+        sys.path.insert(0, str(target.parent))  # as for a script: its own folder first
+        try:
+            runpy.run_path(str(target), run_name="__main__")
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        finally:
+            os.chdir(previous)
+            sys.path[:] = path_before
     return Result(code, out.getvalue(), err.getvalue())
 
 

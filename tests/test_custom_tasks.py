@@ -7,8 +7,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -211,8 +209,9 @@ def test_cli_reports_a_bad_choice_column_in_one_line_before_loading_any_model(tm
 @pytest.mark.slow
 def test_worked_example_scores_with_plain_transformers(embedded_lm):
     """examples/custom_task: the COPA JSONL task; scored by plain transformers code, it gives promptopt's accuracy."""
-    run = subprocess.run([sys.executable, "examples/score_card_with_transformers.py", "examples/custom_task/copa.yaml", "--limit", "8"],
-                         cwd=REPO, capture_output=True, text=True, timeout=600)
+    from tests.clirun import script
+
+    run = script("examples/score_card_with_transformers.py", "examples/custom_task/copa.yaml", "--limit", "8")
     assert run.returncode == 0, run.stdout + run.stderr
     assert "plain transformers acc" in run.stdout
 

@@ -37,8 +37,13 @@ templates:
 
 
 
-def run_example(*args):
-    """The example as a user runs it: a script, with this checkout's promptopt first on the path."""
+def run_example(*args, process: bool = False):
+    """The example as a user runs it: a script, with this checkout's promptopt first on the path (in this
+    process unless `process`: tests/clirun.py `script`)."""
+    if not process:
+        from tests.clirun import script
+
+        return script("examples/production_load_prompt.py", *args)
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO)}
     return subprocess.run([sys.executable, str(REPO / "examples" / "production_load_prompt.py"), *map(str, args)],
                           capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
@@ -484,5 +489,5 @@ def test_example_runs_a_generative_card(tmp_path):
     session = Session(model=ModelConfig(device="cpu"), data=DataConfig(task="basic_arithmetic", test_limit=3))
     card = build_card(session, session.data.default_prompt(), dev_items=[], test_items=session.items("test"))
     (tmp_path / "arith.yaml").write_text(card_yaml(card))
-    example = run_example(tmp_path / "arith.yaml")
+    example = run_example(tmp_path / "arith.yaml", process=True)  # one real process: the script as a user starts it
     assert example.returncode == 0, example.stdout + example.stderr
