@@ -107,7 +107,7 @@ def test_request_is_checked():
 @pytest.fixture(scope="module")
 def sst2_session():
     return Session(model=ModelConfig(spec="smollm2-135m-instruct", device="cpu"),
-                   data=DataConfig(task="sst2", dev_limit=24, test_limit=24))
+                   data=DataConfig(task="sst2", dev_limit=16, test_limit=16))
 
 
 def test_grounded_proposals_are_seeded_cached_and_carry_provenance(sst2_session, tmp_path, monkeypatch):
