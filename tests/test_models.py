@@ -172,7 +172,7 @@ def test_processes_that_need_one_gguf_at_once_dequantize_it_once(tmp_path, monke
     def slow_dequantize(folder, filename, target):
         calls.append(target)
         time.sleep(0.5)
-        target.mkdir()
+        target.mkdir(parents=True)
         (target / "config.json").write_text("{}")
 
     monkeypatch.setattr(load, "_dequantize", slow_dequantize)

@@ -219,8 +219,9 @@ def _dequantized_folder(folder: Path, filename: str) -> Path:
     target = _gguf_cache_dir(folder, filename)
     if (target / "config.json").is_file():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(target) + ".lock"):
+    # the lock lives in the temp folder: a file that fails to de-quantize leaves nothing in the cache
+    lock = Path(tempfile.gettempdir()) / f"promptopt-{hashlib.sha256(str(target).encode()).hexdigest()[:16]}.lock"
+    with FileLock(str(lock)):
         if not (target / "config.json").is_file():  # another process may have made it while this one waited
             _dequantize(folder, filename, target)
     return target
@@ -240,6 +241,7 @@ def _dequantize(folder: Path, filename: str, target: Path) -> None:
     model.hf_quantizer = None  # save_pretrained refuses a GGUF-loaded model otherwise
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
+    target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
     try:
         model.save_pretrained(tmp)
