@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/promptopt compare --task sst2 --trials 12 --dev-limit 48 --test-limit 200 --robust-limit 40 --top-n 1 --out runs/demo $(if $(wildcard runs/demo/study.db),--resume,)
+	$(BIN)/promptopt compare --task sst2 --trials 12 --dev-limit 48 --test-limit 150 --robust-limit 30 --top-n 1 --out runs/demo $(if $(wildcard runs/demo/study.db),--resume,)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=15
