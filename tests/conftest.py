@@ -33,11 +33,12 @@ def models_loaded_once_per_test_process():
     embedded model costs ~5 s (weights, tokenizer, head check) and the suite's in-process CLI calls, compares
     and sessions would otherwise repeat it dozens of times. Failures are not remembered. Loading itself is
     tested on the real function (tests/test_models.py binds it at import); a test that changes a loaded
-    model's tokenizer works on its own copy (dataclasses.replace)."""
+    model's tokenizer works on its own copy (dataclasses.replace), and one about a model's lifetime asks for
+    `models_loaded_fresh`."""
+    import inspect
+
     import promptopt.models as models
     from promptopt.models import load as load_module
-
-    import inspect
 
     real, loaded = load_module.load_model, {}
     signature = inspect.signature(real)

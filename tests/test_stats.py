@@ -89,3 +89,14 @@ def test_auroc_against_hand_counts():
     assert math.isnan(auroc([1, 2], [1, 1]))
     low, high = auroc_interval(scores, labels, n_boot=300, seed=1)
     assert 0 <= low <= 4.5 / 6 <= high <= 1
+
+
+def test_average_ranks_and_spearman_by_hand():
+    from promptopt.metrics.stats import average_ranks, spearman
+
+    # 3 and 3 share positions 3 and 4 -> rank 3.5 each; the NaN-free values keep their order
+    assert average_ranks([3.0, 1.0, 3.0, 2.0]).tolist() == [3.5, 1.0, 3.5, 2.0]
+    assert average_ranks([5.0, 5.0, 5.0]).tolist() == [2.0, 2.0, 2.0]
+    # ranks x = (1, 2, 3, 4), y = (2, 1, 4, 3): d² = 1+1+1+1 = 4, ρ = 1 − 6·4 / (4·15) = 0.6
+    assert spearman([10, 20, 30, 40], [2, 1, 4, 3]) == pytest.approx(0.6)
+    assert math.isnan(spearman([1, 1, 1], [1, 2, 3])) and math.isnan(spearman([1, 2, float("nan")], [1, 2, 3]))

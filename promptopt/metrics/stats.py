@@ -86,7 +86,6 @@ def auroc(scores, labels) -> float:
     """Area under the ROC curve of `scores` for the positive `labels` (Mann–Whitney: the share of (positive,
     negative) pairs the score orders correctly, ties counting half). NaN when a class is empty."""
     import numpy as np
-    import pandas as pd
 
     scores, labels = np.asarray(scores, dtype=float), np.asarray(labels, dtype=bool)
     keep = np.isfinite(scores)
@@ -94,7 +93,7 @@ def auroc(scores, labels) -> float:
     n_pos, n_neg = int(labels.sum()), int((~labels).sum())
     if n_pos == 0 or n_neg == 0:
         return float("nan")
-    ranks = pd.Series(scores).rank(method="average").to_numpy()
+    ranks = average_ranks(scores)
     return float((ranks[labels].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
 
 
@@ -226,9 +225,9 @@ def average_ranks(values):
     values = np.asarray(values, dtype=float)
     order = np.argsort(values, kind="mergesort")
     ordered = values[order]
-    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])  # first position of each tie group
-    bounds = np.r_[starts, len(values)]
-    group = np.cumsum(np.r_[True, ordered[1:] != ordered[:-1]]) - 1
+    new_group = np.r_[True, ordered[1:] != ordered[:-1]]  # where a run of tied values starts
+    bounds = np.r_[np.flatnonzero(new_group), len(values)]
+    group = np.cumsum(new_group) - 1
     ranks = np.empty(len(values))
     ranks[order] = (bounds[group] + bounds[group + 1] + 1) / 2  # mean of the 1-based positions start+1 … end
     return ranks

@@ -14,6 +14,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -189,6 +190,9 @@ def _gguf_cache_dir(folder: Path, filename: str) -> Path:
     return cache_root() / "models" / f"{Path(filename).stem}-{key[:16]}"
 
 
+_GGUF_PATCH = threading.RLock()  # two threads de-quantizing two files must not restore each other's reader
+
+
 @contextlib.contextmanager
 def _one_gguf_parse():
     """transformers parses a GGUF's metadata three times (config, tokenizer, weights), each a `gguf.GGUFReader`
@@ -196,19 +200,20 @@ def _one_gguf_parse():
     its first load. Inside this block one reader per file serves all three (they only read it)."""
     import gguf
 
-    real, readers = gguf.GGUFReader, {}
+    with _GGUF_PATCH:
+        real, readers = gguf.GGUFReader, {}
 
-    def shared(path, *args, **kwargs):
-        key = (str(Path(path).resolve()), args, tuple(sorted(kwargs.items())))
-        if key not in readers:
-            readers[key] = real(path, *args, **kwargs)
-        return readers[key]
+        def shared(path, *args, **kwargs):
+            key = (str(Path(path).resolve()), args, tuple(sorted(kwargs.items())))
+            if key not in readers:
+                readers[key] = real(path, *args, **kwargs)
+            return readers[key]
 
-    gguf.GGUFReader = shared
-    try:
-        yield
-    finally:
-        gguf.GGUFReader = real
+        gguf.GGUFReader = shared
+        try:
+            yield
+        finally:
+            gguf.GGUFReader = real
 
 
 def _dequantized_folder(folder: Path, filename: str) -> Path:
