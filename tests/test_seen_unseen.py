@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 
 from promptopt.metrics.stats import PerItemRobustness
 from promptopt.robustness.suite import load_suite, parse_suite, seen_families
@@ -90,6 +91,28 @@ def test_a_family_in_both_suites_is_reported_as_seen(compared):
         assert runs[f"acc_worst_{split}"].map(math.isfinite).all() and f"acc_worst_{split}_ci_low" in runs
         assert f"delta_acc_worst_{split}" in result.paired and f"delta_pdr_{split}_ci_high" in result.paired
     assert "acc_worst_unseen" in pd.read_csv(out / "compare.csv")
+
+
+def test_format_spread_is_labelled_seen_or_unseen(tiny_llama_dir, tmp_path):
+    """A format family is seen when the search suite perturbs formats too (same operator), unseen otherwise;
+    the summary labels its spread accordingly and leaves the other split NaN."""
+    judge = tmp_path / "judge.yaml"
+    judge.write_text(yaml.safe_dump({"name": "judge", "families": {"typo": {"operator": "keyboard_typos", "max_chars": 2},
+                                                                   "layout": {"operator": "format", "variants": 2}}}))
+    for searched_families, split in (({"typo": {"operator": "keyboard_typos"}}, "unseen"),
+                                     ({"formats": {"operator": "format", "variants": 2}}, "seen")):
+        searched = tmp_path / f"searched-{split}.yaml"
+        searched.write_text(yaml.safe_dump({"name": "searched", "families": searched_families}))
+        out = tmp_path / f"robustness-{split}"
+        proc = run_cli("evaluate", "--task", "sst2", "--model", tiny_llama_dir, "--suite", judge, "--search-suite", searched,
+                       "--limit", 3, "--out", out, "--device", "cpu")
+        assert proc.code == 0, proc.stderr
+        summary = json.loads(out.with_suffix(".json").read_text())
+        other = "seen" if split == "unseen" else "unseen"
+        assert summary["format_spread_family"] == summary[f"format_spread_{split}_family"] == "layout"
+        assert summary[f"format_spread_{split}"] == summary["format_spread"] and math.isfinite(summary["format_spread"])
+        assert summary[f"format_spread_{split}_ci95"] == summary["format_spread_ci95"]
+        assert math.isnan(summary[f"format_spread_{other}"]) and summary[f"format_spread_{other}_family"] is None
 
 
 def test_evaluate_labels_families_by_the_search_suite(tiny_llama_dir, suites, tmp_path):

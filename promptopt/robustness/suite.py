@@ -274,8 +274,15 @@ def evaluate_robustness(
         "tcb_perturbed_mean": _finite_mean(pd.concat([t["tcb"] for t in variant_rows])) if variant_rows else float("nan"),
     }
     if spreads:  # the first format family's spread (FormatSpread: max − min accuracy over the prompt's formats)
-        first = next(iter(spreads.values()))
-        summary.update(format_spread=first["spread"], format_spread_ci95=first["ci95"], format_spread_n_formats=first["n_formats"])
+        name, first = next(iter(spreads.items()))
+        summary.update(format_spread=first["spread"], format_spread_ci95=first["ci95"], format_spread_n_formats=first["n_formats"],
+                       format_spread_family=name)
+    if spreads and seen is not None:  # and labelled: the first format family the search saw, and the first it did not
+        for split in SPLITS:
+            names = [name for name in spreads if (name in seen) == (split == "seen")]
+            part = spreads[names[0]] if names else {"spread": float("nan"), "ci95": [float("nan"), float("nan")]}
+            summary.update({f"format_spread_{split}": part["spread"], f"format_spread_{split}_ci95": part["ci95"],
+                            f"format_spread_{split}_family": names[0] if names else None})
     if seen is not None:
         summary.update(split_summary(clean_correct, variants_long, [f.name for f in suite.families], seen, seed=suite.seed))
     variants = pd.concat(variant_rows, ignore_index=True) if variant_rows else pd.DataFrame()
