@@ -27,6 +27,15 @@ def _folder_state(spec: str) -> tuple:
     return tuple((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files)
 
 
+def _use_loader(patch: pytest.MonkeyPatch, loader) -> None:
+    """Point both names the library loads through (`promptopt.models.load_model` and the module's own) at `loader`."""
+    import promptopt.models as models
+    from promptopt.models import load as load_module
+
+    patch.setattr(load_module, "load_model", loader)
+    patch.setattr(models, "load_model", loader)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def models_loaded_once_per_test_process():
     """Every in-process load of one model with one set of options returns the same LoadedModel: a load of the
@@ -37,7 +46,6 @@ def models_loaded_once_per_test_process():
     `models_loaded_fresh`."""
     import inspect
 
-    import promptopt.models as models
     from promptopt.models import load as load_module
 
     real, loaded = load_module.load_model, {}
@@ -53,8 +61,7 @@ def models_loaded_once_per_test_process():
         return loaded[key]
 
     patch = pytest.MonkeyPatch()
-    patch.setattr(load_module, "load_model", load_once)
-    patch.setattr(models, "load_model", load_once)
+    _use_loader(patch, load_once)
     yield types.SimpleNamespace(loaded=loaded, real=real)
     patch.undo()
 
@@ -62,11 +69,7 @@ def models_loaded_once_per_test_process():
 @pytest.fixture
 def models_loaded_fresh(monkeypatch, models_loaded_once_per_test_process):
     """For a test about a model's lifetime (one freed before the next loads): loads that are not shared."""
-    import promptopt.models as models
-    from promptopt.models import load as load_module
-
-    monkeypatch.setattr(load_module, "load_model", models_loaded_once_per_test_process.real)
-    monkeypatch.setattr(models, "load_model", models_loaded_once_per_test_process.real)
+    _use_loader(monkeypatch, models_loaded_once_per_test_process.real)
 
 
 @pytest.fixture(scope="session")
