@@ -180,3 +180,28 @@ def test_paired_intervals_resample_items_with_all_their_seeds():
     three = _paired_table({"a": [a] * 3, "b": [b] * 3}, seed=0).iloc[0]
     assert three["n_pairs"] == 120 and three["delta_acc"] == one["delta_acc"]
     assert (three["delta_acc_ci_low"], three["delta_acc_ci_high"]) == (one["delta_acc_ci_low"], one["delta_acc_ci_high"])
+
+
+def test_several_seeds_give_acc_worst_an_interval_that_resamples_items_with_their_seeds():
+    """The strategy table's Acc_worst interval over several seeds' winners keeps each item's seeds together, as
+    the paired table does: repeating one search narrows nothing, and two seeds that disagree on every item give
+    the same pooled Acc_worst (0.5) in every resample of items."""
+    from promptopt.experiments.compare import _pooled_acc_worst_intervals
+
+    items = [f"i{j}" for j in range(12)]
+
+    def evaluated(clean, variant_ok):
+        variants = pd.DataFrame({"item_id": [i for i in items for _ in range(2)], "family": ["typo", "para"] * len(items),
+                                 "correct": [ok for ok in variant_ok for _ in range(2)], "seen": [True, False] * len(items)})
+        robust = {"families_seen": ["typo"], "families_unseen": ["para"]}
+        return Evaluated(pd.DataFrame({"item_id": items, "correct": clean}), robust, pd.Series(clean, index=items), variants)
+
+    right, wrong = evaluated([True] * 12, [True] * 12), evaluated([False] * 12, [False] * 12)
+    split = _pooled_acc_worst_intervals([right, wrong], seed=0)
+    assert split == {f"acc_worst{s}_ci_{end}": 0.5 for s in ("", "_unseen", "_seen") for end in ("low", "high")}
+    rng = np.random.default_rng(1)
+    mixed = evaluated(list(rng.random(12) < 0.8), list(rng.random(12) < 0.6))
+    one, three = _pooled_acc_worst_intervals([mixed], seed=0), _pooled_acc_worst_intervals([mixed] * 3, seed=0)
+    assert one == three and one["acc_worst_ci_low"] < one["acc_worst_ci_high"]
+    no_suite = Evaluated(pd.DataFrame({"item_id": items, "correct": [True] * 12}))
+    assert _pooled_acc_worst_intervals([no_suite, no_suite], seed=0) == {}

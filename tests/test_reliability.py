@@ -317,6 +317,7 @@ def test_pair_reproduces_the_compares_own_paired_numbers(whole, tmp_path):
     """`promptopt pair` rebuilds the winners from what a compare wrote. Pairing the compare with a copy whose ppl and
     tcb labels are swapped must give, for ppl, exactly the compare's own ppl − tcb row (same bootstrap seed), and
     0 with p = 1 for a strategy paired with itself."""
+    from promptopt.errors import UserError
     from promptopt.experiments.pair_runs import pair_runs
 
     swapped, swap = tmp_path / "swapped", {"ppl": "tcb", "tcb": "ppl"}
@@ -325,9 +326,14 @@ def test_pair_reproduces_the_compares_own_paired_numbers(whole, tmp_path):
     (swapped / "tcb").rename(swapped / "ppl")
     (swapped / "swap").rename(swapped / "tcb")
     runs = pd.read_csv(whole / "compare_runs.csv")
-    runs.assign(strategy=runs["strategy"].replace(swap)).to_csv(swapped / "compare_runs.csv", index=False)
+    distinct = runs["strategy"].map({"baseline": None, "accuracy": 0.125, "ppl": 0.25, "tcb": 0.375})  # each winner's own dev number
+    runs.assign(strategy=runs["strategy"].replace(swap), dev_accuracy=distinct).to_csv(swapped / "compare_runs.csv", index=False)
     items = pd.read_parquet(whole / "robustness_items.parquet")
     items.assign(strategy=items["strategy"].replace(swap)).to_parquet(swapped / "robustness_items.parquet")
+    answers = pd.read_parquet(whole / "test_items.parquet")
+    answers.assign(strategy=answers["strategy"].replace(swap)).to_parquet(swapped / "test_items.parquet")
+    for table in swapped.glob("*/best_test_items.parquet"):  # the compare's own table of every winner is what pairs
+        table.unlink()
     table = pair_runs(whole, swapped, seed=1234).set_index("strategy")
     own = pd.read_csv(whole / "compare_paired.csv")
     row = own[(own["a"] == "ppl") & (own["b"] == "tcb")].iloc[0]
@@ -338,6 +344,18 @@ def test_pair_reproduces_the_compares_own_paired_numbers(whole, tmp_path):
     correct = {s: pd.read_parquet(whole / s / "best_test_items.parquet")["correct"].mean() for s in ("ppl", "tcb")}
     assert table.loc["ppl", "delta_acc"] == pytest.approx(correct["ppl"] - correct["tcb"])  # by hand
     assert table.loc["accuracy", "delta_acc"] == 0 and table.loc["accuracy", "mcnemar_p"] == 1.0
+    dev = runs[runs["winner"]].set_index("strategy")["dev_accuracy"]
+    assert [table.loc[s, "dev_accuracy_a"] for s in ("accuracy", "ppl", "tcb")] == [dev["accuracy"], dev["ppl"], dev["tcb"]]
+    assert [table.loc[s, "dev_accuracy_b"] for s in ("accuracy", "ppl", "tcb")] == [0.125, 0.375, 0.25]  # swapped with the labels
+    # a compare from before test_items.parquet pairs through its run directories' best-trial tables, and says
+    # what to do when a winner is not its search's best trial (`--select robust`)
+    old = tmp_path / "old"
+    shutil.copytree(whole, old)
+    (old / "test_items.parquet").unlink()
+    assert pair_runs(whole, old, seed=1234).set_index("strategy").loc["ppl", "delta_acc"] == 0
+    runs.assign(trial=runs["trial"].where(runs["strategy"] != "ppl", runs["trial"] + 1)).to_csv(old / "compare_runs.csv", index=False)
+    with pytest.raises(UserError, match=r"the winner of ppl seed 0 is trial \d+, not its search's best trial .*rerun it with --resume"):
+        pair_runs(whole, old)
     result = promptopt("pair", whole, swapped, "--out", tmp_path / "pair.csv")
     assert result.code == 0, result.stderr
     assert "McNemar" in result.stdout and pd.read_csv(tmp_path / "pair.csv").shape[0] == 3

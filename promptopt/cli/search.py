@@ -125,7 +125,8 @@ def compare(
         print_proposals(result.proposals, out / "space.yaml")
     print_compare(result, task, model)
     items = ", robustness_items.parquet" if result.summary.get("suite") else ""
-    console.print(f"wrote {out / 'compare.csv'}, compare_runs.csv, compare_paired.csv{items}, summary.json and one run directory per strategy under {out}")
+    console.print(f"wrote {out / 'compare.csv'}, compare_runs.csv, compare_paired.csv, test_items.parquet{items}, summary.json and one run "
+                  f"directory per strategy under {out}")
 
 
 @app.command("propose")

@@ -15,7 +15,8 @@ the winners are judged on. A judged family with the name or the operator of a se
 three ways: over all judged families (`acc_worst`, `pdr`, ... as before), over the unseen ones
 (`acc_worst_unseen`, ...) and over the seen ones (`acc_worst_seen`, ...; NaN when none is judged). Every
 answer goes to `robustness_items.parquet` (one row per strategy, seed, item, family and variant of the
-winners, and one clean row per item: family null), from which every robustness number can be recomputed.
+winners, and one clean row per item: family null), from which every robustness number can be recomputed;
+every winner's test answers go to `test_items.parquet` (one row per strategy, seed and item).
 
 Then: per strategy mean ± sd over seeds, and for every pair of strategies (and each against the task's
 default prompt) the paired difference on the same test items — accuracy, Acc_worst, PDR — with a seeded
@@ -56,6 +57,7 @@ from promptopt.yamlio import atomic_write_bytes_via, atomic_write_text, check_ou
 
 SELECTIONS = ("strategy", "robust")
 ITEMS_FILE = "robustness_items.parquet"
+TEST_ITEMS_FILE = "test_items.parquet"  # every winner's test answers: what `pair` pairs, whichever trial won
 SPLITS = ("unseen", "seen")
 _N_BOOT = 2000
 # per prompt: over all judged families, then (suffix _unseen / _seen) over each split alone
@@ -202,7 +204,7 @@ def _compare(base: SearchConfig, strategies: list[str], out: Path, *, seeds: int
             if is_winner:
                 winners.setdefault(name, []).append(evaluated)
     runs_table = pd.DataFrame(runs)
-    table = _strategy_table(runs_table, winners, walls)
+    table = _strategy_table(runs_table, winners, walls, seed=base.study.seed)
     paired = _paired_table(winners, seed=base.study.seed)
     families = [f.name for f in the_suite.families] if the_suite else []
     summary = {
@@ -224,7 +226,7 @@ def _compare(base: SearchConfig, strategies: list[str], out: Path, *, seeds: int
     if proposals is not None:
         summary["proposals"] = {"space": str(out / "space.yaml"), "accepted": len(proposals.accepted), "drops": proposals.drops,
                                 "attempts": proposals.attempts, "reused": proposals.reused}
-    _write(out, table, runs_table, paired, summary, _items(winners))
+    _write(out, table, runs_table, paired, summary, _items(winners), _test_items(winners))
     return CompareResult(table, runs_table, paired, summary, proposals)
 
 
@@ -253,6 +255,15 @@ def _items(winners: dict) -> pd.DataFrame | None:
                 parts.append(ev.items.assign(strategy=name, seed=s))
     if not parts:
         return None
+    items = pd.concat(parts, ignore_index=True)
+    return items[["strategy", "seed", *[c for c in items.columns if c not in ("strategy", "seed")]]]
+
+
+def _test_items(winners: dict) -> pd.DataFrame:
+    """Every winner's test answers, one row per (strategy, seed, item); the baseline once (seed 0). With
+    `select="robust"` a winner need not be its search's best trial, whose table is the run directory's."""
+    parts = [ev.test.assign(strategy=name, seed=s) for name, evaluations in winners.items()
+             for s, ev in enumerate(evaluations[:1] if name == "baseline" else evaluations)]
     items = pd.concat(parts, ignore_index=True)
     return items[["strategy", "seed", *[c for c in items.columns if c not in ("strategy", "seed")]]]
 
@@ -435,8 +446,9 @@ def _run_row(strategy, seed, rank, ev: Evaluated, *, winner, how, extra) -> dict
     return row
 
 
-def _strategy_table(runs: pd.DataFrame, winners: dict, walls: dict) -> pd.DataFrame:
-    """Per strategy: the winners' numbers, mean over seeds (± sd across seeds when there are several)."""
+def _strategy_table(runs: pd.DataFrame, winners: dict, walls: dict, *, seed: int = 0) -> pd.DataFrame:
+    """Per strategy: the winners' numbers, mean over seeds (± sd across seeds when there are several), with
+    intervals: one search's own, or over several the pooled ones (`_pooled_acc_worst_intervals`)."""
     rows = []
     chosen = runs[runs["winner"]]
     for name, group in chosen.groupby("strategy", sort=False):
@@ -453,12 +465,33 @@ def _strategy_table(runs: pd.DataFrame, winners: dict, walls: dict) -> pd.DataFr
         else:  # several: the pooled Wilson interval of accuracy over seeds × items
             k = float((group["avg_acc"] * group["n_test"]).sum())
             row["acc_ci_low"], row["acc_ci_high"] = wilson_interval(round(k), int(group["n_test"].sum()))
+            row.update(_pooled_acc_worst_intervals(winners[name], seed=seed))
         for key in ("acc_worst_family", *(f"acc_worst_family_{split}" for split in SPLITS)):
             row[key] = group[key].iloc[0]
         row["selected_by"] = group["selected_by"].iloc[0]
         row["wall_seconds"] = walls.get(name, math.nan)
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _pooled_acc_worst_intervals(evaluations: list[Evaluated], *, seed: int) -> dict:
+    """Acc_worst's 95% interval over several seeds' winners (over all judged families, and over the unseen and
+    the seen ones), as the paired table resamples: items, each with all its seeds. The mean over seeds of
+    per-seed Acc_worst is the pooled Acc_worst (every seed judges the same items), so the interval is around
+    the table's value. PDR keeps its sd across seeds only: a mean of per-seed PDRs is no pooled statistic."""
+    if evaluations[0].clean is None:
+        return {}
+    out, n_seeds = {}, len(evaluations)
+    labelled = all("seen" in ev.variants for ev in evaluations)
+    for split in (None, *(SPLITS if labelled else ())):
+        if split and not _has_families(evaluations, split):
+            continue
+        pooled = _pooled(evaluations, split)
+        n_items = len(pooled.items) // n_seeds
+        name = f"acc_worst_{split}" if split else "acc_worst"
+        out[f"{name}_ci_low"], out[f"{name}_ci_high"] = bootstrap_interval(
+            lambda idx: pooled.metrics(cluster_index(idx, n_items, n_seeds))["acc_worst"], n_items, n_boot=_N_BOOT // 4, seed=seed)
+    return out
 
 
 def _paired_table(winners: dict, *, seed: int) -> pd.DataFrame:
@@ -527,11 +560,13 @@ def _has_families(evaluations: list[Evaluated], split: str) -> bool:
     return bool(evaluations[0].robust.get(f"families_{split}", [None]))
 
 
-def _write(out: Path, table, runs, paired, summary, items: pd.DataFrame | None = None) -> None:
+def _write(out: Path, table, runs, paired, summary, items: pd.DataFrame | None = None, test_items: pd.DataFrame | None = None) -> None:
     atomic_write_bytes_via(out / "compare.csv", lambda p: table.to_csv(p, index=False))
     atomic_write_bytes_via(out / "compare.parquet", lambda p: table.to_parquet(p, index=False))
     atomic_write_bytes_via(out / "compare_runs.csv", lambda p: runs.to_csv(p, index=False))
     atomic_write_bytes_via(out / "compare_paired.csv", lambda p: paired.to_csv(p, index=False))
     if items is not None:
         write_table(items, out / ITEMS_FILE)
+    if test_items is not None:
+        write_table(test_items, out / TEST_ITEMS_FILE)
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=1, default=str))

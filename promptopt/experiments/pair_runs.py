@@ -5,8 +5,8 @@ Pairs are the same strategy and seed in both runs, on the same test items (check
 scored the same items in the same order, and judged robustness on the same families). The numbers are the
 compare's own: Δ accuracy with the item-clustered paired bootstrap interval and the exact McNemar p-value,
 Δ Acc_worst and Δ PDR over all judged families and over the unseen ones (`experiments.compare`), all read
-from what each compare wrote (`best_test_items.parquet` of its winners, `robustness_items.parquet`); nothing
-is scored again.
+from what each compare wrote (`test_items.parquet`, every winner's test answers, whichever trial won; and
+`robustness_items.parquet`); nothing is scored again.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from promptopt.errors import UserError
-from promptopt.experiments.compare import ITEMS_FILE, Evaluated, _paired_table
+from promptopt.experiments.compare import ITEMS_FILE, TEST_ITEMS_FILE, Evaluated, _paired_table
 
 
 def _winners(root: Path) -> tuple[dict[str, list[Evaluated]], dict]:
@@ -28,19 +28,18 @@ def _winners(root: Path) -> tuple[dict[str, list[Evaluated]], dict]:
     summary = json.loads((root / "summary.json").read_text(encoding="utf-8"))
     runs = pd.read_csv(root / "compare_runs.csv")
     items = pd.read_parquet(root / ITEMS_FILE) if (root / ITEMS_FILE).is_file() else None
+    tests = pd.read_parquet(root / TEST_ITEMS_FILE) if (root / TEST_ITEMS_FILE).is_file() else None
     robust = {"families_unseen": summary.get("families_unseen") or [], "families_seen": summary.get("families_seen") or []}
     winners: dict[str, list[Evaluated]] = {}
     for _, row in runs[runs["winner"].astype(bool) & (runs["strategy"] != "baseline")].sort_values(["strategy", "seed"]).iterrows():
         strategy, seed = str(row["strategy"]), int(row["seed"])
-        run_dir = root / strategy / f"seed{seed}" if int(summary.get("seeds") or 1) > 1 else root / strategy  # compare's layout
-        table = run_dir / "best_test_items.parquet"
-        if not table.is_file() or not (run_dir / "summary.json").is_file():
-            raise UserError(f"{root}: {table} is missing (the compare's run directory of {strategy} seed {seed})")
-        best = json.loads((run_dir / "summary.json").read_text(encoding="utf-8")).get("best_trial")
-        if pd.notna(row.get("trial")) and int(row["trial"]) != best:
-            raise UserError(f"{root}: the winner of {strategy} seed {seed} is trial {int(row['trial'])}, not its search's best "
-                            f"trial {best} (compare --select robust); pairing reads the best trial's test table")
-        ev = Evaluated(pd.read_parquet(table), robust=robust)
+        if tests is not None:  # every winner's answers, whichever trial won
+            mine = tests[(tests["strategy"] == strategy) & (tests["seed"] == seed)]
+            if mine.empty:
+                raise UserError(f"{root}: {TEST_ITEMS_FILE} has no answers of {strategy} seed {seed}")
+            ev = Evaluated(mine.drop(columns=["strategy", "seed"]).reset_index(drop=True), robust=dict(robust))
+        else:
+            ev = _best_trial_answers(root, summary, row, robust)
         if items is not None:
             mine = items[(items["strategy"] == row["strategy"]) & (items["seed"] == row["seed"])]
             clean = mine[mine["family"].isna()]
@@ -51,6 +50,22 @@ def _winners(root: Path) -> tuple[dict[str, list[Evaluated]], dict]:
         ev.robust["dev_accuracy"] = float(row["dev_accuracy"]) if pd.notna(row.get("dev_accuracy")) else float("nan")
         winners.setdefault(str(row["strategy"]), []).append(ev)
     return winners, summary
+
+
+def _best_trial_answers(root: Path, summary: dict, row, robust: dict) -> Evaluated:
+    """A compare from before test_items.parquet: the test table of its run directory's best trial, which is the
+    winner's only when the search's own rule chose it (`--select robust` may choose another)."""
+    strategy, seed = str(row["strategy"]), int(row["seed"])
+    run_dir = root / strategy / f"seed{seed}" if int(summary.get("seeds") or 1) > 1 else root / strategy  # compare's layout
+    table = run_dir / "best_test_items.parquet"
+    if not table.is_file() or not (run_dir / "summary.json").is_file():
+        raise UserError(f"{root}: {table} is missing (the compare's run directory of {strategy} seed {seed})")
+    best = json.loads((run_dir / "summary.json").read_text(encoding="utf-8")).get("best_trial")
+    if pd.notna(row.get("trial")) and int(row["trial"]) != best:
+        raise UserError(f"{root}: the winner of {strategy} seed {seed} is trial {int(row['trial'])}, not its search's best "
+                        f"trial {best}, and this compare predates {TEST_ITEMS_FILE}: rerun it with --resume (nothing is "
+                        f"scored again) to write every winner's answers")
+    return Evaluated(pd.read_parquet(table), robust=dict(robust))
 
 
 def pair_runs(a: str | Path, b: str | Path, *, seed: int = 0) -> pd.DataFrame:
