@@ -284,3 +284,30 @@ def test_exported_card_carries_the_seen_and_unseen_numbers(compared, tmp_path):
         assert robust[f"acc_worst_{split}"] == pytest.approx(row[f"acc_worst_{split}"])
         assert robust[f"acc_worst_{split}_ci95"] == pytest.approx([row[f"acc_worst_{split}_ci_low"], row[f"acc_worst_{split}_ci_high"]])
         assert robust[f"pdr_{split}"] == pytest.approx(row[f"pdr_{split}"], nan_ok=True)
+
+
+def test_a_suites_hash_is_its_content_wherever_its_file_lies(tmp_path):
+    """The same suite from two places (another clone, another worker's install) is one suite: a robust study's
+    identity, the compare's search-suite marker and its evaluations' keys agree; a changed option does not."""
+    from promptopt.experiments.compare import _SEARCH_SUITE_FILE, _search_suite_marker
+    from promptopt.errors import UserError
+    from promptopt.robustness.suite import VariantExpander, suite_sha256
+
+    cheap = Path(load_suite("cheap").where).read_text(encoding="utf-8")
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    here, there = tmp_path / "a" / "cheap.yaml", tmp_path / "b" / "cheap.yaml"
+    here.write_text(cheap, encoding="utf-8")
+    there.write_text(cheap, encoding="utf-8")
+    assert load_suite(str(here)).where != load_suite(str(there)).where
+    assert suite_sha256(load_suite(str(here))) == suite_sha256(load_suite(str(there))) == suite_sha256(load_suite("cheap"))
+    assert VariantExpander(str(here)).fingerprint() == VariantExpander(str(there)).fingerprint()
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / _SEARCH_SUITE_FILE).write_text(json.dumps(_search_suite_marker(out, load_suite(str(here)), resume=False)))
+    _search_suite_marker(out, load_suite(str(there)), resume=True)  # resumes from the other copy
+    changed = yaml.safe_load(cheap)
+    changed["similarity_threshold"] = 0.5
+    there.write_text(yaml.safe_dump(changed), encoding="utf-8")
+    assert suite_sha256(load_suite(str(there))) != suite_sha256(load_suite(str(here)))
+    with pytest.raises(UserError, match="resume it with the same search suite"):
+        _search_suite_marker(out, load_suite(str(there)), resume=True)

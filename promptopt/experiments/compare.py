@@ -38,7 +38,7 @@ import json
 import math
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from itertools import combinations
 from pathlib import Path
 
@@ -135,7 +135,7 @@ def run_compare(
 def _compare(base: SearchConfig, strategies: list[str], out: Path, *, seeds: int, top_n: int, select: str, the_suite,
              search_suite, search_suite_spec: str | None, robust_limit: int | None, show_progress: bool,
              propose=None) -> CompareResult:
-    from promptopt.robustness.suite import Similarity, seen_families
+    from promptopt.robustness.suite import Similarity, seen_families, suite_sha256
 
     storage = base.study.storage or default_storage_url(out)
     session = Session(model=base.model, data=base.data, out=out, batch_size=base.batch_size)
@@ -169,11 +169,11 @@ def _compare(base: SearchConfig, strategies: list[str], out: Path, *, seeds: int
         os.replace(pending, final)
         configs = {key: config.replace(space=str(final)) for key, config in configs.items()}
     test, dev = session.items("test"), session.items("dev")
-    search_digest = sha256_json(asdict(search_suite)) if search_suite else None
+    search_digest = suite_sha256(search_suite) if search_suite else None
     store = _Store(out / "evaluations", {"model": base.model.spec, "dtype": base.model.resolved_dtype(),
                                          "quantize": base.model.quantize, "test": items_sha256(test),
                                          "robust_limit": robust_limit,
-                                         "suite": sha256_json(asdict(the_suite)) if the_suite else None,
+                                         "suite": suite_sha256(the_suite) if the_suite else None,
                                          "search_suite": search_digest})
     seen = seen_families(the_suite, search_suite) if the_suite else frozenset()
     evaluator = _Evaluator(session, test, the_suite, robust_limit, Similarity() if the_suite or search_suite else None,
@@ -236,7 +236,9 @@ _SEARCH_SUITE_FILE = "search_suite.json"
 def _search_suite_marker(out: Path, search_suite, *, resume: bool) -> dict:
     """A `robust` study does not record the suite it trained on, so the compare does (search_suite.json): a
     resumed compare must search with the suite it started with. Checked before anything is scored."""
-    mine = {"name": search_suite.name, "sha256": sha256_json(asdict(search_suite))}
+    from promptopt.robustness.suite import suite_sha256
+
+    mine = {"name": search_suite.name, "sha256": suite_sha256(search_suite)}
     path = out / _SEARCH_SUITE_FILE
     if resume and path.is_file():
         theirs = json.loads(path.read_text(encoding="utf-8"))

@@ -54,6 +54,19 @@ class Suite:
     distractors: tuple[str, ...] = field(default=())
 
 
+def suite_sha256(suite: Suite) -> str:
+    """The hash of what a suite does (its families, options, seed, threshold, distractors), not of where its
+    file lies: a study, an evaluation or a proposal made under it is the same wherever promptopt is installed
+    (another clone, another worker's machine)."""
+    from dataclasses import asdict
+
+    from promptopt.card import sha256_json
+
+    content = asdict(suite)
+    content.pop("where")
+    return sha256_json(content)
+
+
 def parse_suite(data: dict, where: str) -> Suite:
     f = Fields(data, where)
     f.reject_unknown({"name", "description", "seed", "similarity_threshold", "variants_per_item", "distractors", "families"})
@@ -386,11 +399,7 @@ class VariantExpander:
 
     def fingerprint(self) -> str:
         """The hash of the suite's content: what a robust trial's value depends on (part of a study's identity)."""
-        from dataclasses import asdict
-
-        from promptopt.card import sha256_json
-
-        return sha256_json(asdict(self._suite or load_suite(self.suite_name)))
+        return suite_sha256(self._suite or load_suite(self.suite_name))
 
     def __call__(self, scorer, prompt: Prompt, items: list[Item]) -> list[tuple[Prompt, list[Item]]]:
         if self._suite is None:

@@ -159,10 +159,10 @@ def request_key(request: ProposeRequest, model: ProposerModel, session, instruct
               "test": items_sha256(session.items("test")), "instructions": sorted(instructions.values()),
               "label_words": sorted(label_words), "history": history}
     if request.mode == "reflect":  # the flips come from the task's model on its default prompt
-        from promptopt.robustness.suite import load_suite
+        from promptopt.robustness.suite import load_suite, suite_sha256
 
         task_model = session.model_config
-        inputs["search_suite"] = sha256_json(asdict(load_suite(request.search_suite)))
+        inputs["search_suite"] = suite_sha256(load_suite(request.search_suite))
         inputs["task_model"] = {"spec": task_model.spec, "dtype": task_model.resolved_dtype(), "quantize": task_model.quantize,
                                 "device": task_model.resolved_device_type()}
         inputs["reflect_prompt"] = data.default_prompt().to_card()
