@@ -90,6 +90,10 @@ def test_two_seeds_end_to_end_on_the_embedded_model(embedded_lm, tmp_path):
     table = result.table.set_index("strategy")
     assert np.isfinite(table.loc["tcb", ["avg_acc", "acc_worst", "avg_tcb"]].astype(float)).all()
     assert table.loc["ppl", "n_seeds"] == 2 and not np.isnan(table.loc["ppl", "avg_acc_sd"])
+    low, worst, high = table.loc["tcb", ["acc_worst_ci_low", "acc_worst", "acc_worst_ci_high"]].astype(float)
+    assert low <= worst <= high  # two seeds' winners: the pooled interval, around the mean of the two
+    answers = pd.read_parquet(tmp_path / "e2e" / "test_items.parquet")  # every winner's test answers, for `pair`
+    assert len(answers) == (1 + 2 * 2) * 12 and set(answers.groupby(["strategy", "seed"]).size()) == {12}
     assert result.paired["mcnemar_p"].between(0, 1).all() and "delta_acc_worst" in result.paired
     # the text variants of an item are the same for every prompt: stressing the second prompt embeds none again
     summary = result.summary

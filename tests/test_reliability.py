@@ -332,8 +332,10 @@ def test_pair_reproduces_the_compares_own_paired_numbers(whole, tmp_path):
     items.assign(strategy=items["strategy"].replace(swap)).to_parquet(swapped / "robustness_items.parquet")
     answers = pd.read_parquet(whole / "test_items.parquet")
     answers.assign(strategy=answers["strategy"].replace(swap)).to_parquet(swapped / "test_items.parquet")
-    for table in swapped.glob("*/best_test_items.parquet"):  # the compare's own table of every winner is what pairs
-        table.unlink()
+    for table in swapped.glob("*/best_test_items.parquet"):  # the compare's own table of every winner is what pairs,
+        table.unlink()                                       # whichever trial won (`--select robust`: not the best)
+    swapped_runs = pd.read_csv(swapped / "compare_runs.csv")
+    swapped_runs.assign(trial=swapped_runs["trial"] + 1).to_csv(swapped / "compare_runs.csv", index=False)
     table = pair_runs(whole, swapped, seed=1234).set_index("strategy")
     own = pd.read_csv(whole / "compare_paired.csv")
     row = own[(own["a"] == "ppl") & (own["b"] == "tcb")].iloc[0]
@@ -354,7 +356,7 @@ def test_pair_reproduces_the_compares_own_paired_numbers(whole, tmp_path):
     (old / "test_items.parquet").unlink()
     assert pair_runs(whole, old, seed=1234).set_index("strategy").loc["ppl", "delta_acc"] == 0
     runs.assign(trial=runs["trial"].where(runs["strategy"] != "ppl", runs["trial"] + 1)).to_csv(old / "compare_runs.csv", index=False)
-    with pytest.raises(UserError, match=r"the winner of ppl seed 0 is trial \d+, not its search's best trial .*rerun it with --resume"):
+    with pytest.raises(UserError, match=r"the winner of ppl seed 0 is trial \d+, not its search's best trial .*predates test_items.parquet"):
         pair_runs(whole, old)
     result = promptopt("pair", whole, swapped, "--out", tmp_path / "pair.csv")
     assert result.code == 0, result.stderr

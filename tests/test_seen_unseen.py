@@ -288,7 +288,8 @@ def test_exported_card_carries_the_seen_and_unseen_numbers(compared, tmp_path):
 
 def test_a_suites_hash_is_its_content_wherever_its_file_lies(tmp_path):
     """The same suite from two places (another clone, another worker's install) is one suite: a robust study's
-    identity, the compare's search-suite marker and its evaluations' keys agree; a changed option does not."""
+    identity (the expander's fingerprint) and the compare's search-suite marker agree (the marker's hash is the one
+    the evaluation keys use); a changed option does not."""
     from promptopt.experiments.compare import _SEARCH_SUITE_FILE, _search_suite_marker
     from promptopt.errors import UserError
     from promptopt.robustness.suite import VariantExpander, suite_sha256
@@ -309,5 +310,5 @@ def test_a_suites_hash_is_its_content_wherever_its_file_lies(tmp_path):
     changed["similarity_threshold"] = 0.5
     there.write_text(yaml.safe_dump(changed), encoding="utf-8")
     assert suite_sha256(load_suite(str(there))) != suite_sha256(load_suite(str(here)))
-    with pytest.raises(UserError, match="resume it with the same search suite"):
+    with pytest.raises(UserError, match="with other content .*resume it with the suite it started with"):
         _search_suite_marker(out, load_suite(str(there)), resume=True)

@@ -243,8 +243,10 @@ def _search_suite_marker(out: Path, search_suite, *, resume: bool) -> dict:
     if resume and path.is_file():
         theirs = json.loads(path.read_text(encoding="utf-8"))
         if theirs.get("sha256") != mine["sha256"]:
-            raise UserError(f"compare in {out} searched the robust strategy under --search-suite {theirs.get('name')}; resume it "
-                            f"with the same search suite (got {mine['name']}), or choose another --out")
+            raise UserError(f"compare in {out} searched the robust strategy under --search-suite {theirs.get('name')} with other "
+                            f"content (sha256 {str(theirs.get('sha256'))[:12]}, this one's {mine['sha256'][:12]}; before "
+                            f"promptopt hashed a suite's content alone it hashed its file's path too): resume it with the suite "
+                            f"it started with, or choose another --out")
     return mine
 
 
@@ -548,7 +550,11 @@ def cluster_index(items, n_items: int, n_seeds: int) -> np.ndarray:
 
 def _pooled(evaluations: list[Evaluated], split: str | None = None) -> PerItemRobustness:
     """Items of every seed, keyed (seed, item), so two strategies' seeds pair up item by item; with `split`, only the
-    variants of its families (every item stays: one no family of the split perturbed counts as its clean answer)."""
+    variants of its families (every item stays: one no family of the split perturbed counts as its clean answer).
+    `cluster_index` reads the result seed-major, so every seed must have judged the same items in the same order."""
+    first = list(evaluations[0].clean.index)
+    if any(list(ev.clean.index) != first for ev in evaluations[1:]):
+        raise ValueError("the seeds' winners were stressed on different robustness items: their answers do not pool")
     clean = pd.concat([ev.clean.rename(lambda i, s=s: f"{s}:{i}") for s, ev in enumerate(evaluations)])
     variants = pd.concat([ev.variants.assign(item_id=ev.variants["item_id"].map(lambda i, s=s: f"{s}:{i}"))
                           for s, ev in enumerate(evaluations)], ignore_index=True)

@@ -63,8 +63,8 @@ def _best_trial_answers(root: Path, summary: dict, row, robust: dict) -> Evaluat
     best = json.loads((run_dir / "summary.json").read_text(encoding="utf-8")).get("best_trial")
     if pd.notna(row.get("trial")) and int(row["trial"]) != best:
         raise UserError(f"{root}: the winner of {strategy} seed {seed} is trial {int(row['trial'])}, not its search's best "
-                        f"trial {best}, and this compare predates {TEST_ITEMS_FILE}: rerun it with --resume (nothing is "
-                        f"scored again) to write every winner's answers")
+                        f"trial {best}, and this compare predates {TEST_ITEMS_FILE}, which keeps every winner's answers: "
+                        f"a compare made now writes it")
     return Evaluated(pd.read_parquet(table), robust=dict(robust))
 
 

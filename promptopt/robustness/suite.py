@@ -124,7 +124,9 @@ def load_suite(name_or_path: str) -> Suite:
 def _minilm():
     """all-MiniLM-L6-v2 from the offline wheel, loaded once per process: every Similarity shares it (a load
     is ~2 s, and a proposal round, a diagnose run or a test process makes several), while each keeps its own
-    memo and counters. Encoding is stateless, so sharing changes no embedding."""
+    memo and counters. Sharing changes no embedding (encoding keeps no state between calls); it is not for
+    concurrent threads (its tokenizer is not thread-safe), and nothing here calls it from several: workers are
+    processes."""
     import os
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
