@@ -250,26 +250,25 @@ def _search_suite_marker(out: Path, search_suite, *, resume: bool) -> dict:
     return mine
 
 
-def _items(winners: dict) -> pd.DataFrame | None:
-    """Every winner's answers, one row per (strategy, seed, item, family, variant); the baseline once (seed 0)."""
-    parts = []
-    for name, evaluations in winners.items():
-        for s, ev in enumerate(evaluations[:1] if name == "baseline" else evaluations):
-            if ev.items is not None:
-                parts.append(ev.items.assign(strategy=name, seed=s))
+def _winner_rows(winners: dict, table_of) -> pd.DataFrame | None:
+    """One table of every winner's rows (`table_of(evaluation)`), strategy and seed first; the baseline once (seed 0)."""
+    parts = [table_of(ev).assign(strategy=name, seed=s) for name, evaluations in winners.items()
+             for s, ev in enumerate(evaluations[:1] if name == "baseline" else evaluations) if table_of(ev) is not None]
     if not parts:
         return None
-    items = pd.concat(parts, ignore_index=True)
-    return items[["strategy", "seed", *[c for c in items.columns if c not in ("strategy", "seed")]]]
+    table = pd.concat(parts, ignore_index=True)
+    return table[["strategy", "seed", *[c for c in table.columns if c not in ("strategy", "seed")]]]
 
 
-def _test_items(winners: dict) -> pd.DataFrame:
-    """Every winner's test answers, one row per (strategy, seed, item); the baseline once (seed 0). With
-    `select="robust"` a winner need not be its search's best trial, whose table is the run directory's."""
-    parts = [ev.test.assign(strategy=name, seed=s) for name, evaluations in winners.items()
-             for s, ev in enumerate(evaluations[:1] if name == "baseline" else evaluations)]
-    items = pd.concat(parts, ignore_index=True)
-    return items[["strategy", "seed", *[c for c in items.columns if c not in ("strategy", "seed")]]]
+def _items(winners: dict) -> pd.DataFrame | None:
+    """Every winner's answers, one row per (strategy, seed, item, family, variant)."""
+    return _winner_rows(winners, lambda ev: ev.items)
+
+
+def _test_items(winners: dict) -> pd.DataFrame | None:
+    """Every winner's test answers, one row per (strategy, seed, item). With `select="robust"` a winner need not
+    be its search's best trial, whose table is the run directory's."""
+    return _winner_rows(winners, lambda ev: ev.test)
 
 
 def _seed_config(base: SearchConfig, name: str, s: int, seeds: int, out: Path, storage: str) -> SearchConfig:
