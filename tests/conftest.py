@@ -128,3 +128,23 @@ def tiny_lm(tiny_llama_dir):
     from promptopt.models import load_model
 
     return load_model(str(tiny_llama_dir), device="cpu")
+
+
+# Seconds each file took (summed test time, quiet, `-n 2`, 2026-12-01). pytest-xdist hands out one file at a
+# time (--dist loadfile, --no-loadscope-reorder): the longest first, so that the last file a worker takes is a
+# short one and neither worker waits on the other at the end (longest-processing-time-first). A file not
+# listed counts as 10 s. The numbers only order the files; a stale one costs a little wall time, nothing else.
+FILE_SECONDS = {
+    "test_propose": 128, "test_reliability": 110, "test_faults": 105, "test_export": 103, "test_search": 93,
+    "test_compare": 92, "test_report": 64, "test_custom_tasks": 60, "test_gemma": 59, "test_robustness": 56,
+    "test_runner_floor": 43, "test_scoring": 40, "test_models": 35, "test_diagnose": 31, "test_seen_unseen": 28,
+    "test_stress_protocol": 26, "test_taboo": 21, "test_architecture": 20, "test_tcb": 17, "test_sandbox": 15,
+    "test_diagnose_conflicts": 11, "test_multi_fidelity": 10, "test_tasks": 7, "test_cli": 6, "test_diagnose_math": 4,
+    "test_extract_sandbox": 3, "test_cache": 1, "test_stats": 0.2, "test_formats": 0.2, "test_prompts": 0.1,
+    "test_yamlio": 0.1,
+}
+
+
+def pytest_collection_modifyitems(items):
+    """Longest files first (see FILE_SECONDS); within a file, the order it was written in."""
+    items.sort(key=lambda item: -FILE_SECONDS.get(item.path.stem, 10))  # sort is stable
