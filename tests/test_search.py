@@ -4,6 +4,7 @@ several workers on one PostgreSQL study."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -114,6 +115,13 @@ def test_search_writes_run_directory_and_is_reproducible(config, tmp_path):
     assert set(ex.id for ex in prompt.exemplars) <= {i.id for i in load_task("sst2").pool}
     done = first.trials[first.trials["state"].isin(["COMPLETE", "PRUNED"])]
     assert len(done) == 5
+    # study.db is in WAL mode (no fsync per Optuna commit); a finished run folds the log back into the file,
+    # so study.db copied on its own holds every trial
+    assert not (out / "study.db-wal").exists()
+    (tmp_path / "copy").mkdir()
+    shutil.copy(out / "study.db", tmp_path / "copy" / "study.db")
+    copied = optuna.load_study(study_name=config.name, storage=f"sqlite:///{tmp_path / 'copy' / 'study.db'}")
+    assert len(copied.trials) == len(first.trials) == 5
     second = run_search(config.replace(out=str(tmp_path / "again")), show_progress=False)
     columns = [c for c in first.trials.columns if c.startswith(("params_", "value"))] + ["state"]
     assert "value_tcb" in columns

@@ -59,6 +59,7 @@ class ResultCache:
                     self.path.parent.mkdir(parents=True, exist_ok=True)
                     conn = sqlite3.connect(self.path, timeout=60, isolation_level=None)
                     conn.execute("PRAGMA journal_mode=WAL")
+                    conn.execute("PRAGMA synchronous=NORMAL")  # no fsync per write: see search/storage.py
                     conn.execute("CREATE TABLE IF NOT EXISTS results (key TEXT PRIMARY KEY, row TEXT NOT NULL)")
             except CacheError:  # e.g. a full disk: a cache that could not be set up leaves no file
                 for suffix in ("", "-wal", "-shm", "-journal") if new else ():

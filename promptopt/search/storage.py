@@ -3,6 +3,7 @@ PostgreSQL for many workers), each worker's sampler seed, the sampler, the prune
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -24,12 +25,13 @@ def make_storage(config: SearchConfig):
     from optuna import storages
 
     url = config.storage_url
-    if sqlite_path(url) is not None:
+    path = sqlite_path(url)
+    if path is not None:
         try:
-            sqlite_path(url).parent.mkdir(parents=True, exist_ok=True)
+            path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise cannot_write(sqlite_path(url).parent, exc) from None
-    engine_kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
+            raise cannot_write(path.parent, exc) from None
+    engine_kwargs = {"creator": lambda: _sqlite_connection(path)} if path is not None else {"pool_pre_ping": True}
     callback_kw = "heartbeat_stale_trial_callback" if hasattr(storages, "RetryHeartbeatStaleTrialCallback") else "failed_trial_callback"
     for attempt in (1, 2):
         with warnings.catch_warnings():
@@ -47,6 +49,22 @@ def make_storage(config: SearchConfig):
                     time.sleep(0.5)
                     continue
                 raise StorageError(f"cannot open storage {redact(url)}: {first_line(exc)}") from None
+
+
+def _sqlite_connection(path):
+    """A connection to the study's SQLite file in WAL mode with synchronous=NORMAL. Optuna commits every
+    suggest, report and user attribute on its own (~60 commits a trial); in SQLite's default rollback-journal
+    mode each commit waits for several fsyncs (12 ms here, ~0.8 s a trial), in WAL with NORMAL for none.
+    A killed process loses nothing that was committed; a power cut may lose the last commits (trials that
+    --resume runs again), never the file. As for the result cache (WAL too): on read-only media, copy the run
+    directory before reading it."""
+    import sqlite3
+
+    # check_same_thread: Optuna's heartbeat thread and the trial use one pool (SQLAlchemy serializes them)
+    conn = sqlite3.connect(path, timeout=60, check_same_thread=False)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=NORMAL")
+    return conn
 
 
 def _schema_race(exc: BaseException) -> bool:
@@ -91,13 +109,18 @@ def remove_new_sqlite(config: SearchConfig, storage) -> bool:
     return True
 
 
+@contextlib.contextmanager
 def existing_storage(config: SearchConfig):
-    """The storage if it may hold the study; None for an SQLite file that does not exist yet (it is created
-    with the study, so a run that fails validation leaves no empty study.db)."""
+    """The storage, to look into, if it may hold the study; None for an SQLite file that does not exist yet (it
+    is created with the study, so a run that fails validation leaves no empty study.db). Closed afterwards: a
+    look that refuses a resume leaves the run directory as it found it (no -wal / -shm files)."""
     path = sqlite_path(config.storage_url)
-    if path is not None and not path.exists():
-        return None
-    return make_storage(config)
+    storage = None if path is not None and not path.exists() else make_storage(config)
+    try:
+        yield storage
+    finally:
+        if storage is not None:
+            storage.engine.dispose()
 
 
 def stored_study(config: SearchConfig, storage):

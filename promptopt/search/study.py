@@ -58,9 +58,9 @@ def run_search(config: SearchConfig, *, scorer=None, data=None, expand=None, sho
     if scorer is None:
         config.model.check()  # the model resolves, the device exists, 4/8-bit has CUDA
     current = identity(ctx)
-    with storage_errors(config):
-        storage = existing_storage(config)
+    with storage_errors(config), existing_storage(config) as storage:
         check_study(config, storage, current)  # exists iff --resume; a resumed study means the same thing
+        exists = storage is not None
     start = time.perf_counter()
     factory = ScorerFactory(model=config.model, data=config.data, cache_path=str(out / "cache.sqlite"), batch_size=config.batch_size)
     if scorer is None:  # a model or cache that fails to load fails here, before anything is written
@@ -68,18 +68,22 @@ def run_search(config: SearchConfig, *, scorer=None, data=None, expand=None, sho
     else:
         factory = ScorerFactory(model=config.model, data=config.data, cache_path=str(scorer.cache.path), batch_size=config.batch_size)
     check_prompts_fit(ctx, scorer)
-    creates = storage is None and sqlite_path(config.storage_url) is not None
+    creates = not exists and sqlite_path(config.storage_url) is not None
     fault_point("create-storage")
     if creates:
         claim_sqlite_file(config)  # a run started at the same instant on this --out is told to --resume
+    storage = None
     try:
         with storage_errors(config):
-            storage = storage or make_storage(config)
+            storage = make_storage(config)
             return _run(ctx, storage, scorer, factory, current, start, show_progress, enqueue)
     except Exception:  # a full disk, a lost storage, any error: a run that finished no trial leaves nothing
         if creates and remove_new_sqlite(config, storage) and made_out:
             shutil.rmtree(out, ignore_errors=True)
         raise
+    finally:  # the last connection to close folds SQLite's write-ahead log into study.db: the file alone is the study
+        if storage is not None:
+            storage.engine.dispose()
 
 
 def may_run(config: SearchConfig, data, expand=None, *, may_create: bool = False) -> bool:
@@ -89,8 +93,7 @@ def may_run(config: SearchConfig, data, expand=None, *, may_create: bool = False
     quiet_optuna()
     ctx = build_context(config, data, expand)
     require_variants(ctx)
-    with storage_errors(config):
-        storage = existing_storage(config)
+    with storage_errors(config), existing_storage(config) as storage:
         if may_create and stored_study(config, storage) is None:
             return False
         check_study(config, storage, identity(ctx))
@@ -104,8 +107,8 @@ def study_exists(config: SearchConfig, data, expand=None) -> bool:
     quiet_optuna()
     ctx = build_context(config, data, expand)
     require_variants(ctx)
-    with storage_errors(config):
-        stored = stored_study(config, existing_storage(config))
+    with storage_errors(config), existing_storage(config) as storage:
+        stored = stored_study(config, storage)
         if stored is not None:
             check_same_study(config, stored, identity(ctx))
     return stored is not None
