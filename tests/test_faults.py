@@ -175,7 +175,13 @@ def assert_run_dir_parses(out: Path) -> None:
 
 
 def snapshot(root: Path) -> dict:
-    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*")}
+    """Every file's size and mtime, less what an SQLite database in WAL mode holds nothing in: its -shm index
+    and an empty -wal log (a process that ended without closing the database leaves them; the next one to
+    close it removes them). A -wal with frames in it counts: it is the study's newest rows."""
+    def holds_nothing(p: Path) -> bool:
+        return p.name.endswith("-shm") or (p.name.endswith("-wal") and p.stat().st_size == 0)
+
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*") if not holds_nothing(p)}
 
 
 # --- fixtures ---------------------------------------------------------------------------------------
