@@ -39,7 +39,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --no-loadscope-reorder --durations=15
 
 bench: $(STAMP)
-	$(BIN)/python -m pip install -q --no-compile lm-eval "$(TORCH)"
+	$(BIN)/python -m pip install -q lm-eval "$(TORCH)"
 	$(BIN)/python bench/bench_tcb.py
 	$(BIN)/python bench/bench_scoring.py
 	$(BIN)/python bench/bench_search.py
