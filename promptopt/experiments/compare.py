@@ -252,8 +252,9 @@ def _search_suite_marker(out: Path, search_suite, *, resume: bool) -> dict:
 
 def _winner_rows(winners: dict, table_of) -> pd.DataFrame | None:
     """One table of every winner's rows (`table_of(evaluation)`), strategy and seed first; the baseline once (seed 0)."""
-    parts = [table_of(ev).assign(strategy=name, seed=s) for name, evaluations in winners.items()
-             for s, ev in enumerate(evaluations[:1] if name == "baseline" else evaluations) if table_of(ev) is not None]
+    tables = [(name, s, table_of(ev)) for name, evaluations in winners.items()
+              for s, ev in enumerate(evaluations[:1] if name == "baseline" else evaluations)]
+    parts = [table.assign(strategy=name, seed=s) for name, s, table in tables if table is not None]
     if not parts:
         return None
     table = pd.concat(parts, ignore_index=True)
