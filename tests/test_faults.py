@@ -476,6 +476,8 @@ def test_a_prompt_is_evaluated_once_per_study(tmp_path, model):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["duplicates_skipped"] == len(skipped)
     assert f"{len(skipped)} duplicate prompt{'s' if len(skipped) > 1 else ''} skipped" in run.stdout
+    low, high = summary["test"]["accuracy_ci95"]  # the printed accuracies carry their Wilson intervals
+    assert f"[{low:.3f}, {high:.3f}]" in run.stdout and 0 <= low <= summary["test"]["accuracy"] <= high <= 1
     assert_nothing_lost_or_double(study, 3)
 
     from promptopt.search.trial import MAX_DUPLICATES_IN_A_ROW

@@ -69,8 +69,8 @@ def print_search_result(result) -> None:
     )
     rows = []
     for split, summary in (("dev", result.dev), ("test", result.test)):
-        rows.append({"split": split, "n": summary["n"], "accuracy": summary["accuracy"], "tcb_mean": summary.get("tcb_mean"),
-                     "tcb_geomean": summary.get("tcb_geomean"), "ppl_mean": summary["ppl_mean"]})
+        rows.append({"split": split, "n": summary["n"], "accuracy": summary["accuracy"], "95% CI": ci(*summary.get("accuracy_ci95", (math.nan, math.nan))),
+                     "tcb_mean": summary.get("tcb_mean"), "tcb_geomean": summary.get("tcb_geomean"), "ppl_mean": summary["ppl_mean"]})
     import pandas as pd
 
     print_frame(pd.DataFrame(rows), list(rows[0]), "best prompt", 5)
