@@ -41,10 +41,13 @@ __all__ = ["OutputGeometry", "TCBResult", "approximation_reference", "jacobian_f
 
 _EXACT_TOP_K = 32
 _VOCAB_CHUNK = 16384
-# Positions × vocab computed at once. Each position is computed on its own, so this only sets how much memory
-# the (positions × V) float32/float64 passes touch: 2^20 (21 SmolLM2 positions, 4 of Gemma-3's) keeps them near
-# the CPU's cache and took δ_TCB of 200 positions from 0.56 s to 0.48 s here (2^24: 0.56 s, 2^19: 0.62 s),
-# and the same numbers (torch.equal on 200 SmolLM2 positions; tests/test_tcb.py checks the chunking).
+# Positions × vocab computed at once. Each position is computed on its own, so these only set how much memory is
+# touched at a time. The float32 logits come from one product per block of 2^24 (341 SmolLM2 positions, 64 of
+# Gemma-3's: BLAS is ~2x faster on such blocks than on 21 rows); everything after it runs on 2^20 at a time (21
+# SmolLM2 positions), which keeps the (positions × V) float32/float64 passes near the CPU's cache. On 200 SmolLM2
+# positions (2 CPU cores) δ_TCB took 0.56 s with both at 2^24, 0.50–0.54 s with both at 2^20, 0.42–0.45 s as
+# here, with the same numbers (torch.equal); tests/test_tcb.py checks the chunking.
+_LOGIT_ELEMENTS = 1 << 24
 _WORK_ELEMENTS = 1 << 20
 
 
@@ -181,22 +184,27 @@ class OutputGeometry:
         if tgt is not None and tgt.shape[0] != h.shape[0]:
             raise ValueError(f"target has {tgt.shape[0]} entries for {h.shape[0]} positions")
         step = max(1, _WORK_ELEMENTS // self.vocab_size)
-        parts = [
-            self._compute(h[i : i + step], None if tgt is None else tgt[i : i + step], eps)
-            for i in range(0, h.shape[0], step)
-        ]
+        block = max(1, _LOGIT_ELEMENTS // self.vocab_size // step) * step
+        parts = []
+        for b in range(0, h.shape[0], block):
+            z, gain = self._logits_and_gain(h[b : b + block])
+            for i in range(b, min(b + block, h.shape[0]), step):
+                rows = slice(i - b, i - b + step)
+                logits = z[rows], None if gain is None else gain[rows]
+                parts.append(self._compute(h[i : i + step], None if tgt is None else tgt[i : i + step], eps, logits))
         if not parts:
             empty = torch.empty(lead, dtype=torch.float64, device=hidden.device)
             return TCBResult(**{f.name: empty for f in fields(TCBResult)})
         return TCBResult(**{k: torch.cat([p[k] for p in parts]).reshape(lead) for k in parts[0]})
 
-    def _compute(self, h: torch.Tensor, target: torch.Tensor | None, eps: float) -> dict[str, torch.Tensor]:
+    def _compute(self, h: torch.Tensor, target: torch.Tensor | None, eps: float, logits) -> dict[str, torch.Tensor]:
         n, k = h.shape[0], self.exact_top_k
         f64 = torch.float64
         rows = torch.arange(n, device=h.device)
 
-        # Pass 1: float32 logits; the top K+1 are found there, the top K recomputed exactly in float64.
-        z, gain = self._logits_and_gain(h)
+        # Pass 1: float32 logits (`logits`: z and its gain, from `_logits_and_gain` on these positions); the top
+        # K+1 are found there, the top K recomputed exactly in float64.
+        z, gain = logits
         top_idx = z.topk(min(k + 1, self.vocab_size), dim=-1).indices
         tail_ref = z.gather(1, top_idx[:, k:]).amax(-1) if top_idx.shape[1] > k else torch.zeros(n, device=h.device)
         top_idx = top_idx[:, :k]
