@@ -100,3 +100,30 @@ def test_average_ranks_and_spearman_by_hand():
     # ranks x = (1, 2, 3, 4), y = (2, 1, 4, 3): d² = 1+1+1+1 = 4, ρ = 1 − 6·4 / (4·15) = 0.6
     assert spearman([10, 20, 30, 40], [2, 1, 4, 3]) == pytest.approx(0.6)
     assert math.isnan(spearman([1, 1, 1], [1, 2, 3])) and math.isnan(spearman([1, 2, float("nan")], [1, 2, 3]))
+
+
+def test_bootstrap_intervals_are_the_separate_intervals_from_one_pass():
+    """Several numbers from one resample each: every interval is what bootstrap_interval gives for that number
+    alone with the same seed, NaN resamples are dropped per number, and no items give NaN intervals."""
+    import numpy as np
+
+    from promptopt.metrics.stats import bootstrap_interval, bootstrap_intervals
+
+    x = np.array([1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 1.0])
+    y = np.array([0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
+
+    def ratio(idx):  # NaN on resamples where y has no 1s
+        return x[idx].sum() / y[idx].sum() if y[idx].sum() else float("nan")
+
+    calls = []
+
+    def both(idx):
+        calls.append(ratio(idx) != ratio(idx))
+        return [x[idx].mean() - y[idx].mean(), ratio(idx)]
+
+    together = bootstrap_intervals(both, len(x), names=("delta", "ratio"), n_boot=300, seed=4)
+    assert len(calls) == 300 and 0 < sum(calls) < 300  # some resamples have no 1 in y: NaN ratios, dropped
+    assert together["delta"] == bootstrap_interval(lambda idx: x[idx].mean() - y[idx].mean(), len(x), n_boot=300, seed=4)
+    assert together["ratio"] == bootstrap_interval(ratio, len(x), n_boot=300, seed=4)
+    assert together["delta"] != together["ratio"]
+    assert all(v != v for v in bootstrap_intervals(both, 0, names=("delta", "ratio"))["ratio"])

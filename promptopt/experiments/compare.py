@@ -48,7 +48,7 @@ import pandas as pd
 from promptopt.card import sha256_json
 from promptopt.errors import ConfigError, UserError
 from promptopt.experiments.session import Session
-from promptopt.metrics.stats import PerItemRobustness, bootstrap_interval, mcnemar_exact, wilson_interval
+from promptopt.metrics.stats import PerItemRobustness, bootstrap_interval, bootstrap_intervals, mcnemar_exact, wilson_interval
 from promptopt.search import SearchConfig, get_strategy, run_search, study_exists
 from promptopt.search.config import default_storage_url, redact
 from promptopt.search.recovery import fault_point
@@ -523,22 +523,31 @@ def _paired_table(winners: dict, *, seed: int) -> pd.DataFrame:
         if winners[a][0].clean is not None:
             labelled = all("seen" in ev.variants for ev in (*winners[a], *winners[b]))
             for split in (None, *(SPLITS if labelled else ())):
+                suffix = f"_{split}" if split else ""
+                if split and not _has_families(winners[a], split):
+                    for key in _PAIRED_KEYS:
+                        name = f"delta_{key}{suffix}"
+                        row[name] = row[f"{name}_ci_low"] = row[f"{name}_ci_high"] = math.nan
+                    continue
                 pa, pb = _pooled(winners[a], split), _pooled(winners[b], split)
                 n_robust = len(pa.items) // n_seeds
-                suffix = f"_{split}" if split else ""
+                whole_a, whole_b = pa.metrics(), pb.metrics()
+                intervals = bootstrap_intervals(
+                    lambda idx, pa=pa, pb=pb, n_robust=n_robust: _deltas(pa, pb, cluster_index(idx, n_robust, n_seeds)),
+                    n_robust, names=_PAIRED_KEYS, n_boot=_N_BOOT // 4, seed=seed)
                 for key in _PAIRED_KEYS:
                     name = f"delta_{key}{suffix}"
-                    if split and not _has_families(winners[a], split):
-                        row[name] = row[f"{name}_ci_low"] = row[f"{name}_ci_high"] = math.nan
-                        continue
-                    row[name] = float(pa.metrics()[key] - pb.metrics()[key])
-                    row[f"{name}_ci_low"], row[f"{name}_ci_high"] = bootstrap_interval(
-                        lambda idx, key=key, pa=pa, pb=pb, n_robust=n_robust: (pa.metrics(cluster_index(idx, n_robust, n_seeds))[key]
-                                                                               - pb.metrics(cluster_index(idx, n_robust, n_seeds))[key]),
-                        n_robust, n_boot=_N_BOOT // 4, seed=seed)
+                    row[name] = float(whole_a[key] - whole_b[key])
+                    row[f"{name}_ci_low"], row[f"{name}_ci_high"] = intervals[key]
         row["significant"] = bool(row["mcnemar_p"] < 0.05 and not (row["delta_acc_ci_low"] <= 0 <= row["delta_acc_ci_high"]))
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _deltas(pa: PerItemRobustness, pb: PerItemRobustness, index: np.ndarray) -> list[float]:
+    """Each paired robustness number of the first prompt minus the second's, on the same resampled items."""
+    a, b = pa.metrics(index), pb.metrics(index)
+    return [a[key] - b[key] for key in _PAIRED_KEYS]
 
 
 def cluster_index(items, n_items: int, n_seeds: int) -> np.ndarray:

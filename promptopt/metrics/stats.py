@@ -69,17 +69,30 @@ def bootstrap_interval(statistic, n_items: int, *, n_boot: int = 2000, seed: int
     The statistic receives the resampled item indices, so paired quantities (a difference between two
     prompts on the same items, a robustness metric over an item and its variants) resample together.
     Seeded: the same call gives the same interval. NaN resamples are dropped."""
+    return bootstrap_intervals(lambda index: (statistic(index),), n_items, names=("value",), n_boot=n_boot, seed=seed,
+                               level=level)["value"]
+
+
+def bootstrap_intervals(statistic, n_items: int, *, names, n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> dict:
+    """`bootstrap_interval` for a statistic that returns one number per name from each resample: name -> interval.
+
+    The resamples are those of `bootstrap_interval` with the same seed, so each interval is what a separate call
+    for that number gives; the statistic runs once a resample instead of once per number (a robustness metric
+    computes all its numbers at once)."""
     import numpy as np
 
+    names = list(names)
+    nan = (float("nan"), float("nan"))
     if n_items == 0:
-        return float("nan"), float("nan")
+        return dict.fromkeys(names, nan)
     rng = np.random.default_rng(seed)
-    values = np.array([statistic(rng.integers(0, n_items, n_items)) for _ in range(n_boot)], dtype=float)
-    values = values[np.isfinite(values)]
-    if not len(values):
-        return float("nan"), float("nan")
+    values = np.array([statistic(rng.integers(0, n_items, n_items)) for _ in range(n_boot)], dtype=float).reshape(n_boot, len(names))
     alpha = (1 - level) / 2
-    return float(np.quantile(values, alpha)), float(np.quantile(values, 1 - alpha))
+    out = {}
+    for name, column in zip(names, values.T):
+        column = column[np.isfinite(column)]
+        out[name] = (float(np.quantile(column, alpha)), float(np.quantile(column, 1 - alpha))) if len(column) else nan
+    return out
 
 
 def auroc(scores, labels) -> float:
@@ -203,18 +216,14 @@ def robustness_intervals(clean, variants, *, n_boot: int = 1000, seed: int = 0) 
     """95% bootstrap intervals for acc_worst, acc_var, pdr and pdr_pooled, resampling items together
     with their variants (seeded: the same call gives the same interval)."""
     per_item = PerItemRobustness(clean, variants)
-    cache: dict = {}
+    names = ("acc_worst", "acc_var", "pdr", "pdr_pooled")
 
-    def stat(name):
-        def compute(index):
-            key = index.tobytes()
-            if key not in cache:
-                cache[key] = per_item.metrics(index)
-            return cache[key][name]
-        return compute
+    def statistic(index):
+        metrics = per_item.metrics(index)
+        return [metrics[name] for name in names]
 
-    return {f"{name}_ci95": list(bootstrap_interval(stat(name), len(per_item.items), n_boot=n_boot, seed=seed))
-            for name in ("acc_worst", "acc_var", "pdr", "pdr_pooled")}
+    intervals = bootstrap_intervals(statistic, len(per_item.items), names=names, n_boot=n_boot, seed=seed)
+    return {f"{name}_ci95": list(intervals[name]) for name in names}
 
 
 def average_ranks(values):
