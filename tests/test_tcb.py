@@ -193,3 +193,15 @@ def test_positions_computed_in_chunks_give_the_numbers_of_one_pass(monkeypatch):
     for name in ("tcb", "jacobian_norm", "v_eff", "margin", "entropy", "top_prob", "nll", "tcb_approx", "tcb_diffuse"):
         assert torch.allclose(getattr(chunked, name), getattr(whole, name), rtol=1e-6, atol=0), name
     assert torch.equal(chunked.top_token, whole.top_token)
+
+
+def test_statistics_of_w_over_several_steps_match_one_float64_pass():
+    """Row norms and Var(W) come from a pass over W in steps of `_STATISTICS_ROWS` rows; across steps (and a
+    short last one) they are the float64 values of the whole matrix."""
+    import promptopt.metrics.tcb as tcb
+
+    torch.manual_seed(5)
+    w = torch.randn(2 * tcb._STATISTICS_ROWS + 37, 24) * 0.05 + 0.01
+    geometry = OutputGeometry(w)
+    assert torch.equal(geometry.row_sq_norms, w.double().pow(2).sum(-1))
+    assert geometry.sigma2 == pytest.approx(float(w.double().var(unbiased=False)), rel=1e-10)
