@@ -48,11 +48,11 @@ _VOCAB_CHUNK = 16384
 # positions (2 CPU cores) δ_TCB took 0.56 s with both at 2^24, 0.50–0.54 s with both at 2^20, 0.42–0.45 s as
 # here, with the same numbers (torch.equal); tests/test_tcb.py checks the chunking.
 _LOGIT_ELEMENTS = 1 << 24
+_WORK_ELEMENTS = 1 << 20
 # Rows of W per step of its one float64 pass (`_statistics`, paid once per model, inside the first scoring call):
 # 1024 SmolLM2 rows are 4.7 MB in float64, near the CPU's cache; 0.13-0.15 s with 16384 rows, 0.033-0.035 s with
 # 1024, the same numbers (torch.equal on the row norms, the same sum).
 _STATISTICS_ROWS = 1024
-_WORK_ELEMENTS = 1 << 20
 
 
 @dataclass
