@@ -150,7 +150,7 @@ def main() -> None:
     for label, seconds in best.items():
         print(f"       {label}: {seconds:.2f} s")
     rest = t_cached - t_prefix - sum(best.values())
-    print(f"       the rest (batch assembly, the table, Python): {rest:.2f} s")
+    print(f"       the rest (batch assembly, the table, Python; by difference, the parts' best rounds may differ): {rest:.2f} s")
 
     # [2b] The same scorer without the prefix cache.
     scorer.runner.use_prefix_cache = False
