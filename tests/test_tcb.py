@@ -175,7 +175,8 @@ def test_real_smollm2_positions(embedded_lm):
     assert not torch.isnan(ours.tcb).any()
 
 
-def test_positions_computed_in_chunks_give_the_numbers_of_one_pass(monkeypatch):
+@pytest.mark.parametrize("head", [{}, {"logit_softcap": 3.0, "logit_scale": 0.7}], ids=["plain", "scaled-softcapped"])
+def test_positions_computed_in_chunks_give_the_numbers_of_one_pass(monkeypatch, head):
     """`_LOGIT_ELEMENTS` and `_WORK_ELEMENTS` only set how many positions are computed together; every field must
     come out the same (up to the output product's BLAS layout) whether 300 positions run at once or in blocks of 49
     split into 7 (the last block and chunk short)."""
@@ -186,10 +187,11 @@ def test_positions_computed_in_chunks_give_the_numbers_of_one_pass(monkeypatch):
     target = torch.randint(0, 1000, (300,))
     monkeypatch.setattr(tcb, "_WORK_ELEMENTS", 300 * 1000)
     monkeypatch.setattr(tcb, "_LOGIT_ELEMENTS", 300 * 1000)
-    whole = OutputGeometry(w)(h, target=target)
+    bias = torch.randn(1000) if head else None  # the gain (scale, soft-cap) is sliced with the logits
+    whole = OutputGeometry(w, bias=bias, **head)(h, target=target)
     monkeypatch.setattr(tcb, "_WORK_ELEMENTS", 7 * 1000)
     monkeypatch.setattr(tcb, "_LOGIT_ELEMENTS", 50 * 1000)  # logits for 49 positions at a time, the rest for 7
-    chunked = OutputGeometry(w)(h, target=target)
+    chunked = OutputGeometry(w, bias=bias, **head)(h, target=target)
     for name in ("tcb", "jacobian_norm", "v_eff", "margin", "entropy", "top_prob", "nll", "tcb_approx", "tcb_diffuse"):
         assert torch.allclose(getattr(chunked, name), getattr(whole, name), rtol=1e-6, atol=0), name
     assert torch.equal(chunked.top_token, whole.top_token)
