@@ -311,6 +311,31 @@ def test_export_bad_input_is_one_error_and_writes_nothing(tiny_run, tmp_path):
     assert not out.exists() and not list(tmp_path.glob("*.tmp"))
 
 
+def test_export_reads_the_study_that_moved_with_the_run_and_leaves_it_as_it_was(tiny_run, tmp_path):
+    """A copied run directory reads its own study.db (the original may be gone, e.g. on a machine it was copied
+    to); reading leaves no -wal / -shm beside it; a missing study.db is one error naming the copy's file, and is not
+    created; so is a study.db without the run's study."""
+    import sqlite3
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)  # its settings still name tiny_run, where its study.db was written
+    def files():  # SQLite's -wal / -shm come and go with whoever in this process holds a file open
+        return sorted(p.name for p in run.iterdir() if not p.name.endswith(("-wal", "-shm")))
+
+    before = files()
+    first = run_cli("export", run, "--out", tmp_path / "card.yaml")
+    assert first.code == 0, first.stderr
+    assert files() == before and "study.db" in before
+    assert not (run / "study.db-wal").exists() and not (run / "study.db-shm").exists()  # the study was closed
+
+    (run / "study.db").unlink()  # tiny_run's study.db is still there: the copy must not read it
+    assert_one_line_error(run_cli("export", run, "--out", tmp_path / "again.yaml"), f"{run.resolve() / 'study.db'} is missing")
+    assert not (run / "study.db").exists() and not (tmp_path / "again.yaml").exists()
+
+    sqlite3.connect(run / "study.db").close()  # an SQLite file that holds no study
+    assert_one_line_error(run_cli("export", run, "--out", tmp_path / "again.yaml"), str(run), "no study 'sst2-tcb'")
+
+
 def test_export_from_a_compare_directory_never_reads_the_test_set(tiny_llama_dir, tmp_path):
     """The pick reads dev numbers only: whatever the test columns say (shuffled across the candidates), the same
     card is chosen, and the card says by which rule. Named trials and robust picks after the fact too."""

@@ -95,12 +95,13 @@ def proxy_correlations(run_dirs, *, n_trials: int = 8, limit: int | None = 40, s
     Tables go to `out` (default: the run directory, or the runs' common parent)."""
     import os
 
-    import optuna
     from optuna.trial import TrialState
 
+    from promptopt.experiments.export import moved_with
     from promptopt.experiments.session import Session
     from promptopt.robustness.suite import Similarity, evaluate_robustness, load_suite, seen_families
     from promptopt.search import SearchConfig
+    from promptopt.search.storage import read_study
     from promptopt.search.strategies import signed_stability
     from promptopt.search import decode_params
 
@@ -121,10 +122,8 @@ def proxy_correlations(run_dirs, *, n_trials: int = 8, limit: int | None = 40, s
         if studies and (config.model.spec, config.data.task) != (studies[0][0].model.spec, studies[0][0].data.task):
             raise UserError(f"{run}: model {config.model.spec} / task {config.data.task} differ from {runs[0]}'s; "
                             "pool runs of one model and task")
-        try:
-            study = optuna.load_study(study_name=config.name, storage=config.storage_url)
-        except Exception as exc:  # a missing study or storage is the user's to fix
-            raise UserError(f"{run}: cannot open study '{config.name}': {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+        config = moved_with(config, Path(run), Path(run))
+        study = read_study(config, where=str(run))
         finished = sorted(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)), key=lambda t: (t.values[0], t.number))
         studies.append((config, run, finished))
     total = sum(len(f) for _, _, f in studies)

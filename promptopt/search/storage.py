@@ -123,6 +123,23 @@ def existing_storage(config: SearchConfig):
             storage.engine.dispose()
 
 
+def read_study(config: SearchConfig, *, where: str):
+    """The stored study copied into memory, for commands that only read it (export, report, proxy). The storage is
+    closed at once: a reader leaves no -wal / -shm beside study.db and holds no database connection. A missing
+    SQLite file or study is one error naming `where` (the file is never created)."""
+    import optuna
+
+    with existing_storage(config) as storage:
+        if storage is None:
+            raise UserError(f"{where}: study storage {sqlite_path(config.storage_url)} is missing")
+        memory = optuna.storages.InMemoryStorage()
+        try:
+            optuna.copy_study(from_study_name=config.name, from_storage=storage, to_storage=memory)
+        except KeyError:
+            raise UserError(f"{where}: no study '{config.name}' in its storage") from None
+    return optuna.load_study(study_name=config.name, storage=memory)
+
+
 def stored_study(config: SearchConfig, storage):
     """The named study's summary, or None."""
     import optuna
