@@ -114,7 +114,7 @@ def open_run(run_dir: str | Path, *, strategy: str | None = None, pick: dict | N
         config = SearchConfig.from_dict(json.loads((path / "config.json").read_text(encoding="utf-8")))
     except (ValueError, TypeError, KeyError) as exc:
         raise UserError(f"{path / 'config.json'}: unreadable run settings ({exc})") from None
-    config = moved_with(config, path, root)
+    config = config.moved_to(path, root)
     if strategy is not None and compare_row is None and config.study.strategy != strategy:
         raise UserError(f"--strategy {strategy}: {path} is a {config.study.strategy} run")
     if not (path / "summary.json").is_file():
@@ -128,31 +128,10 @@ def _plain_row(row) -> dict:
     return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.to_dict().items()}
 
 
-def moved_with(config, path: Path, root: Path):
-    """The run's settings with its SQLite study file looked up where the directory is now: a run (or compare)
-    directory that was copied or moved reads the study.db that came with it, not the one it was written beside.
-    A storage outside the opened directory (PostgreSQL, a shared SQLite file) stays where it is."""
-    import dataclasses
-    import os
-
-    from promptopt.search.config import sqlite_path
-
-    written, now = Path(config.out).resolve(), path.resolve()
-    db = sqlite_path(config.storage_url)
-    if db is None or written == now:
-        return config
-    moved = Path(os.path.normpath(now / os.path.relpath(db, written)))
-    if not moved.is_relative_to(root.resolve()):
-        return config
-    study = config.study if config.default_storage else dataclasses.replace(config.study, storage=f"sqlite:///{moved}")
-    return dataclasses.replace(config, out=str(now), study=study)
-
-
 def load_study(run: Run):
     """The run's Optuna study, read from its storage (a missing SQLite file is an error, never created)."""
-    from promptopt.search.storage import quiet_optuna, read_study
+    from promptopt.search.storage import read_study
 
-    quiet_optuna()
     return read_study(run.config, where=str(run.path))
 
 

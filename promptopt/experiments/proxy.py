@@ -97,7 +97,6 @@ def proxy_correlations(run_dirs, *, n_trials: int = 8, limit: int | None = 40, s
 
     from optuna.trial import TrialState
 
-    from promptopt.experiments.export import moved_with
     from promptopt.experiments.session import Session
     from promptopt.robustness.suite import Similarity, evaluate_robustness, load_suite, seen_families
     from promptopt.search import SearchConfig
@@ -122,7 +121,7 @@ def proxy_correlations(run_dirs, *, n_trials: int = 8, limit: int | None = 40, s
         if studies and (config.model.spec, config.data.task) != (studies[0][0].model.spec, studies[0][0].data.task):
             raise UserError(f"{run}: model {config.model.spec} / task {config.data.task} differ from {runs[0]}'s; "
                             "pool runs of one model and task")
-        config = moved_with(config, Path(run), Path(run))
+        config = config.moved_to(run, run)
         study = read_study(config, where=str(run))
         finished = sorted(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)), key=lambda t: (t.values[0], t.number))
         studies.append((config, run, finished))

@@ -118,6 +118,22 @@ class SearchConfig:
     def name(self) -> str:
         return self.study.study_name or f"{Path(self.data.task).stem}-{self.study.strategy}"
 
+    def moved_to(self, path: str | Path, root: str | Path) -> SearchConfig:
+        """These settings with the SQLite study file looked up where the run directory `path` is now: a run (or
+        compare) directory that was copied or moved reads the study.db that came with it, not the one it was
+        written beside. A storage outside the opened directory `root` (PostgreSQL, a shared SQLite file) stays."""
+        import os
+
+        written, now = Path(self.out).resolve(), Path(path).resolve()
+        db = sqlite_path(self.storage_url)
+        if db is None or written == now:
+            return self
+        moved = Path(os.path.normpath(now / os.path.relpath(db, written)))
+        if not moved.is_relative_to(Path(root).resolve()):
+            return self
+        study = self.study if self.default_storage else dataclasses.replace(self.study, storage=f"sqlite:///{moved}")
+        return dataclasses.replace(self, out=str(now), study=study)
+
 
 def default_storage_url(run_dir: str | Path) -> str:
     """The SQLite file of a run directory: where its studies live unless a storage URL is given."""

@@ -129,6 +129,7 @@ def read_study(config: SearchConfig, *, where: str):
     SQLite file or study is one error naming `where` (the file is never created)."""
     import optuna
 
+    quiet_optuna()  # copy_study announces the in-memory study at INFO
     with existing_storage(config) as storage:
         if storage is None:
             raise UserError(f"{where}: study storage {sqlite_path(config.storage_url)} is missing")
