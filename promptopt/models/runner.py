@@ -11,10 +11,15 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
+from promptopt.models.cpu_memory import keep_freed_memory
 from promptopt.models.load import LoadedModel
+
+if TYPE_CHECKING:
+    from transformers import Cache
 
 
 def _compactable(processors) -> bool:
@@ -107,15 +112,20 @@ class Runner:
         self.lm = lm
         self.batch_size = batch_size
         self.progress = progress
-        self._prefixes: OrderedDict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]] = OrderedDict()
+        self._prefixes: OrderedDict[tuple[int, ...], Cache] = OrderedDict()  # prefix ids -> its one-row cache
+        self._prefix_unsupported = False
+        self._buffers = None  # prefix_cache.PrefixBuffers, made on the first prefix-cached scoring call
         self.use_prefix_cache = True
+        self.reuse_prefix_buffers = True  # off: every scoring batch copies the prefix (the reference behaviour, for tests)
         self.compact = True  # generation drops finished rows from the batch (off: the reference behaviour, for tests)
         _use_grouped_sdpa(lm.model)
+        if lm.device.type == "cpu":
+            keep_freed_memory()  # else a process's first scoring call page-faults ~2 GB back in (cpu_memory.py)
 
     # --- prefix cache --------------------------------------------------------------------------
-    def _prefix(self, sequences: Sequence[Sequence[int]], limit: int) -> tuple[int, list | None]:
-        """Length P of the shared prefix to reuse (≤ limit) and its per-layer (key, value) tensors."""
-        if not self.use_prefix_cache:
+    def _prefix(self, sequences: Sequence[Sequence[int]], limit: int) -> tuple[int, Cache | None]:
+        """Length P of the shared prefix to reuse (≤ limit) and its one-row cache (`prefix_cache`'s template)."""
+        if not self.use_prefix_cache or self._prefix_unsupported:
             return 0, None
         lcp = min(common_prefix_length(sequences), limit)
         if lcp <= 0:
@@ -126,23 +136,42 @@ class Runner:
         if best is not None and len(best) * 10 >= lcp * 9:
             self._prefixes.move_to_end(best)
             return len(best), self._prefixes[best]
+        from promptopt.models import prefix_cache
+
         ids = torch.tensor([first], device=self.lm.device)
         with torch.inference_mode():
             out = self.lm.base(input_ids=ids, use_cache=True)
-        cache = getattr(out, "cache", None) or out.past_key_values
-        kv = [(layer.keys, layer.values) for layer in cache.layers]
-        self._prefixes[first] = kv
+        template = getattr(out, "cache", None) or out.past_key_values
+        if not prefix_cache.supported(template):
+            self._prefix_unsupported = True  # e.g. linear-attention layers: every call runs whole prompts
+            return 0, None
+        self._prefixes[first] = template
         while len(self._prefixes) > _PREFIX_CACHE_SLOTS:
             self._prefixes.popitem(last=False)
-        return lcp, kv
+        return lcp, template
 
-    def _cache_for(self, kv: list | None, batch: int):
+    def _scoring_caches(self, prefix: Cache | None, *, rows: int, width: int):
+        """batch rows -> the cache a scoring batch of up to `rows` rows and `width` tokens runs on (None without
+        a prefix): one cache over `PrefixBuffers` for them all, or with `reuse_prefix_buffers` off a fresh copy
+        of the prefix for each."""
+        from promptopt.models import prefix_cache
+
+        if prefix is None:
+            return lambda batch_rows: None
+        if not self.reuse_prefix_buffers:
+            return lambda batch_rows: prefix_cache.growing_cache(prefix, batch_rows)
+        if self._buffers is None:
+            self._buffers = prefix_cache.PrefixBuffers()
+        cache = self._buffers.cache(prefix, rows=rows, width=width)
+        return lambda batch_rows: cache
+
+    def _growing_cache(self, prefix: Cache | None, rows: int) -> Cache:
+        """A cache for decoding `rows` rows, starting after the prefix when there is one."""
         from transformers import DynamicCache
 
-        if kv is None:
-            return None
-        data = [(k.expand(batch, -1, -1, -1), v.expand(batch, -1, -1, -1)) for k, v in kv]
-        return DynamicCache(data, config=self.lm.model.config)
+        from promptopt.models import prefix_cache
+
+        return DynamicCache(config=self.lm.model.config) if prefix is None else prefix_cache.growing_cache(prefix, rows)
 
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache) -> tuple:
         kwargs = {self.lm.cache_kwarg: cache} if cache is not None else {}
@@ -161,7 +190,7 @@ class Runner:
                 raise ValueError("every request needs a non-empty context and continuation")
         fed = [tuple(list(ctx) + list(cont))[:-1] for ctx, cont in requests]
         unique = list(dict.fromkeys(fed))  # identical inputs (e.g. one-token choices) run once
-        prefix_len, kv = self._prefix(unique, min(len(ctx) for ctx, _ in requests) - 1)
+        prefix_len, prefix = self._prefix(unique, min(len(ctx) for ctx, _ in requests) - 1)
         first_needed: dict[tuple[int, ...], int] = {}  # earliest position any request reads from each input
         for (ctx, _), seq in zip(requests, fed):
             first_needed[seq] = min(first_needed.get(seq, len(seq)), len(ctx) - 1 - prefix_len)
@@ -169,6 +198,7 @@ class Runner:
         order = sorted(unique, key=len, reverse=True)
         pad = self.lm.tokenizer.pad_token_id or 0
         batches = [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
+        cache_for = self._scoring_caches(prefix, rows=len(batches[0]), width=len(order[0]) - prefix_len)
         for batch in tqdm(batches, desc="scoring", disable=not self.progress, leave=False):
             suffixes = [seq[prefix_len:] for seq in batch]
             width = max(len(s) for s in suffixes)
@@ -181,7 +211,7 @@ class Runner:
             positions = (prefix_len + torch.arange(width)).expand(len(batch), -1)
             dev = self.lm.device
             with torch.inference_mode():
-                hidden, _ = self._forward(ids.to(dev), mask.to(dev), positions.to(dev), self._cache_for(kv, len(batch)))
+                hidden, _ = self._forward(ids.to(dev), mask.to(dev), positions.to(dev), cache_for(len(batch)))
             for row, seq in enumerate(batch):
                 hidden_of[seq] = hidden[row, first_needed[seq] : len(seq) - prefix_len].float().clone()
 
@@ -290,7 +320,7 @@ class Runner:
         tok = self.lm.tokenizer
         dev = self.lm.device
         geometry = self.lm.output_head
-        prefix_len, kv = self._prefix(contexts, min(len(c) for c in contexts) - 1)
+        prefix_len, prefix = self._prefix(contexts, min(len(c) for c in contexts) - 1)
         b = len(contexts)
         suffixes = [c[prefix_len:] for c in contexts]
         width = max(len(s) for s in suffixes)
@@ -305,11 +335,7 @@ class Runner:
             positions[row, width - len(s) :] = prefix_len + torch.arange(len(s))
         full_ids = torch.cat([torch.tensor(contexts[0][:prefix_len], dtype=torch.long).expand(b, -1), ids], 1).to(dev)
         mask, positions = mask.to(dev), positions.to(dev)
-        cache = self._cache_for(kv, b)
-        if cache is None:
-            from transformers import DynamicCache
-
-            cache = DynamicCache(config=self.lm.model.config)
+        cache = self._growing_cache(prefix, b)
         stop_ids = self.lm.stop_token_ids
         generated: list[list[int]] = [[] for _ in range(b)]
         hiddens: list[list[torch.Tensor]] = [[] for _ in range(b)]
