@@ -11,7 +11,8 @@ same run:
   This machine kind drifts by ±10% within a minute, more than the effects measured, so every ratio is paired:
   a floor pass right next to the scorer (order alternating by round), one ratio per round, the median and the
   range printed. A first call happens once per process: it is sampled in several fresh processes (the bench's
-  own and `BENCH_FIRST_CALLS` - 1 more), each followed by a floor pass.
+  own and `BENCH_FIRST_CALLS` - 1 more), each followed by a floor pass; as many again run with glibc's default
+  malloc thresholds (promptopt/models/cpu_memory.py), their page faults and ratios printed beside.
 - [2b] the same scorer without the prefix cache (predictions and log-probs must agree).
 - [2c] lm-evaluation-harness on the same items, model and prompt: predictions must agree item by item;
   target ≥ 5× its items/s. Skipped, saying why, when lm-eval is not installed (`make bench` installs it).
@@ -115,40 +116,53 @@ def floor_pass(lm, batches) -> float:
     return time.perf_counter() - start
 
 
-def first_call_sample() -> dict:
-    """One first call and the floor pass right after it, in this (fresh) process."""
+def first_call_sample(default_malloc: bool = False) -> dict:
+    """One first call and the floor pass right after it, in this (fresh) process; `default_malloc`: without the
+    runner's malloc setting (promptopt/models/cpu_memory.py), to show what it changes."""
+    import resource
+
+    from promptopt.models import cpu_memory
+
+    if default_malloc:
+        cpu_memory._applied = False  # as if it had been tried and was not available
     lm, task, items, prompt = _setup()
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     _, _, seconds, batches, _, n_tokens = first_call(lm, task, items, prompt)
-    return {"first": seconds, "floor": floor_pass(lm, batches), "tokens": n_tokens}
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+    return {"first": seconds, "floor": floor_pass(lm, batches), "tokens": n_tokens, "faults": faults}
 
 
-def _spread(values) -> str:
-    return f"median {statistics.median(values):.3f} (range {min(values):.3f}-{max(values):.3f}, n={len(values)})"
+def _sample_in_new_process(default_malloc: bool) -> dict:
+    flags = ["--first-call-sample"] + (["--default-malloc"] if default_malloc else [])
+    out = subprocess.run([sys.executable, __file__, *flags], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _spread(values, digits: int = 3) -> str:
+    return f"median {statistics.median(values):.{digits}f} (range {min(values):.{digits}f}-{max(values):.{digits}f}, n={len(values)})"
 
 
 def main() -> None:
-    import torch
+    import resource
 
     lm, task, items, prompt = _setup()
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     scorer, cached, t_first, batches, prefix_len, n_tokens = first_call(lm, task, items, prompt)
-    samples = [{"first": t_first, "floor": floor_pass(lm, batches), "tokens": n_tokens}]
-    for _ in range(FIRST_CALLS - 1):
-        out = subprocess.run([sys.executable, __file__, "--first-call-sample"], capture_output=True, text=True, check=True)
-        samples.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+    samples = [{"first": t_first, "floor": floor_pass(lm, batches), "tokens": n_tokens, "faults": faults}]
+    default_malloc = []
+    for i in range(2 * FIRST_CALLS - 1):  # alternating, so that a drift in machine speed favours neither
+        if i % 2 == 0:
+            default_malloc.append(_sample_in_new_process(default_malloc=True))
+        else:
+            samples.append(_sample_in_new_process(default_malloc=False))
     runner = scorer.runner
-    (prefix,) = runner._prefixes.values()
-    cache_for = runner._scoring_caches(prefix, rows=max(len(ids) for ids, _, _ in batches), width=max(ids.shape[1] for ids, _, _ in batches))
 
-    def prefix_pass() -> float:
-        """The runner's own forward of the same batches on top of its cached prefix (keys, mask, positions)."""
-        start = time.perf_counter()
-        with torch.inference_mode():
-            for ids, mask, positions in batches:
-                runner._forward(ids, mask, positions, cache_for(len(ids)))
-        return time.perf_counter() - start
-
-    # Where a repeated call's time goes outside the model's forward, by the methods that do it.
-    parts = {"tokenization": (scorer, "_pairs"), "output head": (runner, "_target_logprobs"), "δ_TCB and companions": (scorer, "_tcb")}
+    # Where a repeated call's time goes, by the methods that spend it.
+    parts = {
+        "forward": (runner, "_forward"), "tokenization": (scorer, "_pairs"), "output head": (runner, "_target_logprobs"),
+        "δ_TCB and companions": (scorer, "_tcb"),
+    }
 
     def scorer_pass() -> tuple[float, dict]:
         spent = dict.fromkeys(parts, 0.0)
@@ -173,10 +187,11 @@ def main() -> None:
 
     rounds = []
     for r in range(ROUNDS):  # the order alternates, so a drift in machine speed favours neither side
-        steps = [("floor", lambda: floor_pass(lm, batches)), ("prefix", prefix_pass), ("scorer", scorer_pass)]
-        done = {name: fn() for name, fn in (steps if r % 2 == 0 else steps[::-1])}
-        seconds, spent = done["scorer"]
-        rounds.append({"floor": done["floor"], "prefix": done["prefix"], "scorer": seconds, **spent})
+        if r % 2 == 0:
+            floor, (seconds, spent) = floor_pass(lm, batches), scorer_pass()
+        else:
+            (seconds, spent), floor = scorer_pass(), floor_pass(lm, batches)
+        rounds.append({"floor": floor, "scorer": seconds, **spent})
     widths = [ids.shape[1] for ids, _, _ in batches]
     median = {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
     print(f"[2a] SST-2 4-shot, {len(items)} items, batch 16: {prefix_len} shared prefix tokens, {n_tokens} suffix tokens in "
@@ -192,14 +207,18 @@ def main() -> None:
         met = statistics.median(ratios) >= target
         print(f"     scorer, {label}: {n_tokens / seconds:.0f} suffix tok/s, {len(items) / seconds:.2f} items/s -> floor ratio "
               f"{_spread(ratios)} (target ≥ {target}: {'met' if met else 'NOT met'})")
-    t_cached, t_prefix, t_floor = median["scorer"], median["prefix"], median["floor"]
-    print(f"     where the repeated call's {t_cached:.2f} s go, against the floor's {t_floor:.2f} s (medians over rounds):")
-    print(f"       the same forward on top of the {prefix_len}-token prefix (attention over it, its cache): {t_prefix:.2f} s "
-          f"(floor ratio of the forward alone {_spread([r['floor'] / r['prefix'] for r in rounds])})")
-    for label in parts:
+        if label.startswith("first"):
+            print(f"       its minor page faults {_spread([s['faults'] for s in samples], 0)}; with glibc's default malloc "
+                  f"thresholds instead: {_spread([s['faults'] for s in default_malloc], 0)} faults, floor ratio "
+                  f"{_spread([s['floor'] / s['first'] for s in default_malloc])}")
+    print(f"     where the repeated call's {median['scorer']:.2f} s go, against the floor's {median['floor']:.2f} s (medians over rounds, "
+          "each part timed inside the call):")
+    print(f"       the model's forward on top of the {prefix_len}-token prefix: {median['forward']:.2f} s "
+          f"(floor ratio of the forward alone {_spread([r['floor'] / r['forward'] for r in rounds])})")
+    for label in list(parts)[1:]:
         print(f"       {label}: {median[label]:.2f} s")
-    rest = statistics.median(r["scorer"] - r["prefix"] - sum(r[label] for label in parts) for r in rounds)
-    print(f"       the rest (batch assembly, the table, Python; by difference within each round): {rest:.2f} s")
+    rest = statistics.median(r["scorer"] - sum(r[label] for label in parts) for r in rounds)
+    print(f"       the rest (batch assembly, the table, Python): {rest:.2f} s")
 
     # [2b] The same scorer without the prefix cache.
     scorer.runner.use_prefix_cache = False
@@ -208,6 +227,7 @@ def main() -> None:
     t_uncached = time.perf_counter() - start
     same = (cached.table["pred"] == uncached.table["pred"]).all()
     max_lp = (cached.table["gold_logprob"] - uncached.table["gold_logprob"]).abs().max()
+    t_cached = median["scorer"]
     print(f"[2b] prefix-cached {len(items) / t_cached:.2f} items/s, uncached {len(items) / t_uncached:.2f} items/s -> "
           f"{t_uncached / t_cached:.2f}x (same predictions: {same}, max |Δ log p| {max_lp:.2e})")
 
@@ -242,7 +262,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--first-call-sample"]:
-        print(json.dumps(first_call_sample()))
+    if sys.argv[1:2] == ["--first-call-sample"]:
+        print(json.dumps(first_call_sample(default_malloc="--default-malloc" in sys.argv)))
     else:
         main()

@@ -1,16 +1,17 @@
 """Keep the memory a CPU run frees inside the process, instead of handing it back to the kernel.
 
 A forward on CPU allocates and frees activation tensors of a few megabytes, layer after layer. glibc's malloc
-serves them from fresh mmap regions or trims its heap as soon as they are freed, until its thresholds have
-adapted to the sizes it sees, and every page of those regions is faulted in (and zeroed by the kernel) again
-on the next touch. Measured on SmolLM2, 200 SST-2 items: ~500,000-800,000 minor page faults in a process's
-first scoring call (2-3 GB of page touching, ~0.85 µs a fault here) and 50,000-70,000 in each later one
-(the output head's and δ_TCB's (positions × vocab) blocks). With the thresholds raised once, freed memory
-stays in malloc's heap and is reused: ~80,000 faults in the first call, ~0 in later ones.
+serves them from fresh mmap regions, or trims its heap as soon as they are freed, until its thresholds have
+adapted to the sizes it sees; every page of such a region is faulted in (and zeroed by the kernel) again on the
+next touch. Measured on SmolLM2, 200 SST-2 items, in fresh processes: 170,000-740,000 minor page faults in the
+first scoring call (up to 3 GB of page touching, ~0.85 µs a fault here); with the thresholds below set when the
+runner starts, 85,000-140,000 (the model's own first touches), and the resident size afterwards the same
+(1.35-1.53 GB either way).
 
-This is a process-wide malloc setting. The runner applies it when it runs a model on the CPU (a GPU run
-allocates its tensors on the device, where it changes nothing); the memory kept is at most what a scoring
-call had in use at its peak.
+The setting: blocks up to 32 MB come from the heap (glibc's own ceiling for its adaptive threshold, so no
+larger block than it would eventually keep), and the heap keeps up to 256 MB of freed memory at its top. It is
+process-wide; the runner applies it when it runs a model on the CPU (a GPU run allocates its tensors on the
+device, where it changes nothing).
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ import sys
 
 _M_TRIM_THRESHOLD = -1  # mallopt parameters, from glibc's malloc.h
 _M_MMAP_THRESHOLD = -3
-MMAP_THRESHOLD = 256 << 20  # blocks up to this size come from the heap, not from mmap
-TRIM_THRESHOLD = 1 << 30  # the heap keeps up to this much free memory at its top
+MMAP_THRESHOLD = 32 << 20  # blocks up to this size come from the heap, not from mmap
+TRIM_THRESHOLD = 256 << 20  # the heap keeps up to this much free memory at its top
 
 _applied: bool | None = None
 

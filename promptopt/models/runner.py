@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from promptopt.models import last_layer
 from promptopt.models.cpu_memory import keep_freed_memory
 from promptopt.models.load import LoadedModel
 
@@ -117,6 +118,8 @@ class Runner:
         self._buffers = None  # prefix_cache.PrefixBuffers, made on the first prefix-cached scoring call
         self.use_prefix_cache = True
         self.reuse_prefix_buffers = True  # off: every scoring batch copies the prefix (the reference behaviour, for tests)
+        self._last_mlp: torch.nn.Module | None | bool = False  # looked up on the first scoring call
+        self.skip_unread_positions = True  # off: scoring runs the last MLP everywhere (the reference behaviour, for tests)
         self.compact = True  # generation drops finished rows from the batch (off: the reference behaviour, for tests)
         _use_grouped_sdpa(lm.model)
         if lm.device.type == "cpu":
@@ -173,6 +176,14 @@ class Runner:
 
         return DynamicCache(config=self.lm.model.config) if prefix is None else prefix_cache.growing_cache(prefix, rows)
 
+    def _skippable_mlp(self) -> torch.nn.Module | None:
+        """The last MLP that scoring runs at the positions it reads only (`last_layer.py`), or None."""
+        if not self.skip_unread_positions:
+            return None
+        if self._last_mlp is False:
+            self._last_mlp = last_layer.position_wise_last_mlp(self.lm.base, self.lm.output_head.hidden_size)
+        return self._last_mlp
+
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache) -> tuple:
         kwargs = {self.lm.cache_kwarg: cache} if cache is not None else {}
         out = self.lm.base(
@@ -210,7 +221,8 @@ class Runner:
                 mask[row, prefix_len : prefix_len + len(suffix)] = 1
             positions = (prefix_len + torch.arange(width)).expand(len(batch), -1)
             dev = self.lm.device
-            with torch.inference_mode():
+            read = torch.cat([row * width + torch.arange(first_needed[seq], len(seq) - prefix_len) for row, seq in enumerate(batch)])
+            with torch.inference_mode(), last_layer.mlp_only_at(self._skippable_mlp(), read.to(dev)):
                 hidden, _ = self._forward(ids.to(dev), mask.to(dev), positions.to(dev), cache_for(len(batch)))
             for row, seq in enumerate(batch):
                 hidden_of[seq] = hidden[row, first_needed[seq] : len(seq) - prefix_len].float().clone()

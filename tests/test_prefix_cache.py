@@ -1,0 +1,213 @@
+"""What scoring does beyond a plain forward, made invisible in the numbers:
+
+- the shared prefix's KV (promptopt/models/prefix_cache.py): buffers written once and reused by every batch give,
+  bit for bit, what a fresh copy of the prefix per batch gives (the runner before them), also on sliding-window
+  layers whose window the prefix has already passed; one set of buffers serves every call and prompt;
+- the last MLP at the read positions only (promptopt/models/last_layer.py): the same predictions and greedy flags,
+  log-probs, hidden states and δ_TCB to float rounding;
+- a CPU run keeps the memory it frees (promptopt/models/cpu_memory.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from promptopt.models import Runner, load_model
+from tests.conftest import _save_tiny
+
+SHOTS = "Review: great fun, a joy from start to end.\nSentiment: positive\n\nReview: a dull mess.\nSentiment: negative\n\n"
+REVIEWS = ["superb", "it is charming and often affecting", "bleak and desperate film, and far too long for what it says", "dull"]
+CONTINUATIONS = [" negative", " positive", " rather good, I think"]
+
+
+@pytest.fixture(scope="module")
+def tiny_gemma3(tmp_path_factory, embedded_dir):
+    """A 2-layer random Gemma-3 whose first layer has a sliding window of 8 tokens: every shared prefix here is
+    longer, so that layer's cache holds only the window's last 7 keys and an offset."""
+    from transformers import Gemma3TextConfig
+
+    config = Gemma3TextConfig(
+        vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, sliding_window=8, layer_types=["sliding_attention", "full_attention"],
+        max_position_embeddings=512, eos_token_id=2, pad_token_id=2, bos_token_id=1,
+    )
+    return load_model(str(_save_tiny(tmp_path_factory.mktemp("tiny-gemma3"), config, embedded_dir)), device="cpu")
+
+
+def _requests(tok, shots=SHOTS):
+    requests = []
+    for review in REVIEWS:
+        text = shots + f"Review: {review}\nSentiment:"
+        ctx = tok(text)["input_ids"]
+        for cont in CONTINUATIONS:
+            requests.append((ctx, tok(text + cont)["input_ids"][len(ctx):]))
+    return requests
+
+
+def _plain_logprobs(lm, ctx, cont):
+    with torch.inference_mode():
+        logits = lm.model(input_ids=torch.tensor([ctx + cont])).logits[0, len(ctx) - 1 : -1]
+    logp = torch.log_softmax(logits.double(), -1)
+    return [float(logp[i, t]) for i, t in enumerate(cont)]
+
+
+def assert_matches_reference(lm, requests, batch_size: int = 3, atol: float = 1e-5):
+    """The runner as it scores (buffers, the last MLP where read) against its reference behaviour (a copy of the
+    prefix per batch, the last MLP everywhere): what the runner gave before both."""
+    reference = Runner(lm, batch_size=batch_size)
+    reference.reuse_prefix_buffers = reference.skip_unread_positions = False
+    ours, before = Runner(lm, batch_size=batch_size).loglikelihood(requests), reference.loglikelihood(requests)
+    for a, b in zip(ours, before):
+        assert a.is_greedy == b.is_greedy
+        assert a.token_logprobs == pytest.approx(b.token_logprobs, abs=atol, rel=0)
+        assert torch.allclose(a.hidden, b.hidden, rtol=1e-5, atol=atol)
+    head = lm.output_head
+    tcb = [head(torch.stack([r.hidden for r in results])).tcb for results in (ours, before)]
+    assert torch.allclose(tcb[0], tcb[1], rtol=1e-5, atol=0)
+    return ours
+
+
+def assert_buffers_match_copies(lm, requests, batch_size: int = 3):
+    """Scoring on the reused buffers equals, bit for bit, scoring with a fresh copy of the prefix per batch."""
+    reused = Runner(lm, batch_size=batch_size)
+    copied = Runner(lm, batch_size=batch_size)
+    copied.reuse_prefix_buffers = False
+    ours, reference = reused.loglikelihood(requests), copied.loglikelihood(requests)
+    assert reused._buffers is not None and copied._buffers is None  # each took its own path
+    for a, b in zip(ours, reference):
+        assert a.token_logprobs == b.token_logprobs and a.is_greedy == b.is_greedy and torch.equal(a.hidden, b.hidden)
+    return ours
+
+
+@pytest.mark.parametrize("model", ["tiny_lm", "tiny_gemma3"])
+def test_reused_buffers_give_what_a_copied_prefix_gives(model, request):
+    lm = request.getfixturevalue(model)
+    requests = _requests(lm.tokenizer)
+    ours = assert_buffers_match_copies(lm, requests)
+    for (ctx, cont), res in zip(requests, ours):  # and both are the plain, uncached forward's numbers
+        assert res.token_logprobs == pytest.approx(_plain_logprobs(lm, ctx, cont), abs=1e-5)
+
+
+@pytest.mark.parametrize("model", ["tiny_lm", "tiny_gemma3"])
+@pytest.mark.parametrize("batch_size", [3, 16])
+def test_scoring_gives_what_the_runner_gave_before(model, batch_size, request):
+    lm = request.getfixturevalue(model)
+    assert_matches_reference(lm, _requests(lm.tokenizer), batch_size=batch_size)
+
+
+def test_the_last_mlp_runs_where_the_hidden_state_is_read_only(tiny_lm):
+    """Each row's positions from its context's last token to its end, no padding, nothing earlier."""
+    requests = _requests(tiny_lm.tokenizer)
+    runner = Runner(tiny_lm, batch_size=16)
+    mlp = tiny_lm.base.layers[-1].mlp
+    runner.loglikelihood(requests)  # the prefix's own forward (every position) and the MLP's probe happen here
+    (prefix,) = runner._prefixes
+    first_read: dict[tuple, int] = {}  # distinct input -> the first position any of its requests reads
+    for ctx, cont in requests:
+        fed = tuple(ctx) + tuple(cont[:-1])
+        first_read[fed] = min(first_read.get(fed, len(fed)), len(ctx) - 1)
+    seen = []
+    handle = mlp.register_forward_hook(lambda module, args, out: seen.append(args[0].shape[:-1].numel()))
+    try:
+        runner.loglikelihood(requests)
+        assert seen == [sum(len(fed) - first for fed, first in first_read.items())]
+        runner.skip_unread_positions = False
+        seen.clear()
+        runner.loglikelihood(requests)
+        assert seen == [len(first_read) * (max(map(len, first_read)) - len(prefix))]  # every padded position
+    finally:
+        handle.remove()
+
+
+def test_a_model_without_a_position_wise_last_mlp_runs_it_everywhere(tiny_lm):
+    from promptopt.models import last_layer
+
+    assert last_layer.position_wise_last_mlp(tiny_lm.base, 32) is tiny_lm.base.layers[-1].mlp
+    assert last_layer.position_wise_last_mlp(torch.nn.Linear(2, 2), 2) is None  # no decoder layers
+
+    class Routed(torch.nn.Module):  # a mixture of experts returns its router logits beside the states
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(32, 32)
+
+        def forward(self, x):
+            return self.proj(x), x.sum(-1)
+
+    base = torch.nn.Module()
+    base.layers = torch.nn.ModuleList([torch.nn.Module()])
+    base.layers[0].mlp = Routed()
+    assert last_layer.position_wise_last_mlp(base, 32) is None
+
+
+def test_a_prefix_past_the_sliding_window_is_read_at_its_offset(tiny_gemma3):
+    """The sliding layer's template keeps the window's last keys and knows how far it has moved."""
+    requests = _requests(tiny_gemma3.tokenizer)
+    runner = Runner(tiny_gemma3, batch_size=4)
+    runner.loglikelihood(requests)
+    (template,) = runner._prefixes.values()
+    sliding, full = template.layers
+    prefix_len = len(next(iter(runner._prefixes)))
+    assert prefix_len > 8 and sliding.cumulative_length == prefix_len and sliding.keys.shape[-2] == 7
+    assert full.keys.shape[-2] == prefix_len
+    cache = runner._buffers.cache(template, rows=4, width=5)
+    assert cache.layers[0].get_mask_sizes(5) == (7 + 5, prefix_len - 7)  # the window's offset, as transformers keeps it
+
+
+def test_one_set_of_buffers_serves_every_batch_call_and_prompt(tiny_lm):
+    tok = tiny_lm.tokenizer
+    runner = Runner(tiny_lm, batch_size=4)
+    runner.loglikelihood(_requests(tok))
+    storage = dict(runner._buffers._storage)
+    assert len(storage) == 2 * tiny_lm.model.config.num_hidden_layers  # a key and a value buffer per layer
+    first = runner._buffers._built[-1]
+    runner.loglikelihood(_requests(tok))  # the same prompt again: the very same cache
+    assert runner._buffers._built[-1] is first
+    shorter = _requests(tok, shots="Review: a dull mess.\nSentiment: negative\n\n")  # another prompt, a shorter prefix
+    assert_reference = Runner(tiny_lm, batch_size=4)
+    assert_reference.reuse_prefix_buffers = False
+    for a, b in zip(runner.loglikelihood(shorter), assert_reference.loglikelihood(shorter)):
+        assert a.token_logprobs == b.token_logprobs and torch.equal(a.hidden, b.hidden)
+    assert all(runner._buffers._storage[key] is flat for key, flat in storage.items())  # written over, not reallocated
+    longer = [(ctx, cont) for ctx, cont in _requests(tok, shots=SHOTS * 3)]
+    runner.loglikelihood(longer)
+    assert all(runner._buffers._storage[key] is not flat for key, flat in storage.items())  # grown for a longer prefix
+
+
+def test_a_cache_with_other_layers_runs_whole_prompts(tiny_lm, monkeypatch):
+    """A model whose cache has layers prefix_cache cannot extend (linear attention, quantized...) is scored on whole
+    prompts, with the same numbers."""
+    from promptopt.models import prefix_cache
+
+    monkeypatch.setattr(prefix_cache, "_AFTER_PREFIX", {})
+    requests = _requests(tiny_lm.tokenizer)
+    runner = Runner(tiny_lm, batch_size=3)
+    results = runner.loglikelihood(requests)
+    assert runner._prefix_unsupported and not runner._prefixes and runner._buffers is None
+    for (ctx, cont), res in zip(requests, results):
+        assert res.token_logprobs == pytest.approx(_plain_logprobs(tiny_lm, ctx, cont), abs=1e-5)
+
+
+def test_a_cpu_runner_keeps_freed_memory_in_the_process(tiny_lm, monkeypatch):
+    """The runner on CPU sets glibc's mmap and trim thresholds once per process (their effect on page faults is
+    measured by bench/bench_scoring.py, first calls with and without)."""
+    import ctypes
+
+    from promptopt.models import cpu_memory
+
+    calls = []
+
+    class Mallopt:  # stands in for libc's function (ctypes sets its argument types)
+        argtypes = restype = None
+
+        def __call__(self, param, value):
+            calls.append((param, value))
+            return 1
+
+    libc = type("Libc", (), {"mallopt": Mallopt()})()
+    monkeypatch.setattr(cpu_memory, "_applied", None)
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: libc)
+    monkeypatch.setattr(cpu_memory.sys, "platform", "linux")
+    Runner(tiny_lm)
+    Runner(tiny_lm)
+    assert calls == [(-3, 32 << 20), (-1, 256 << 20)]  # M_MMAP_THRESHOLD, M_TRIM_THRESHOLD; once
+    assert cpu_memory.keep_freed_memory()
