@@ -140,7 +140,7 @@ FILE_SECONDS = {
     "test_runner_floor": 43, "test_scoring": 40, "test_models": 35, "test_diagnose": 31, "test_seen_unseen": 28,
     "test_stress_protocol": 26, "test_taboo": 21, "test_architecture": 20, "test_tcb": 17, "test_sandbox": 15,
     "test_diagnose_conflicts": 11, "test_multi_fidelity": 10, "test_tasks": 7, "test_cli": 6, "test_diagnose_math": 4,
-    "test_extract_sandbox": 3, "test_cache": 1, "test_stats": 0.2, "test_formats": 0.2, "test_prompts": 0.1,
+    "test_extract_sandbox": 3, "test_prefix_cache": 6, "test_cache": 1, "test_stats": 0.2, "test_formats": 0.2, "test_prompts": 0.1,
     "test_yamlio": 0.1,
 }
 

@@ -49,23 +49,20 @@ def test_gemma_is_a_named_model_with_its_own_tokenizer_family():
 def test_scores_past_the_sliding_window_as_before(tmp_path):
     """A shared prefix longer than Gemma-3's 512-token sliding window: reused prefix buffers give a copied prefix's
     numbers bit for bit, the last MLP where read the reference's within float rounding, both the plain forward's."""
-    from promptopt.models import Runner, load_model
+    from promptopt.models import load_model
     from tests.test_prefix_cache import assert_buffers_match_copies, assert_matches_reference
 
     lm = load_model(GEMMA, device="cpu")
     tok = lm.tokenizer
     shots = "Review: the critics argued about it for weeks and never agreed.\nSentiment: negative\n\n" * 30
     requests = []
-    for review in ["superb", "a dull, plodding mess of a movie"]:
-        text = shots + f"Review: {review}\nSentiment:"
-        ctx = tok(text)["input_ids"]
-        for cont in [" negative", " rather good, I think"]:
-            requests.append((ctx, tok(text + cont)["input_ids"][len(ctx):]))
-    assert len(requests[0][0]) > 512  # past the window: the sliding layers keep its last 511 keys and an offset
-    ours = assert_buffers_match_copies(lm, requests, batch_size=3)
-    assert_matches_reference(lm, requests, batch_size=3)
-    runner = Runner(lm)
-    runner.loglikelihood(requests)
+    text = shots + "Review: a dull, plodding mess of a movie\nSentiment:"
+    ctx = tok(text)["input_ids"]
+    for cont in [" negative", " rather good, I think"]:
+        requests.append((ctx, tok(text + cont)["input_ids"][len(ctx):]))
+    assert len(ctx) > 512  # past the window: the sliding layers keep its last 511 keys and an offset
+    ours, runner = assert_buffers_match_copies(lm, requests)
+    assert_matches_reference(lm, requests)
     (template,) = runner._prefixes.values()
     assert any(getattr(layer, "is_sliding", False) and layer.keys.shape[-2] == 511 for layer in template.layers)
     for (ctx, cont), res in zip(requests, ours):

@@ -68,7 +68,8 @@ def assert_matches_reference(lm, requests, batch_size: int = 3, atol: float = 1e
 
 
 def assert_buffers_match_copies(lm, requests, batch_size: int = 3):
-    """Scoring on the reused buffers equals, bit for bit, scoring with a fresh copy of the prefix per batch."""
+    """Scoring on the reused buffers equals, bit for bit, scoring with a fresh copy of the prefix per batch; the
+    results and the runner that reused its buffers."""
     reused = Runner(lm, batch_size=batch_size)
     copied = Runner(lm, batch_size=batch_size)
     copied.reuse_prefix_buffers = False
@@ -76,14 +77,14 @@ def assert_buffers_match_copies(lm, requests, batch_size: int = 3):
     assert reused._buffers is not None and copied._buffers is None  # each took its own path
     for a, b in zip(ours, reference):
         assert a.token_logprobs == b.token_logprobs and a.is_greedy == b.is_greedy and torch.equal(a.hidden, b.hidden)
-    return ours
+    return ours, reused
 
 
 @pytest.mark.parametrize("model", ["tiny_lm", "tiny_gemma3"])
 def test_reused_buffers_give_what_a_copied_prefix_gives(model, request):
     lm = request.getfixturevalue(model)
     requests = _requests(lm.tokenizer)
-    ours = assert_buffers_match_copies(lm, requests)
+    ours, _ = assert_buffers_match_copies(lm, requests)
     for (ctx, cont), res in zip(requests, ours):  # and both are the plain, uncached forward's numbers
         assert res.token_logprobs == pytest.approx(_plain_logprobs(lm, ctx, cont), abs=1e-5)
 
