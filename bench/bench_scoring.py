@@ -11,8 +11,8 @@ same run:
   This machine kind drifts by ±10% within a minute, more than the effects measured, so every ratio is paired:
   a floor pass right next to the scorer (order alternating by round), one ratio per round, the median and the
   range printed. A first call happens once per process: it is sampled in several fresh processes (the bench's
-  own and `BENCH_FIRST_CALLS` - 1 more), each followed by a floor pass; as many again run with glibc's default
-  malloc thresholds (promptopt/models/cpu_memory.py), their page faults and ratios printed beside.
+  own and `BENCH_FIRST_CALLS` - 1 more), each followed by a floor pass; `BENCH_DEFAULT_MALLOC_CALLS` more run
+  with glibc's default malloc thresholds (promptopt/models/cpu_memory.py), their page faults printed beside.
 - [2b] the same scorer without the prefix cache (predictions and log-probs must agree).
 - [2c] lm-evaluation-harness on the same items, model and prompt: predictions must agree item by item;
   target ≥ 5× its items/s. Skipped, saying why, when lm-eval is not installed (`make bench` installs it).
@@ -35,7 +35,8 @@ os.environ["HF_DATASETS_OFFLINE"] = "1"
 
 N_ITEMS = int(os.environ.get("BENCH_ITEMS", "200"))
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "5"))  # paired rounds of floor, prefix forward and repeated scorer
-FIRST_CALLS = int(os.environ.get("BENCH_FIRST_CALLS", "3"))  # fresh processes sampling a first call
+FIRST_CALLS = int(os.environ.get("BENCH_FIRST_CALLS", "5"))  # fresh processes sampling a first call
+DEFAULT_MALLOC_CALLS = int(os.environ.get("BENCH_DEFAULT_MALLOC_CALLS", "3"))  # and first calls on glibc's default malloc
 
 
 def lm_eval_task(folder: Path, shots, items) -> str:
@@ -151,8 +152,8 @@ def main() -> None:
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
     samples = [{"first": t_first, "floor": floor_pass(lm, batches), "tokens": n_tokens, "faults": faults}]
     default_malloc = []
-    for i in range(2 * FIRST_CALLS - 1):  # alternating, so that a drift in machine speed favours neither
-        if i % 2 == 0:
+    while len(samples) < FIRST_CALLS or len(default_malloc) < DEFAULT_MALLOC_CALLS:  # alternating while both are due
+        if len(default_malloc) < DEFAULT_MALLOC_CALLS and (len(default_malloc) < len(samples) or len(samples) >= FIRST_CALLS):
             default_malloc.append(_sample_in_new_process(default_malloc=True))
         else:
             samples.append(_sample_in_new_process(default_malloc=False))
@@ -208,9 +209,11 @@ def main() -> None:
         print(f"     scorer, {label}: {n_tokens / seconds:.0f} suffix tok/s, {len(items) / seconds:.2f} items/s -> floor ratio "
               f"{_spread(ratios)} (target ≥ {target}: {'met' if met else 'NOT met'})")
         if label.startswith("first"):
+            default_seconds = statistics.median(s["first"] for s in default_malloc)
             print(f"       its minor page faults {_spread([s['faults'] for s in samples], 0)}; with glibc's default malloc "
-                  f"thresholds instead: {_spread([s['faults'] for s in default_malloc], 0)} faults, floor ratio "
-                  f"{_spread([s['floor'] / s['first'] for s in default_malloc])}")
+                  f"thresholds instead: {_spread([s['faults'] for s in default_malloc], 0)}, {n_tokens / default_seconds:.0f} "
+                  f"suffix tok/s, floor ratio {_spread([s['floor'] / s['first'] for s in default_malloc])} (that floor pass, the "
+                  "process's second, runs on default malloc too)")
     print(f"     where the repeated call's {median['scorer']:.2f} s go, against the floor's {median['floor']:.2f} s (medians over rounds, "
           "each part timed inside the call):")
     print(f"       the model's forward on top of the {prefix_len}-token prefix: {median['forward']:.2f} s "
