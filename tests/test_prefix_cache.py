@@ -14,11 +14,7 @@ import torch
 
 from promptopt.models import Runner, load_model
 from tests.conftest import _save_tiny
-
-SHOTS = "Review: great fun, a joy from start to end.\nSentiment: positive\n\nReview: a dull mess.\nSentiment: negative\n\n"
-REVIEWS = ["superb", "it is charming and often affecting", "bleak and desperate film, and far too long for what it says", "dull"]
-CONTINUATIONS = [" negative", " positive", " rather good, I think"]
-
+from tests.test_runner_floor import SHOTS, _requests
 
 @pytest.fixture(scope="module")
 def tiny_gemma3(tmp_path_factory, embedded_dir):
@@ -32,16 +28,6 @@ def tiny_gemma3(tmp_path_factory, embedded_dir):
         max_position_embeddings=512, eos_token_id=2, pad_token_id=2, bos_token_id=1,
     )
     return load_model(str(_save_tiny(tmp_path_factory.mktemp("tiny-gemma3"), config, embedded_dir)), device="cpu")
-
-
-def _requests(tok, shots=SHOTS):
-    requests = []
-    for review in REVIEWS:
-        text = shots + f"Review: {review}\nSentiment:"
-        ctx = tok(text)["input_ids"]
-        for cont in CONTINUATIONS:
-            requests.append((ctx, tok(text + cont)["input_ids"][len(ctx):]))
-    return requests
 
 
 def _plain_logprobs(lm, ctx, cont):
@@ -123,8 +109,9 @@ def test_the_last_mlp_runs_where_the_hidden_state_is_read_only(tiny_lm):
 def test_a_model_without_a_position_wise_last_mlp_runs_it_everywhere(tiny_lm):
     from promptopt.models import last_layer
 
-    assert last_layer.position_wise_last_mlp(tiny_lm.base, 32) is tiny_lm.base.layers[-1].mlp
-    assert last_layer.position_wise_last_mlp(torch.nn.Linear(2, 2), 2) is None  # no decoder layers
+    f32 = torch.float32
+    assert last_layer.position_wise_last_mlp(tiny_lm.base, 32, f32) is tiny_lm.base.layers[-1].mlp
+    assert last_layer.position_wise_last_mlp(torch.nn.Linear(2, 2), 2, f32) is None  # no decoder layers
 
     class Routed(torch.nn.Module):  # a mixture of experts returns its router logits beside the states
         def __init__(self):
@@ -137,7 +124,9 @@ def test_a_model_without_a_position_wise_last_mlp_runs_it_everywhere(tiny_lm):
     base = torch.nn.Module()
     base.layers = torch.nn.ModuleList([torch.nn.Module()])
     base.layers[0].mlp = Routed()
-    assert last_layer.position_wise_last_mlp(base, 32) is None
+    assert last_layer.position_wise_last_mlp(base, 32, f32) is None
+    base.layers[0].mlp = torch.nn.Linear(16, 32)  # fails on the probe: not an MLP over the hidden states
+    assert last_layer.position_wise_last_mlp(base, 32, f32) is None
 
 
 def test_a_prefix_past_the_sliding_window_is_read_at_its_offset(tiny_gemma3):

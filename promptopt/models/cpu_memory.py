@@ -3,7 +3,7 @@
 A forward on CPU allocates and frees activation tensors of a few megabytes, layer after layer. glibc's malloc
 serves them from fresh mmap regions, or trims its heap as soon as they are freed, until its thresholds have
 adapted to the sizes it sees; every page of such a region is faulted in (and zeroed by the kernel) again on the
-next touch. Measured on SmolLM2, 200 SST-2 items, in fresh processes: 170,000-740,000 minor page faults in the
+next touch. Measured on SmolLM2, 200 SST-2 items, in fresh processes: 170,000-780,000 minor page faults in the
 first scoring call (up to 3 GB of page touching, ~0.85 µs a fault here); with the thresholds below set when the
 runner starts, 85,000-140,000 (the model's own first touches), and the resident size afterwards the same
 (1.35-1.53 GB either way).

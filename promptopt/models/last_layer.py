@@ -16,17 +16,21 @@ from contextlib import contextmanager
 import torch
 
 
-def position_wise_last_mlp(base: torch.nn.Module, hidden_size: int) -> torch.nn.Module | None:
+def position_wise_last_mlp(base: torch.nn.Module, hidden_size: int, dtype: torch.dtype) -> torch.nn.Module | None:
     """The last decoder layer's MLP where transformers' decoders keep it (`layers[-1].mlp`), if it maps a batch
-    of hidden states to one tensor of the same shape (a dense MLP); None otherwise, and nothing is skipped."""
+    of hidden states (`dtype`) to one tensor of the same shape (a dense MLP); None otherwise (a mixture of
+    experts returning its router logits, an MLP that fails on the probe), and nothing is skipped."""
     layers = getattr(base, "layers", None)
     mlp = getattr(layers[-1], "mlp", None) if isinstance(layers, torch.nn.ModuleList) and len(layers) else None
     param = next(mlp.parameters(), None) if isinstance(mlp, torch.nn.Module) else None
     if param is None:
         return None
-    probe = torch.zeros(1, 2, hidden_size, dtype=param.dtype, device=param.device)
-    with torch.inference_mode():
-        out = mlp(probe)
+    probe = torch.zeros(1, 2, hidden_size, dtype=dtype, device=param.device)
+    try:
+        with torch.inference_mode():
+            out = mlp(probe)
+    except (RuntimeError, TypeError, ValueError):
+        return None
     return mlp if isinstance(out, torch.Tensor) and out.shape == probe.shape else None
 
 

@@ -8,7 +8,7 @@ sliding-window layer, how far the window has moved) is the template every batch 
   both; the layer keeps the prefix's state, so one cache object serves every batch of a call. transformers'
   DynamicCache would instead copy the prefix into every batch twice per layer (its init `cat`, then the
   update's) and free it at the batch's end: on SmolLM2 that was ~130 MB a batch, which glibc handed back to
-  the system and page-faulted in again for the next (~270,000 minor faults per 200 items).
+  the system and page-faulted in again for the next (190,000-270,000 minor faults per 200 items).
 - Generation (`growing_cache`): a copy of the template's layers over broadcast (not copied) prefix rows; the
   first decoding step's `cat` makes each row its own, and the cache grows and drops rows as usual.
 
@@ -116,8 +116,3 @@ class PrefixBuffers:
         if flat is None or flat.numel() < need or flat.dtype != like.dtype or flat.device != like.device:
             flat = self._storage[key] = like.new_empty(need + need // 4)
         return flat[:need].view(shape)
-
-    def clear(self) -> None:
-        """Free the buffers (the runner calls this when it drops its prefixes)."""
-        self._storage.clear()
-        self._built = None

@@ -2,8 +2,10 @@
 
 Every prompt of a study repeats the same instruction and exemplar block before each item. That block is
 found in *token space* (longest common prefix of the fully tokenized inputs), run once, and its KV cache
-is broadcast to every batch. Splitting on text instead is wrong: a tokenizer may merge across the seam
-("\\n\\n" alone vs "\\n","\\n" in context), shifting answer log-probs by tenths of a nat.
+is broadcast to every batch (prefix_cache.py). Splitting on text instead is wrong: a tokenizer may merge across
+the seam ("\\n\\n" alone vs "\\n","\\n" in context), shifting answer log-probs by tenths of a nat. Scoring
+runs the last layer's MLP only where a hidden state is read (last_layer.py), and a CPU runner keeps the memory
+it frees in the process (cpu_memory.py).
 """
 
 from __future__ import annotations
@@ -181,7 +183,8 @@ class Runner:
         if not self.skip_unread_positions:
             return None
         if self._last_mlp is False:
-            self._last_mlp = last_layer.position_wise_last_mlp(self.lm.base, self.lm.output_head.hidden_size)
+            dtype = self.lm.model.get_input_embeddings().weight.dtype  # what the hidden states flow in (4-bit weights too)
+            self._last_mlp = last_layer.position_wise_last_mlp(self.lm.base, self.lm.output_head.hidden_size, dtype)
         return self._last_mlp
 
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache) -> tuple:
@@ -221,8 +224,10 @@ class Runner:
                 mask[row, prefix_len : prefix_len + len(suffix)] = 1
             positions = (prefix_len + torch.arange(width)).expand(len(batch), -1)
             dev = self.lm.device
-            read = torch.cat([row * width + torch.arange(first_needed[seq], len(seq) - prefix_len) for row, seq in enumerate(batch)])
-            with torch.inference_mode(), last_layer.mlp_only_at(self._skippable_mlp(), read.to(dev)):
+            mlp, read = self._skippable_mlp(), None
+            if mlp is not None:  # the flattened (row × position) indices whose final hidden state is read below
+                read = torch.cat([row * width + torch.arange(first_needed[seq], len(seq) - prefix_len) for row, seq in enumerate(batch)]).to(dev)
+            with torch.inference_mode(), last_layer.mlp_only_at(mlp, read):
                 hidden, _ = self._forward(ids.to(dev), mask.to(dev), positions.to(dev), cache_for(len(batch)))
             for row, seq in enumerate(batch):
                 hidden_of[seq] = hidden[row, first_needed[seq] : len(seq) - prefix_len].float().clone()
