@@ -6,7 +6,8 @@ MLP output reaches nothing except the final hidden state at its own position, so
 on SmolLM2 that is ~2.4% of a forward's arithmetic (the MLP is 3/4 of a layer, the last layer 1/30 of the
 model), on Gemma-3-270M (18 layers) ~4%. The hidden states at the positions not read are then not the model's,
 and nothing reads them. The numbers read are the same up to float rounding: a matrix product over fewer rows
-may round differently (measured: identical on SmolLM2 and Gemma-3 at batch 16, within 1.3e-6 in log p at 5).
+may round differently (measured: identical on SmolLM2 and Gemma-3 at batch 16; at batch 5 within 1.3e-6 in log p on
+SST-2, 4.3e-6 on a 14-item yes/no task of my own).
 """
 
 from __future__ import annotations
