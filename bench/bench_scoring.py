@@ -6,8 +6,8 @@ same run:
   (captured from its calls), without the prefix. The scorer's time over the floor's is the "floor ratio", on
   its first call in a process and repeated (targets ≥ 0.85 and ≥ 0.9). The scorer does more than the floor:
   attention over the cached prefix, the output head, δ_TCB, tokenization, the table; the repeated call's
-  time is split into those parts (the runner's own forward of the same batches on top of its cached prefix,
-  timed alone, and the time in tokenization, the output head and δ_TCB).
+  time is split into those parts, each timed inside the call (the model's forward on top of the cached prefix,
+  tokenization, the output head, δ_TCB, and the rest by difference).
   This machine kind drifts by ±10% within a minute, more than the effects measured, so every ratio is paired:
   a floor pass right next to the scorer (order alternating by round), one ratio per round, the median and the
   range printed. A first call happens once per process: it is sampled in several fresh processes (the bench's
@@ -34,7 +34,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 
 N_ITEMS = int(os.environ.get("BENCH_ITEMS", "200"))
-ROUNDS = int(os.environ.get("BENCH_ROUNDS", "5"))  # paired rounds of floor, prefix forward and repeated scorer
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "5"))  # paired rounds of a floor pass and a repeated scorer call
 FIRST_CALLS = int(os.environ.get("BENCH_FIRST_CALLS", "5"))  # fresh processes sampling a first call
 DEFAULT_MALLOC_CALLS = int(os.environ.get("BENCH_DEFAULT_MALLOC_CALLS", "3"))  # and first calls on glibc's default malloc
 
@@ -82,8 +82,11 @@ def _setup():
 def first_call(lm, task, items, prompt):
     """A fresh scorer's first call right after loading, as a user's first `score`. Every batch it runs on top of
     the prefix cache is recorded (padded suffix ids, mask, positions), and every request it scores, to count the
-    real suffix tokens as the runner feeds them (context + continuation minus its last token)."""
+    real suffix tokens as the runner feeds them (context + continuation minus its last token); its minor page
+    faults are counted."""
     from promptopt.scoring import Scorer
+
+    import resource
 
     batches, requests = [], []
 
@@ -96,14 +99,15 @@ def first_call(lm, task, items, prompt):
     runner = scorer.runner
     loglikelihood = runner.loglikelihood
     runner.loglikelihood = lambda reqs: (requests.extend(reqs), loglikelihood(reqs))[1]
-    start = time.perf_counter()
+    faults, start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter()
     result = scorer.score(prompt, items)
     seconds = time.perf_counter() - start
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
     hook.remove()
     del runner.loglikelihood
     prefix_len = int(batches[0][2][0, 0])
     n_tokens = sum(len(fed) - prefix_len for fed in {tuple(ctx) + tuple(cont[:-1]) for ctx, cont in requests})
-    return scorer, result, seconds, batches, prefix_len, n_tokens
+    return scorer, result, {"first": seconds, "tokens": n_tokens, "faults": faults}, batches, prefix_len
 
 
 def floor_pass(lm, batches) -> float:
@@ -120,17 +124,13 @@ def floor_pass(lm, batches) -> float:
 def first_call_sample(default_malloc: bool = False) -> dict:
     """One first call and the floor pass right after it, in this (fresh) process; `default_malloc`: without the
     runner's malloc setting (promptopt/models/cpu_memory.py), to show what it changes."""
-    import resource
-
     from promptopt.models import cpu_memory
 
     if default_malloc:
         cpu_memory._applied = False  # as if it had been tried and was not available
     lm, task, items, prompt = _setup()
-    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    _, _, seconds, batches, _, n_tokens = first_call(lm, task, items, prompt)
-    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
-    return {"first": seconds, "floor": floor_pass(lm, batches), "tokens": n_tokens, "faults": faults}
+    _, _, sample, batches, _ = first_call(lm, task, items, prompt)
+    return {**sample, "floor": floor_pass(lm, batches)}
 
 
 def _sample_in_new_process(default_malloc: bool) -> dict:
@@ -144,13 +144,10 @@ def _spread(values, digits: int = 3) -> str:
 
 
 def main() -> None:
-    import resource
-
     lm, task, items, prompt = _setup()
-    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    scorer, cached, t_first, batches, prefix_len, n_tokens = first_call(lm, task, items, prompt)
-    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
-    samples = [{"first": t_first, "floor": floor_pass(lm, batches), "tokens": n_tokens, "faults": faults}]
+    scorer, cached, sample, batches, prefix_len = first_call(lm, task, items, prompt)
+    n_tokens = sample["tokens"]
+    samples = [{**sample, "floor": floor_pass(lm, batches)}]
     default_malloc = []
     while len(samples) < FIRST_CALLS or len(default_malloc) < DEFAULT_MALLOC_CALLS:  # alternating while both are due
         if len(default_malloc) < DEFAULT_MALLOC_CALLS and (len(default_malloc) < len(samples) or len(samples) >= FIRST_CALLS):

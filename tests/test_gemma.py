@@ -46,11 +46,12 @@ def test_gemma_is_a_named_model_with_its_own_tokenizer_family():
     assert ours == pytest.approx(1.0 / norm, rel=1e-6)
 
 
-def test_scores_past_the_sliding_window_as_before(tmp_path):
+def test_scores_past_the_sliding_window_as_before():
     """A shared prefix longer than Gemma-3's 512-token sliding window: reused prefix buffers give a copied prefix's
     numbers bit for bit, the last MLP where read the reference's within float rounding, both the plain forward's."""
     from promptopt.models import load_model
     from tests.test_prefix_cache import assert_buffers_match_copies, assert_matches_reference
+    from tests.test_runner_floor import _plain
 
     lm = load_model(GEMMA, device="cpu")
     tok = lm.tokenizer
@@ -66,10 +67,7 @@ def test_scores_past_the_sliding_window_as_before(tmp_path):
     (template,) = runner._prefixes.values()
     assert any(getattr(layer, "is_sliding", False) and layer.keys.shape[-2] == 511 for layer in template.layers)
     for (ctx, cont), res in zip(requests, ours):
-        with torch.inference_mode():
-            logits = lm.model(input_ids=torch.tensor([ctx + cont])).logits[0, len(ctx) - 1 : -1]
-        logp = torch.log_softmax(logits.double(), -1)
-        assert res.token_logprobs == pytest.approx([float(logp[i, t]) for i, t in enumerate(cont)], abs=1e-4)
+        assert res.token_logprobs == pytest.approx(_plain(lm, ctx, cont)[0], abs=1e-4)
 
 
 def test_score_trace_stress_and_diagnose_on_gemma(tmp_path):

@@ -14,7 +14,8 @@ import torch
 
 from promptopt.models import Runner, load_model
 from tests.conftest import _save_tiny
-from tests.test_runner_floor import SHOTS, _requests
+from tests.test_runner_floor import SHOTS, _plain, _requests
+
 
 @pytest.fixture(scope="module")
 def tiny_gemma3(tmp_path_factory, embedded_dir):
@@ -28,13 +29,6 @@ def tiny_gemma3(tmp_path_factory, embedded_dir):
         max_position_embeddings=512, eos_token_id=2, pad_token_id=2, bos_token_id=1,
     )
     return load_model(str(_save_tiny(tmp_path_factory.mktemp("tiny-gemma3"), config, embedded_dir)), device="cpu")
-
-
-def _plain_logprobs(lm, ctx, cont):
-    with torch.inference_mode():
-        logits = lm.model(input_ids=torch.tensor([ctx + cont])).logits[0, len(ctx) - 1 : -1]
-    logp = torch.log_softmax(logits.double(), -1)
-    return [float(logp[i, t]) for i, t in enumerate(cont)]
 
 
 def assert_matches_reference(lm, requests, batch_size: int = 3, atol: float = 1e-5):
@@ -72,7 +66,7 @@ def test_reused_buffers_give_what_a_copied_prefix_gives(model, request):
     requests = _requests(lm.tokenizer)
     ours, _ = assert_buffers_match_copies(lm, requests)
     for (ctx, cont), res in zip(requests, ours):  # and both are the plain, uncached forward's numbers
-        assert res.token_logprobs == pytest.approx(_plain_logprobs(lm, ctx, cont), abs=1e-5)
+        assert res.token_logprobs == pytest.approx(_plain(lm, ctx, cont)[0], abs=1e-5)
 
 
 @pytest.mark.parametrize("model", ["tiny_lm", "tiny_gemma3"])
@@ -174,7 +168,7 @@ def test_a_cache_with_other_layers_runs_whole_prompts(tiny_lm, monkeypatch):
     results = runner.loglikelihood(requests)
     assert runner._prefix_unsupported and not runner._prefixes and runner._buffers is None
     for (ctx, cont), res in zip(requests, results):
-        assert res.token_logprobs == pytest.approx(_plain_logprobs(tiny_lm, ctx, cont), abs=1e-5)
+        assert res.token_logprobs == pytest.approx(_plain(tiny_lm, ctx, cont)[0], abs=1e-5)
 
 
 def test_a_cpu_runner_keeps_freed_memory_in_the_process(tiny_lm, monkeypatch):
