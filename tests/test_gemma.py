@@ -66,8 +66,11 @@ def test_scores_past_the_sliding_window_as_before():
     assert_matches_reference(lm, requests)
     (template,) = runner._prefixes.values()
     assert any(getattr(layer, "is_sliding", False) and layer.keys.shape[-2] == 511 for layer in template.layers)
+    # float32 noise of this model on ~560 tokens: on an AMD EPYC (2026-12-02) the runner was 1.05e-4 nats from the
+    # plain forward with its prefix cache and 1.01e-4 without it (the two 4.2e-6 apart), and a float64 forward was
+    # 1.0e-4 from both; 1e-4 passed on another CPU and failed on this one
     for (ctx, cont), res in zip(requests, ours):
-        assert res.token_logprobs == pytest.approx(_plain(lm, ctx, cont)[0], abs=1e-4)
+        assert res.token_logprobs == pytest.approx(_plain(lm, ctx, cont)[0], abs=3e-4)
 
 
 def test_score_trace_stress_and_diagnose_on_gemma(tmp_path):
