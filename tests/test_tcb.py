@@ -177,20 +177,21 @@ def test_real_smollm2_positions(embedded_lm):
 
 @pytest.mark.parametrize("head", [{}, {"logit_softcap": 3.0, "logit_scale": 0.7}], ids=["plain", "scaled-softcapped"])
 def test_positions_computed_in_chunks_give_the_numbers_of_one_pass(monkeypatch, head):
-    """`_LOGIT_ELEMENTS` and `_WORK_ELEMENTS` only set how many positions are computed together; every field must
-    come out the same (up to the output product's BLAS layout) whether 300 positions run at once or in blocks of 49
-    split into 7 (the last block and chunk short)."""
+    """`_LOGIT_ELEMENTS`, `_PRODUCT_ELEMENTS` and `_WORK_ELEMENTS` only set how many positions are computed
+    together; every field must come out the same (up to the output product's BLAS layout) whether 300 positions run
+    at once or in logit blocks of 42, product groups of 21 and steps of 7 (the last block, group and step short)."""
     import promptopt.metrics.tcb as tcb
 
     torch.manual_seed(3)
     w, h = torch.randn(1000, 16), 2 * torch.randn(300, 16)
     target = torch.randint(0, 1000, (300,))
-    monkeypatch.setattr(tcb, "_WORK_ELEMENTS", 300 * 1000)
-    monkeypatch.setattr(tcb, "_LOGIT_ELEMENTS", 300 * 1000)
+    for name in ("_WORK_ELEMENTS", "_PRODUCT_ELEMENTS", "_LOGIT_ELEMENTS"):
+        monkeypatch.setattr(tcb, name, 300 * 1000)
     bias = torch.randn(1000) if head else None  # the gain (scale, soft-cap) is sliced with the logits
     whole = OutputGeometry(w, bias=bias, **head)(h, target=target)
     monkeypatch.setattr(tcb, "_WORK_ELEMENTS", 7 * 1000)
-    monkeypatch.setattr(tcb, "_LOGIT_ELEMENTS", 50 * 1000)  # logits for 49 positions at a time, the rest for 7
+    monkeypatch.setattr(tcb, "_PRODUCT_ELEMENTS", 23 * 1000)  # the product with W for 21 positions (3 steps) at a time
+    monkeypatch.setattr(tcb, "_LOGIT_ELEMENTS", 50 * 1000)  # logits for 42 positions (2 groups) at a time
     chunked = OutputGeometry(w, bias=bias, **head)(h, target=target)
     for name in ("tcb", "jacobian_norm", "v_eff", "margin", "entropy", "top_prob", "nll", "tcb_approx", "tcb_diffuse"):
         assert torch.allclose(getattr(chunked, name), getattr(whole, name), rtol=1e-6, atol=0), name

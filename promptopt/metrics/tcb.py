@@ -43,12 +43,16 @@ _EXACT_TOP_K = 32
 _VOCAB_CHUNK = 16384
 # Positions × vocab computed at once. Each position is computed on its own, so these only set how much memory is
 # touched at a time. The float32 logits come from one product per block of 2^24 (341 SmolLM2 positions, 64 of
-# Gemma-3's: BLAS is ~2x faster on such blocks than on 21 rows); everything after it runs on 2^20 at a time (21
-# SmolLM2 positions), which keeps the (positions × V) float32/float64 passes near the CPU's cache. On 200 SmolLM2
-# positions (2 CPU cores) δ_TCB took 0.56 s with both at 2^24, 0.50–0.54 s with both at 2^20, 0.42–0.45 s as
-# here, with the same numbers (torch.equal); tests/test_tcb.py checks the chunking.
+# Gemma-3's: BLAS is ~2x faster on such blocks than on 21 rows); the elementwise work after it runs on 2^20 at a
+# time (21 SmolLM2 positions), which keeps the (positions × V) float32/float64 passes near the CPU's cache; and the
+# tail's product with W (Σ o w, Σ o² w) runs once per group of 2^23 (168 SmolLM2 positions, 32 of Gemma-3's). On
+# 200 SmolLM2 positions (2 CPU cores) δ_TCB took 0.56 s with logits and elementwise work both at 2^24, 0.50–0.54 s
+# with both at 2^20, 0.42–0.45 s with the logits at 2^24 and the rest, product included, at 2^20; that product
+# alone took 0.40 s on 21-position steps and 0.19 s in one (a slower machine, 2026-12-02, bench/bench_tcb.py).
+# tests/test_tcb.py checks that the numbers do not depend on these sizes.
 _LOGIT_ELEMENTS = 1 << 24
 _WORK_ELEMENTS = 1 << 20
+_PRODUCT_ELEMENTS = 1 << 23
 # Rows of W per step of its one float64 pass (`_statistics`, paid once per model, inside the first scoring call):
 # 1024 SmolLM2 rows are 4.7 MB in float64, near the CPU's cache; 0.13-0.15 s with 16384 rows, 0.033-0.035 s with
 # 1024, the same numbers (torch.equal on the row norms, the same sum; float64 weights are no longer rounded to
@@ -189,20 +193,31 @@ class OutputGeometry:
         if tgt is not None and tgt.shape[0] != h.shape[0]:
             raise ValueError(f"target has {tgt.shape[0]} entries for {h.shape[0]} positions")
         step = max(1, _WORK_ELEMENTS // self.vocab_size)
-        block = max(1, _LOGIT_ELEMENTS // self.vocab_size // step) * step
+        group = max(1, _PRODUCT_ELEMENTS // self.vocab_size // step) * step
+        block = max(1, _LOGIT_ELEMENTS // self.vocab_size // group) * group
         parts = []
         for b in range(0, h.shape[0], block):
             z, gain = self._logits_and_gain(h[b : b + block])
-            for i in range(b, min(b + block, h.shape[0]), step):
-                rows = slice(i - b, i - b + step)
-                logits = z[rows], None if gain is None else gain[rows]
-                parts.append(self._compute(h[i : i + step], None if tgt is None else tgt[i : i + step], eps, logits))
+            for g in range(b, min(b + block, h.shape[0]), group):
+                coef = torch.empty(min(group, h.shape[0] - g), 2, self.vocab_size, dtype=torch.float32, device=h.device)
+                steps = []
+                for i in range(g, g + coef.shape[0], step):
+                    rows = slice(i - b, min(i + step, g + coef.shape[0]) - b)
+                    logits = z[rows], None if gain is None else gain[rows]
+                    target_i = None if tgt is None else tgt[i : i + step]
+                    steps.append(self._before_product(h[i : i + step], target_i, eps, logits, coef[i - g : i - g + step]))
+                m = self._weighted_rows(coef).to(torch.float64)  # one product for the group: Σ o w, Σ o² w of the tails
+                for i, state in zip(range(0, coef.shape[0], step), steps):
+                    parts.append(self._after_product(state, m[i : i + step], eps))
         if not parts:
             empty = torch.empty(lead, dtype=torch.float64, device=hidden.device)
             return TCBResult(**{f.name: empty for f in fields(TCBResult)})
         return TCBResult(**{k: torch.cat([p[k] for p in parts]).reshape(lead) for k in parts[0]})
 
-    def _compute(self, h: torch.Tensor, target: torch.Tensor | None, eps: float, logits) -> dict[str, torch.Tensor]:
+    def _before_product(self, h: torch.Tensor, target: torch.Tensor | None, eps: float, logits, coef: torch.Tensor) -> dict:
+        """Everything that reads the (positions × V) logits, for a step of positions: the companions, and the
+        tail's coefficients for the product with W written into `coef` (n, 2, V). What ‖J‖ still needs from
+        that product is finished by `_after_product`."""
         n, k = h.shape[0], self.exact_top_k
         f64 = torch.float64
         rows = torch.arange(n, device=h.device)
@@ -242,11 +257,9 @@ class OutputGeometry:
         tail_entropy = torch.where(f > 0, f * (torch.log(f.clamp_min(torch.finfo(f64).tiny)) * sum_e + tail_elog), 0.0)
         entropy = -(o_top * logp_top).sum(-1) - tail_entropy
 
-        # Tail sums through one float32 product with W: Σ o_j w'_j and Σ o_j² w'_j.
-        coef = torch.stack([ge, e * ge], dim=1)  # (n, 2, V)
-        m = self._weighted_rows(coef).to(f64)
-        m1 = f[:, None] * m[:, 0]
-        m2 = f.pow(2)[:, None] * m[:, 1]
+        # Tail sums through one float32 product with W (`_after_product`): Σ o_j w'_j and Σ o_j² w'_j.
+        coef[:, 0] = ge
+        coef[:, 1] = e2 if gain is None else e * ge
         tail_sum1 = f * sum_e
         tail_sum2 = f.pow(2) * sum_e2
         g2r = self.row_sq_norms.to(device=h.device, dtype=torch.float32)[None, :]
@@ -254,20 +267,7 @@ class OutputGeometry:
             g2r = g2r * gain * gain
         tail_sq = f.pow(2) * (e2 * g2r).sum(-1, dtype=f64)  # Σ_tail o_i² ‖w'_i‖²
 
-        # Exact rows: w'_i for i in K, anchored on the top token.
-        w_eff = w_top if g_top is None else w_top * g_top[..., None]
-        anchor = w_eff[:, 0]  # w'_t
-        u = w_eff - anchor[:, None, :]  # (n, K, d), u_t = 0
-        c = (o_top[:, 1:, None] * u[:, 1:]).sum(1) + (m1 - tail_sum1[:, None] * anchor)  # μ − w'_t
-        # Top-K part: Σ_K o_i² ‖u_i − c‖², a sum of non-negative terms.
-        head_part = (o_top.pow(2) * (u - c[:, None, :]).pow(2).sum(-1)).sum(-1)
-        # Tail part: Σ_tail o_i² ‖u_i − c‖² = Σ o²‖u‖² − 2 c·Σ o² u + Σo² ‖c‖², with u = w' − anchor.
-        tail_u_sq = tail_sq - 2 * (anchor * m2).sum(-1) + tail_sum2 * anchor.pow(2).sum(-1)
-        tail_m2u = m2 - tail_sum2[:, None] * anchor
-        tail_part = tail_u_sq - 2 * (c * tail_m2u).sum(-1) + tail_sum2 * c.pow(2).sum(-1)
-        jac_sq = head_part + tail_part.clamp_min(0.0)
-        jac = jac_sq.sqrt()
-        tcb = torch.where(jac > 0, eps / jac, torch.full_like(jac, float("inf")))
+        w_eff = w_top if g_top is None else w_top * g_top[..., None]  # exact rows w'_i for i in K
 
         # Statistical approximation E‖J‖²_F ≈ dσ² ‖M G‖²_F (module docstring); sums of non-negative terms.
         g2_top = None if g_top is None else g_top.pow(2)
@@ -293,9 +293,9 @@ class OutputGeometry:
             in_top = top_idx == target[:, None]
             z_target = torch.where(in_top.any(-1), (z_top * in_top).sum(-1), z[rows, target].to(f64))
             nll = log_norm - z_target
+        jacobian = {"f": f, "o_top": o_top, "w_eff": w_eff, "tail_sum1": tail_sum1, "tail_sum2": tail_sum2, "tail_sq": tail_sq}
         return {
-            "tcb": tcb,
-            "jacobian_norm": jac,
+            "jacobian": jacobian,
             "v_eff": v_eff,
             "margin": z_top[:, 0] - z_top[:, 1],
             "entropy": entropy,
@@ -307,6 +307,28 @@ class OutputGeometry:
             "tcb_approx": tcb_approx,
             "tcb_diffuse": tcb_diffuse,
         }
+
+    def _after_product(self, state: dict, m: torch.Tensor, eps: float) -> dict[str, torch.Tensor]:
+        """‖J‖_F and δ_TCB for a step of positions from `_before_product`'s state and the tail's product with W,
+        m (n, 2, d) float64: Σ e_j w'_j and Σ e_j² w'_j (tail probabilities o_j = f·e_j)."""
+        jacobian = state.pop("jacobian")
+        f, o_top, w_eff = jacobian["f"], jacobian["o_top"], jacobian["w_eff"]
+        tail_sum1, tail_sum2, tail_sq = jacobian["tail_sum1"], jacobian["tail_sum2"], jacobian["tail_sq"]
+        m1 = f[:, None] * m[:, 0]
+        m2 = f.pow(2)[:, None] * m[:, 1]
+        # Exact rows, anchored on the top token.
+        anchor = w_eff[:, 0]  # w'_t
+        u = w_eff - anchor[:, None, :]  # (n, K, d), u_t = 0
+        c = (o_top[:, 1:, None] * u[:, 1:]).sum(1) + (m1 - tail_sum1[:, None] * anchor)  # μ − w'_t
+        # Top-K part: Σ_K o_i² ‖u_i − c‖², a sum of non-negative terms.
+        head_part = (o_top.pow(2) * (u - c[:, None, :]).pow(2).sum(-1)).sum(-1)
+        # Tail part: Σ_tail o_i² ‖u_i − c‖² = Σ o²‖u‖² − 2 c·Σ o² u + Σo² ‖c‖², with u = w' − anchor.
+        tail_u_sq = tail_sq - 2 * (anchor * m2).sum(-1) + tail_sum2 * anchor.pow(2).sum(-1)
+        tail_m2u = m2 - tail_sum2[:, None] * anchor
+        tail_part = tail_u_sq - 2 * (c * tail_m2u).sum(-1) + tail_sum2 * c.pow(2).sum(-1)
+        jac = (head_part + tail_part.clamp_min(0.0)).sqrt()
+        tcb = torch.where(jac > 0, eps / jac, torch.full_like(jac, float("inf")))
+        return {"tcb": tcb, "jacobian_norm": jac, **state}
 
     def _weighted_rows(self, coef: torch.Tensor) -> torch.Tensor:
         """coef (n, r, V) float32 -> Σ_i coef_i w_i, shape (n, r, d), vocabulary-chunked."""
