@@ -35,7 +35,7 @@ os.environ["HF_DATASETS_OFFLINE"] = "1"
 
 N_ITEMS = int(os.environ.get("BENCH_ITEMS", "200"))
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "5"))  # paired rounds of a floor pass and a repeated scorer call
-FIRST_CALLS = int(os.environ.get("BENCH_FIRST_CALLS", "5"))  # fresh processes sampling a first call
+FIRST_CALLS = int(os.environ.get("BENCH_FIRST_CALLS", "7"))  # fresh processes sampling a first call (5 gave medians 0.847-0.879 in one hour, ranges 0.735-0.970)
 DEFAULT_MALLOC_CALLS = int(os.environ.get("BENCH_DEFAULT_MALLOC_CALLS", "3"))  # and first calls on glibc's default malloc
 
 
@@ -139,8 +139,9 @@ def _sample_in_new_process(default_malloc: bool) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _spread(values, digits: int = 3) -> str:
-    return f"median {statistics.median(values):.{digits}f} (range {min(values):.{digits}f}-{max(values):.{digits}f}, n={len(values)})"
+def _spread(values, digits: int = 3, each: bool = False) -> str:
+    listed = f"; each: {' '.join(f'{v:.{digits}f}' for v in sorted(values))}" if each else ""
+    return f"median {statistics.median(values):.{digits}f} (range {min(values):.{digits}f}-{max(values):.{digits}f}, n={len(values)}{listed})"
 
 
 def main() -> None:
@@ -204,7 +205,7 @@ def main() -> None:
     ):
         met = statistics.median(ratios) >= target
         print(f"     scorer, {label}: {n_tokens / seconds:.0f} suffix tok/s, {len(items) / seconds:.2f} items/s -> floor ratio "
-              f"{_spread(ratios)} (target ≥ {target}: {'met' if met else 'NOT met'})")
+              f"{_spread(ratios, each=True)} (target ≥ {target}: {'met' if met else 'NOT met'})")
         if label.startswith("first"):
             default_seconds = statistics.median(s["first"] for s in default_malloc)
             print(f"       its minor page faults {_spread([s['faults'] for s in samples], 0)}; with glibc's default malloc "
