@@ -42,13 +42,14 @@ __all__ = ["OutputGeometry", "TCBResult", "approximation_reference", "jacobian_f
 _EXACT_TOP_K = 32
 _VOCAB_CHUNK = 16384
 # Positions × vocab computed at once. Each position is computed on its own, so these only set how much memory is
-# touched at a time. The float32 logits come from one product per block of 2^24 (341 SmolLM2 positions, 64 of
+# touched at a time. The float32 logits come from one product per block of 2^24 (336 SmolLM2 positions, 64 of
 # Gemma-3's: BLAS is ~2x faster on such blocks than on 21 rows); the elementwise work after it runs on 2^20 at a
 # time (21 SmolLM2 positions), which keeps the (positions × V) float32/float64 passes near the CPU's cache; and the
 # tail's product with W (Σ o w, Σ o² w) runs once per group of 2^23 (168 SmolLM2 positions, 32 of Gemma-3's). On
 # 200 SmolLM2 positions (2 CPU cores) δ_TCB took 0.56 s with logits and elementwise work both at 2^24, 0.50–0.54 s
 # with both at 2^20, 0.42–0.45 s with the logits at 2^24 and the rest, product included, at 2^20; that product
-# alone took 0.40 s on 21-position steps and 0.19 s in one (a slower machine, 2026-12-02, bench/bench_tcb.py).
+# alone took 0.40 s in 21-position steps and 0.19 s in one, and δ_TCB as a whole went 0.80 -> 0.55 s with these
+# groups (the same numbers, torch.equal; another, slower machine, 2026-12-02).
 # tests/test_tcb.py checks that the numbers do not depend on these sizes.
 _LOGIT_ELEMENTS = 1 << 24
 _WORK_ELEMENTS = 1 << 20
