@@ -203,7 +203,7 @@ class OutputGeometry:
                 coef = torch.empty(min(group, h.shape[0] - g), 2, self.vocab_size, dtype=torch.float32, device=h.device)
                 steps = []
                 for i in range(g, g + coef.shape[0], step):
-                    rows = slice(i - b, min(i + step, g + coef.shape[0]) - b)
+                    rows = slice(i - b, i - b + step)
                     logits = z[rows], None if gain is None else gain[rows]
                     target_i = None if tgt is None else tgt[i : i + step]
                     steps.append(self._before_product(h[i : i + step], target_i, eps, logits, coef[i - g : i - g + step]))
