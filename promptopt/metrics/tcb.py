@@ -208,17 +208,17 @@ class OutputGeometry:
                     target_i = None if tgt is None else tgt[i : i + step]
                     steps.append(self._before_product(h[i : i + step], target_i, eps, logits, coef[i - g : i - g + step]))
                 m = self._weighted_rows(coef).to(torch.float64)  # one product for the group: Σ o w, Σ o² w of the tails
-                for i, state in zip(range(0, coef.shape[0], step), steps):
-                    parts.append(self._after_product(state, m[i : i + step], eps))
+                for i, (companions, jacobian) in zip(range(0, coef.shape[0], step), steps):
+                    parts.append({**self._after_product(jacobian, m[i : i + step], eps), **companions})
         if not parts:
             empty = torch.empty(lead, dtype=torch.float64, device=hidden.device)
             return TCBResult(**{f.name: empty for f in fields(TCBResult)})
         return TCBResult(**{k: torch.cat([p[k] for p in parts]).reshape(lead) for k in parts[0]})
 
-    def _before_product(self, h: torch.Tensor, target: torch.Tensor | None, eps: float, logits, coef: torch.Tensor) -> dict:
-        """Everything that reads the (positions × V) logits, for a step of positions: the companions, and the
-        tail's coefficients for the product with W written into `coef` (n, 2, V). What ‖J‖ still needs from
-        that product is finished by `_after_product`."""
+    def _before_product(self, h: torch.Tensor, target: torch.Tensor | None, eps: float, logits, coef: torch.Tensor) -> tuple[dict, dict]:
+        """Everything that reads the (positions × V) logits, for a step of positions: the tail's coefficients for
+        the product with W, written into `coef` (n, 2, V); the companions; and what `_after_product` needs besides
+        that product to finish ‖J‖."""
         n, k = h.shape[0], self.exact_top_k
         f64 = torch.float64
         rows = torch.arange(n, device=h.device)
@@ -295,8 +295,7 @@ class OutputGeometry:
             z_target = torch.where(in_top.any(-1), (z_top * in_top).sum(-1), z[rows, target].to(f64))
             nll = log_norm - z_target
         jacobian = {"f": f, "o_top": o_top, "w_eff": w_eff, "tail_sum1": tail_sum1, "tail_sum2": tail_sum2, "tail_sq": tail_sq}
-        return {
-            "jacobian": jacobian,
+        companions = {
             "v_eff": v_eff,
             "margin": z_top[:, 0] - z_top[:, 1],
             "entropy": entropy,
@@ -308,11 +307,11 @@ class OutputGeometry:
             "tcb_approx": tcb_approx,
             "tcb_diffuse": tcb_diffuse,
         }
+        return companions, jacobian
 
-    def _after_product(self, state: dict, m: torch.Tensor, eps: float) -> dict[str, torch.Tensor]:
-        """‖J‖_F and δ_TCB for a step of positions from `_before_product`'s state and the tail's product with W,
-        m (n, 2, d) float64: Σ e_j w'_j and Σ e_j² w'_j (tail probabilities o_j = f·e_j)."""
-        jacobian = state.pop("jacobian")
+    def _after_product(self, jacobian: dict, m: torch.Tensor, eps: float) -> dict[str, torch.Tensor]:
+        """‖J‖_F and δ_TCB for a step of positions from `_before_product`'s `jacobian` and the tail's product with
+        W, m (n, 2, d) float64: Σ e_j w'_j and Σ e_j² w'_j (tail probabilities o_j = f·e_j)."""
         f, o_top, w_eff = jacobian["f"], jacobian["o_top"], jacobian["w_eff"]
         tail_sum1, tail_sum2, tail_sq = jacobian["tail_sum1"], jacobian["tail_sum2"], jacobian["tail_sq"]
         m1 = f[:, None] * m[:, 0]
@@ -329,7 +328,7 @@ class OutputGeometry:
         tail_part = tail_u_sq - 2 * (c * tail_m2u).sum(-1) + tail_sum2 * c.pow(2).sum(-1)
         jac = (head_part + tail_part.clamp_min(0.0)).sqrt()
         tcb = torch.where(jac > 0, eps / jac, torch.full_like(jac, float("inf")))
-        return {"tcb": tcb, "jacobian_norm": jac, **state}
+        return {"tcb": tcb, "jacobian_norm": jac}
 
     def _weighted_rows(self, coef: torch.Tensor) -> torch.Tensor:
         """coef (n, r, V) float32 -> Σ_i coef_i w_i, shape (n, r, d), vocabulary-chunked."""
