@@ -135,3 +135,29 @@ def test_sst2_scores_match_plain_forward_per_item(embedded_lm):
         critical.append(plain[0][2].float())
     plain_tcb = embedded_lm.output_head(torch.stack(critical)).tcb
     assert table["tcb"].to_numpy() == pytest.approx(plain_tcb.numpy(), rel=1e-4)
+
+
+def test_tcb_read_from_the_log_probs_logits_is_the_heads_own(tiny_lm, monkeypatch):
+    """δ_TCB asked of the runner (at each request's critical position, with its own target) comes from the logits
+    its log-probs come from; it must be what the output head gives on the critical hidden states: with
+    multi-token continuations (rows that are not critical), requests that share a critical row with different
+    targets, and chunks of rows that split them."""
+    import functools
+
+    requests = _requests(tiny_lm.tokenizer)
+    targets = [7 * i % 50 + (i % 3) for i in range(len(requests))]  # a context's choices: different targets
+    runner = Runner(tiny_lm, batch_size=3)
+    assert all(r.tcb is None for r in runner.loglikelihood(requests))
+    with pytest.raises(ValueError, match="tcb_targets"):
+        runner.loglikelihood(requests, tcb_targets=targets[:-1])
+    for chunk in (256, 5):
+        monkeypatch.setattr(runner, "_target_logprobs", functools.partial(Runner._target_logprobs, runner, chunk=chunk))
+        results = runner.loglikelihood(requests, tcb_targets=targets, eps=0.5)
+        head = tiny_lm.output_head(torch.stack([r.hidden for r in results]), eps=0.5, target=torch.tensor(targets))
+        for name, values in head.to_dict().items():
+            ours = torch.tensor([r.tcb[name] for r in results], dtype=values.dtype)
+            if values.is_floating_point():
+                assert torch.allclose(ours, values, rtol=1e-6, atol=0), (chunk, name)
+            else:
+                assert torch.equal(ours, values), (chunk, name)
+        assert len({r.tcb["nll"] for r in results[:3]}) == 3  # one critical row, three targets

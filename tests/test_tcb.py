@@ -208,3 +208,25 @@ def test_statistics_of_w_over_several_steps_match_one_float64_pass():
     geometry = OutputGeometry(w)
     assert torch.equal(geometry.row_sq_norms, w.double().pow(2).sum(-1))
     assert geometry.sigma2 == pytest.approx(float(w.double().var(unbiased=False)), rel=1e-10)
+
+
+@pytest.mark.parametrize("head", [{}, {"logit_softcap": 3.0, "logit_scale": 0.7}], ids=["plain", "scaled-softcapped"])
+def test_given_logits_give_the_numbers_of_its_own(monkeypatch, head):
+    """A caller that has `logits_and_gain(h)` already (the runner's log-probs) hands it in: every field is what the
+    head computes on its own, in logit blocks too; logits of the wrong shape are refused."""
+    import promptopt.metrics.tcb as tcb
+
+    torch.manual_seed(5)
+    w, h = torch.randn(1000, 16), 2 * torch.randn(90, 16)
+    target = torch.randint(0, 1000, (90,))
+    geometry = OutputGeometry(w, bias=torch.randn(1000) if head else None, **head)
+    monkeypatch.setattr(tcb, "_LOGIT_ELEMENTS", 40 * 1000)  # blocks of 40 positions: the given logits are sliced too
+    own = geometry(h, target=target)
+    given = geometry(h, target=target, logits=geometry.logits_and_gain(h))
+    assert (given.to_dict().keys()) == own.to_dict().keys()
+    for name, value in own.to_dict().items():
+        assert torch.equal(getattr(given, name), value), name
+    shifted = geometry(h, target=target, logits=(geometry.logits(h) + 1.0, geometry.logits_and_gain(h)[1]))
+    assert not torch.equal(shifted.nll, own.nll)  # the given logits are the ones read
+    with pytest.raises(ValueError, match="logits have shape"):
+        geometry(h, logits=geometry.logits_and_gain(h[:10]))

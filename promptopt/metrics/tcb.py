@@ -164,9 +164,11 @@ class OutputGeometry:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits (N, V) for hidden (N, d), vocab-chunked."""
-        return self._logits_and_gain(hidden)[0]
+        return self.logits_and_gain(hidden)[0]
 
-    def _logits_and_gain(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def logits_and_gain(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """float32 logits (N, V) and their gain dz/ds (None for plain logits): what `__call__` reads, for a caller
+        that also needs the logits themselves (the runner's log-probs) to compute them once for both."""
         h = hidden.float()
         z = torch.empty(h.shape[0], self.vocab_size, dtype=torch.float32, device=h.device)
         gain = None if self.logit_scale is None and self.logit_softcap is None else torch.empty_like(z)
@@ -184,8 +186,15 @@ class OutputGeometry:
 
     # --- the metric ------------------------------------------------------------------------
     def __call__(
-        self, hidden: torch.Tensor, *, eps: float = 1.0, target: torch.Tensor | None = None
+        self,
+        hidden: torch.Tensor,
+        *,
+        eps: float = 1.0,
+        target: torch.Tensor | None = None,
+        logits: tuple[torch.Tensor, torch.Tensor | None] | None = None,
     ) -> TCBResult:
+        """δ_TCB and its companions at each position of `hidden` (..., d). `logits`: `logits_and_gain(hidden)`
+        when the caller has it already (rows flattened like `hidden`), so that W·h is not computed twice."""
         if hidden.shape[-1] != self.hidden_size:
             raise ValueError(f"hidden has size {hidden.shape[-1]} but weight has d={self.hidden_size}")
         lead = hidden.shape[:-1]
@@ -193,20 +202,25 @@ class OutputGeometry:
         tgt = None if target is None else target.reshape(-1).to(h.device)
         if tgt is not None and tgt.shape[0] != h.shape[0]:
             raise ValueError(f"target has {tgt.shape[0]} entries for {h.shape[0]} positions")
+        if logits is not None and tuple(logits[0].shape) != (h.shape[0], self.vocab_size):
+            raise ValueError(f"logits have shape {tuple(logits[0].shape)} for {h.shape[0]} positions and V={self.vocab_size}")
         step = max(1, _WORK_ELEMENTS // self.vocab_size)
         group = max(1, _PRODUCT_ELEMENTS // self.vocab_size // step) * step
         block = max(1, _LOGIT_ELEMENTS // self.vocab_size // group) * group
         parts = []
         for b in range(0, h.shape[0], block):
-            z, gain = self._logits_and_gain(h[b : b + block])
+            if logits is None:
+                z, gain = self.logits_and_gain(h[b : b + block])
+            else:
+                z, gain = logits[0][b : b + block], None if logits[1] is None else logits[1][b : b + block]
             for g in range(b, min(b + block, h.shape[0]), group):
                 coef = torch.empty(min(group, h.shape[0] - g), 2, self.vocab_size, dtype=torch.float32, device=h.device)
                 steps = []
                 for i in range(g, g + coef.shape[0], step):
                     rows = slice(i - b, i - b + step)
-                    logits = z[rows], None if gain is None else gain[rows]
+                    step_logits = z[rows], None if gain is None else gain[rows]
                     target_i = None if tgt is None else tgt[i : i + step]
-                    steps.append(self._before_product(h[i : i + step], target_i, eps, logits, coef[i - g : i - g + step]))
+                    steps.append(self._before_product(h[i : i + step], target_i, eps, step_logits, coef[i - g : i - g + step]))
                 m = self._weighted_rows(coef).to(torch.float64)  # one product for the group: Σ o w, Σ o² w of the tails
                 for i, (companions, jacobian) in zip(range(0, coef.shape[0], step), steps):
                     parts.append({**self._after_product(jacobian, m[i : i + step], eps), **companions})
@@ -223,7 +237,7 @@ class OutputGeometry:
         f64 = torch.float64
         rows = torch.arange(n, device=h.device)
 
-        # Pass 1: float32 logits (`logits`: z and its gain, from `_logits_and_gain` on these positions); the top
+        # Pass 1: float32 logits (`logits`: z and its gain, from `logits_and_gain` on these positions); the top
         # K+1 are found there, the top K recomputed exactly in float64.
         z, gain = logits
         top_idx = z.topk(min(k + 1, self.vocab_size), dim=-1).indices

@@ -101,6 +101,7 @@ class LoglikelihoodResult:
     token_logprobs: list[float]
     is_greedy: bool  # every continuation token was the argmax
     hidden: torch.Tensor  # final hidden state at the position that predicts the first continuation token
+    tcb: dict | None = None  # δ_TCB and its companions there (TCBResult's fields as numbers), when asked for
 
 
 @dataclass
@@ -215,13 +216,21 @@ class Runner:
         return out.last_hidden_state, cache
 
     # --- scoring --------------------------------------------------------------------------------
-    def loglikelihood(self, requests: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[LoglikelihoodResult]:
-        """log p(continuation | context) for (context ids, continuation ids) pairs."""
+    def loglikelihood(
+        self, requests: Sequence[tuple[Sequence[int], Sequence[int]]], *, tcb_targets: Sequence[int] | None = None, eps: float = 1.0
+    ) -> list[LoglikelihoodResult]:
+        """log p(continuation | context) for (context ids, continuation ids) pairs.
+
+        `tcb_targets` (a token id per request) asks for δ_TCB (ε = `eps`) with that target at each request's
+        critical position, the one that predicts its first continuation token (`LoglikelihoodResult.tcb`): it is
+        read from the logits the log-probs come from, so W·h runs once for both."""
         from tqdm.auto import tqdm
 
         for ctx, cont in requests:
             if not ctx or not cont:
                 raise ValueError("every request needs a non-empty context and continuation")
+        if tcb_targets is not None and len(tcb_targets) != len(requests):
+            raise ValueError(f"tcb_targets: {len(tcb_targets)} targets for {len(requests)} requests")
         fed = [tuple(list(ctx) + list(cont))[:-1] for ctx, cont in requests]
         unique = list(dict.fromkeys(fed))  # identical inputs (e.g. one-token choices) run once
         prefix_len, prefix = self._prefix(unique, min(len(ctx) for ctx, _ in requests) - 1)
@@ -256,7 +265,9 @@ class Runner:
         # would re-read W each time); positions shared by requests are projected once.
         slots: dict[tuple[tuple[int, ...], int], int] = {}
         rows, wanted_row, wanted_token = [], [], []
-        for (ctx, cont), seq in zip(requests, fed):
+        critical: dict[tuple[int, int], int] = {}  # (row, δ_TCB target) -> its index among the δ_TCB rows
+        critical_of = []  # request -> that index
+        for r, ((ctx, cont), seq) in enumerate(zip(requests, fed)):
             first = len(ctx) - 1 - prefix_len - first_needed[seq]
             for i, token in enumerate(cont):
                 if (seq, first + i) not in slots:
@@ -264,7 +275,12 @@ class Runner:
                     rows.append(hidden_of[seq][first + i])
                 wanted_row.append(slots[(seq, first + i)])
                 wanted_token.append(token)
-        logprobs, argmax = self._target_logprobs(torch.stack(rows), torch.tensor(wanted_row), torch.tensor(wanted_token))
+            if tcb_targets is not None:
+                critical_of.append(critical.setdefault((slots[(seq, first)], int(tcb_targets[r])), len(critical)))
+        asked = None if tcb_targets is None else (torch.tensor(list(critical), dtype=torch.long).view(-1, 2), eps)
+        logprobs, argmax, tcb_of_pair = self._target_logprobs(
+            torch.stack(rows), torch.tensor(wanted_row), torch.tensor(wanted_token), tcb=asked
+        )
         results, cursor = [], 0
         for (ctx, cont), seq in zip(requests, fed):
             span = slice(cursor, cursor + len(cont))
@@ -272,23 +288,38 @@ class Runner:
             token_lp = logprobs[span]
             greedy = bool((argmax[torch.tensor(wanted_row[span])] == torch.tensor(wanted_token[span])).all())
             first = len(ctx) - 1 - prefix_len - first_needed[seq]
-            results.append(LoglikelihoodResult(float(token_lp.sum()), token_lp.tolist(), greedy, hidden_of[seq][first].cpu().clone()))
+            tcb = None if tcb_of_pair is None else tcb_of_pair[critical_of[len(results)]]
+            results.append(LoglikelihoodResult(float(token_lp.sum()), token_lp.tolist(), greedy, hidden_of[seq][first].cpu().clone(), tcb))
         return results
 
-    def _target_logprobs(self, rows: torch.Tensor, row_index: torch.Tensor, tokens: torch.Tensor, chunk: int = 256):
+    def _target_logprobs(self, rows: torch.Tensor, row_index: torch.Tensor, tokens: torch.Tensor, chunk: int = 256, tcb=None):
         """log p(token | row) for each (row_index, token) pair, plus each row's argmax; chunked so the
-        full (rows × vocab) matrix never exists at once."""
+        full (rows × vocab) matrix never exists at once. `tcb`: ((row, target) pairs (m, 2), ε) -> also δ_TCB at
+        those rows from the same logits, a dict of TCBResult's fields as numbers per pair (else None)."""
         geometry = self.lm.output_head
         out = torch.empty(len(tokens), dtype=torch.float32)
         argmax = torch.empty(rows.shape[0], dtype=torch.long)
+        pairs, eps = tcb if tcb is not None else (torch.empty(0, 2, dtype=torch.long), None)
+        found: list[dict | None] = [None] * len(pairs)
         with torch.inference_mode():
             for start in range(0, rows.shape[0], chunk):
-                logits = geometry.logits(rows[start : start + chunk].to(geometry.weight.device))
+                block = rows[start : start + chunk].to(geometry.weight.device)
+                logits, gain = geometry.logits_and_gain(block) if tcb is not None else (geometry.logits(block), None)
+                chosen = ((pairs[:, 0] >= start) & (pairs[:, 0] < start + chunk)).nonzero().flatten()
+                if len(chosen):
+                    at = (pairs[chosen, 0] - start).to(block.device)
+                    read = block, logits, gain
+                    if not torch.equal(at, torch.arange(len(block), device=block.device)):  # else every row, in order: no copy
+                        read = block[at], logits[at], None if gain is None else gain[at]
+                    res = geometry(read[0], eps=eps, target=pairs[chosen, 1], logits=read[1:])
+                    columns = {name: value.cpu().tolist() for name, value in res.to_dict().items()}
+                    for j, index in enumerate(chosen.tolist()):
+                        found[index] = {name: column[j] for name, column in columns.items()}
                 logp = torch.log_softmax(logits, dim=-1).cpu()
                 argmax[start : start + chunk] = logits.argmax(-1).cpu()
                 mask = (row_index >= start) & (row_index < start + chunk)
                 out[mask] = logp[row_index[mask] - start, tokens[mask]]
-        return out, argmax
+        return out, argmax, None if tcb is None else found
 
     # --- generation -----------------------------------------------------------------------------
     def generate(

@@ -118,10 +118,7 @@ class Scorer:
         head: OutputGeometry = self.lm.output_head
         with torch.inference_mode():
             res = head(hidden.to(head.weight.device), eps=self.eps, target=torch.tensor(targets))
-        out = {name: getattr(res, name).cpu().numpy() for name in _TCB_COLUMNS}
-        out["target_nll"] = res.nll.cpu().numpy()
-        out["predicted_token"] = res.top_token.cpu().numpy()
-        return out
+        return _tcb_columns({name: value.cpu().numpy() for name, value in res.to_dict().items()})
 
     def _score_choices(self, prompt: Prompt, items: list[Item]) -> pd.DataFrame:
         tok = self.lm.tokenizer
@@ -134,8 +131,12 @@ class Scorer:
                 texts.append(text)
                 owners.append(idx)
         pairs = self._pairs(contexts, conts, prompt, [items[i].id for i in owners])
-        results = self.runner.loglikelihood(pairs)
-        rows, hidden, targets = [], [], []
+        starts = np.cumsum([0] + [len(item.choices) for item in items])
+        gold_first = [pairs[start + item.gold][1][0] for start, item in zip(starts, items)]
+        # δ_TCB at the critical state (every choice shares the context), aimed at the gold's first token; the
+        # runner reads it from the logits of the log-probs
+        results = self.runner.loglikelihood(pairs, tcb_targets=[gold_first[i] for i in owners], eps=self.eps)
+        rows, critical = [], []
         cursor = 0
         for item in items:
             n = len(item.choices)
@@ -143,8 +144,7 @@ class Scorer:
             # lm-eval's acc_norm: the choice's own character length, without the answer delimiter before it
             lengths = np.array([len(t) for t in texts[cursor : cursor + n]], dtype=float)
             gold_pairs, gold_res = pairs[cursor + item.gold], results[cursor + item.gold]
-            hidden.append(results[cursor].hidden)  # every choice shares the context: one critical state
-            targets.append(gold_pairs[1][0])
+            critical.append(results[cursor].tcb)
             pred, pred_norm = int(lls.argmax()), int((lls / lengths).argmax())
             pred, pred_norm = (-1 if conts[cursor : cursor + n].count(conts[cursor + p]) > 1 else p for p in (pred, pred_norm))  # a tie between equal choices (allowed by the task) is wrong
             gold_tokens = len(gold_pairs[1])
@@ -163,7 +163,7 @@ class Scorer:
             cursor += n
         table = pd.DataFrame(rows)
         table.insert(1, "correct", table[self.data.spec.metric])
-        for name, values in self._tcb(torch.stack(hidden), targets).items():
+        for name, values in _tcb_columns({name: [tcb[name] for tcb in critical] for name in critical[0]}).items():
             table[name] = values
         return table
 
@@ -234,6 +234,14 @@ class Scorer:
         """(extracted answer, where it starts in `text` or -1, correct), by the task's answer type; the
         prompt says how choices were shown (letters, label words or text)."""
         return self.data.spec.answer.read(self.data.spec, item, text, prompt or self.data.default_prompt())
+
+
+def _tcb_columns(metrics: dict) -> dict[str, np.ndarray]:
+    """The table's δ_TCB columns from TCBResult's fields (an array or list of numbers per field)."""
+    out = {name: np.asarray(metrics[name]) for name in _TCB_COLUMNS}
+    out["target_nll"] = np.asarray(metrics["nll"])
+    out["predicted_token"] = np.asarray(metrics["top_token"])
+    return out
 
 
 def summarize(table: pd.DataFrame, *, wall_seconds: float | None = None) -> dict:
