@@ -15,7 +15,8 @@ same run:
   the rest), so the two sides of a pair are a second apart instead of a whole call, and the drift between them
   mostly cancels. A first call happens once per process: it is sampled in several fresh processes (the bench's
   own and `BENCH_FIRST_CALLS` - 1 more), each followed by a floor pass; `BENCH_DEFAULT_MALLOC_CALLS` more run
-  with glibc's default malloc thresholds (promptopt/models/cpu_memory.py), their page faults printed beside.
+  with glibc's default malloc thresholds (promptopt/models/cpu_memory.py) and `BENCH_SMALL_PAGES_CALLS` more without
+  the CLI's huge pages for large tensors (promptopt/cli/app.py), interleaved, their page faults printed beside.
 - [2b] the same scorer without the prefix cache (predictions and log-probs must agree).
 - [2c] lm-evaluation-harness on the same items, model and prompt: predictions must agree item by item;
   target ≥ 5× its items/s. Skipped, saying why, when lm-eval is not installed (`make bench` installs it).
@@ -35,12 +36,16 @@ from pathlib import Path
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
+from promptopt.cli.app import huge_pages_for_large_tensors  # noqa: E402  (before torch, as the CLI does)
+
+huge_pages_for_large_tensors()
 
 N_ITEMS = int(os.environ.get("BENCH_ITEMS", "200"))
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "5"))  # paired rounds of a floor pass and a repeated scorer call
 FIRST_CALLS = int(os.environ.get("BENCH_FIRST_CALLS", "7"))  # fresh processes sampling a first call (5 gave medians 0.847-0.879 in one hour, ranges 0.735-0.970)
 PAIRED_ROUNDS = int(os.environ.get("BENCH_PAIRED_ROUNDS", "5"))  # repeated calls with each batch's floor forward beside it
 DEFAULT_MALLOC_CALLS = int(os.environ.get("BENCH_DEFAULT_MALLOC_CALLS", "3"))  # and first calls on glibc's default malloc
+SMALL_PAGES_CALLS = int(os.environ.get("BENCH_SMALL_PAGES_CALLS", "3"))  # and first calls without huge pages (THP_MEM_ALLOC_ENABLE=0)
 
 
 def lm_eval_task(folder: Path, shots, items) -> str:
@@ -173,9 +178,11 @@ def first_call_sample(default_malloc: bool = False) -> dict:
     return {**sample, "floor": floor_pass(lm, batches)}
 
 
-def _sample_in_new_process(default_malloc: bool) -> dict:
-    flags = ["--first-call-sample"] + (["--default-malloc"] if default_malloc else [])
-    out = subprocess.run([sys.executable, __file__, *flags], capture_output=True, text=True, check=True)
+def _sample_in_new_process(variant: str | None) -> dict:
+    """A first-call sample in a fresh process: as the CLI runs (None), "default_malloc" or "small_pages"."""
+    flags = ["--first-call-sample"] + (["--default-malloc"] if variant == "default_malloc" else [])
+    env = {**os.environ, "THP_MEM_ALLOC_ENABLE": "0"} if variant == "small_pages" else None
+    out = subprocess.run([sys.executable, __file__, *flags], capture_output=True, text=True, check=True, env=env)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -189,12 +196,13 @@ def main() -> None:
     scorer, cached, sample, batches, prefix_len = first_call(lm, task, items, prompt)
     n_tokens = sample["tokens"]
     samples = [{**sample, "floor": floor_pass(lm, batches)}]
-    default_malloc = []
-    while len(samples) < FIRST_CALLS or len(default_malloc) < DEFAULT_MALLOC_CALLS:  # alternating while both are due
-        if len(default_malloc) < DEFAULT_MALLOC_CALLS and (len(default_malloc) < len(samples) or len(samples) >= FIRST_CALLS):
-            default_malloc.append(_sample_in_new_process(default_malloc=True))
-        else:
-            samples.append(_sample_in_new_process(default_malloc=False))
+    variants = {"default_malloc": ([], DEFAULT_MALLOC_CALLS), "small_pages": ([], SMALL_PAGES_CALLS)}
+    while len(samples) < FIRST_CALLS or any(len(done) < wanted for done, wanted in variants.values()):
+        for name, (done, wanted) in variants.items():  # one of each per round while due, so drift favours none
+            if len(done) < wanted:
+                done.append(_sample_in_new_process(name))
+        if len(samples) < FIRST_CALLS:
+            samples.append(_sample_in_new_process(None))
     runner = scorer.runner
 
     # Where a repeated call's time goes, by the methods that spend it. The runner computes δ_TCB inside its output
@@ -254,11 +262,13 @@ def main() -> None:
         print(f"     scorer, {label}: {n_tokens / seconds:.0f} suffix tok/s, {len(items) / seconds:.2f} items/s -> floor ratio "
               f"{_spread(ratios, each=True)} (target ≥ {target}: {'met' if met else 'NOT met'})")
         if label.startswith("first"):
-            default_seconds = statistics.median(s["first"] for s in default_malloc)
-            print(f"       its minor page faults {_spread([s['faults'] for s in samples], 0)}; with glibc's default malloc "
-                  f"thresholds instead: {_spread([s['faults'] for s in default_malloc], 0)}, {n_tokens / default_seconds:.0f} "
-                  f"suffix tok/s, floor ratio {_spread([s['floor'] / s['first'] for s in default_malloc])} (that floor pass, the "
-                  "process's second, runs on default malloc too)")
+            print(f"       its minor page faults {_spread([s['faults'] for s in samples], 0)}, first call {_spread([s['first'] for s in samples], 2)} s")
+            for name, what in (("default_malloc", "with glibc's default malloc thresholds instead"),
+                               ("small_pages", "without huge pages for large tensors (THP_MEM_ALLOC_ENABLE=0)")):
+                done = variants[name][0]
+                if done:
+                    print(f"       {what}: faults {_spread([s['faults'] for s in done], 0)}, first call {_spread([s['first'] for s in done], 2)} s, "
+                          f"floor ratio {_spread([s['floor'] / s['first'] for s in done])} (its floor pass, the process's second, runs so too)")
     print(f"     where the repeated call's {median['scorer']:.2f} s go, against the floor's {median['floor']:.2f} s (medians over rounds, "
           "each part timed inside the call):")
     print(f"       the model's forward on top of the {prefix_len}-token prefix: {median['forward']:.2f} s "

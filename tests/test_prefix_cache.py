@@ -5,7 +5,8 @@
   layers whose window the prefix has already passed; one set of buffers serves every call and prompt;
 - the last MLP at the read positions only (promptopt/models/last_layer.py): the same predictions and greedy flags,
   log-probs, hidden states and δ_TCB to float rounding;
-- a CPU run keeps the memory it frees (promptopt/models/cpu_memory.py)."""
+- a CPU run keeps the memory it frees (promptopt/models/cpu_memory.py), and the CLI asks torch for huge pages for
+  large tensors (promptopt/cli/app.py)."""
 
 from __future__ import annotations
 
@@ -195,3 +196,43 @@ def test_a_cpu_runner_keeps_freed_memory_in_the_process(tiny_lm, monkeypatch):
     Runner(tiny_lm)
     assert calls == [(-3, 32 << 20), (-1, 256 << 20)]  # M_MMAP_THRESHOLD, M_TRIM_THRESHOLD; once
     assert cpu_memory.keep_freed_memory()
+
+
+_HUGE_PAGES_PROBE = """
+import os
+from promptopt.cli.app import huge_pages_for_large_tensors
+applies = huge_pages_for_large_tensors()
+import torch
+tensor = torch.ones(8 << 20, dtype=torch.uint8)  # 8 MB: past torch's 2 MB threshold for huge pages
+address, inside = tensor.data_ptr(), False
+for line in open('/proc/self/smaps'):
+    first = line.split()[0]
+    if '-' in first and not first.endswith(':'):  # a mapping's first line: its address range
+        low, high = (int(x, 16) for x in first.split('-'))
+        inside = low <= address < high
+    elif inside and first == 'VmFlags:':
+        print(applies, os.environ.get('THP_MEM_ALLOC_ENABLE'), 'hg' in line.split()[1:])
+"""
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/sys/kernel/mm/transparent_hugepage/enabled"), reason="no transparent huge pages (not Linux)")
+def test_the_cli_asks_torch_for_huge_pages_before_torch_is_imported():
+    """`huge_pages_for_large_tensors` (the CLI's first step) sets THP_MEM_ALLOC_ENABLE so that a large CPU tensor's
+    mapping is advised for huge pages (VmFlags `hg`); the user's own 0 wins; after torch is imported it is too late
+    and says so. Its effect on a first call's page faults is measured in fresh processes (the function's docstring)."""
+    import os
+    import subprocess
+    import sys
+
+    def probe(code, **env):
+        base = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
+        out = subprocess.run([sys.executable, "-c", code], env={**base, **env}, capture_output=True, text=True, check=True)
+        return out.stdout.split()
+
+    assert probe(_HUGE_PAGES_PROBE) == ["True", "1", "True"]
+    assert probe(_HUGE_PAGES_PROBE, THP_MEM_ALLOC_ENABLE="0") == ["False", "0", "False"]
+    late = "import torch\nfrom promptopt.cli.app import huge_pages_for_large_tensors\nprint(huge_pages_for_large_tensors())"
+    assert probe(late) == ["False"]
+    cli = ("import os, sys\nfrom promptopt.cli import main\nsys.argv = ['promptopt', '--help']\ntry:\n    main()\n"
+           "except SystemExit:\n    pass\nprint(os.environ.get('THP_MEM_ALLOC_ENABLE'), 'torch' in sys.modules)")
+    assert probe(cli)[-2:] == ["1", "False"]

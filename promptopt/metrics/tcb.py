@@ -267,7 +267,8 @@ class OutputGeometry:
         o_top = logp_top.exp()  # (n, K) float64, o_top[:, 0] is the predicted token
 
         s2 = o_top.pow(2).sum(-1) + f.pow(2) * sum_e2
-        s3 = o_top.pow(3).sum(-1) + f.pow(3) * (e2 * e).sum(-1, dtype=f64)
+        sum_e3 = (e2 * e).sum(-1, dtype=f64)
+        s3 = o_top.pow(3).sum(-1) + f.pow(3) * sum_e3
         tail_elog = (e * (z - tail_ref[:, None])).sum(-1, dtype=f64)  # Σ e_i (z_i − r)
         tail_entropy = torch.where(f > 0, f * (torch.log(f.clamp_min(torch.finfo(f64).tiny)) * sum_e + tail_elog), 0.0)
         entropy = -(o_top * logp_top).sum(-1) - tail_entropy
@@ -290,9 +291,12 @@ class OutputGeometry:
         t_s2 = o_top[:, 1:].pow(2).sum(-1) + tail_sum2  # S2 − o_t²
         head_m = o_top.pow(2) * (1 - 2 * o_top + s2[:, None])
         head_m[:, 0] = o_top[:, 0].pow(2) * (t_eps.pow(2) + t_s2)
-        ge2 = e2 if gain is None else e2 * gain * gain
-        tail_g2 = f.pow(2) * ge2.sum(-1, dtype=f64)  # Σ_tail g² o²
-        tail_g3 = f.pow(3) * (ge2 * e).sum(-1, dtype=f64)  # Σ_tail g² o³
+        if gain is None:  # g = 1: the tail's S2 and S3 sums above, not two more passes over (n, V)
+            tail_g2, tail_g3 = f.pow(2) * sum_e2, f.pow(3) * sum_e3
+        else:
+            ge2 = e2 * gain * gain
+            tail_g2 = f.pow(2) * ge2.sum(-1, dtype=f64)  # Σ_tail g² o²
+            tail_g3 = f.pow(3) * (ge2 * e).sum(-1, dtype=f64)  # Σ_tail g² o³
         m_sq = (head_m if g2_top is None else head_m * g2_top).sum(-1) + tail_g2 * (1 + s2) - 2 * tail_g3
         g2_s2 = (o_top.pow(2) if g2_top is None else o_top.pow(2) * g2_top).sum(-1) + tail_g2  # Σ g² o²
         d_sigma2 = self.hidden_size * self.sigma2
