@@ -10,6 +10,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -215,14 +219,11 @@ for line in open('/proc/self/smaps'):
 """
 
 
-@pytest.mark.skipif(not __import__("os").path.exists("/sys/kernel/mm/transparent_hugepage/enabled"), reason="no transparent huge pages (not Linux)")
+@pytest.mark.skipif(not os.path.exists("/sys/kernel/mm/transparent_hugepage/enabled"), reason="no transparent huge pages (not Linux)")
 def test_the_cli_asks_torch_for_huge_pages_before_torch_is_imported():
     """`huge_pages_for_large_tensors` (the CLI's first step) sets THP_MEM_ALLOC_ENABLE so that a large CPU tensor's
     mapping is advised for huge pages (VmFlags `hg`); the user's own 0 wins; after torch is imported it is too late
     and says so. Its effect on a first call's page faults is measured in fresh processes (the function's docstring)."""
-    import os
-    import subprocess
-    import sys
 
     def probe(code, **env):
         base = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
