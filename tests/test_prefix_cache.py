@@ -3,7 +3,7 @@
 - the shared prefix's KV (promptopt/models/prefix_cache.py): buffers written once and reused by every batch give,
   bit for bit, what a fresh copy of the prefix per batch gives (the runner before them), also on sliding-window
   layers whose window the prefix has already passed; one set of buffers serves every call and prompt;
-- the last MLP at the read positions only (promptopt/models/last_layer.py): the same predictions and greedy flags,
+- the last MLP at the read positions only (promptopt/models/last_layer.py), in the scoring thread only: the same predictions and greedy flags,
   log-probs, hidden states and δ_TCB to float rounding;
 - a CPU run keeps the memory it frees (promptopt/models/cpu_memory.py), and the CLI asks torch for huge pages for
   large tensors (promptopt/cli/app.py)."""
@@ -103,6 +103,42 @@ def test_the_last_mlp_runs_where_the_hidden_state_is_read_only(tiny_lm):
         assert seen == [len(first_read) * (max(map(len, first_read)) - len(prefix))]  # every padded position
     finally:
         handle.remove()
+
+
+def test_another_thread_on_the_same_model_runs_the_whole_last_mlp(tiny_lm):
+    """The last-MLP hooks sit on the shared module: a second runner scoring in another thread while the first is
+    inside a forward (a server's concurrent requests) gets its own numbers, and so does the first."""
+    import threading
+
+    tok = tiny_lm.tokenizer
+    first, second = _requests(tok), _requests(tok, shots="Review: a dull mess.\nSentiment: negative\n\n")
+    expected = [Runner(tiny_lm, batch_size=3).loglikelihood(reqs) for reqs in (first, second)]
+    mlp = tiny_lm.base.layers[-1].mlp
+    got, errors = {}, []
+
+    def run_second():
+        try:
+            got["second"] = Runner(tiny_lm, batch_size=3).loglikelihood(second)
+        except Exception as error:  # noqa: BLE001  (reported below, with the thread's own failure)
+            errors.append(error)
+
+    def in_the_middle(module, args):  # inside the first runner's scoring forward, with its hooks on the last MLP
+        if threading.current_thread() is threading.main_thread() and mlp._forward_pre_hooks and not got:
+            got["overlapped"] = True
+            thread = threading.Thread(target=run_second)
+            thread.start()
+            thread.join()
+
+    handle = tiny_lm.base.layers[0].register_forward_pre_hook(in_the_middle)
+    try:
+        got["first"] = Runner(tiny_lm, batch_size=3).loglikelihood(first)
+    finally:
+        handle.remove()
+    assert not errors, errors
+    assert got.get("overlapped")
+    for name, reference in zip(("first", "second"), expected):
+        for a, b in zip(got[name], reference):
+            assert a.token_logprobs == b.token_logprobs and torch.equal(a.hidden, b.hidden)
 
 
 def test_a_model_without_a_position_wise_last_mlp_runs_it_everywhere(tiny_lm):

@@ -12,6 +12,7 @@ SST-2, 4.3e-6 on a 14-item yes/no task of my own).
 
 from __future__ import annotations
 
+import threading
 from contextlib import contextmanager
 
 import torch
@@ -37,18 +38,25 @@ def position_wise_last_mlp(base: torch.nn.Module, hidden_size: int, dtype: torch
 
 @contextmanager
 def mlp_only_at(mlp: torch.nn.Module | None, read: torch.Tensor):
-    """Within the block, `mlp` runs at the flattened (row × position) indices `read` only, zeros elsewhere."""
+    """Within the block, `mlp` runs at the flattened (row × position) indices `read` only, zeros elsewhere.
+
+    Only in this thread: the hooks sit on the shared module, and another thread running the same model at the same
+    time (a second runner, a server's other request) must get the whole MLP, not this block's rows."""
     if mlp is None:
         yield
         return
-    shapes = []
+    shapes, owner = [], threading.get_ident()
 
     def only_read(module, args):
+        if threading.get_ident() != owner:
+            return None
         (x,) = args
         shapes.append(x.shape)
         return (x.reshape(-1, x.shape[-1])[read][None],)
 
     def scatter_back(module, args, out):
+        if threading.get_ident() != owner:
+            return None
         shape = shapes.pop()
         full = out.new_zeros(shape[:-1].numel(), out.shape[-1])
         full[read] = out[0]
