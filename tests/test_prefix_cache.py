@@ -3,8 +3,8 @@
 - the shared prefix's KV (promptopt/models/prefix_cache.py): buffers written once and reused by every batch give,
   bit for bit, what a fresh copy of the prefix per batch gives (the runner before them), also on sliding-window
   layers whose window the prefix has already passed; one set of buffers serves every call and prompt;
-- the last MLP at the read positions only (promptopt/models/last_layer.py), in the scoring thread only: the same predictions and greedy flags,
-  log-probs, hidden states and δ_TCB to float rounding;
+- the last MLP at the read positions only (promptopt/models/last_layer.py), in the scoring thread only: the same
+  predictions and greedy flags, log-probs, hidden states and δ_TCB to float rounding;
 - a CPU run keeps the memory it frees (promptopt/models/cpu_memory.py), and the CLI asks torch for huge pages for
   large tensors (promptopt/cli/app.py)."""
 
