@@ -111,6 +111,35 @@ def test_leading_dimensions_targets_and_companions():
     assert torch.allclose(res.tcb_diffuse, 2.0 * ((1 / s2) / (8 * sigma2)).sqrt(), rtol=1e-6)
 
 
+@pytest.mark.parametrize("softcap", [None, 3.0])
+def test_companions_where_the_tail_carries_the_mass(softcap):
+    """Near-uniform distributions over 3000 tokens: most probability lies outside the exact top K, so the
+    tail's sums (S2, S3, Σ g² o², the entropy's) decide every companion; checked against float64 by hand and the
+    approximation's own reference (with a soft-cap, every tail logit has its own gain)."""
+    from promptopt.metrics import approximation_reference
+
+    gen = torch.Generator().manual_seed(7)
+    w = torch.randn(3000, 24, generator=gen)
+    h = torch.randn(5, 24, generator=gen) * torch.tensor([0.01, 0.05, 0.1, 0.2, 0.3])[:, None]
+    res = token_constraint_bound(h, w, logit_softcap=softcap)
+    z = h.double() @ w.double().T
+    if softcap is not None:
+        z = softcap * torch.tanh(z / softcap)
+    o = torch.softmax(z, -1)
+    assert (o.topk(32, -1).values.sum(-1) < 0.2).all()  # the top K hold under a fifth: the tail decides
+    s2, s3 = o.pow(2).sum(-1), o.pow(3).sum(-1)
+    assert torch.allclose(res.s2, s2, rtol=1e-6) and torch.allclose(res.s3, s3, rtol=1e-6)
+    assert torch.allclose(res.v_eff, 1 / s2, rtol=1e-6)
+    assert torch.allclose(res.entropy, -(o * o.log()).sum(-1), rtol=1e-6)
+    ref = approximation_reference(h, w, logit_softcap=softcap)
+    assert torch.allclose(res.tcb_approx, ref, rtol=1e-6)
+    assert torch.allclose(res.tcb, 1 / jacobian_frobenius_reference(h, w, logit_softcap=softcap), rtol=1e-6)
+    if softcap is None:  # by hand: S2 − 2 S3 + S2², and the diffuse limit ε sqrt(V_eff / (dσ²))
+        d_sigma2 = 24 * w.double().var(unbiased=False)
+        assert torch.allclose(res.tcb_approx, 1 / (d_sigma2 * (s2 - 2 * s3 + s2**2)).sqrt(), rtol=1e-6)
+        assert torch.allclose(res.tcb_diffuse, ((1 / s2) / d_sigma2).sqrt(), rtol=1e-6)
+
+
 def test_infinite_only_when_distribution_is_a_point_mass():
     w = torch.zeros(4, 2)
     w[0] = torch.tensor([1.0, 0.0])
