@@ -410,6 +410,33 @@ def test_ctrl_c_then_two_workers_join_together(run_dir, model):
     assert len(with_keys) == len(set(with_keys)), "two trials evaluated the same exemplar keys"
 
 
+def test_workers_joining_at_once_claim_each_queued_trial_once(tmp_path):
+    """Four storages on one study.db (as four processes joining a study) claim 80 queued trials at once:
+    each trial is claimed by exactly one of them. Optuna's claim is a read then a conditional write, made
+    atomic by BEGIN IMMEDIATE on SQLite (without it, 11-22 of 60 trials were claimed twice here)."""
+    from promptopt.search import SearchConfig
+    from promptopt.search.storage import make_storage
+
+    config = SearchConfig.build(task="sst2", model="unused", device="cpu", out=str(tmp_path), trials=3)
+    study = optuna.create_study(study_name="queue", storage=make_storage(config))
+    for i in range(80):
+        study.enqueue_trial({"x": i})
+    claims: list[int] = []
+
+    def claim_until_empty() -> None:
+        worker = optuna.load_study(study_name="queue", storage=make_storage(config))
+        while (trial_id := worker._pop_waiting_trial_id()) is not None:
+            claims.append(trial_id)
+
+    workers = [threading.Thread(target=claim_until_empty) for _ in range(4)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    assert sorted(claims) == sorted(t._trial_id for t in study.get_trials()), "a queued trial claimed twice or never"
+    assert {t.state.name for t in study.get_trials()} == {"RUNNING"}
+
+
 def test_worker_seeds():
     from promptopt.search.storage import worker_seed
 

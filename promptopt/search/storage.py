@@ -8,6 +8,7 @@ import hashlib
 import json
 import logging
 import os
+import sqlite3
 import threading
 import warnings
 
@@ -23,6 +24,7 @@ def make_storage(config: SearchConfig):
     import time
 
     from optuna import storages
+    from sqlalchemy import event
 
     url = config.storage_url
     path = sqlite_path(url)
@@ -37,13 +39,16 @@ def make_storage(config: SearchConfig):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # heartbeat and the retry callback are "experimental" in Optuna
             try:
-                return storages.RDBStorage(
+                storage = storages.RDBStorage(
                     url,
                     engine_kwargs=engine_kwargs,
                     heartbeat_interval=config.study.heartbeat_interval,
                     grace_period=config.study.grace_period,
                     **{callback_kw: retry_callback()(max_retry=3)},
                 )
+                if path is not None:
+                    event.listen(storage.engine, "begin", _begin_immediate)
+                return storage
             except Exception as exc:  # any failure to open a user-given URL is the URL's problem
                 if attempt == 1 and _schema_race(exc):  # another process set the schema up at the same moment
                     time.sleep(0.5)
@@ -58,13 +63,28 @@ def _sqlite_connection(path):
     A killed process loses nothing that was committed; a power cut may lose the last commits (trials that
     --resume runs again), never the file. As for the result cache (WAL too): on read-only media, copy the run
     directory before reading it."""
-    import sqlite3
 
     # check_same_thread: Optuna's heartbeat thread and the trial use one pool (SQLAlchemy serializes them)
     conn = sqlite3.connect(path, timeout=60, check_same_thread=False)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=NORMAL")
     return conn
+
+
+def _begin_immediate(connection) -> None:
+    """Begin each transaction on the study's SQLite file with BEGIN IMMEDIATE (the write lock at once).
+
+    Optuna claims a queued trial by reading its state and setting it RUNNING if it was WAITING
+    (`set_trial_state_values`), with SELECT ... FOR UPDATE, which SQLite ignores. In the driver's deferred
+    transactions the read takes no lock: two processes joining a study at the same moment both read
+    WAITING, both set RUNNING and both run the same queued trial (the later one then fails with "Cannot
+    tell a COMPLETE trial"). Holding the write lock from the start makes the read and the write one step,
+    as the row lock does on PostgreSQL. Optuna's transactions are short, so the serialization costs little.
+    Set once the storage is built: Optuna's schema set-up holds one connection while it opens another."""
+    dbapi = connection.connection.dbapi_connection
+    if dbapi.isolation_level is not None:
+        dbapi.isolation_level = None  # the driver begins nothing of its own; no transaction is open here
+    connection.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 def _schema_race(exc: BaseException) -> bool:
