@@ -437,6 +437,41 @@ def test_workers_joining_at_once_claim_each_queued_trial_once(tmp_path):
     assert {t.state.name for t in study.get_trials()} == {"RUNNING"}
 
 
+def test_workers_recovering_at_once_requeue_each_abandoned_trial_once(tmp_path):
+    """Four storages on one study.db (as four processes that each find the same abandoned trials at start)
+    fail 40 RUNNING trials at once: each is failed by exactly one of them and queued for a retry once.
+    Without BEGIN IMMEDIATE, 21-24 of the 40 were failed twice here, and 72-74 retries queued."""
+    from promptopt.search import SearchConfig
+    from promptopt.search.recovery import _fail_trial
+    from promptopt.search.storage import make_storage
+
+    config = SearchConfig.build(task="sst2", model="unused", device="cpu", out=str(tmp_path), trials=3)
+    study = optuna.create_study(study_name="abandoned", storage=make_storage(config))
+    abandoned = []
+    for _ in range(40):
+        trial = study.ask()
+        trial.suggest_int("x", 0, 100)
+        abandoned.append(trial._trial_id)
+    failed_by: list[int] = []
+
+    def recover_all() -> None:
+        worker = optuna.load_study(study_name="abandoned", storage=make_storage(config))
+        failed_by.extend(trial_id for trial_id in abandoned if _fail_trial(worker, trial_id))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Optuna's retry callback is experimental
+        workers = [threading.Thread(target=recover_all) for _ in range(4)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+    assert sorted(failed_by) == abandoned, "an abandoned trial failed twice or never"
+    trials = study.get_trials()
+    assert [t.state.name for t in trials].count("WAITING") == 40
+    retried = sorted(t.params["x"] for t in trials if t.state.name == "WAITING")
+    assert retried == sorted(t.params["x"] for t in trials if t.state.name == "FAIL")
+
+
 def test_worker_seeds():
     from promptopt.search.storage import worker_seed
 

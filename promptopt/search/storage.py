@@ -77,9 +77,10 @@ def _begin_immediate(connection) -> None:
     (`set_trial_state_values`), with SELECT ... FOR UPDATE, which SQLite ignores. In the driver's deferred
     transactions the read takes no lock: two processes joining a study at the same moment both read
     WAITING, both set RUNNING and both run the same queued trial (the later one then fails with "Cannot
-    tell a COMPLETE trial"). Holding the write lock from the start makes the read and the write one step,
-    as the row lock does on PostgreSQL. Optuna's transactions are short: 60 trials of 26 writes each took
-    4.2-5.1 s with it and 3.9-5.3 s without (three runs each).
+    tell a COMPLETE trial"). Failing an abandoned trial is the same read then write: two processes
+    recovering at once both failed it and queued its retry twice. Holding the write lock from the start
+    makes the read and the write one step, as the row lock does on PostgreSQL. Optuna's transactions are
+    short: 60 trials of 26 writes each took 4.2-5.1 s with it and 3.9-5.3 s without (three runs each).
     Set once the storage is built: Optuna's schema set-up holds one connection while it opens another."""
     dbapi = connection.connection.dbapi_connection
     if dbapi.isolation_level is not None:
