@@ -410,14 +410,29 @@ def test_ctrl_c_then_two_workers_join_together(run_dir, model):
     assert len(with_keys) == len(set(with_keys)), "two trials evaluated the same exemplar keys"
 
 
+def _study_db_config(tmp_path):
+    """A config whose storage is study.db in tmp_path: what `make_storage` opens for every process."""
+    from promptopt.search import SearchConfig
+
+    return SearchConfig.build(task="sst2", model="unused", device="cpu", out=str(tmp_path), trials=3)
+
+
+def _at_once(work, n: int = 4) -> None:
+    """Run `work` in n threads started together, as n processes on one study (each opens its own storage)."""
+    workers = [threading.Thread(target=work) for _ in range(n)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+
+
 def test_workers_joining_at_once_claim_each_queued_trial_once(tmp_path):
     """Four storages on one study.db (as four processes joining a study) claim 80 queued trials at once:
     each trial is claimed by exactly one of them. Optuna's claim is a read then a conditional write, made
     atomic by BEGIN IMMEDIATE on SQLite (without it, 11-22 of 60 trials were claimed twice here)."""
-    from promptopt.search import SearchConfig
     from promptopt.search.storage import make_storage
 
-    config = SearchConfig.build(task="sst2", model="unused", device="cpu", out=str(tmp_path), trials=3)
+    config = _study_db_config(tmp_path)
     study = optuna.create_study(study_name="queue", storage=make_storage(config))
     for i in range(80):
         study.enqueue_trial({"x": i})
@@ -428,11 +443,7 @@ def test_workers_joining_at_once_claim_each_queued_trial_once(tmp_path):
         while (trial_id := worker._pop_waiting_trial_id()) is not None:
             claims.append(trial_id)
 
-    workers = [threading.Thread(target=claim_until_empty) for _ in range(4)]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join()
+    _at_once(claim_until_empty)
     assert sorted(claims) == sorted(t._trial_id for t in study.get_trials()), "a queued trial claimed twice or never"
     assert {t.state.name for t in study.get_trials()} == {"RUNNING"}
 
@@ -441,11 +452,10 @@ def test_workers_recovering_at_once_requeue_each_abandoned_trial_once(tmp_path):
     """Four storages on one study.db (as four processes that each find the same abandoned trials at start)
     fail 40 RUNNING trials at once: each is failed by exactly one of them and queued for a retry once.
     Without BEGIN IMMEDIATE, 21-24 of the 40 were failed twice here, and 72-74 retries queued."""
-    from promptopt.search import SearchConfig
     from promptopt.search.recovery import _fail_trial
     from promptopt.search.storage import make_storage
 
-    config = SearchConfig.build(task="sst2", model="unused", device="cpu", out=str(tmp_path), trials=3)
+    config = _study_db_config(tmp_path)
     study = optuna.create_study(study_name="abandoned", storage=make_storage(config))
     abandoned = []
     for _ in range(40):
@@ -460,11 +470,7 @@ def test_workers_recovering_at_once_requeue_each_abandoned_trial_once(tmp_path):
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Optuna's retry callback is experimental
-        workers = [threading.Thread(target=recover_all) for _ in range(4)]
-        for worker in workers:
-            worker.start()
-        for worker in workers:
-            worker.join()
+        _at_once(recover_all)
     assert sorted(failed_by) == abandoned, "an abandoned trial failed twice or never"
     trials = study.get_trials()
     assert [t.state.name for t in trials].count("WAITING") == 40
