@@ -46,6 +46,9 @@ FIRST_CALLS = int(os.environ.get("BENCH_FIRST_CALLS", "7"))  # fresh processes s
 PAIRED_ROUNDS = int(os.environ.get("BENCH_PAIRED_ROUNDS", "5"))  # repeated calls with each batch's floor forward beside it
 DEFAULT_MALLOC_CALLS = int(os.environ.get("BENCH_DEFAULT_MALLOC_CALLS", "3"))  # and first calls on glibc's default malloc
 SMALL_PAGES_CALLS = int(os.environ.get("BENCH_SMALL_PAGES_CALLS", "3"))  # and first calls without huge pages (THP_MEM_ALLOC_ENABLE=0)
+# torch's threads: 2, this machine kind's cores. 1 (under `taskset -c 0`) stands in for a slower machine, e.g. to
+# time the demo where the scorer runs at ~10 items/s or less (bench/MEASUREMENTS.md, 2026-12-03, midday).
+THREADS = int(os.environ.get("BENCH_THREADS", "2"))
 
 
 def lm_eval_task(folder: Path, shots, items) -> str:
@@ -80,7 +83,7 @@ def _setup():
     from promptopt.models import load_model
     from promptopt.tasks import load_task
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(THREADS)
     lm = load_model("smollm2-135m-instruct", device="cpu")
     task = load_task("sst2")
     prompt = task.default_prompt()
@@ -245,7 +248,7 @@ def main() -> None:
         rounds.append({"floor": floor, "scorer": seconds, **spent})
     widths = [ids.shape[1] for ids, _, _ in batches]
     median = {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
-    print(f"[2a] SST-2 4-shot, {len(items)} items, batch 16: {prefix_len} shared prefix tokens, {n_tokens} suffix tokens in "
+    print(f"[2a] SST-2 4-shot, {len(items)} items, batch 16, {THREADS} torch thread{'s' * (THREADS > 1)}: {prefix_len} shared prefix tokens, {n_tokens} suffix tokens in "
           f"{len(batches)} batches (padded widths {max(widths)}..{min(widths)})")
     print(f"     floor: plain lm.base forward over the same padded suffix batches, no prefix: {n_tokens / median['floor']:.0f} suffix "
           f"tok/s (median of {ROUNDS})")
