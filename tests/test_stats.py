@@ -50,6 +50,54 @@ def test_robustness_intervals_are_seeded_and_cover_the_estimate():
         assert low <= point[name] <= high and high - low > 0
 
 
+def test_resampled_metrics_are_the_per_resample_metrics_bit_for_bit():
+    """robustness_intervals computes every resample at once: each resample's four numbers are exactly what
+    `metrics(resample)` gives, NaN where it gives NaN, including resamples that miss a family (no PDR for
+    it), a family whose items are all wrong clean (PDR undefined) and items without a variant."""
+    from promptopt.metrics.stats import PerItemRobustness, bootstrap_resamples
+
+    clean = dict(CLEAN, e=False, f=True)  # e: wrong clean, its only family 'hard' then has PDR undefined; f: no variant
+    variants = pd.concat([VARIANTS, pd.DataFrame([("e", "hard", True)], columns=VARIANTS.columns)])
+    per_item = PerItemRobustness(clean, variants)
+    resamples = np.vstack([bootstrap_resamples(6, n_boot=200, seed=2), [[5] * 6], [[4] * 6]])  # + only f, only e
+    together = per_item.resampled_metrics(resamples)
+    seen_nan = set()
+    for row, index in enumerate(resamples):
+        alone = per_item.metrics(index)
+        for name in ("acc_worst", "acc_var", "pdr", "pdr_pooled"):
+            if alone[name] != alone[name]:
+                seen_nan.add(name)
+                assert np.isnan(together[name][row]), (name, index)
+            else:
+                assert together[name][row] == alone[name], (name, index)
+    assert seen_nan == {"pdr", "pdr_pooled"}  # the resample of f alone has no variant at all
+
+
+def test_auroc_and_family_pdr_intervals_are_their_loops_bit_for_bit():
+    """Both intervals compute every resample at once; each is exactly `bootstrap_interval` over the scalar
+    statistic: AUROC with ties, a NaN and infinite scores left out, and a class missing from some resamples;
+    a family's pooled PDR where some resamples have no clean answer right (PDR undefined, dropped)."""
+    from promptopt.experiments.report.families import _pdr_interval
+    from promptopt.metrics.stats import auroc, auroc_interval, performance_drop_rate
+
+    scores = np.array([0.3, 0.1, 0.3, np.nan, 0.9, -np.inf, 0.5, 0.5, np.inf, 0.2, 0.7, 0.4])
+    labels = np.array([1, 0, 0, 1, 1, 0, 0, 1, 0, 0, 0, 0], dtype=bool)
+    loop = bootstrap_interval(lambda idx: auroc(scores[idx], labels[idx]), len(scores), n_boot=500, seed=11)
+    assert auroc_interval(scores, labels, n_boot=500, seed=11) == loop and loop[0] < loop[1]
+    assert all(math.isnan(v) for v in auroc_interval(scores, np.ones(12, dtype=bool)))  # no negative answer: no AUROC
+
+    count = np.array([2.0, 1.0, 3.0, 1.0, 2.0, 1.0])
+    clean = np.array([0.0, 0.0, 3.0, 0.0, 0.0, 1.0])  # most resamples miss items 2 and 5
+    perturbed = np.array([1.0, 1.0, 1.0, 0.0, 2.0, 0.0])
+
+    def pdr(idx):
+        total = count[idx].sum()
+        return performance_drop_rate(clean[idx].sum() / total, perturbed[idx].sum() / total)
+
+    loop = bootstrap_interval(pdr, len(count), n_boot=500, seed=2)
+    assert _pdr_interval(clean, perturbed, count, n_boot=500, seed=2) == loop and loop[0] < loop[1]
+
+
 def test_mcnemar_exact_by_hand():
     a = [True] * 5 + [False] + [True] * 4
     b = [False] * 5 + [True] + [True] * 4
@@ -100,6 +148,30 @@ def test_average_ranks_and_spearman_by_hand():
     # ranks x = (1, 2, 3, 4), y = (2, 1, 4, 3): d² = 1+1+1+1 = 4, ρ = 1 − 6·4 / (4·15) = 0.6
     assert spearman([10, 20, 30, 40], [2, 1, 4, 3]) == pytest.approx(0.6)
     assert math.isnan(spearman([1, 1, 1], [1, 2, 3])) and math.isnan(spearman([1, 2, float("nan")], [1, 2, 3]))
+
+
+def test_spearman_interval_is_the_bootstrap_of_spearman_all_at_once():
+    """The vectorized interval ranks every resample at once: the ranks row by row are the 1-D ones, the resamples
+    are bootstrap_interval's, and the interval is the loop's up to the last bits, resamples where one side is
+    constant dropped as the loop drops their NaN."""
+    import numpy as np
+
+    from promptopt.metrics.stats import average_ranks, bootstrap_interval, bootstrap_resamples, spearman, spearman_interval
+
+    assert average_ranks([[3.0, 1.0, 3.0, 2.0], [5.0, 5.0, 5.0, 5.0], [4.0, 3.0, 2.0, 1.0]]).tolist() == [
+        [3.5, 1.0, 3.5, 2.0], [2.5, 2.5, 2.5, 2.5], [4.0, 3.0, 2.0, 1.0]]
+    rng = np.random.default_rng(7)
+    assert np.array_equal(bootstrap_resamples(5, n_boot=3, seed=7), [rng.integers(0, 5, 5) for _ in range(3)])
+
+    x = np.array([0.1, 0.4, 0.4, 0.9, 0.2, 0.7, 0.7, 0.7, 0.3, 0.5, 0.8, 0.6])  # ties on both sides
+    y = np.array([1.0, 2.0, 2.0, 5.0, 1.0, 3.0, 4.0, 4.0, 2.0, 3.0, 6.0, 3.0])
+    rare = np.array([0.0, 0.0, 0.0, 0.0, 0.0, 1.0])  # most resamples of 6 miss the 1: a constant side, NaN, dropped
+    for a, b in ((x, y), (rare, np.arange(6.0)), (y, x[::-1])):
+        loop = bootstrap_interval(lambda idx: spearman(a[idx], b[idx]), len(a), n_boot=400, seed=3)
+        assert spearman_interval(a, b, n_boot=400, seed=3) == pytest.approx(loop, abs=1e-12)
+    assert spearman_interval(x, y, n_boot=400, seed=3)[0] > 0.5  # strongly and positively related
+    assert all(math.isnan(v) for v in spearman_interval([2.0, 2.0, 2.0], [1.0, 2.0, 3.0]))
+    assert all(math.isnan(v) for v in spearman_interval([1.0, float("nan")], [1.0, 2.0]))
 
 
 def test_bootstrap_intervals_are_the_separate_intervals_from_one_pass():

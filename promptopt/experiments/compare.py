@@ -48,7 +48,7 @@ import pandas as pd
 from promptopt.card import sha256_json
 from promptopt.errors import ConfigError, UserError
 from promptopt.experiments.session import Session
-from promptopt.metrics.stats import PerItemRobustness, bootstrap_interval, bootstrap_intervals, mcnemar_exact, wilson_interval
+from promptopt.metrics.stats import PerItemRobustness, bootstrap_resamples, mcnemar_exact, percentile_interval, wilson_interval
 from promptopt.search import SearchConfig, get_strategy, run_search, study_exists
 from promptopt.search.config import default_storage_url, redact
 from promptopt.search.recovery import fault_point
@@ -493,8 +493,9 @@ def _pooled_acc_worst_intervals(evaluations: list[Evaluated], *, seed: int) -> d
         pooled = _pooled(evaluations, split)
         n_items = len(pooled.items) // n_seeds
         name = f"acc_worst_{split}" if split else "acc_worst"
-        out[f"{name}_ci_low"], out[f"{name}_ci_high"] = bootstrap_interval(
-            lambda idx: pooled.metrics(cluster_index(idx, n_items, n_seeds))["acc_worst"], n_items, n_boot=_N_BOOT // 4, seed=seed)
+        resamples = cluster_resamples(n_items, n_seeds, n_boot=_N_BOOT // 4, seed=seed)
+        out[f"{name}_ci_low"], out[f"{name}_ci_high"] = (
+            percentile_interval(pooled.resampled_metrics(resamples)["acc_worst"]) if n_items else (math.nan, math.nan))
     return out
 
 
@@ -504,7 +505,7 @@ def _paired_table(winners: dict, *, seed: int) -> pd.DataFrame:
     (`delta_acc_worst_unseen`: the headline) and the seen ones alone (NaN when the split has no family).
 
     With several seeds the pairs are (seed, item), but the seeds of one item are not independent samples: the
-    bootstrap resamples items, each with all its seeds (`cluster_index`), so repeating a search does not narrow
+    bootstrap resamples items, each with all its seeds (`cluster_resamples`), so repeating a search does not narrow
     an interval by itself. The exact McNemar p-value counts discordant (seed, item) pairs as independent; a
     difference is starred only when that p < 0.05 and the clustered interval excludes 0."""
     rows = []
@@ -516,9 +517,9 @@ def _paired_table(winners: dict, *, seed: int) -> pd.DataFrame:
         n_items = len(acc_a) // n_seeds
         row["n_pairs"] = len(acc_a)
         row["delta_acc"] = float(acc_a.mean() - acc_b.mean())
-        row["delta_acc_ci_low"], row["delta_acc_ci_high"] = bootstrap_interval(
-            lambda idx: acc_a[cluster_index(idx, n_items, n_seeds)].mean() - acc_b[cluster_index(idx, n_items, n_seeds)].mean(),
-            n_items, n_boot=_N_BOOT, seed=seed)
+        resamples = cluster_resamples(n_items, n_seeds, n_boot=_N_BOOT, seed=seed)
+        row["delta_acc_ci_low"], row["delta_acc_ci_high"] = (
+            percentile_interval(acc_a[resamples].mean(-1) - acc_b[resamples].mean(-1)) if n_items else (math.nan, math.nan))
         row["only_a_correct"], row["only_b_correct"], row["mcnemar_p"] = mcnemar_exact(acc_a, acc_b)
         if winners[a][0].clean is not None:
             labelled = all("seen" in ev.variants for ev in (*winners[a], *winners[b]))
@@ -532,22 +533,16 @@ def _paired_table(winners: dict, *, seed: int) -> pd.DataFrame:
                 pa, pb = _pooled(winners[a], split), _pooled(winners[b], split)
                 n_robust = len(pa.items) // n_seeds
                 whole_a, whole_b = pa.metrics(), pb.metrics()
-                intervals = bootstrap_intervals(
-                    lambda idx, pa=pa, pb=pb, n_robust=n_robust: _deltas(pa, pb, cluster_index(idx, n_robust, n_seeds)),
-                    n_robust, names=_PAIRED_KEYS, n_boot=_N_BOOT // 4, seed=seed)
+                resamples = cluster_resamples(n_robust, n_seeds, n_boot=_N_BOOT // 4, seed=seed)
+                each_a, each_b = pa.resampled_metrics(resamples), pb.resampled_metrics(resamples)  # on the same resamples
                 for key in _PAIRED_KEYS:
                     name = f"delta_{key}{suffix}"
                     row[name] = float(whole_a[key] - whole_b[key])
-                    row[f"{name}_ci_low"], row[f"{name}_ci_high"] = intervals[key]
+                    row[f"{name}_ci_low"], row[f"{name}_ci_high"] = (
+                        percentile_interval(each_a[key] - each_b[key]) if n_robust else (math.nan, math.nan))
         row["significant"] = bool(row["mcnemar_p"] < 0.05 and not (row["delta_acc_ci_low"] <= 0 <= row["delta_acc_ci_high"]))
         rows.append(row)
     return pd.DataFrame(rows)
-
-
-def _deltas(pa: PerItemRobustness, pb: PerItemRobustness, index: np.ndarray) -> list[float]:
-    """Each paired robustness number of the first prompt minus the second's, on the same resampled items."""
-    a, b = pa.metrics(index), pb.metrics(index)
-    return [a[key] - b[key] for key in _PAIRED_KEYS]
 
 
 def cluster_index(items, n_items: int, n_seeds: int) -> np.ndarray:
@@ -555,6 +550,13 @@ def cluster_index(items, n_items: int, n_seeds: int) -> np.ndarray:
     every seed of each: resampling items keeps an item's seeds together."""
     items = np.asarray(items)
     return (np.arange(n_seeds)[:, None] * n_items + items[None, :]).ravel()
+
+
+def cluster_resamples(n_items: int, n_seeds: int, *, n_boot: int, seed: int) -> np.ndarray:
+    """The bootstrap's resamples of items (`bootstrap_resamples`), each row widened to every seed of each resampled
+    item, seed-major as `cluster_index` widens one: (n_boot, n_seeds · n_items) positions in a pooled vector."""
+    items = bootstrap_resamples(n_items, n_boot=n_boot, seed=seed)
+    return (np.arange(n_seeds)[None, :, None] * n_items + items[:, None, :]).reshape(n_boot, n_seeds * n_items)
 
 
 def _pooled(evaluations: list[Evaluated], split: str | None = None) -> PerItemRobustness:

@@ -27,7 +27,7 @@ import pandas as pd
 
 from promptopt.errors import UserError
 from promptopt.experiments.item_auroc import item_auroc
-from promptopt.metrics.stats import bootstrap_interval, spearman
+from promptopt.metrics.stats import spearman, spearman_interval
 from promptopt.yamlio import atomic_write_bytes_via, write_table
 
 SIGNALS = ("log10_tcb", "signed_stability", "ppl", "margin", "v_eff", "accuracy")
@@ -183,7 +183,7 @@ def correlation_table(prompts: pd.DataFrame, *, seed: int = 0, n_boot: int = 200
             pair = prompts[[signal, target]].dropna()
             x, y = pair[signal].to_numpy(), pair[target].to_numpy()
             rho = spearman(x, y)
-            low, high = bootstrap_interval(lambda idx: spearman(x[idx], y[idx]), len(x), n_boot=n_boot, seed=seed)
+            low, high = spearman_interval(x, y, n_boot=n_boot, seed=seed)
             rows.append({"signal": signal, "target": target, "n_prompts": len(x), "spearman": rho, "ci_low": low, "ci_high": high,
                          "interval_excludes_0": bool(low > 0 or high < 0)})
     return pd.DataFrame(rows)

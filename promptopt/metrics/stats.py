@@ -82,17 +82,31 @@ def bootstrap_intervals(statistic, n_items: int, *, names, n_boot: int = 2000, s
     import numpy as np
 
     names = list(names)
-    nan = (float("nan"), float("nan"))
     if n_items == 0:
-        return dict.fromkeys(names, nan)
-    rng = np.random.default_rng(seed)
-    values = np.array([statistic(rng.integers(0, n_items, n_items)) for _ in range(n_boot)], dtype=float).reshape(n_boot, len(names))
+        return dict.fromkeys(names, (float("nan"), float("nan")))
+    resamples = bootstrap_resamples(n_items, n_boot=n_boot, seed=seed)
+    values = np.array([statistic(index) for index in resamples], dtype=float).reshape(n_boot, len(names))
+    return {name: percentile_interval(column, level) for name, column in zip(names, values.T)}
+
+
+def bootstrap_resamples(n_items: int, *, n_boot: int = 2000, seed: int = 0):
+    """The resampled item indices of every bootstrap here, (n_boot, n_items): row b is resample b of
+    `bootstrap_interval` with the same seed (numpy draws the matrix at once as the same stream as row by row)."""
+    import numpy as np
+
+    return np.random.default_rng(seed).integers(0, n_items, (n_boot, n_items))
+
+
+def percentile_interval(values, level: float = 0.95) -> tuple[float, float]:
+    """The central `level` percentile interval of bootstrap values, NaN resamples dropped ((nan, nan) if none is left)."""
+    import numpy as np
+
+    values = np.asarray(values, dtype=float)
+    values = values[np.isfinite(values)]
+    if not len(values):
+        return float("nan"), float("nan")
     alpha = (1 - level) / 2
-    out = {}
-    for name, column in zip(names, values.T):
-        column = column[np.isfinite(column)]
-        out[name] = (float(np.quantile(column, alpha)), float(np.quantile(column, 1 - alpha))) if len(column) else nan
-    return out
+    return float(np.quantile(values, alpha)), float(np.quantile(values, 1 - alpha))
 
 
 def auroc(scores, labels) -> float:
@@ -111,11 +125,23 @@ def auroc(scores, labels) -> float:
 
 
 def auroc_interval(scores, labels, *, n_boot: int = 2000, seed: int = 0) -> tuple[float, float]:
-    """Percentile bootstrap interval of `auroc`, resampling answers."""
+    """Percentile bootstrap interval of `auroc`, resampling answers: `bootstrap_interval` of it, the resamples
+    ranked all at once."""
     import numpy as np
 
     scores, labels = np.asarray(scores, dtype=float), np.asarray(labels, dtype=bool)
-    return bootstrap_interval(lambda idx: auroc(scores[idx], labels[idx]), len(scores), n_boot=n_boot, seed=seed)
+    if len(scores) == 0:
+        return float("nan"), float("nan")
+    resamples = bootstrap_resamples(len(scores), n_boot=n_boot, seed=seed)
+    # every resample at once, as `auroc` does each: non-finite scores left out (ranked last as NaN, so the finite
+    # ones keep their ranks among themselves), NaN where a class is empty
+    finite = np.isfinite(scores)[resamples]
+    ranks = average_ranks(np.where(finite, scores[resamples], np.nan))
+    positive = labels[resamples] & finite
+    n_pos, n_neg = positive.sum(-1), (finite & ~positive).sum(-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        areas = (np.where(positive, ranks, 0.0).sum(-1) - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
+    return percentile_interval(np.where((n_pos > 0) & (n_neg > 0), areas, np.nan))
 
 
 def format_spread(correct, *, n_boot: int = 1000, seed: int = 0) -> dict:
@@ -193,6 +219,35 @@ class PerItemRobustness:
         out["acc_by_family"] = family_acc
         return out
 
+    def resampled_metrics(self, resamples) -> dict:
+        """acc_worst, acc_var, pdr and pdr_pooled of every resample (rows of item indices) at once, an array each:
+        `metrics(row)`'s numbers, the same sums in the same order, without a Python call per resample. Rows go in
+        blocks that keep the (rows, items, families) arrays near 2^21 numbers, whatever the sizes."""
+        import numpy as np
+
+        resamples = np.asarray(resamples)
+        rows = max(1, (1 << 21) // max(1, resamples.shape[1] * len(self.families)))
+        parts = [self._resampled_block(resamples[start : start + rows]) for start in range(0, len(resamples), rows)]
+        return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]} if parts else {}
+
+    def _resampled_block(self, resamples) -> dict:
+        import numpy as np
+
+        clean, n, k = self.clean[resamples], self.n[resamples], self.k[resamples]  # (rows, items) and (rows, items, families)
+        n_item, k_item = n.sum(-1), k.sum(-1)
+        mean = (clean + k_item) / (1 + n_item)
+        touched = n > 0
+        with np.errstate(invalid="ignore", divide="ignore"):
+            clean_touched = (clean[..., None] * touched).sum(1) / touched.sum(1)  # NaN for a family no item has
+            family_pdr = 1.0 - (k.sum(1) / n.sum(1)) / clean_touched
+            family_pdr[clean_touched == 0] = np.nan  # performance_drop_rate: undefined when the clean accuracy is 0
+            defined = ~np.isnan(family_pdr)
+            pdr = np.where(defined, family_pdr, 0.0).sum(-1) / defined.sum(-1)
+            pooled_clean = (clean * n_item).sum(-1) / n_item.sum(-1)
+            pdr_pooled = np.where(pooled_clean == 0, np.nan, 1.0 - (k_item.sum(-1) / n_item.sum(-1)) / pooled_clean)
+        return {"acc_worst": (clean.astype(bool) & (k_item == n_item)).mean(-1), "acc_var": (mean * (1 - mean)).mean(-1),
+                "pdr": pdr, "pdr_pooled": pdr_pooled}
+
 
 def robustness_metrics(clean, variants) -> dict:
     """Robustness of one prompt from per-item correctness, every metric on the same items.
@@ -217,28 +272,31 @@ def robustness_intervals(clean, variants, *, n_boot: int = 1000, seed: int = 0) 
     with their variants (seeded: the same call gives the same interval)."""
     per_item = PerItemRobustness(clean, variants)
     names = ("acc_worst", "acc_var", "pdr", "pdr_pooled")
-
-    def statistic(index):
-        metrics = per_item.metrics(index)
-        return [metrics[name] for name in names]
-
-    intervals = bootstrap_intervals(statistic, len(per_item.items), names=names, n_boot=n_boot, seed=seed)
-    return {f"{name}_ci95": list(intervals[name]) for name in names}
+    if not per_item.items:
+        return {f"{name}_ci95": [float("nan"), float("nan")] for name in names}
+    together = per_item.resampled_metrics(bootstrap_resamples(len(per_item.items), n_boot=n_boot, seed=seed))
+    return {f"{name}_ci95": list(percentile_interval(together[name])) for name in names}
 
 
 def average_ranks(values):
-    """1-based ranks with ties sharing their average rank (pandas' `rank()`, scipy's `rankdata`), in numpy:
-    a bootstrap calls it thousands of times, where building a pandas Series each time costs more than the sort."""
+    """1-based ranks with ties sharing their average rank (pandas' `rank()`, scipy's `rankdata`), along the last
+    axis, in numpy: a bootstrap ranks thousands of resamples, one row each, where a pandas Series per resample
+    would cost more than the sort."""
     import numpy as np
 
     values = np.asarray(values, dtype=float)
-    order = np.argsort(values, kind="mergesort")
-    ordered = values[order]
-    new_group = np.r_[True, ordered[1:] != ordered[:-1]]  # where a run of tied values starts
-    bounds = np.r_[np.flatnonzero(new_group), len(values)]
-    group = np.cumsum(new_group) - 1
-    ranks = np.empty(len(values))
-    ranks[order] = (bounds[group] + bounds[group + 1] + 1) / 2  # mean of the 1-based positions start+1 … end
+    n = values.shape[-1]
+    order = np.argsort(values, axis=-1, kind="mergesort")
+    ordered = np.take_along_axis(values, order, -1)
+    position = np.broadcast_to(np.arange(n), values.shape)
+    starts = np.ones(values.shape, dtype=bool)  # where a run of tied values starts
+    starts[..., 1:] = ordered[..., 1:] != ordered[..., :-1]
+    ends = np.ones(values.shape, dtype=bool)  # where one ends
+    ends[..., :-1] = starts[..., 1:]
+    first = np.maximum.accumulate(np.where(starts, position, 0), axis=-1)  # each position's run: first and last position
+    last = np.flip(np.minimum.accumulate(np.flip(np.where(ends, position, n), -1), axis=-1), -1)
+    ranks = np.empty(values.shape)
+    np.put_along_axis(ranks, order, (first + last + 2) / 2, -1)  # mean of the 1-based positions first+1 … last+1
     return ranks
 
 
@@ -253,6 +311,26 @@ def spearman(x, y) -> float:
     if rx.std() == 0 or ry.std() == 0:
         return float("nan")
     return float(np.corrcoef(rx, ry)[0, 1])  # the pandas-ranked version's numbers, bit for bit
+
+
+def spearman_interval(x, y, *, n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> tuple[float, float]:
+    """`bootstrap_interval(lambda idx: spearman(x[idx], y[idx]), len(x), …)`, its resamples ranked and correlated
+    all at once instead of one Python call each (a proxy table runs 24 of them). The same resamples and the same
+    NaN rule (a resample where either side is constant, or any NaN); each resample's ρ is the same number up to
+    the last bits of the sums."""
+    import numpy as np
+
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if len(x) < 2 or np.isnan(x).any() or np.isnan(y).any():
+        return float("nan"), float("nan")
+    resamples = bootstrap_resamples(len(x), n_boot=n_boot, seed=seed)
+    rx, ry = average_ranks(x[resamples]), average_ranks(y[resamples])
+    rx -= rx.mean(-1, keepdims=True)
+    ry -= ry.mean(-1, keepdims=True)
+    sxx, syy = (rx * rx).sum(-1), (ry * ry).sum(-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rho = np.clip((rx * ry).sum(-1) / np.sqrt(sxx * syy), -1.0, 1.0)
+    return percentile_interval(np.where((sxx > 0) & (syy > 0), rho, np.nan), level)
 
 
 # --- correlations with intervals, dose-response fits -------------------------------------------------------

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from promptopt.metrics.stats import bootstrap_interval, performance_drop_rate, wilson_interval
+from promptopt.metrics.stats import bootstrap_resamples, percentile_interval, performance_drop_rate, wilson_interval
 
 ALIASES = {
     "item": ("item_id", "item"),
@@ -69,16 +69,22 @@ def family_table(items: pd.DataFrame, *, n_boot: int = 500, seed: int = 0) -> pd
         n = int(count.sum())
         acc_clean, acc_pert = clean_sum.sum() / n, pert_sum.sum() / n
 
-        def pdr(idx):
-            total = count[idx].sum()
-            return performance_drop_rate(clean_sum[idx].sum() / total, pert_sum[idx].sum() / total)
-
-        low, high = bootstrap_interval(pdr, len(count), n_boot=n_boot, seed=seed)
+        low, high = _pdr_interval(clean_sum, pert_sum, count, n_boot=n_boot, seed=seed)
         rows.append({"strategy": strategy, "group": group, "family": fam, "n_items": len(count), "n_variants": n,
                      "acc_clean": acc_clean, "acc_clean_ci": wilson_interval(int(clean_sum.sum()), n),
                      "acc_perturbed": acc_pert, "acc_perturbed_ci": wilson_interval(int(pert_sum.sum()), n),
                      "pdr": performance_drop_rate(acc_clean, acc_pert), "pdr_ci": (low, high)})
     return pd.DataFrame(rows)
+
+
+def _pdr_interval(clean_sum, pert_sum, count, *, n_boot: int, seed: int) -> tuple[float, float]:
+    """The bootstrap interval of a family's pooled PDR over items (each with its variants), every resample at once:
+    per resample 1 − (perturbed correct / variants) / (clean correct / variants), undefined where the clean is 0."""
+    resamples = bootstrap_resamples(len(count), n_boot=n_boot, seed=seed)
+    total = count[resamples].sum(-1)
+    acc_clean, acc_pert = clean_sum[resamples].sum(-1) / total, pert_sum[resamples].sum(-1) / total
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return percentile_interval(np.where(acc_clean == 0, np.nan, 1.0 - acc_pert / acc_clean))
 
 
 def flips(items: pd.DataFrame) -> pd.DataFrame:
