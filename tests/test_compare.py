@@ -172,12 +172,12 @@ def test_proxy_correlations_on_a_finished_study(tiny_llama_dir, tmp_path):
 
 
 def test_paired_intervals_resample_items_with_all_their_seeds():
-    from promptopt.experiments.compare import Evaluated, _paired_table, cluster_index, cluster_resamples
+    from promptopt.experiments.compare import Evaluated, _paired_table, cluster_resamples
     from promptopt.metrics.stats import bootstrap_resamples
 
-    assert cluster_index([0, 0, 2], 3, 2).tolist() == [0, 0, 2, 3, 3, 5]
-    widened = cluster_resamples(5, 3, n_boot=4, seed=9)  # every resample at once: each row is cluster_index of its items
-    assert widened.tolist() == [cluster_index(row, 5, 3).tolist() for row in bootstrap_resamples(5, n_boot=4, seed=9)]
+    # a resample (0, 0, 2) of 3 items with two seeds is positions (0, 0, 2) in seed 0's block and (3, 3, 5) in seed 1's
+    items = bootstrap_resamples(3, n_boot=4, seed=9).tolist()
+    assert cluster_resamples(3, 2, n_boot=4, seed=9).tolist() == [row + [i + 3 for i in row] for row in items]
     rng = np.random.default_rng(0)
     a = Evaluated(pd.DataFrame({"correct": rng.random(40) < 0.7}))
     b = Evaluated(pd.DataFrame({"correct": rng.random(40) < 0.5}))

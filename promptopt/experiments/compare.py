@@ -545,16 +545,10 @@ def _paired_table(winners: dict, *, seed: int) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def cluster_index(items, n_items: int, n_seeds: int) -> np.ndarray:
-    """Positions in a seed-major pooled vector (seed 0's items, then seed 1's, ...) of the resampled items,
-    every seed of each: resampling items keeps an item's seeds together."""
-    items = np.asarray(items)
-    return (np.arange(n_seeds)[:, None] * n_items + items[None, :]).ravel()
-
-
 def cluster_resamples(n_items: int, n_seeds: int, *, n_boot: int, seed: int) -> np.ndarray:
-    """The bootstrap's resamples of items (`bootstrap_resamples`), each row widened to every seed of each resampled
-    item, seed-major as `cluster_index` widens one: (n_boot, n_seeds · n_items) positions in a pooled vector."""
+    """The bootstrap's resamples of items (`bootstrap_resamples`) as positions in a seed-major pooled vector (seed 0's
+    items, then seed 1's, ...), (n_boot, n_seeds · n_items): every seed of each resampled item, so resampling items
+    keeps an item's seeds together."""
     items = bootstrap_resamples(n_items, n_boot=n_boot, seed=seed)
     return (np.arange(n_seeds)[None, :, None] * n_items + items[:, None, :]).reshape(n_boot, n_seeds * n_items)
 
@@ -562,7 +556,7 @@ def cluster_resamples(n_items: int, n_seeds: int, *, n_boot: int, seed: int) -> 
 def _pooled(evaluations: list[Evaluated], split: str | None = None) -> PerItemRobustness:
     """Items of every seed, keyed (seed, item), so two strategies' seeds pair up item by item; with `split`, only the
     variants of its families (every item stays: one no family of the split perturbed counts as its clean answer).
-    `cluster_index` reads the result seed-major, so every seed must have judged the same items in the same order."""
+    `cluster_resamples` reads the result seed-major, so every seed must have judged the same items in the same order."""
     first = list(evaluations[0].clean.index)
     if any(list(ev.clean.index) != first for ev in evaluations[1:]):
         raise ValueError("the seeds' winners were stressed on different robustness items: their answers do not pool")
