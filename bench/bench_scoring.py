@@ -7,7 +7,8 @@ same run:
   its first call in a process and repeated (targets ≥ 0.85 and ≥ 0.9). The scorer does more than the floor:
   attention over the cached prefix, the output head, δ_TCB, tokenization, the table; the repeated call's
   time is split into those parts, each timed inside the call (the model's forward on top of the cached prefix,
-  tokenization, the output head, δ_TCB, and the rest by difference).
+  tokenization, the output head, δ_TCB, and the rest by difference), and the call's tokenization is timed again on
+  the bench's threads against one (promptopt/scoring/tokens.py), the ids compared with one tokenizer call's.
   This machine kind drifts by ±10% within a minute, more than the effects measured, so every ratio is paired:
   a floor pass right next to the scorer (order alternating by round), one ratio per round, the median and the
   range printed. The repeated call is also measured batch-paired (`BENCH_PAIRED_ROUNDS` calls): the floor's forward
@@ -281,6 +282,26 @@ def main() -> None:
     print(f"       δ_TCB and companions, from the same logits: {median['tcb']:.2f} s")
     rest = statistics.median(r["scorer"] - r["forward"] - r["tokenization"] - r["head"] for r in rounds)
     print(f"       the rest (batch assembly, the table, Python): {rest:.2f} s")
+
+    # The call's tokenization on the bench's threads against one thread (promptopt/scoring/tokens.py), alternating.
+    from promptopt.scoring.tokens import encode_texts
+
+    if THREADS > 1:
+        texts: list[str] = []
+        encode = scorer._encode
+        scorer._encode = lambda batch, p: (texts.extend(dict.fromkeys(batch)), encode(batch, p))[1]
+        scorer.score(prompt, items)
+        del scorer._encode
+        timed = {1: [], THREADS: []}
+        for r in range(9):
+            for threads in (1, THREADS) if r % 2 == 0 else (THREADS, 1):
+                start = time.perf_counter()
+                ids = encode_texts(lm.tokenizer, texts, add_special_tokens=prompt.add_special_tokens, threads=threads)
+                timed[threads].append(time.perf_counter() - start)
+        same = ids == lm.tokenizer(texts, add_special_tokens=prompt.add_special_tokens)["input_ids"]
+        print(f"     tokenization of the call's {len(texts)} texts: {statistics.median(timed[THREADS]) * 1e3:.0f} ms on {THREADS} "
+              f"thread{'s' * (THREADS > 1)}, {statistics.median(timed[1]) * 1e3:.0f} ms on one -> "
+              f"{_spread([a / b for a, b in zip(timed[1], timed[THREADS])], 2)}x (identical ids: {same})")
 
     # [2b] The same scorer without the prefix cache.
     scorer.runner.use_prefix_cache = False

@@ -33,6 +33,11 @@ def test_gemma_is_a_named_model_with_its_own_tokenizer_family():
     lm = load_model(GEMMA, device="cpu")
     assert lm.output_head.vocab_size == 262144 and not lm.has_chat_template
     assert lm.tokenizer.convert_ids_to_tokens(lm.tokenizer(" answer", add_special_tokens=False)["input_ids"])[0] == "▁answer"
+    # a batch tokenized on threads (scoring/tokens.py) gives the one call's ids, its BOS included
+    from promptopt.scoring.tokens import encode_texts
+
+    texts = [f"Review: film {i} was {'a delight' if i % 3 else 'dull'}\nSentiment:" for i in range(200)]
+    assert encode_texts(lm.tokenizer, texts, add_special_tokens=True, threads=3) == lm.tokenizer(texts)["input_ids"]
     # δ_TCB on the real 262k head matches the explicit float64 Jacobian at a real position
     from promptopt.metrics.tcb import jacobian_frobenius_reference
 

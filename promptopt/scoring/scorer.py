@@ -24,6 +24,7 @@ from promptopt.metrics.stats import wilson_interval
 from promptopt.metrics.tcb import OutputGeometry
 from promptopt.models import GenerationResult, LoadedModel, Runner
 from promptopt.prompts import Prompt
+from promptopt.scoring.tokens import encode_texts
 from promptopt.tasks import Item, TaskData
 from promptopt.tasks.answers import Judgement
 _TCB_COLUMNS = ("tcb", "jacobian_norm", "v_eff", "margin", "entropy", "top_prob", "tcb_approx", "tcb_diffuse")
@@ -46,7 +47,7 @@ class Scorer:
     def _encode(self, texts: list[str], prompt: Prompt) -> list[list[int]]:
         """Token ids of each text; a text repeated (one context per choice) is tokenized once."""
         unique = list(dict.fromkeys(texts))
-        ids = dict(zip(unique, self.lm.tokenizer(unique, add_special_tokens=prompt.add_special_tokens)["input_ids"]))
+        ids = dict(zip(unique, encode_texts(self.lm.tokenizer, unique, add_special_tokens=prompt.add_special_tokens)))
         return [ids[text] for text in texts]
 
     def _pairs(self, contexts: list[str], continuations: list[str], prompt: Prompt, item_ids: list[str]):
@@ -60,7 +61,8 @@ class Scorer:
             ctx_texts.append(ctx)
             whole_texts.append(ctx + cont)
         pairs = []
-        for ctx_ids, whole_ids, item_id in zip(self._encode(ctx_texts, prompt), self._encode(whole_texts, prompt), item_ids):
+        encoded = self._encode(ctx_texts + whole_texts, prompt)  # one batch: its threads share both halves
+        for ctx_ids, whole_ids, item_id in zip(encoded[: len(ctx_texts)], encoded[len(ctx_texts) :], item_ids):
             cont_ids = whole_ids[len(ctx_ids) :]
             if not cont_ids:
                 raise UserError(f"item {item_id}: the answer tokenizes to nothing after the context")
