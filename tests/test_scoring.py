@@ -90,13 +90,14 @@ class _RecordingTokenizer:
         return self.tok(texts, **kwargs)
 
 
-def test_texts_tokenized_on_threads_are_the_one_calls_ids(embedded_lm):
+def test_texts_tokenized_on_threads_are_the_one_calls_ids(embedded_lm, monkeypatch):
     """encode_texts shares a batch among threads: the ids are those of one tokenizer call, in order, whatever the
     split (262 texts: parts of unequal size), also where the backend carries truncation and padding of its own (a
-    call resets them); a slow tokenizer, which holds the GIL, gets the batch in one call."""
+    call resets them); a slow tokenizer (it holds the GIL), an encoder-decoder one (it sets its post-processor in
+    every call) and tokenizers' own pool (it parallelizes the call itself) get the batch in one call."""
     import threading
 
-    from promptopt.scoring.tokens import encode_texts
+    from promptopt.scoring.tokens import encode_texts, tokenizers_pool_on
 
     task = load_task("sst2")
     prompt, tok = task.default_prompt(), embedded_lm.tokenizer
@@ -111,6 +112,20 @@ def test_texts_tokenized_on_threads_are_the_one_calls_ids(embedded_lm):
     assert sum(n for _, n in recording.calls) == len(texts) and len({ident for ident, _ in recording.calls}) >= 2
     slow = _RecordingTokenizer(tok, is_fast=False)
     assert encode_texts(slow, texts, add_special_tokens=False, threads=4) == expected and len(slow.calls) == 1
+    switching = _RecordingTokenizer(tok, is_fast=True)
+    switching._switch_to_input_mode = lambda: None
+    assert encode_texts(switching, texts, add_special_tokens=False, threads=4) == expected and len(switching.calls) == 1
+    # tokenizers' pool is on when the variable is unset or not one of its "off" words; a stub stands in for the
+    # tokenizer there, so that this process never starts that pool (a later fork here would inherit it)
+    stub = _RecordingTokenizer(lambda part, **_: {"input_ids": [[len(t)] for t in part]}, is_fast=True)
+    for value, pool_on in (("true", True), ("1", True), (None, True), ("false", False), ("OFF", False), ("0", False)):
+        if value is None:
+            monkeypatch.delenv("TOKENIZERS_PARALLELISM")
+        else:
+            monkeypatch.setenv("TOKENIZERS_PARALLELISM", value)
+        stub.calls.clear()
+        assert encode_texts(stub, texts, add_special_tokens=False, threads=4) == [[len(t)] for t in texts]
+        assert tokenizers_pool_on() == pool_on and (len(stub.calls) == 1) == pool_on
     assert encode_texts(tok, texts[:100], add_special_tokens=True, threads=4) == tok(texts[:100])["input_ids"]
     backend = tok.backend_tokenizer
     backend.enable_truncation(max_length=8)
