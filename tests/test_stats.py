@@ -199,3 +199,44 @@ def test_bootstrap_intervals_are_the_separate_intervals_from_one_pass():
     assert together["ratio"] == bootstrap_interval(ratio, len(x), n_boot=300, seed=4)
     assert together["delta"] != together["ratio"]
     assert all(v != v for v in bootstrap_intervals(both, 0, names=("delta", "ratio"))["ratio"])
+
+
+def test_clustered_auroc_interval_is_the_loop_over_clusters_bit_for_bit(monkeypatch):
+    """Resampling items, each with all its answers, every resample at once: the interval equals
+    `bootstrap_interval` over items whose statistic ranks the concatenated answers, with clusters of 1-4 answers,
+    tied scores across clusters, a NaN and infinite scores, resamples without a positive, and resample blocks
+    split (the block size made small so that several blocks and a partial last one run)."""
+    from promptopt.metrics import stats
+    from promptopt.metrics.stats import auroc, clustered_auroc_interval
+
+    rng = np.random.default_rng(5)
+    sizes = rng.integers(1, 5, 23)
+    cluster = np.repeat(np.arange(23), sizes)
+    rng.shuffle(cluster)  # a cluster's answers need not be adjacent
+    scores = rng.integers(0, 6, len(cluster)).astype(float) / 4  # many ties
+    scores[[0, 7]], scores[3], scores[11] = np.inf, -np.inf, np.nan
+    members = [np.flatnonzero(cluster == c) for c in range(23)]
+    labels = np.zeros(len(cluster), dtype=bool)
+    labels[[members[2][0], members[9][-1], members[17][0]]] = True  # 3 clusters: ~1 resample in 12 has none
+
+    def statistic(idx):
+        rows = np.concatenate([members[c] for c in idx])
+        return auroc(scores[rows], labels[rows])
+
+    loop = bootstrap_interval(statistic, 23, n_boot=400, seed=3)
+    values = [statistic(idx) for idx in stats.bootstrap_resamples(23, n_boot=400, seed=3)]
+    assert any(math.isnan(v) for v in values) and loop[0] < loop[1]  # some resamples have no positive
+    assert clustered_auroc_interval(scores, labels, cluster, n_boot=400, seed=3) == loop
+    monkeypatch.setattr(stats, "_AUROC_BLOCK", 7 * len(cluster))  # blocks of 7 resamples, the last of 1
+    assert clustered_auroc_interval(scores, labels, cluster, n_boot=400, seed=3) == loop
+    assert all(math.isnan(v) for v in clustered_auroc_interval(scores, np.zeros(len(cluster), dtype=bool), cluster))
+    assert all(math.isnan(v) for v in clustered_auroc_interval(np.full(4, np.nan), labels[:4], np.arange(4)))
+
+
+def test_format_spread_interval_is_the_loop_bit_for_bit():
+    from promptopt.metrics.stats import format_spread
+
+    rng = np.random.default_rng(9)
+    correct = (rng.random((57, 4)) < [0.3, 0.5, 0.6, 0.8]).astype(float)
+    loop = bootstrap_interval(lambda idx: float(np.ptp(correct[idx].mean(axis=0))), 57, n_boot=300, seed=4)
+    assert format_spread(correct, n_boot=300, seed=4)["ci95"] == list(loop) and loop[0] < loop[1]

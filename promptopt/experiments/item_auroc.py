@@ -14,8 +14,8 @@ Each signal is read on the clean answer and oriented so that a higher score mean
 
 AUROC = P(score of a changed answer > score of an unchanged one), ties half (0.5 = no better than chance,
 above 0.5 = the signal flags brittle answers). The 95% interval resamples items, each with all its answers
-(several prompts or seeds answer the same item, and those answers are not independent); with one answer per
-item that is `promptopt.metrics.stats.auroc_interval`.
+(several prompts or seeds answer the same item, and those answers are not independent):
+`promptopt.metrics.stats.clustered_auroc_interval`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from promptopt.errors import UserError
-from promptopt.metrics.stats import auroc, auroc_interval, bootstrap_interval
+from promptopt.metrics.stats import auroc, clustered_auroc_interval
 
 # name, items column (clean answer), orientation (+1: high is brittle, -1: low is brittle), transform before it
 SIGNALS = (
@@ -77,22 +77,16 @@ def item_auroc(items: pd.DataFrame, *, split: str = "unseen", n_boot: int = 2000
     perturbation": one row per signal (`SIGNALS`), with the orientation used and the counts it rests on."""
     table = answers(items, split=split)
     labels = table["changed"].astype(bool).to_numpy() if len(table) else np.zeros(0, dtype=bool)
-    groups = table.groupby("item_id", sort=False).indices if len(table) else {}
-    clusters = list(groups.values())
+    cluster = table.groupby("item_id", sort=False).ngroup().to_numpy() if len(table) else np.zeros(0, dtype=int)
+    n_items = int(cluster.max()) + 1 if len(cluster) else 0
     rows = []
     for name, col, sign, orientation in SIGNALS:
         values = table[col].to_numpy(dtype=float) if col in table else np.full(len(table), np.nan)
         score = _oriented(values, sign, log=name == "log10_tcb")
         keep = ~np.isnan(score)
         point = auroc(score, labels)
-        if len(clusters) == len(table):  # one answer per item
-            low, high = auroc_interval(score, labels, n_boot=n_boot, seed=seed)
-        else:
-            def statistic(idx, score=score):
-                rows_ = np.concatenate([clusters[i] for i in idx])
-                return auroc(score[rows_], labels[rows_])
-            low, high = bootstrap_interval(statistic, len(clusters), n_boot=n_boot, seed=seed)
+        low, high = clustered_auroc_interval(score, labels, cluster, n_boot=n_boot, seed=seed)
         rows.append({"signal": name, "orientation": orientation, "split": split, "n_answers": int(keep.sum()),
-                     "n_items": len(clusters), "n_changed": int(labels[keep].sum()), "auroc": point, "ci_low": low,
+                     "n_items": n_items, "n_changed": int(labels[keep].sum()), "auroc": point, "ci_low": low,
                      "ci_high": high, "interval_excludes_half": bool(low > 0.5 or high < 0.5)})
     return pd.DataFrame(rows)

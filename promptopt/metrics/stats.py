@@ -97,6 +97,16 @@ def bootstrap_resamples(n_items: int, *, n_boot: int = 2000, seed: int = 0):
     return np.random.default_rng(seed).integers(0, n_items, (n_boot, n_items))
 
 
+def bootstrap_draws(n_items: int, *, n_boot: int = 2000, seed: int = 0):
+    """How often each item is drawn in each of `bootstrap_resamples`' resamples, (n_boot, n_items) integers: a
+    statistic that is a sum over the resampled items is then one matrix product for every resample."""
+    import numpy as np
+
+    offsets = n_items * np.arange(n_boot)[:, None]
+    drawn = bootstrap_resamples(n_items, n_boot=n_boot, seed=seed) + offsets
+    return np.bincount(drawn.ravel(), minlength=n_boot * n_items).reshape(n_boot, n_items)
+
+
 def percentile_interval(values, level: float = 0.95) -> tuple[float, float]:
     """The central `level` percentile interval of bootstrap values, NaN resamples dropped ((nan, nan) if none is left)."""
     import numpy as np
@@ -124,24 +134,51 @@ def auroc(scores, labels) -> float:
     return float((ranks[labels].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
 
 
+_AUROC_BLOCK = 1 << 22  # resamples × answers weighed at once in `clustered_auroc_interval` (~32 MB a matrix)
+
+
 def auroc_interval(scores, labels, *, n_boot: int = 2000, seed: int = 0) -> tuple[float, float]:
-    """Percentile bootstrap interval of `auroc`, resampling answers: `bootstrap_interval` of it, the resamples
-    ranked all at once."""
+    """Percentile bootstrap interval of `auroc`, resampling answers: `bootstrap_interval` of it, every resample at
+    once (`clustered_auroc_interval` with one answer per cluster)."""
+    import numpy as np
+
+    return clustered_auroc_interval(scores, labels, np.arange(len(scores)), n_boot=n_boot, seed=seed)
+
+
+def clustered_auroc_interval(scores, labels, cluster, *, n_boot: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of `auroc` resampling clusters of answers (an item with all its answers, whose
+    answers are not independent): `cluster[i]` in 0..C-1 is answer i's; the resamples are `bootstrap_interval`'s over
+    C clusters. Every resample at once: its AUROC is the Mann–Whitney count of its answers, each counted as often as
+    its cluster was drawn, which is what ranking the concatenated answers gives. Both are exact in float64 (counts of
+    pairs, halves for ties), so the interval is the per-resample loop's bit for bit. Non-finite scores are left out;
+    a resample without a positive or a negative answer has no AUROC (dropped)."""
     import numpy as np
 
     scores, labels = np.asarray(scores, dtype=float), np.asarray(labels, dtype=bool)
-    if len(scores) == 0:
+    cluster = np.asarray(cluster, dtype=int)
+    n_clusters = int(cluster.max()) + 1 if len(cluster) else 0
+    if n_clusters == 0:
         return float("nan"), float("nan")
-    resamples = bootstrap_resamples(len(scores), n_boot=n_boot, seed=seed)
-    # every resample at once, as `auroc` does each: non-finite scores left out (ranked last as NaN, so the finite
-    # ones keep their ranks among themselves), NaN where a class is empty
-    finite = np.isfinite(scores)[resamples]
-    ranks = average_ranks(np.where(finite, scores[resamples], np.nan))
-    positive = labels[resamples] & finite
-    n_pos, n_neg = positive.sum(-1), (finite & ~positive).sum(-1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        areas = (np.where(positive, ranks, 0.0).sum(-1) - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
-    return percentile_interval(np.where((n_pos > 0) & (n_neg > 0), areas, np.nan))
+    keep = np.isfinite(scores)
+    order = np.argsort(scores[keep], kind="mergesort")
+    ordered, positive, owner = scores[keep][order], labels[keep][order], cluster[keep][order]
+    ties = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]]) if len(ordered) else np.zeros(0, dtype=int)
+    areas = []
+    draws = bootstrap_draws(n_clusters, n_boot=n_boot, seed=seed)
+    step = max(1, _AUROC_BLOCK // max(1, len(ordered)))  # resamples per block
+    for start in range(0, n_boot, step):
+        weight = draws[start : start + step][:, owner].astype(float)  # (block, answers), in score order
+        if not len(ordered):
+            areas.append(np.full(len(weight), np.nan))
+            continue
+        pos = np.add.reduceat(np.where(positive, weight, 0.0), ties, axis=1)  # per run of tied scores
+        neg = np.add.reduceat(np.where(positive, 0.0, weight), ties, axis=1)
+        below = np.cumsum(neg, axis=1) - neg  # negatives scored lower than the run
+        n_pos, n_neg = pos.sum(-1), neg.sum(-1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            area = (pos * (below + neg / 2)).sum(-1) / (n_pos * n_neg)
+        areas.append(np.where((n_pos > 0) & (n_neg > 0), area, np.nan))
+    return percentile_interval(np.concatenate(areas))
 
 
 def format_spread(correct, *, n_boot: int = 1000, seed: int = 0) -> dict:
@@ -158,7 +195,10 @@ def format_spread(correct, *, n_boot: int = 1000, seed: int = 0) -> dict:
     if n_items == 0 or n_formats < 2:
         return {"spread": float("nan"), "ci95": [float("nan"), float("nan")], "n_items": int(n_items), "n_formats": int(n_formats)}
     accuracies = matrix.mean(axis=0)
-    low, high = bootstrap_interval(lambda idx: float(np.ptp(matrix[idx].mean(axis=0))), n_items, n_boot=n_boot, seed=seed)
+    # every resample at once: its per-format sums are (how often each item was drawn) · matrix, integers as exact in
+    # float64 as the loop's sums over `matrix[idx]`, so the interval is `bootstrap_interval`'s bit for bit
+    sums = bootstrap_draws(n_items, n_boot=n_boot, seed=seed).astype(float) @ matrix
+    low, high = percentile_interval(np.ptp(sums / n_items, axis=-1))
     return {"spread": float(np.ptp(accuracies)), "ci95": [low, high], "n_items": int(n_items), "n_formats": int(n_formats),
             "accuracies": [float(a) for a in accuracies]}
 
