@@ -240,3 +240,16 @@ def test_format_spread_interval_is_the_loop_bit_for_bit():
     correct = (rng.random((57, 4)) < [0.3, 0.5, 0.6, 0.8]).astype(float)
     loop = bootstrap_interval(lambda idx: float(np.ptp(correct[idx].mean(axis=0))), 57, n_boot=300, seed=4)
     assert format_spread(correct, n_boot=300, seed=4)["ci95"] == list(loop) and loop[0] < loop[1]
+
+
+def test_median_interval_against_hand_values():
+    from promptopt.metrics.stats import median_interval
+
+    # n = 5: P(Bin(5, ½) < 1) = 1/32, so [x(1), x(5)] covers 1 − 2/32 = 0.9375; k = 2 would cover 1 − 12/32
+    assert median_interval([0.9, 0.7, 1.0, 0.8, 0.85]) == (0.7, 1.0, 0.9375)
+    # n = 15: P(Bin < 4) = (1 + 15 + 105 + 455) / 32768 = 576/32768 -> coverage 0.96484375; P(Bin < 5) adds 1365:
+    # 1 − 2·1941/32768 = 0.8815 < 0.95, so k = 4: the 4th and the 12th smallest
+    values = [80 + i for i in range(15)][::-1]
+    low, high, coverage = median_interval(values)
+    assert (low, high) == (83, 91) and coverage == 1 - 2 * 576 / 32768
+    assert median_interval([0.5]) == (0.5, 0.5, 0.0) and all(math.isnan(v) for v in median_interval([]))

@@ -46,6 +46,24 @@ def worst_case(accuracies: dict[str, float]) -> tuple[str | None, float]:
 
 
 # --- paired comparisons ------------------------------------------------------------------------------
+def median_interval(values, level: float = 0.95) -> tuple[float, float, float]:
+    """Distribution-free interval for the median of `values` (a few timings, say): the order statistics x(k) and
+    x(n+1-k), k the largest whose coverage 1 − 2·P(Binomial(n, ½) < k) is still ≥ `level`; returns (low, high,
+    coverage). Below 6 values no k reaches 95%, and the range is returned with its own coverage (93.75% for 5)."""
+    xs = sorted(float(v) for v in values)
+    n = len(xs)
+    if n == 0:
+        return float("nan"), float("nan"), float("nan")
+
+    def coverage(k: int) -> float:
+        return 1 - 2 * sum(math.comb(n, i) for i in range(k)) / 2**n
+
+    k = 1
+    while k + 1 <= (n + 1) // 2 and coverage(k + 1) >= level:
+        k += 1
+    return xs[k - 1], xs[n - k], coverage(k)
+
+
 def mcnemar_exact(a, b) -> tuple[int, int, float]:
     """Exact two-sided McNemar test on paired per-item correctness: (only a correct, only b correct, p).
 
