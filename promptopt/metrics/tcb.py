@@ -114,6 +114,7 @@ class OutputGeometry:
         self.vocab_size, self.hidden_size = weight.shape
         self.exact_top_k = max(2, min(exact_top_k, self.vocab_size))
         self._row_sq_norms: torch.Tensor | None = None  # float64, V
+        self._row_sq_norms_f32_cache: torch.Tensor | None = None  # the same as float32, where δ_TCB runs
         self._sigma2: float | None = None
 
     # --- cached statistics of W -------------------------------------------------------------
@@ -140,6 +141,13 @@ class OutputGeometry:
         if self._row_sq_norms is None:
             self._statistics()
         return self._row_sq_norms
+
+    def _row_sq_norms_f32(self, device: torch.device) -> torch.Tensor:
+        """‖w_i‖² as float32 on `device`, converted once (every step of positions reads it)."""
+        cached = self._row_sq_norms_f32_cache
+        if cached is None or cached.device != torch.device(device):
+            cached = self._row_sq_norms_f32_cache = self.row_sq_norms.to(device=device, dtype=torch.float32)
+        return cached
 
     @property
     def sigma2(self) -> float:
@@ -255,9 +263,11 @@ class OutputGeometry:
 
         # The tail (outside K) stays float32, relative to its own largest logit r: e_i = exp(z_i − r) ≤ 1.
         # Its true probabilities are f·e_i with f = exp(r − logsumexp(z)), a float64 scalar per position.
-        e = torch.exp(z - tail_ref[:, None]).scatter_(1, top_idx, 0.0)  # (n, V) float32
+        # e and e² are written straight into the product's coefficients when the logits are plain (no gain)
+        shifted = z - tail_ref[:, None]  # z_i − r
+        e = torch.exp(shifted, out=coef[:, 0] if gain is None else None).scatter_(1, top_idx, 0.0)  # (n, V) float32
         ge = e if gain is None else e * gain
-        e2 = e * e
+        e2 = torch.mul(e, e, out=coef[:, 1] if gain is None else None)
         sum_e = e.sum(-1, dtype=f64)
         sum_e2 = e2.sum(-1, dtype=f64)
         z_max = z_top[:, 0]
@@ -269,16 +279,17 @@ class OutputGeometry:
         s2 = o_top.pow(2).sum(-1) + f.pow(2) * sum_e2
         sum_e3 = (e2 * e).sum(-1, dtype=f64)
         s3 = o_top.pow(3).sum(-1) + f.pow(3) * sum_e3
-        tail_elog = (e * (z - tail_ref[:, None])).sum(-1, dtype=f64)  # Σ e_i (z_i − r)
+        tail_elog = (e * shifted).sum(-1, dtype=f64)  # Σ e_i (z_i − r)
         tail_entropy = torch.where(f > 0, f * (torch.log(f.clamp_min(torch.finfo(f64).tiny)) * sum_e + tail_elog), 0.0)
         entropy = -(o_top * logp_top).sum(-1) - tail_entropy
 
         # Tail sums through one float32 product with W (`_after_product`): Σ o_j w'_j and Σ o_j² w'_j.
-        coef[:, 0] = ge
-        coef[:, 1] = e2 if gain is None else e * ge
+        if gain is not None:
+            coef[:, 0] = ge
+            coef[:, 1] = e * ge
         tail_sum1 = f * sum_e
         tail_sum2 = f.pow(2) * sum_e2
-        g2r = self.row_sq_norms.to(device=h.device, dtype=torch.float32)[None, :]
+        g2r = self._row_sq_norms_f32(h.device)[None, :]
         if gain is not None:
             g2r = g2r * gain * gain
         tail_sq = f.pow(2) * (e2 * g2r).sum(-1, dtype=f64)  # Σ_tail o_i² ‖w'_i‖²
