@@ -19,7 +19,7 @@ same run:
   with glibc's default malloc thresholds (promptopt/models/cpu_memory.py) and `BENCH_SMALL_PAGES_CALLS` more without
   the CLI's huge pages for large tensors (promptopt/cli/app.py), interleaved, their page faults printed beside.
   Each verdict gives the median's distribution-free interval (order statistics, `metrics.stats.median_interval`):
-  a median whose interval contains the target is not settled by the run, whichever side it fell on.
+  the run settles a target only where that interval lies on one side of it.
 - [2b] the same scorer without the prefix cache (predictions and log-probs must agree).
 - [2c] lm-evaluation-harness on the same items, model and prompt: predictions must agree item by item;
   target ≥ 5× its items/s. Skipped, saying why, when lm-eval is not installed (`make bench` installs it).
@@ -198,15 +198,16 @@ def _spread(values, digits: int = 3, each: bool = False) -> str:
 
 
 def _verdict(ratios, target: float) -> str:
-    """Met or not by the median, and whether the median's distribution-free interval clears the target: on this
-    machine kind the samples scatter by ±10%, and a median near the target can fall on either side in another run."""
+    """Met or not by the median, and whether the median's distribution-free interval lies on that side of the
+    target: on this machine kind the samples scatter by ±10%, and a median near the target can fall on either side
+    in another run."""
     from promptopt.metrics.stats import median_interval
 
     low, high, coverage = median_interval(ratios)
     met = statistics.median(ratios) >= target
     settled = low >= target if met else high < target
-    return (f"target ≥ {target}: {'met' if met else 'NOT met'}; the median's {coverage:.0%} interval {low:.3f}-{high:.3f} "
-            f"{'clears it' if settled else 'contains it: not settled by this run'}")
+    where = ("lies above it" if met else "lies below it") if settled else "contains it: not settled by this run"
+    return f"target ≥ {target}: {'met' if met else 'NOT met'}; the median's {coverage:.0%} interval {low:.3f}-{high:.3f} {where}"
 
 
 def main() -> None:
