@@ -174,21 +174,17 @@ def clustered_auroc_interval(scores, labels, cluster, *, n_boot: int = 2000, see
 
     scores, labels = np.asarray(scores, dtype=float), np.asarray(labels, dtype=bool)
     cluster = np.asarray(cluster, dtype=int)
-    n_clusters = int(cluster.max()) + 1 if len(cluster) else 0
-    if n_clusters == 0:
-        return float("nan"), float("nan")
     keep = np.isfinite(scores)
+    if not keep.any():
+        return float("nan"), float("nan")
     order = np.argsort(scores[keep], kind="mergesort")
     ordered, positive, owner = scores[keep][order], labels[keep][order], cluster[keep][order]
-    ties = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]]) if len(ordered) else np.zeros(0, dtype=int)
+    ties = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])  # where each run of tied scores starts
     areas = []
-    draws = bootstrap_draws(n_clusters, n_boot=n_boot, seed=seed)
-    step = max(1, _AUROC_BLOCK // max(1, len(ordered)))  # resamples per block
+    draws = bootstrap_draws(int(cluster.max()) + 1, n_boot=n_boot, seed=seed)
+    step = max(1, _AUROC_BLOCK // len(ordered))  # resamples per block
     for start in range(0, n_boot, step):
         weight = draws[start : start + step][:, owner].astype(float)  # (block, answers), in score order
-        if not len(ordered):
-            areas.append(np.full(len(weight), np.nan))
-            continue
         pos = np.add.reduceat(np.where(positive, weight, 0.0), ties, axis=1)  # per run of tied scores
         neg = np.add.reduceat(np.where(positive, 0.0, weight), ties, axis=1)
         below = np.cumsum(neg, axis=1) - neg  # negatives scored lower than the run
