@@ -37,11 +37,12 @@ def encode_texts(tokenizer, texts: list[str], *, add_special_tokens: bool, threa
     threads = min(threads or torch.get_num_threads(), _MAX_THREADS, len(texts) // _MIN_TEXTS_PER_THREAD)
     one_call = (threads <= 1 or not getattr(tokenizer, "is_fast", False) or hasattr(tokenizer, "_switch_to_input_mode")
                 or tokenizers_pool_on())
-    if one_call:
-        return list(tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"]) if texts else []
 
     def encode(part: list[str]) -> list[list[int]]:
         return list(tokenizer(part, add_special_tokens=add_special_tokens)["input_ids"])
+
+    if one_call:
+        return encode(texts) if texts else []
 
     # The first text alone, on this thread: a call sets the backend's truncation, padding and special-token
     # splitting when they differ from its own, and two threads must not write that shared state at once.
