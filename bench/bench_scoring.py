@@ -7,8 +7,11 @@ same run:
   its first call in a process and repeated (targets ≥ 0.85 and ≥ 0.9). The scorer does more than the floor:
   attention over the cached prefix, the output head, δ_TCB, tokenization, the table; the repeated call's
   time is split into those parts, each timed inside the call (the model's forward on top of the cached prefix,
-  tokenization, the output head, δ_TCB, and the rest by difference), and the call's tokenization is timed again on
-  the bench's threads against one (promptopt/scoring/tokens.py), the ids compared with one tokenizer call's.
+  tokenization, the output head, δ_TCB, and the rest by difference). The ceiling, round by round: the floor over
+  the work no scorer giving these numbers can skip (the forward over the cached prefix, lm-eval's tokenization,
+  the three products with the output matrix), what a scorer wasting nothing else would reach. The call's
+  tokenization is timed again on the bench's threads against one (promptopt/scoring/tokens.py), the ids compared
+  with one tokenizer call's.
   This machine kind drifts by ±10% within a minute, more than the effects measured, so every ratio is paired:
   a floor pass right next to the scorer (order alternating by round), one ratio per round, the median and the
   range printed. The repeated call is also measured batch-paired (`BENCH_PAIRED_ROUNDS` calls): the floor's forward
@@ -231,6 +234,9 @@ def main() -> None:
     parts = {
         "forward": (runner, "_forward"), "tokenization": (scorer, "_pairs"), "head": (runner, "_target_logprobs"),
         "tcb": (OutputGeometry, "__call__"),
+        # the products with the output matrix, inside the two above: the logits (for the log-probs and δ_TCB) and
+        # δ_TCB's tail product (Σ o w, Σ o² w); work no scorer giving these numbers can skip
+        "logits product": (OutputGeometry, "logits_and_gain"), "tail product": (OutputGeometry, "_weighted_rows"),
     }
 
     def scorer_pass() -> tuple[float, dict]:
@@ -296,6 +302,14 @@ def main() -> None:
     print(f"       δ_TCB and companions, from the same logits: {median['tcb']:.2f} s")
     rest = statistics.median(r["scorer"] - r["forward"] - r["tokenization"] - r["head"] for r in rounds)
     print(f"       the rest (batch assembly, the table, Python): {rest:.2f} s")
+    # The ceiling: a scorer that did nothing but the work these numbers need (its forward over the cached prefix,
+    # lm-eval's tokenization, the three products with the output matrix), round by round against the same floor.
+    necessary = ("forward", "tokenization", "logits product", "tail product")
+    ceiling = [r["floor"] / sum(r[k] for k in necessary) for r in rounds]
+    print(f"       of which the products with the output matrix: logits {median['logits product']:.2f} s, δ_TCB's tail "
+          f"{median['tail product']:.2f} s")
+    print(f"     ceiling: a scorer doing only its forward, tokenization and those products would run at floor ratio "
+          f"{_spread(ceiling)}; the whole call at {statistics.median(repeated_ratios):.3f}")
 
     # The call's tokenization on the bench's threads against one thread (promptopt/scoring/tokens.py), alternating.
     if THREADS > 1:
