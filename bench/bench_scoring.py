@@ -200,16 +200,24 @@ def _spread(values, digits: int = 3, each: bool = False) -> str:
     return f"median {statistics.median(values):.{digits}f} (range {min(values):.{digits}f}-{max(values):.{digits}f}, n={len(values)}{listed})"
 
 
+_SETTLING_COVERAGE = 0.9  # the least coverage of the median's interval that may settle a target (5 samples: 93.75%)
+
+
 def _verdict(ratios, target: float) -> str:
     """Met or not by the median, and whether the median's distribution-free interval lies on that side of the
     target: on this machine kind the samples scatter by ±10%, and a median near the target can fall on either side
-    in another run."""
+    in another run. Below 5 samples the interval (the range) covers the median less than 90% of the time, too
+    seldom to settle anything."""
     from promptopt.metrics.stats import median_interval
 
     low, high, coverage = median_interval(ratios)
     met = statistics.median(ratios) >= target
-    settled = low >= target if met else high < target
-    where = ("lies above it" if met else "lies below it") if settled else "contains it: not settled by this run"
+    if coverage < _SETTLING_COVERAGE:
+        where = f"from {len(ratios)} sample{'s' * (len(ratios) > 1)}, too few to settle it"
+    elif low >= target if met else high < target:
+        where = "lies above it" if met else "lies below it"
+    else:
+        where = "contains it: not settled by this run"
     return f"target ≥ {target}: {'met' if met else 'NOT met'}; the median's {coverage:.0%} interval {low:.3f}-{high:.3f} {where}"
 
 
@@ -300,14 +308,12 @@ def main() -> None:
     print(f"       tokenization: {median['tokenization']:.2f} s")
     print(f"       the output head's log-probs: {statistics.median(r['head'] - r['tcb'] for r in rounds):.2f} s")
     print(f"       δ_TCB and companions, from the same logits: {median['tcb']:.2f} s")
+    print(f"       of these two, the products with the output matrix: logits {median['logits product']:.2f} s, δ_TCB's tail "
+          f"{median['tail product']:.2f} s")
     rest = statistics.median(r["scorer"] - r["forward"] - r["tokenization"] - r["head"] for r in rounds)
     print(f"       the rest (batch assembly, the table, Python): {rest:.2f} s")
-    # The ceiling: a scorer that did nothing but the work these numbers need (its forward over the cached prefix,
-    # lm-eval's tokenization, the three products with the output matrix), round by round against the same floor.
-    necessary = ("forward", "tokenization", "logits product", "tail product")
+    necessary = ("forward", "tokenization", "logits product", "tail product")  # the ceiling's work (module docstring)
     ceiling = [r["floor"] / sum(r[k] for k in necessary) for r in rounds]
-    print(f"       of which the products with the output matrix: logits {median['logits product']:.2f} s, δ_TCB's tail "
-          f"{median['tail product']:.2f} s")
     print(f"     ceiling: a scorer doing only its forward, tokenization and those products would run at floor ratio "
           f"{_spread(ceiling)}; the whole call at {statistics.median(repeated_ratios):.3f}")
 
