@@ -9,7 +9,8 @@ same run:
   time is split into those parts, each timed inside the call (the model's forward on top of the cached prefix,
   tokenization, the output head, δ_TCB, and the rest by difference). The ceiling, round by round: the floor over
   the work no scorer giving these numbers can skip (the forward over the cached prefix, lm-eval's tokenization,
-  the three products with the output matrix), what a scorer wasting nothing else would reach. The call's
+  the three products with the output matrix), what a scorer wasting nothing else would reach, with its own verdict
+  against the repeated call's target: where the ceiling misses it, no scorer giving these numbers can meet it. The call's
   tokenization is timed again on the bench's threads against one (promptopt/scoring/tokens.py), the ids compared
   with one tokenizer call's.
   This machine kind drifts by ±10% within a minute, more than the effects measured, so every ratio is paired:
@@ -316,6 +317,8 @@ def main() -> None:
     ceiling = [r["floor"] / sum(r[k] for k in necessary) for r in rounds]
     print(f"     ceiling: a scorer doing only its forward, tokenization and those products would run at floor ratio "
           f"{_spread(ceiling)}; the whole call at {statistics.median(repeated_ratios):.3f}")
+    # Where the ceiling itself misses the target, no scorer giving these numbers can meet it on this machine.
+    print(f"       the ceiling against the repeated call's target: {_verdict(ceiling, 0.9)}")
 
     # The call's tokenization on the bench's threads against one thread (promptopt/scoring/tokens.py), alternating.
     if THREADS > 1:
