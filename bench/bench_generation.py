@@ -26,13 +26,17 @@ def main() -> None:
 
     lm = load_model("smollm2-135m-instruct", device="cpu")
     head = lm.output_head
-    print("output head (vocab × d = %d × %d), float32 logits for N hidden states:" % (head.vocab_size, head.hidden_size))
+    print(
+        "output head (vocab × d = %d × %d), float32 logits for N hidden states:" % (head.vocab_size, head.hidden_size)
+    )
     for rows in (1, 16, 64, 256):
         h = torch.randn(rows, head.hidden_size)
         old = best_of(lambda: h @ head.weight.T)
         new = best_of(lambda: (head.weight @ h.T).T)
         diff = float(((head.weight @ h.T).T - h @ head.weight.T).abs().max())
-        print(f"  N={rows:4d}: h·Wᵀ {old * 1e3:7.1f} ms  W·hᵀ {new * 1e3:7.1f} ms  speed-up {old / new:4.2f}×  max |Δ| {diff:.1e}")
+        print(
+            f"  N={rows:4d}: h·Wᵀ {old * 1e3:7.1f} ms  W·hᵀ {new * 1e3:7.1f} ms  speed-up {old / new:4.2f}×  max |Δ| {diff:.1e}"
+        )
 
     items = load_task("sst2").test[:100]
     op = LMParaphraseOperator()
@@ -44,14 +48,23 @@ def main() -> None:
     before = runner.generate(contexts, max_new_tokens=op.token_limit(max(own)), stop=["\n\n"], keep_hidden=False)
     old = time.perf_counter() - start
     start = time.perf_counter()
-    after = runner.generate(contexts, max_new_tokens=[op.token_limit(n) for n in own], stop=["\n\n"], keep_hidden=False,
-                            batch_size=4 * runner.batch_size)
+    after = runner.generate(
+        contexts,
+        max_new_tokens=[op.token_limit(n) for n in own],
+        stop=["\n\n"],
+        keep_hidden=False,
+        batch_size=4 * runner.batch_size,
+    )
     new = time.perf_counter() - start
     same = sum(a.text == b.text for a, b in zip(before, after))
     capped = sum(len(a.tokens) > op.token_limit(n) for a, n in zip(before, own))
     print(f"LM paraphrase of {len(items)} SST-2 test questions (one style, greedy):")
-    print(f"  batch {runner.batch_size}, one limit: {old:6.1f} s   batch {4 * runner.batch_size}, per-row limits: {new:6.1f} s   speed-up {old / new:4.2f}×")
-    print(f"  identical texts {same}/{len(items)}; {capped} old rows ran past their own question's limit (cut there now)")
+    print(
+        f"  batch {runner.batch_size}, one limit: {old:6.1f} s   batch {4 * runner.batch_size}, per-row limits: {new:6.1f} s   speed-up {old / new:4.2f}×"
+    )
+    print(
+        f"  identical texts {same}/{len(items)}; {capped} old rows ran past their own question's limit (cut there now)"
+    )
 
 
 if __name__ == "__main__":

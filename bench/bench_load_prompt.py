@@ -45,14 +45,20 @@ def make_card(folder: Path) -> Path:
 def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         card = Path(sys.argv[1]) if len(sys.argv) > 1 else make_card(Path(tmp))
-        use = (f"import sys, promptopt; c = promptopt.load_prompt({str(card)!r}); c.render('an instant classic'); "
-               "c.parse('positive'); assert 'torch' not in sys.modules and 'transformers' not in sys.modules")
+        use = (
+            f"import sys, promptopt; c = promptopt.load_prompt({str(card)!r}); c.render('an instant classic'); "
+            "c.parse('positive'); assert 'torch' not in sys.modules and 'transformers' not in sys.modules"
+        )
         baseline = fresh("pass")
         light = fresh(use)
         torch = fresh("import torch")
     print(f"python startup (baseline)            {baseline * 1000:7.0f} ms")
-    print(f"import promptopt + load_prompt + use {light * 1000:7.0f} ms  ({(light - baseline) * 1000:.0f} ms over the baseline)")
-    print(f"import torch (avoided)               {torch * 1000:7.0f} ms  ({(torch - baseline) / max(light - baseline, 1e-9):.1f}x load_prompt's cost)")
+    print(
+        f"import promptopt + load_prompt + use {light * 1000:7.0f} ms  ({(light - baseline) * 1000:.0f} ms over the baseline)"
+    )
+    print(
+        f"import torch (avoided)               {torch * 1000:7.0f} ms  ({(torch - baseline) / max(light - baseline, 1e-9):.1f}x load_prompt's cost)"
+    )
 
 
 if __name__ == "__main__":

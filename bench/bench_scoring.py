@@ -49,10 +49,18 @@ huge_pages_for_large_tensors()
 
 N_ITEMS = int(os.environ.get("BENCH_ITEMS", "200"))
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "5"))  # paired rounds of a floor pass and a repeated scorer call
-FIRST_CALLS = int(os.environ.get("BENCH_FIRST_CALLS", "7"))  # fresh processes sampling a first call (5 gave medians 0.847-0.879 in one hour, ranges 0.735-0.970)
-PAIRED_ROUNDS = int(os.environ.get("BENCH_PAIRED_ROUNDS", "5"))  # repeated calls with each batch's floor forward beside it
-DEFAULT_MALLOC_CALLS = int(os.environ.get("BENCH_DEFAULT_MALLOC_CALLS", "3"))  # and first calls on glibc's default malloc
-SMALL_PAGES_CALLS = int(os.environ.get("BENCH_SMALL_PAGES_CALLS", "3"))  # and first calls without huge pages (THP_MEM_ALLOC_ENABLE=0)
+FIRST_CALLS = int(
+    os.environ.get("BENCH_FIRST_CALLS", "7")
+)  # fresh processes sampling a first call (5 gave medians 0.847-0.879 in one hour, ranges 0.735-0.970)
+PAIRED_ROUNDS = int(
+    os.environ.get("BENCH_PAIRED_ROUNDS", "5")
+)  # repeated calls with each batch's floor forward beside it
+DEFAULT_MALLOC_CALLS = int(
+    os.environ.get("BENCH_DEFAULT_MALLOC_CALLS", "3")
+)  # and first calls on glibc's default malloc
+SMALL_PAGES_CALLS = int(
+    os.environ.get("BENCH_SMALL_PAGES_CALLS", "3")
+)  # and first calls without huge pages (THP_MEM_ALLOC_ENABLE=0)
 # torch's threads: 2, this machine kind's cores. 1 (under `taskset -c 0`) stands in for a slower machine, e.g. to
 # time the demo where the scorer runs at ~10 items/s or less (bench/MEASUREMENTS.md, 2026-12-03, midday).
 THREADS = int(os.environ.get("BENCH_THREADS", "2"))
@@ -65,7 +73,7 @@ def lm_eval_task(folder: Path, shots, items) -> str:
         f"""task: bench_sst2
 dataset_path: json
 dataset_kwargs:
-  data_files: {{train: {folder / 'pool.jsonl'}, test: {folder / 'items.jsonl'}}}
+  data_files: {{train: {folder / "pool.jsonl"}, test: {folder / "items.jsonl"}}}
 training_split: train
 test_split: test
 fewshot_split: train
@@ -242,11 +250,14 @@ def main() -> None:
     from promptopt.metrics.tcb import OutputGeometry
 
     parts = {
-        "forward": (runner, "_forward"), "tokenization": (scorer, "_pairs"), "head": (runner, "_target_logprobs"),
+        "forward": (runner, "_forward"),
+        "tokenization": (scorer, "_pairs"),
+        "head": (runner, "_target_logprobs"),
         "tcb": (OutputGeometry, "__call__"),
         # the products with the output matrix, inside the two above: the logits (for the log-probs and δ_TCB) and
         # δ_TCB's tail product (Σ o w, Σ o² w); work no scorer giving these numbers can skip
-        "logits product": (OutputGeometry, "logits_and_gain"), "tail product": (OutputGeometry, "_weighted_rows"),
+        "logits product": (OutputGeometry, "logits_and_gain"),
+        "tail product": (OutputGeometry, "_weighted_rows"),
     }
 
     def scorer_pass() -> tuple[float, dict]:
@@ -259,6 +270,7 @@ def main() -> None:
                     return method(*args, **kwargs)
                 finally:
                     spent[label] += time.perf_counter() - start
+
             return run
 
         originals = [(owner, name, vars(owner).get(name)) for owner, name in parts.values()]
@@ -280,44 +292,78 @@ def main() -> None:
         rounds.append({"floor": floor, "scorer": seconds, **spent})
     widths = [ids.shape[1] for ids, _, _ in batches]
     median = {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
-    print(f"[2a] SST-2 4-shot, {len(items)} items, batch 16, {THREADS} torch thread{'s' * (THREADS > 1)}: {prefix_len} shared prefix tokens, {n_tokens} suffix tokens in "
-          f"{len(batches)} batches (padded widths {max(widths)}..{min(widths)})")
-    print(f"     floor: plain lm.base forward over the same padded suffix batches, no prefix: {n_tokens / median['floor']:.0f} suffix "
-          f"tok/s (median of {ROUNDS})")
+    print(
+        f"[2a] SST-2 4-shot, {len(items)} items, batch 16, {THREADS} torch thread{'s' * (THREADS > 1)}: {prefix_len} shared prefix tokens, {n_tokens} suffix tokens in "
+        f"{len(batches)} batches (padded widths {max(widths)}..{min(widths)})"
+    )
+    print(
+        f"     floor: plain lm.base forward over the same padded suffix batches, no prefix: {n_tokens / median['floor']:.0f} suffix "
+        f"tok/s (median of {ROUNDS})"
+    )
     paired = [batch_paired_pass(lm, scorer, prompt, items, batches, flip=r % 2 == 1) for r in range(PAIRED_ROUNDS)]
     first_ratios = [s["floor"] / s["first"] for s in samples]
     repeated_ratios = [r["floor"] / r["scorer"] for r in rounds]
     for label, seconds, ratios, target in (
-        (f"first call ({len(samples)} fresh processes)", statistics.median(s["first"] for s in samples), first_ratios, FIRST_CALL_TARGET),
-        (f"repeated ({ROUNDS} rounds of a whole floor pass beside a whole call)", median["scorer"], repeated_ratios, REPEATED_TARGET),
-        (f"repeated, batch-paired ({PAIRED_ROUNDS} calls, each batch's floor forward right beside the scorer's)",
-         statistics.median(scorer for _, scorer in paired), [floor / scorer for floor, scorer in paired], REPEATED_TARGET),
+        (
+            f"first call ({len(samples)} fresh processes)",
+            statistics.median(s["first"] for s in samples),
+            first_ratios,
+            FIRST_CALL_TARGET,
+        ),
+        (
+            f"repeated ({ROUNDS} rounds of a whole floor pass beside a whole call)",
+            median["scorer"],
+            repeated_ratios,
+            REPEATED_TARGET,
+        ),
+        (
+            f"repeated, batch-paired ({PAIRED_ROUNDS} calls, each batch's floor forward right beside the scorer's)",
+            statistics.median(scorer for _, scorer in paired),
+            [floor / scorer for floor, scorer in paired],
+            REPEATED_TARGET,
+        ),
     ):
-        print(f"     scorer, {label}: {n_tokens / seconds:.0f} suffix tok/s, {len(items) / seconds:.2f} items/s -> floor ratio "
-              f"{_spread(ratios, each=True)} ({_verdict(ratios, target)})")
+        print(
+            f"     scorer, {label}: {n_tokens / seconds:.0f} suffix tok/s, {len(items) / seconds:.2f} items/s -> floor ratio "
+            f"{_spread(ratios, each=True)} ({_verdict(ratios, target)})"
+        )
         if label.startswith("first"):
-            print(f"       its minor page faults {_spread([s['faults'] for s in samples], 0)}, first call {_spread([s['first'] for s in samples], 2)} s")
-            for name, what in (("default_malloc", "with glibc's default malloc thresholds instead"),
-                               ("small_pages", "without huge pages for large tensors (THP_MEM_ALLOC_ENABLE=0)")):
+            print(
+                f"       its minor page faults {_spread([s['faults'] for s in samples], 0)}, first call {_spread([s['first'] for s in samples], 2)} s"
+            )
+            for name, what in (
+                ("default_malloc", "with glibc's default malloc thresholds instead"),
+                ("small_pages", "without huge pages for large tensors (THP_MEM_ALLOC_ENABLE=0)"),
+            ):
                 done = variants[name][0]
                 if done:
-                    print(f"       {what}: faults {_spread([s['faults'] for s in done], 0)}, first call {_spread([s['first'] for s in done], 2)} s, "
-                          f"floor ratio {_spread([s['floor'] / s['first'] for s in done])} (its floor pass, the process's second, runs so too)")
-    print(f"     where the repeated call's {median['scorer']:.2f} s go, against the floor's {median['floor']:.2f} s (medians over rounds, "
-          "each part timed inside the call):")
-    print(f"       the model's forward on top of the {prefix_len}-token prefix: {median['forward']:.2f} s "
-          f"(floor ratio of the forward alone {_spread([r['floor'] / r['forward'] for r in rounds])})")
+                    print(
+                        f"       {what}: faults {_spread([s['faults'] for s in done], 0)}, first call {_spread([s['first'] for s in done], 2)} s, "
+                        f"floor ratio {_spread([s['floor'] / s['first'] for s in done])} (its floor pass, the process's second, runs so too)"
+                    )
+    print(
+        f"     where the repeated call's {median['scorer']:.2f} s go, against the floor's {median['floor']:.2f} s (medians over rounds, "
+        "each part timed inside the call):"
+    )
+    print(
+        f"       the model's forward on top of the {prefix_len}-token prefix: {median['forward']:.2f} s "
+        f"(floor ratio of the forward alone {_spread([r['floor'] / r['forward'] for r in rounds])})"
+    )
     print(f"       tokenization: {median['tokenization']:.2f} s")
     print(f"       the output head's log-probs: {statistics.median(r['head'] - r['tcb'] for r in rounds):.2f} s")
     print(f"       δ_TCB and companions, from the same logits: {median['tcb']:.2f} s")
-    print(f"       of these two, the products with the output matrix: logits {median['logits product']:.2f} s, δ_TCB's tail "
-          f"{median['tail product']:.2f} s")
+    print(
+        f"       of these two, the products with the output matrix: logits {median['logits product']:.2f} s, δ_TCB's tail "
+        f"{median['tail product']:.2f} s"
+    )
     rest = statistics.median(r["scorer"] - r["forward"] - r["tokenization"] - r["head"] for r in rounds)
     print(f"       the rest (batch assembly, the table, Python): {rest:.2f} s")
     necessary = ("forward", "tokenization", "logits product", "tail product")  # the ceiling's work (module docstring)
     ceiling = [r["floor"] / sum(r[k] for k in necessary) for r in rounds]
-    print(f"     ceiling: a scorer doing only its forward, tokenization and those products would run at floor ratio "
-          f"{_spread(ceiling)}; the whole call at {statistics.median(repeated_ratios):.3f}")
+    print(
+        f"     ceiling: a scorer doing only its forward, tokenization and those products would run at floor ratio "
+        f"{_spread(ceiling)}; the whole call at {statistics.median(repeated_ratios):.3f}"
+    )
     print(f"       the ceiling against the repeated call's target: {_verdict(ceiling, REPEATED_TARGET)}")
 
     # The call's tokenization on the bench's threads against one thread (promptopt/scoring/tokens.py), alternating.
@@ -336,9 +382,11 @@ def main() -> None:
                 ids = encode_texts(lm.tokenizer, texts, add_special_tokens=prompt.add_special_tokens, threads=threads)
                 timed[threads].append(time.perf_counter() - start)
         same = ids == lm.tokenizer(texts, add_special_tokens=prompt.add_special_tokens)["input_ids"]
-        print(f"     tokenization of the call's {len(texts)} texts: {statistics.median(timed[THREADS]) * 1e3:.0f} ms on {THREADS} "
-              f"threads, {statistics.median(timed[1]) * 1e3:.0f} ms on one -> "
-              f"{_spread([a / b for a, b in zip(timed[1], timed[THREADS])], 2)}x (identical ids: {same})")
+        print(
+            f"     tokenization of the call's {len(texts)} texts: {statistics.median(timed[THREADS]) * 1e3:.0f} ms on {THREADS} "
+            f"threads, {statistics.median(timed[1]) * 1e3:.0f} ms on one -> "
+            f"{_spread([a / b for a, b in zip(timed[1], timed[THREADS])], 2)}x (identical ids: {same})"
+        )
 
     # [2b] The same scorer without the prefix cache.
     scorer.runner.use_prefix_cache = False
@@ -348,8 +396,10 @@ def main() -> None:
     same = (cached.table["pred"] == uncached.table["pred"]).all()
     max_lp = (cached.table["gold_logprob"] - uncached.table["gold_logprob"]).abs().max()
     t_cached = median["scorer"]
-    print(f"[2b] prefix-cached {len(items) / t_cached:.2f} items/s, uncached {len(items) / t_uncached:.2f} items/s -> "
-          f"{t_uncached / t_cached:.2f}x (same predictions: {same}, max |Δ log p| {max_lp:.2e})")
+    print(
+        f"[2b] prefix-cached {len(items) / t_cached:.2f} items/s, uncached {len(items) / t_uncached:.2f} items/s -> "
+        f"{t_uncached / t_cached:.2f}x (same predictions: {same}, max |Δ log p| {max_lp:.2e})"
+    )
 
     try:
         import lm_eval
@@ -365,8 +415,13 @@ def main() -> None:
         name = lm_eval_task(Path(tmp), task.pool[:4], items)
         start = time.perf_counter()
         out = lm_eval.simple_evaluate(
-            model="hf", model_args=f"pretrained={model_dir},dtype=float32", tasks=[name],
-            task_manager=TaskManager(include_path=tmp), batch_size=16, device="cpu", log_samples=True,
+            model="hf",
+            model_args=f"pretrained={model_dir},dtype=float32",
+            tasks=[name],
+            task_manager=TaskManager(include_path=tmp),
+            batch_size=16,
+            device="cpu",
+            log_samples=True,
         )
         t_lm_eval = time.perf_counter() - start
     samples = sorted(out["samples"][name], key=lambda s: s["doc_id"])
@@ -375,10 +430,14 @@ def main() -> None:
     agree = sum(int(a == b) for a, b in zip(lm_preds, cached.table["pred"]))
     max_diff = max(abs(a - b) for a, b in zip(lm_gold_lp, cached.table["gold_logprob"]))
     ratio = t_lm_eval / t_cached
-    print(f"[2c] lm-eval {len(items) / t_lm_eval:.2f} items/s (whole simple_evaluate call), promptopt {len(items) / t_cached:.1f} items/s "
-          f"-> {ratio:.1f}x  (target ≥ 5x: {'met' if ratio >= 5 else 'NOT met'})")
-    print(f"     identical predictions on {agree}/{len(items)} items; max |Δ log p(gold)| vs lm-eval {max_diff:.2e}; "
-          f"acc promptopt {cached.summary['accuracy']:.3f} vs lm-eval {out['results'][name]['acc,none']:.3f}")
+    print(
+        f"[2c] lm-eval {len(items) / t_lm_eval:.2f} items/s (whole simple_evaluate call), promptopt {len(items) / t_cached:.1f} items/s "
+        f"-> {ratio:.1f}x  (target ≥ 5x: {'met' if ratio >= 5 else 'NOT met'})"
+    )
+    print(
+        f"     identical predictions on {agree}/{len(items)} items; max |Δ log p(gold)| vs lm-eval {max_diff:.2e}; "
+        f"acc promptopt {cached.summary['accuracy']:.3f} vs lm-eval {out['results'][name]['acc,none']:.3f}"
+    )
 
 
 if __name__ == "__main__":

@@ -34,12 +34,18 @@ def main() -> None:
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     with tempfile.TemporaryDirectory() as tmp:
-        base = SearchConfig.build(task="sst2", strategy="tcb", trials=TRIALS, dev_limit=DEV, test_limit=32, device="cpu", seed=7)
+        base = SearchConfig.build(
+            task="sst2", strategy="tcb", trials=TRIALS, dev_limit=DEV, test_limit=32, device="cpu", seed=7
+        )
         if ONLY != "3c":
             pruning_and_cache(base, tmp, run_search)
         if ONLY != "3ab":
             accuracy = run_search(base.replace(out=f"{tmp}/accuracy", strategy="accuracy"), show_progress=False)
-            robust = run_search(base.replace(out=f"{tmp}/robust", strategy="robust"), expand=VariantExpander("cheap"), show_progress=False)
+            robust = run_search(
+                base.replace(out=f"{tmp}/robust", strategy="robust"),
+                expand=VariantExpander("cheap"),
+                show_progress=False,
+            )
             robust_vs_accuracy(accuracy, robust)
 
 
@@ -53,14 +59,22 @@ def pruning_and_cache(base, tmp, run_search) -> None:
 
     n_pruned = int((pruned.trials["state"] == "PRUNED").sum())
     print(f"[3a] SST-2 default space, {TRIALS} trials on {DEV} dev items (embedded SmolLM2, 2 threads)")
-    print(f"     pruning on : {TRIALS / pruned.wall_seconds * 60:.1f} trials/min, wall {pruned.wall_seconds:.1f}s, "
-          f"{n_pruned} pruned, best dev objective {best(pruned):.4f}")
-    print(f"     pruning off: {TRIALS / full.wall_seconds * 60:.1f} trials/min, wall {full.wall_seconds:.1f}s, "
-          f"best dev objective {best(full):.4f}")
-    print(f"     pruning wall-time ratio off/on {full.wall_seconds / pruned.wall_seconds:.2f}x; "
-          f"best objective on − off {best(pruned) - best(full):+.4f}")
-    print(f"[3b] result cache: cold run hit rate {pruned.cache_hit_rate:.2f}; replay of the same seed into a new study "
-          f"hit rate {replay.cache_hit_rate:.2f}, {pruned.wall_seconds / replay.wall_seconds:.1f}x faster than cold")
+    print(
+        f"     pruning on : {TRIALS / pruned.wall_seconds * 60:.1f} trials/min, wall {pruned.wall_seconds:.1f}s, "
+        f"{n_pruned} pruned, best dev objective {best(pruned):.4f}"
+    )
+    print(
+        f"     pruning off: {TRIALS / full.wall_seconds * 60:.1f} trials/min, wall {full.wall_seconds:.1f}s, "
+        f"best dev objective {best(full):.4f}"
+    )
+    print(
+        f"     pruning wall-time ratio off/on {full.wall_seconds / pruned.wall_seconds:.2f}x; "
+        f"best objective on − off {best(pruned) - best(full):+.4f}"
+    )
+    print(
+        f"[3b] result cache: cold run hit rate {pruned.cache_hit_rate:.2f}; replay of the same seed into a new study "
+        f"hit rate {replay.cache_hit_rate:.2f}, {pruned.wall_seconds / replay.wall_seconds:.1f}x faster than cold"
+    )
 
 
 def robust_vs_accuracy(accuracy, robust) -> None:
@@ -77,14 +91,20 @@ def robust_vs_accuracy(accuracy, robust) -> None:
             out += f", {(finished['state'] == 'PRUNED').sum()} pruned"
         return out
 
-    print(f"[3c] robust (multi-fidelity, suite cheap) vs accuracy: {TRIALS} trials, {DEV} dev items, seed 7, cold caches")
+    print(
+        f"[3c] robust (multi-fidelity, suite cheap) vs accuracy: {TRIALS} trials, {DEV} dev items, seed 7, cold caches"
+    )
     for name, result in (("accuracy", accuracy), ("robust", robust)):
         value = result.trials.loc[result.trials["state"] == "COMPLETE", f"value_{name}"].max()
-        print(f"     {name:<9}: {result.pairs_scored} distinct (prompt, item) pairs scored, wall {result.wall_seconds:.1f}s "
-              f"(trials {trial_seconds(result):.1f}s), {states(result)}, best dev {name} {value:.4f}")
-    print(f"     robust/accuracy: pairs {robust.pairs_scored / accuracy.pairs_scored:.2f}x, wall "
-          f"{robust.wall_seconds / accuracy.wall_seconds:.2f}x, trials' time {trial_seconds(robust) / trial_seconds(accuracy):.2f}x "
-          "(target <= 2x)")
+        print(
+            f"     {name:<9}: {result.pairs_scored} distinct (prompt, item) pairs scored, wall {result.wall_seconds:.1f}s "
+            f"(trials {trial_seconds(result):.1f}s), {states(result)}, best dev {name} {value:.4f}"
+        )
+    print(
+        f"     robust/accuracy: pairs {robust.pairs_scored / accuracy.pairs_scored:.2f}x, wall "
+        f"{robust.wall_seconds / accuracy.wall_seconds:.2f}x, trials' time {trial_seconds(robust) / trial_seconds(accuracy):.2f}x "
+        "(target <= 2x)"
+    )
 
 
 if __name__ == "__main__":

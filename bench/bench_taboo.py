@@ -29,8 +29,15 @@ def main() -> None:
         kwargs = {"logits_processor": LogitsProcessorList([processor])} if processor else {}
         start = time.perf_counter()
         with torch.no_grad():
-            out = lm.model.generate(ids, max_new_tokens=TOKENS, min_new_tokens=TOKENS, do_sample=False,
-                                    eos_token_id=None, pad_token_id=lm.tokenizer.pad_token_id, **kwargs)
+            out = lm.model.generate(
+                ids,
+                max_new_tokens=TOKENS,
+                min_new_tokens=TOKENS,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=lm.tokenizer.pad_token_id,
+                **kwargs,
+            )
         assert out.shape[1] - ids.shape[1] == TOKENS
         return time.perf_counter() - start
 
@@ -42,9 +49,11 @@ def main() -> None:
         taboo.append(hf(proc))
         interventions = proc.logs[0].interventions if proc.logs else 0
     ratio = min(taboo) / min(plain)
-    print(f"[4a] model.generate, {TOKENS} tokens: plain {min(plain) / TOKENS * 1e3:.1f} ms/token, "
-          f"taboo i=1 {min(taboo) / TOKENS * 1e3:.1f} ms/token ({interventions} interventions) -> overhead {(ratio - 1) * 100:+.2f}% "
-          f"(target ≤ 5%: {'met' if ratio <= 1.05 else 'NOT met'})")
+    print(
+        f"[4a] model.generate, {TOKENS} tokens: plain {min(plain) / TOKENS * 1e3:.1f} ms/token, "
+        f"taboo i=1 {min(taboo) / TOKENS * 1e3:.1f} ms/token ({interventions} interventions) -> overhead {(ratio - 1) * 100:+.2f}% "
+        f"(target ≤ 5%: {'met' if ratio <= 1.05 else 'NOT met'})"
+    )
 
     runner = Runner(lm, batch_size=1)
     context = ids[0].tolist()
@@ -58,8 +67,10 @@ def main() -> None:
     ours(False)
     plain_ours = min(ours(False) for _ in range(ROUNDS))
     taboo_ours = min(ours(True) for _ in range(ROUNDS))
-    print(f"[4b] promptopt decoding loop: plain {plain_ours * 1e3:.1f} ms/token, taboo {taboo_ours * 1e3:.1f} ms/token "
-          f"-> overhead {(taboo_ours / plain_ours - 1) * 100:+.2f}% (per generated token; sequences may stop at EOS)")
+    print(
+        f"[4b] promptopt decoding loop: plain {plain_ours * 1e3:.1f} ms/token, taboo {taboo_ours * 1e3:.1f} ms/token "
+        f"-> overhead {(taboo_ours / plain_ours - 1) * 100:+.2f}% (per generated token; sequences may stop at EOS)"
+    )
 
 
 if __name__ == "__main__":

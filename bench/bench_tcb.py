@@ -52,24 +52,38 @@ def main() -> None:
     tok = lm.tokenizer
     contexts = [prompt.context(i.question, i.choices) for i in items]
     ids = [tok(c)["input_ids"] for c in contexts]
-    results = scorer.runner.loglikelihood([(c, tok(ctx + " negative")["input_ids"][len(c):]) for c, ctx in zip(ids, contexts)])
+    results = scorer.runner.loglikelihood(
+        [(c, tok(ctx + " negative")["input_ids"][len(c) :]) for c, ctx in zip(ids, contexts)]
+    )
     hidden = torch.stack([r.hidden for r in results])
 
     n_explicit = 16
     t_closed = best_of(lambda: lm.output_head(hidden[:n_explicit]))
     t_explicit = best_of(lambda: explicit_jacobian_norm(hidden[:n_explicit], weight), repeats=1)
     with torch.no_grad():
-        agree = torch.allclose(lm.output_head(hidden[:n_explicit]).jacobian_norm.float(), explicit_jacobian_norm(hidden[:n_explicit], weight), rtol=1e-3)
-    print(f"[1a] closed form vs explicit V×d Jacobian ({n_explicit} positions, V={lm.output_head.vocab_size}, d={lm.output_head.hidden_size})")
-    print(f"     explicit {t_explicit * 1e3 / n_explicit:.1f} ms/position, closed form {t_closed * 1e3 / n_explicit:.2f} ms/position")
+        agree = torch.allclose(
+            lm.output_head(hidden[:n_explicit]).jacobian_norm.float(),
+            explicit_jacobian_norm(hidden[:n_explicit], weight),
+            rtol=1e-3,
+        )
+    print(
+        f"[1a] closed form vs explicit V×d Jacobian ({n_explicit} positions, V={lm.output_head.vocab_size}, d={lm.output_head.hidden_size})"
+    )
+    print(
+        f"     explicit {t_explicit * 1e3 / n_explicit:.1f} ms/position, closed form {t_closed * 1e3 / n_explicit:.2f} ms/position"
+    )
     print(f"     speed-up {t_explicit / t_closed:.1f}x   (agree within 1e-3: {agree})")
 
     t_score = best_of(lambda: scorer.score(prompt, items))
     targets = [tok(" negative")["input_ids"][0]] * len(items)
     t_tcb = best_of(lambda: scorer._tcb(hidden, targets))
     suffix = sum(len(i) for i in ids) / len(ids) - common_prefix_length(ids)
-    print(f"[1b] δ_TCB share of prefix-cached scoring, SST-2 4-shot, {len(items)} items (~{suffix:.0f} suffix tokens/item)")
-    print(f"     scoring {t_score / len(items) * 1e3:.1f} ms/item (δ_TCB included), δ_TCB {t_tcb / len(items) * 1e3:.2f} ms/item")
+    print(
+        f"[1b] δ_TCB share of prefix-cached scoring, SST-2 4-shot, {len(items)} items (~{suffix:.0f} suffix tokens/item)"
+    )
+    print(
+        f"     scoring {t_score / len(items) * 1e3:.1f} ms/item (δ_TCB included), δ_TCB {t_tcb / len(items) * 1e3:.2f} ms/item"
+    )
     share = t_tcb / t_score
     print(f"     share {share * 100:.2f}%  (target ≤ 5%: {'met' if share <= 0.05 else 'NOT met'})")
 

@@ -34,7 +34,7 @@ def continuation_logprob(model, tokenizer, context: str, continuation: str, add_
         context, continuation = context[:-n_spaces], context[-n_spaces:] + continuation
     ctx_ids = tokenizer(context, add_special_tokens=add_special_tokens)["input_ids"]
     whole_ids = tokenizer(context + continuation, add_special_tokens=add_special_tokens)["input_ids"]
-    cont_ids = whole_ids[len(ctx_ids):]
+    cont_ids = whole_ids[len(ctx_ids) :]
     with torch.inference_mode():
         logits = model(torch.tensor([whole_ids])).logits[0].float()
     logprobs = torch.log_softmax(logits[len(whole_ids) - len(cont_ids) - 1 : -1], dim=-1)
@@ -43,12 +43,24 @@ def continuation_logprob(model, tokenizer, context: str, continuation: str, add_
 
 def generate(model, tokenizer, context: str, card) -> str:
     ids = torch.tensor([tokenizer(context, add_special_tokens=card.add_special_tokens)["input_ids"]])
-    eos = {tokenizer.eos_token_id, *([model.generation_config.eos_token_id] if isinstance(model.generation_config.eos_token_id, int)
-                                    else model.generation_config.eos_token_id or [])} - {None}
+    eos = {
+        tokenizer.eos_token_id,
+        *(
+            [model.generation_config.eos_token_id]
+            if isinstance(model.generation_config.eos_token_id, int)
+            else model.generation_config.eos_token_id or []
+        ),
+    } - {None}
     with torch.inference_mode():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=card.generation["max_new_tokens"],
-                             do_sample=False, eos_token_id=sorted(eos), pad_token_id=tokenizer.pad_token_id or sorted(eos)[0])
-    text = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=card.generation["max_new_tokens"],
+            do_sample=False,
+            eos_token_id=sorted(eos),
+            pad_token_id=tokenizer.pad_token_id or sorted(eos)[0],
+        )
+    text = tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
     cuts = [text.find(s) for s in card.generation["stop"] if s in text]
     return text[: min(cuts)] if cuts else text
 
@@ -98,9 +110,11 @@ def main() -> int:
     plain = correct / len(ids)
     recorded_flags = card.metrics["test"]["correct"][: len(ids)]
     recorded_acc = recorded_flags.count("1") / len(ids)
-    print(f"plain transformers + load_prompt: acc {plain:.4f} on {len(ids)} recorded test items; "
-          f"the card recorded {recorded_acc:.4f} on the same items (all {len(recorded['test_ids'])}: "
-          f"{card.metrics['test']['accuracy']:.4f})")
+    print(
+        f"plain transformers + load_prompt: acc {plain:.4f} on {len(ids)} recorded test items; "
+        f"the card recorded {recorded_acc:.4f} on the same items (all {len(recorded['test_ids'])}: "
+        f"{card.metrics['test']['accuracy']:.4f})"
+    )
     return 0 if abs(plain - recorded_acc) < 1e-9 else 1
 
 

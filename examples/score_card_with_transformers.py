@@ -29,7 +29,7 @@ def continuation_logprob(model, tokenizer, context: str, continuation: str, add_
         context, continuation = context[:-n_spaces], context[-n_spaces:] + continuation
     ctx_ids = tokenizer(context, add_special_tokens=add_special_tokens)["input_ids"]
     whole_ids = tokenizer(context + continuation, add_special_tokens=add_special_tokens)["input_ids"]
-    cont_ids = whole_ids[len(ctx_ids):]
+    cont_ids = whole_ids[len(ctx_ids) :]
     with torch.inference_mode():
         logits = model(torch.tensor([whole_ids])).logits[0].float()
     logprobs = torch.log_softmax(logits[len(whole_ids) - len(cont_ids) - 1 : -1], dim=-1)
@@ -68,8 +68,10 @@ def main() -> int:
     correct = 0
     for item in items:
         context = prompt.context(item.question, item.choices, tokenizer)
-        scores = [continuation_logprob(model, tokenizer, context, prompt.continuation(text), prompt.add_special_tokens)
-                  for text in prompt.choice_texts(item.choices)]
+        scores = [
+            continuation_logprob(model, tokenizer, context, prompt.continuation(text), prompt.add_special_tokens)
+            for text in prompt.choice_texts(item.choices)
+        ]
         correct += int(max(range(len(scores)), key=scores.__getitem__) == item.gold)
     plain = correct / len(items)
 

@@ -1,6 +1,6 @@
 """Production use of a prompt card: load it, render prompts, and reproduce its recorded score.
 
-    .venv/bin/python examples/use_a_card.py runs/demo/tcb/best_card.yaml
+.venv/bin/python examples/use_a_card.py runs/demo/tcb/best_card.yaml
 """
 
 import sys

@@ -51,24 +51,34 @@ def validate_card(data: Any, where: str) -> None:
             known = set(error.schema.get("properties", {}))
             unknown = sorted(set(error.instance) - known)
             if unknown:
-                raise ConfigError(f"{where}: {_field(path + [unknown[0]])}: unknown key (allowed: {', '.join(sorted(known))})")
+                raise ConfigError(
+                    f"{where}: {_field(path + [unknown[0]])}: unknown key (allowed: {', '.join(sorted(known))})"
+                )
         if error.validator == "required":
             missing = error.message.split("'")[1] if "'" in error.message else error.message
             raise ConfigError(f"{where}: {_field(path + [missing])}: missing (required by card version 2)")
         raise ConfigError(f"{where}: {_field(path)}: {_describe(error)}")
     test = data["metrics"]["test"]
     if "correct" in test and len(test["correct"]) != len(data["data"]["test_ids"]):
-        raise ConfigError(f"{where}: metrics.test.correct: expected one character per data.test_ids entry "
-                          f"({len(data['data']['test_ids'])}), got {len(test['correct'])}")
+        raise ConfigError(
+            f"{where}: metrics.test.correct: expected one character per data.test_ids entry "
+            f"({len(data['data']['test_ids'])}), got {len(test['correct'])}"
+        )
     if test["n"] != len(data["data"]["test_ids"]):
-        raise ConfigError(f"{where}: metrics.test.n: expected {len(data['data']['test_ids'])} (the number of data.test_ids), got {test['n']}")
+        raise ConfigError(
+            f"{where}: metrics.test.n: expected {len(data['data']['test_ids'])} (the number of data.test_ids), got {test['n']}"
+        )
     if (data["rendering"]["mode"] == "chat") != bool(data["template"].get("chat", False)):
         raise ConfigError(f"{where}: rendering.mode: {data['rendering']['mode']!r} disagrees with template.chat")
     if data["rendering"]["mode"] == "chat" and not data["rendering"].get("chat_template"):
-        raise ConfigError(f"{where}: rendering.chat_template: expected the model's chat template for a chat card, got nothing")
+        raise ConfigError(
+            f"{where}: rendering.chat_template: expected the model's chat template for a chat card, got nothing"
+        )
     if len(data["check"]["prompt_sha256"]["exemplars"]) != len(data["exemplars"]):
-        raise ConfigError(f"{where}: exemplars: {len(data['exemplars'])} exemplars but check.prompt_sha256 recorded "
-                          f"{len(data['check']['prompt_sha256']['exemplars'])} (exemplars were added or removed after export)")
+        raise ConfigError(
+            f"{where}: exemplars: {len(data['exemplars'])} exemplars but check.prompt_sha256 recorded "
+            f"{len(data['check']['prompt_sha256']['exemplars'])} (exemplars were added or removed after export)"
+        )
 
 
 def _describe(error) -> str:

@@ -84,11 +84,18 @@ class CardPrompt:
         if not self.chat:
             return self.prompt.context(question, choices)
         if self._template is None:
-            raise ConfigError(f"{self.where}: template.chat is true but the card has no rendering.chat_template "
-                              "(a version-1 card): re-export it with `promptopt export`")
+            raise ConfigError(
+                f"{self.where}: template.chat is true but the card has no rendering.chat_template "
+                "(a version-1 card): re-export it with `promptopt export`"
+            )
         variables = dict((self.card.get("rendering") or {}).get("template_vars") or {})
-        return self._template.render(messages=self.messages(question, choices), tools=None, documents=None,
-                                     add_generation_prompt=True, **variables)
+        return self._template.render(
+            messages=self.messages(question, choices),
+            tools=None,
+            documents=None,
+            add_generation_prompt=True,
+            **variables,
+        )
 
     def choice_texts(self, choices=None) -> list[str]:
         """What is shown and scored for each choice: label words, letters or the choice texts."""
@@ -100,8 +107,10 @@ class CardPrompt:
         otherwise get an empty list, and an argmax over nothing."""
         choices = self._choices(choices)
         if choices is None:
-            raise ConfigError(f"{self.where}: task {self.task} has no fixed choices (each item has its own): "
-                              "pass the item's choices, continuations(item.choices)")
+            raise ConfigError(
+                f"{self.where}: task {self.task} has no fixed choices (each item has its own): "
+                "pass the item's choices, continuations(item.choices)"
+            )
         return [self.prompt.continuation(text) for text in self.choice_texts(choices)]
 
     # --- reading answers ----------------------------------------------------------------------------
@@ -112,7 +121,9 @@ class CardPrompt:
 
         self._need_type()
         if self.answer_type not in _CHOICE_TYPES:
-            raise ConfigError(f"{self.where}: answer.type is {self.answer_type}: parse_index is for multiple-choice cards")
+            raise ConfigError(
+                f"{self.where}: answer.type is {self.answer_type}: parse_index is for multiple-choice cards"
+            )
         choices = self._choices(choices)
         if choices is None:
             raise ConfigError(f"{self.where}: the card records no fixed choices (answer.choices): pass choices=")
@@ -140,7 +151,9 @@ class CardPrompt:
 
     def _need_type(self) -> str:
         if self.answer_type is None:
-            raise ConfigError(f"{self.where}: a version-1 card records no answer type: re-export it with `promptopt export`")
+            raise ConfigError(
+                f"{self.where}: a version-1 card records no answer type: re-export it with `promptopt export`"
+            )
         return self.answer_type
 
 
@@ -161,7 +174,9 @@ def load_prompt(path: str | Path) -> CardPrompt:
 
 def card_prompt(data: dict, where: str = "<card>") -> CardPrompt:
     """A CardPrompt from a card mapping that has been validated (or built by export)."""
-    prompt = prompt_from_card({k: data[k] for k in ("task", "instruction", "template", "exemplars") if k in data}, where)
+    prompt = prompt_from_card(
+        {k: data[k] for k in ("task", "instruction", "template", "exemplars") if k in data}, where
+    )
     chat_template = (data.get("rendering") or {}).get("chat_template")
     try:
         compiled = _compile_chat_template(chat_template) if prompt.template.chat and chat_template else None

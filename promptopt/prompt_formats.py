@@ -26,8 +26,12 @@ FIELD_SEPARATORS = (": ", ":\n", " - ", " ")
 CASINGS = ("as_is", "lower", "upper", "title")
 LINE_JOINERS = ("\n", "\n\n", " \n")
 EXEMPLAR_DELIMITERS = ("\n\n", "\n", "\n\n\n", "\n---\n")
-DIMENSIONS = {"field_separator": FIELD_SEPARATORS, "casing": CASINGS, "line_joiner": LINE_JOINERS,
-              "exemplar_delimiter": EXEMPLAR_DELIMITERS}
+DIMENSIONS = {
+    "field_separator": FIELD_SEPARATORS,
+    "casing": CASINGS,
+    "line_joiner": LINE_JOINERS,
+    "exemplar_delimiter": EXEMPLAR_DELIMITERS,
+}
 
 _FIELD = re.compile(r"^(?P<name>[A-Za-z][A-Za-z ]{0,29}?):(?P<rest>(?: (?P<value>.*))?)$")
 
@@ -59,7 +63,9 @@ class PromptFormat:
         return replace(template, **changes)
 
     def _name(self, name: str) -> str:
-        return {None: name, "as_is": name, "lower": name.lower(), "upper": name.upper(), "title": name.title()}[self.casing]
+        return {None: name, "as_is": name, "lower": name.lower(), "upper": name.upper(), "title": name.title()}[
+            self.casing
+        ]
 
     def _lines(self, text: str, *, final: bool, delimiter: str = " ") -> tuple[str, str]:
         lines = text.split("\n")
@@ -75,7 +81,7 @@ class PromptFormat:
                 out.append(name + separator + value)
             elif delimiter in (" ", "\n"):  # the query's last field: its value is the answer, after the delimiter
                 head = separator.rstrip(" \n")
-                tail = separator[len(head):] or " "
+                tail = separator[len(head) :] or " "
                 out.append(name + head)
                 delimiter = tail if self.field_separator else delimiter
             else:  # an unusual delimiter is the template's own choice: only the name changes
@@ -97,6 +103,8 @@ def format_choices(options: dict | None, where: str) -> dict[str, tuple[str, ...
         if values is True:
             values = list(DIMENSIONS[name])
         if not isinstance(values, list) or not values or any(v not in DIMENSIONS[name] for v in values):
-            raise ConfigError(f"{where}: formats.{name}: expected true or a list drawn from {list(DIMENSIONS[name])}, got {values!r}")
+            raise ConfigError(
+                f"{where}: formats.{name}: expected true or a list drawn from {list(DIMENSIONS[name])}, got {values!r}"
+            )
         out[name] = tuple(values)
     return out

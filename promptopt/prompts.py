@@ -62,7 +62,9 @@ class PromptTemplate:
     @classmethod
     def from_dict(cls, data: dict, where: str) -> PromptTemplate:
         f = Fields(data, where, "template")
-        f.reject_unknown({"query", "exemplar", "separator", "answer_delimiter", "label_words", "choice_format", "chat", "name"})
+        f.reject_unknown(
+            {"query", "exemplar", "separator", "answer_delimiter", "label_words", "choice_format", "chat", "name"}
+        )
         words = f.get("label_words", list, None)
         if words is not None and not all(isinstance(w, str) and w for w in words):
             raise f.fail("label_words", "a list of non-empty strings", words)
@@ -152,8 +154,12 @@ class Prompt:
         """The full text the model reads before answering (chat templates need the tokenizer)."""
         if self.template.chat:
             if tokenizer is None or not getattr(tokenizer, "chat_template", None):
-                raise ConfigError(f"prompt for task {self.task}: template.chat is true but the model has no chat template")
-            return tokenizer.apply_chat_template(self.messages(question, choices), tokenize=False, add_generation_prompt=True)
+                raise ConfigError(
+                    f"prompt for task {self.task}: template.chat is true but the model has no chat template"
+                )
+            return tokenizer.apply_chat_template(
+                self.messages(question, choices), tokenize=False, add_generation_prompt=True
+            )
         parts = [self.instruction] if self.instruction else []
         parts += [self.exemplar_text(ex) for ex in self.exemplars]
         parts.append(self.query_text(question, choices))

@@ -22,7 +22,19 @@ def flag_dips(values: np.ndarray, *, ratio: float = 0.5, window: int = 8, min_hi
     return flags
 
 
-COLUMNS = ["step", "token", "tcb", "jacobian_norm", "v_eff", "margin", "top_prob", "p_second", "nll", "running_ppl", "dip"]
+COLUMNS = [
+    "step",
+    "token",
+    "tcb",
+    "jacobian_norm",
+    "v_eff",
+    "margin",
+    "top_prob",
+    "p_second",
+    "nll",
+    "running_ppl",
+    "dip",
+]
 
 
 def encode_prompt(lm: LoadedModel, text: str, *, chat: bool | None = None) -> list[int]:
@@ -30,13 +42,21 @@ def encode_prompt(lm: LoadedModel, text: str, *, chat: bool | None = None) -> li
     tok = lm.tokenizer
     use_chat = lm.has_chat_template if chat is None else chat
     if use_chat:
-        rendered = tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
+        rendered = tok.apply_chat_template(
+            [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+        )
         return tok(rendered, add_special_tokens=False)["input_ids"]
     return tok(text)["input_ids"]
 
 
 def trace_generation(
-    lm: LoadedModel, text: str, *, max_new_tokens: int = 48, chat: bool | None = None, dip_ratio: float = 0.5, window: int = 8
+    lm: LoadedModel,
+    text: str,
+    *,
+    max_new_tokens: int = 48,
+    chat: bool | None = None,
+    dip_ratio: float = 0.5,
+    window: int = 8,
 ) -> pd.DataFrame:
     """One row per generated token: δ_TCB, ‖J‖_F, V_eff, margin, P(top-1) and P(2nd best) = P(top-1)·e^(−margin),
     −log p of the emitted token, the running perplexity exp(mean −log p so far), and the dip flag."""

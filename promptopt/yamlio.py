@@ -25,7 +25,7 @@ def load_yaml(path: str | Path) -> dict:
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         if "!function" in problem:  # lm-eval's Python hooks: task files here hold no code
-            problem += " (YAML files hold no code here: write the function as a Jinja template, e.g. doc_to_text: \"{{ premise }}\")"
+            problem += ' (YAML files hold no code here: write the function as a Jinja template, e.g. doc_to_text: "{{ premise }}")'
         raise ConfigError(f"{path}: invalid YAML{where}: {problem}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
@@ -77,7 +77,14 @@ class Fields:
 
 
 def _describe(types: type | tuple) -> str:
-    names = {str: "a string", int: "an integer", float: "a number", bool: "true/false", list: "a list", dict: "a mapping"}
+    names = {
+        str: "a string",
+        int: "an integer",
+        float: "a number",
+        bool: "true/false",
+        list: "a list",
+        dict: "a mapping",
+    }
     types = types if isinstance(types, tuple) else (types,)
     return " or ".join(names.get(t, t.__name__) for t in types)
 
@@ -267,7 +274,9 @@ def write_parquet_and_csv(frame, stem: str | Path) -> list[Path]:
     table = frame.copy()
     for name in table.columns:
         if table[name].dtype == object:
-            table[name] = table[name].map(lambda v: v if v is None or isinstance(v, str) else json.dumps(v, default=str))
+            table[name] = table[name].map(
+                lambda v: v if v is None or isinstance(v, str) else json.dumps(v, default=str)
+            )
     paths = [stem.with_suffix(".parquet"), stem.with_suffix(".csv")]
     write_table(table, paths[0])
     write_table(table, paths[1])

@@ -35,21 +35,32 @@ class Result:
         return self.returncode
 
 
-def promptopt(*args, cwd: str | Path | None = None, env: dict | None = None, subprocess: bool = False,
-              timeout: int = 600) -> Result:
+def promptopt(
+    *args, cwd: str | Path | None = None, env: dict | None = None, subprocess: bool = False, timeout: int = 600
+) -> Result:
     """Run `promptopt ARGS` (arguments are str()-ed) from `cwd` (default: the repository)."""
     argv = [str(a) for a in args]
     if subprocess:
         full_env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", **(env or {})}
-        proc = sp.run([sys.executable, "-m", "promptopt", *argv], capture_output=True, text=True, cwd=cwd or REPO,
-                      env=full_env, timeout=timeout)
+        proc = sp.run(
+            [sys.executable, "-m", "promptopt", *argv],
+            capture_output=True,
+            text=True,
+            cwd=cwd or REPO,
+            env=full_env,
+            timeout=timeout,
+        )
         return Result(proc.returncode, proc.stdout, proc.stderr)
     from promptopt.cli import main
 
     out, err = io.StringIO(), io.StringIO()
     previous = os.getcwd()
-    with mock.patch.object(sys, "argv", ["promptopt", *argv]), mock.patch.dict(os.environ, env or {}), \
-            contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    with (
+        mock.patch.object(sys, "argv", ["promptopt", *argv]),
+        mock.patch.dict(os.environ, env or {}),
+        contextlib.redirect_stdout(out),
+        contextlib.redirect_stderr(err),
+    ):
         os.chdir(cwd or REPO)
         try:
             main()

@@ -15,7 +15,9 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT") and not os.environ.get("OMP_NUM_T
     # two workers of two threads each on a 2-core machine would only fight over the cores
     workers = int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
     os.environ["OMP_NUM_THREADS"] = str(max(1, min(2, (os.cpu_count() or 1) // workers)))
-torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or max(1, min(2, os.cpu_count() or 1))))  # honour a caller's limit
+torch.set_num_threads(
+    int(os.environ.get("OMP_NUM_THREADS") or max(1, min(2, os.cpu_count() or 1)))
+)  # honour a caller's limit
 
 
 def _folder_state(spec: str) -> tuple:
@@ -104,8 +106,16 @@ def tiny_llama_dir(tmp_path_factory, embedded_dir) -> Path:
     from transformers import LlamaConfig
 
     config = LlamaConfig(
-        vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False, eos_token_id=2, pad_token_id=2,
+        vocab_size=49152,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        eos_token_id=2,
+        pad_token_id=2,
     )
     return _save_tiny(tmp_path_factory.mktemp("tiny-llama"), config, embedded_dir)
 
@@ -116,9 +126,18 @@ def tiny_gemma2_dir(tmp_path_factory, embedded_dir) -> Path:
     from transformers import Gemma2Config
 
     config = Gemma2Config(
-        vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=8, max_position_embeddings=512, final_logit_softcapping=30.0,
-        eos_token_id=2, pad_token_id=2, bos_token_id=1,
+        vocab_size=49152,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=512,
+        final_logit_softcapping=30.0,
+        eos_token_id=2,
+        pad_token_id=2,
+        bos_token_id=1,
     )
     return _save_tiny(tmp_path_factory.mktemp("tiny-gemma2"), config, embedded_dir)
 
@@ -135,12 +154,37 @@ def tiny_lm(tiny_llama_dir):
 # short one and neither worker waits on the other at the end (longest-processing-time-first). A file not
 # listed counts as 10 s. The numbers only order the files; a stale one costs a little wall time, nothing else.
 FILE_SECONDS = {
-    "test_propose": 128, "test_reliability": 110, "test_faults": 105, "test_export": 103, "test_search": 93,
-    "test_compare": 92, "test_report": 64, "test_custom_tasks": 60, "test_gemma": 59, "test_robustness": 56,
-    "test_runner_floor": 43, "test_scoring": 40, "test_models": 35, "test_diagnose": 31, "test_seen_unseen": 28,
-    "test_stress_protocol": 26, "test_taboo": 21, "test_architecture": 20, "test_tcb": 17, "test_sandbox": 15,
-    "test_diagnose_conflicts": 11, "test_multi_fidelity": 10, "test_tasks": 7, "test_cli": 6, "test_diagnose_math": 4,
-    "test_extract_sandbox": 3, "test_prefix_cache": 6, "test_cache": 1, "test_stats": 0.2, "test_formats": 0.2, "test_prompts": 0.1,
+    "test_propose": 128,
+    "test_reliability": 110,
+    "test_faults": 105,
+    "test_export": 103,
+    "test_search": 93,
+    "test_compare": 92,
+    "test_report": 64,
+    "test_custom_tasks": 60,
+    "test_gemma": 59,
+    "test_robustness": 56,
+    "test_runner_floor": 43,
+    "test_scoring": 40,
+    "test_models": 35,
+    "test_diagnose": 31,
+    "test_seen_unseen": 28,
+    "test_stress_protocol": 26,
+    "test_taboo": 21,
+    "test_architecture": 20,
+    "test_tcb": 17,
+    "test_sandbox": 15,
+    "test_diagnose_conflicts": 11,
+    "test_multi_fidelity": 10,
+    "test_tasks": 7,
+    "test_cli": 6,
+    "test_diagnose_math": 4,
+    "test_extract_sandbox": 3,
+    "test_prefix_cache": 6,
+    "test_cache": 1,
+    "test_stats": 0.2,
+    "test_formats": 0.2,
+    "test_prompts": 0.1,
     "test_yamlio": 0.1,
 }
 

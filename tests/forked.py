@@ -19,9 +19,22 @@ import tempfile
 import time
 from pathlib import Path
 
-PRELOAD = ["torch", "transformers", "transformers.models.llama.modeling_llama", "transformers.models.auto.tokenization_auto",
-           "tokenizers", "optuna", "sqlalchemy", "pandas", "pyarrow.parquet", "promptopt.cli", "promptopt.experiments",
-           "promptopt.search", "promptopt.robustness", "promptopt.scoring"]
+PRELOAD = [
+    "torch",
+    "transformers",
+    "transformers.models.llama.modeling_llama",
+    "transformers.models.auto.tokenization_auto",
+    "tokenizers",
+    "optuna",
+    "sqlalchemy",
+    "pandas",
+    "pyarrow.parquet",
+    "promptopt.cli",
+    "promptopt.experiments",
+    "promptopt.search",
+    "promptopt.robustness",
+    "promptopt.scoring",
+]
 _context = None
 
 
@@ -76,8 +89,9 @@ class ForkedProcess:
         self.out_path, self.err_path = os.path.join(self._dir, "stdout"), os.path.join(self._dir, "stderr")
         Path(self.out_path).touch()
         Path(self.err_path).touch()
-        self._proc = _fork_context().Process(target=_child, args=(list(argv), dict(env), str(cwd), self.out_path, self.err_path),
-                                             daemon=False)
+        self._proc = _fork_context().Process(
+            target=_child, args=(list(argv), dict(env), str(cwd), self.out_path, self.err_path), daemon=False
+        )
         self._proc.start()
         self.pid = self._proc.pid
 

@@ -12,15 +12,22 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "promptopt"
 # lower numbers may be imported by higher ones, never the other way round
 LAYERS = {
-    "errors": 0, "yamlio": 0,
+    "errors": 0,
+    "yamlio": 0,
     "metrics": 1,
     "models": 2,
-    "prompts": 3, "card": 3, "prompt_formats": 3,
+    "prompts": 3,
+    "card": 3,
+    "prompt_formats": 3,
     "tasks": 4,
-    "scoring": 5, "production": 5,
-    "search": 6, "robustness": 6, "trace": 6,
+    "scoring": 5,
+    "production": 5,
+    "search": 6,
+    "robustness": 6,
+    "trace": 6,
     "experiments": 7,
-    "cli": 8, "__main__": 8,
+    "cli": 8,
+    "__main__": 8,
 }
 PEERS = {frozenset({"search", "robustness"})}
 
@@ -54,7 +61,11 @@ def _edges():
 
 
 def test_every_unit_has_a_layer():
-    units = {p.name.removesuffix(".py") for p in PACKAGE.iterdir() if (p.suffix == ".py" or p.is_dir()) and p.name != "__pycache__"}
+    units = {
+        p.name.removesuffix(".py")
+        for p in PACKAGE.iterdir()
+        if (p.suffix == ".py" or p.is_dir()) and p.name != "__pycache__"
+    }
     units -= {"__init__", "search_spaces", "perturbations"}  # data folders shipped as package data
     assert units <= set(LAYERS), units - set(LAYERS)
 
@@ -75,8 +86,19 @@ def test_the_check_itself_can_fail(tmp_path):
 
 # What the CLI may not do itself: build a scorer, a variant expander, a sweep's settings or run a workflow's
 # parts; each command calls one library function (promptopt/experiments/commands.py or a workflow module).
-LIBRARY_WORK = {"Scorer", "CachedScorer", "ScorerFactory", "VariantExpander", "SweepSettings", "ModelConfig.load",
-                "evaluate_robustness", "taboo_stress", "run_stress_sweep", "load_suite", "Similarity"}
+LIBRARY_WORK = {
+    "Scorer",
+    "CachedScorer",
+    "ScorerFactory",
+    "VariantExpander",
+    "SweepSettings",
+    "ModelConfig.load",
+    "evaluate_robustness",
+    "taboo_stress",
+    "run_stress_sweep",
+    "load_suite",
+    "Similarity",
+}
 
 
 def _names_used(path: Path) -> set[str]:
@@ -93,7 +115,10 @@ def _names_used(path: Path) -> set[str]:
 
 
 def test_the_cli_builds_no_scorer_and_no_expander():
-    offenders = {str(p.relative_to(PACKAGE)): sorted(_names_used(p) & LIBRARY_WORK) for p in sorted((PACKAGE / "cli").glob("*.py"))}
+    offenders = {
+        str(p.relative_to(PACKAGE)): sorted(_names_used(p) & LIBRARY_WORK)
+        for p in sorted((PACKAGE / "cli").glob("*.py"))
+    }
     offenders = {k: v for k, v in offenders.items() if v}
     assert not offenders, f"the CLI does library work: {offenders}"
 
@@ -116,7 +141,9 @@ def test_card_loader_imports_no_torch():
     import sys
 
     code = "import sys, promptopt.prompts; print('torch' in sys.modules, 'transformers' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=PACKAGE.parent).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=PACKAGE.parent
+    ).stdout
     assert out.split() == ["False", "False"]
 
 
@@ -128,8 +155,16 @@ def test_compare_loads_the_model_once(tiny_llama_dir, tmp_path, monkeypatch):
     calls = []
     real = load.load_model
     monkeypatch.setattr(load, "load_model", lambda *a, **kw: calls.append(a) or real(*a, **kw))
-    config = SearchConfig.build(task="sst2", trials=2, model=str(tiny_llama_dir), out=str(tmp_path / "cmp"),
-                                dev_limit=8, test_limit=4, minibatch=4, device="cpu")
+    config = SearchConfig.build(
+        task="sst2",
+        trials=2,
+        model=str(tiny_llama_dir),
+        out=str(tmp_path / "cmp"),
+        dev_limit=8,
+        test_limit=4,
+        minibatch=4,
+        device="cpu",
+    )
     table = run_compare(config, ["ppl", "tcb", "accuracy"], suite="quick", show_progress=False).table
     assert table["strategy"].tolist() == ["baseline", "ppl", "tcb", "accuracy"]
     assert len(calls) == 1
@@ -143,9 +178,17 @@ def test_compare_runs_a_custom_task_with_its_space(tiny_llama_dir, tmp_path, spa
     from promptopt.search import SearchConfig
 
     repo = PACKAGE.parent
-    config = SearchConfig.build(task=str(repo / "examples/custom_task/copa.yaml"), space=str(repo / space), trials=4,
-                                model=str(tiny_llama_dir), out=str(tmp_path / "copa"), dev_limit=6, test_limit=4,
-                                minibatch=3, device="cpu")
+    config = SearchConfig.build(
+        task=str(repo / "examples/custom_task/copa.yaml"),
+        space=str(repo / space),
+        trials=4,
+        model=str(tiny_llama_dir),
+        out=str(tmp_path / "copa"),
+        dev_limit=6,
+        test_limit=4,
+        minibatch=3,
+        device="cpu",
+    )
     table = run_compare(config, ["accuracy"], suite=None, show_progress=False).table
     assert table["n_test"].tolist() == [4, 4]
     study = optuna.load_study(study_name="copa-accuracy", storage=f"sqlite:///{tmp_path / 'copa' / 'study.db'}")

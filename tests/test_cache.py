@@ -13,8 +13,15 @@ from promptopt.tasks import Item, load_task
 # For each Item field, a value different from the sample item's; a new field must be added here (or to
 # NOT_SCORED when it cannot change a scored row), so it cannot be left out of the key unnoticed.
 ITEM = Item("q1", "What is 2 + 3?", "5", "2 + 3 = 5", ("4", "5"), {"entry_point": "f"}, where="data.jsonl line 1")
-OTHER = {"id": "q2", "question": "What is 2 + 4?", "gold": "6", "target": "2 + 3 makes 5", "choices": ("5", "4"),
-         "meta": {"entry_point": "g"}, "where": "data.jsonl line 9"}
+OTHER = {
+    "id": "q2",
+    "question": "What is 2 + 4?",
+    "gold": "6",
+    "target": "2 + 3 makes 5",
+    "choices": ("5", "4"),
+    "meta": {"entry_point": "g"},
+    "where": "data.jsonl line 9",
+}
 
 
 def test_every_item_field_is_in_the_key_or_declared_irrelevant(tiny_lm, tmp_path):

@@ -10,10 +10,6 @@ from tests.clirun import assert_one_line_error
 from tests.clirun import promptopt as run
 
 
-
-
-
-
 def test_score_on_tiny_model_writes_table_and_summary(tiny_llama_dir, tmp_path):
     out = tmp_path / "scores.parquet"
     proc = run("score", "--task", "sst2", "--model", str(tiny_llama_dir), "--limit", "4", "--out", str(out))
@@ -42,7 +38,19 @@ def test_score_with_a_card(tiny_llama_dir, tiny_lm, tmp_path):
     prompt = default.with_(instruction="Is the review good or bad?", template=template)
     card, out = tmp_path / "card.yaml", tmp_path / "card.csv"
     save_card(prompt, card)
-    proc = run("score", "--task", "sst2", "--prompt", str(card), "--model", str(tiny_llama_dir), "--limit", "2", "--out", str(out))
+    proc = run(
+        "score",
+        "--task",
+        "sst2",
+        "--prompt",
+        str(card),
+        "--model",
+        str(tiny_llama_dir),
+        "--limit",
+        "2",
+        "--out",
+        str(out),
+    )
     assert proc.returncode == 0, proc.stderr
     written = pd.read_csv(out)
     scorer, items = Scorer(tiny_lm, task), task.test[:2]
@@ -66,9 +74,14 @@ def test_user_mistakes(tmp_path, tiny_llama_dir):
     assert_one_line_error(run("score", "--task", str(bad)), "bad.yaml: invalid YAML")
     card = tmp_path / "card.yaml"
     card.write_text("promptopt_card: 1\ntask: sst2\ntemplate: {chat: maybe}\n")
-    assert_one_line_error(run("score", "--task", "sst2", "--prompt", str(card), "--model", str(tiny_llama_dir)), "template.chat: expected true/false")
+    assert_one_line_error(
+        run("score", "--task", "sst2", "--prompt", str(card), "--model", str(tiny_llama_dir)),
+        "template.chat: expected true/false",
+    )
     assert_one_line_error(run("score", "--task", "sst2", "--split", "train"), "unknown split 'train'")
     assert_one_line_error(run("score", "--task", "sst2", "--out", str(tmp_path / "x.txt")), "use a .parquet or .csv")
-    assert_one_line_error(run("score", "--task", "sst2", "--prompt", str(tmp_path / "none.yaml")), "none.yaml: file not found")
+    assert_one_line_error(
+        run("score", "--task", "sst2", "--prompt", str(tmp_path / "none.yaml")), "none.yaml: file not found"
+    )
     usage = run("score", "--task", "sst2", "--limit", "0")
     assert usage.returncode == 2 and "Traceback" not in usage.stderr

@@ -17,7 +17,9 @@ from promptopt.experiments.compare import Evaluated, _choose, _paired_table
 from promptopt.metrics.stats import mcnemar_exact
 from promptopt.search import SearchConfig
 
-PLUMBING_SUITE = str(Path(__file__).parent / "suites" / "plumbing.yaml")  # keyboard typos (through the similarity filter), exemplar reorder
+PLUMBING_SUITE = str(
+    Path(__file__).parent / "suites" / "plumbing.yaml"
+)  # keyboard typos (through the similarity filter), exemplar reorder
 
 
 def _evaluated(correct, clean=None, variants=None):
@@ -29,8 +31,12 @@ def test_paired_table_against_hand_values():
     a = [True] * 8 + [False] * 2
     b = [True] * 5 + [False] * 5
     clean = pd.Series([True, True, False], index=["x", "y", "z"])
-    winners = {"baseline": [_evaluated(b, clean, pd.DataFrame([("x", "typo", False)], columns=["item_id", "family", "correct"]))],
-               "tcb": [_evaluated(a, clean, pd.DataFrame([("x", "typo", True)], columns=["item_id", "family", "correct"]))]}
+    winners = {
+        "baseline": [
+            _evaluated(b, clean, pd.DataFrame([("x", "typo", False)], columns=["item_id", "family", "correct"]))
+        ],
+        "tcb": [_evaluated(a, clean, pd.DataFrame([("x", "typo", True)], columns=["item_id", "family", "correct"]))],
+    }
     row = _paired_table(winners, seed=0).iloc[0]
     assert (row.a, row.b) == ("baseline", "tcb")
     assert row.delta_acc == pytest.approx(-0.3)
@@ -52,41 +58,67 @@ class _FakeEvaluator:
 
 
 def test_select_robust_picks_the_more_robust_of_two_candidates():
-    ranked = [{"number": 3, "prompt": "brittle", "accuracy": 0.80, "n": 50},
-              {"number": 7, "prompt": "sturdy", "accuracy": 0.76, "n": 50},   # inside the best one's interval
-              {"number": 9, "prompt": "sturdier", "accuracy": 0.40, "n": 50}]  # more robust but far less accurate
+    ranked = [
+        {"number": 3, "prompt": "brittle", "accuracy": 0.80, "n": 50},
+        {"number": 7, "prompt": "sturdy", "accuracy": 0.76, "n": 50},  # inside the best one's interval
+        {"number": 9, "prompt": "sturdier", "accuracy": 0.40, "n": 50},
+    ]  # more robust but far less accurate
     evaluator = _FakeEvaluator({"brittle": 0.50, "sturdy": 0.70, "sturdier": 0.90})
     chosen, how = _choose("robust", ranked, None, evaluator, dev=[])
     assert chosen["number"] == 7 and "best dev Acc_worst (0.700)" in how and "2 of the top 3" in how
 
     class _Result:
         selection = "best tcb value on dev"
+
     assert _choose("strategy", ranked, _Result(), evaluator, dev=[])[0]["number"] == 3
 
 
 def test_seeds_top_n_and_outputs(tiny_llama_dir, tmp_path):
-    config = SearchConfig.build(task="sst2", trials=3, model=str(tiny_llama_dir), out=str(tmp_path / "cmp"),
-                                dev_limit=8, test_limit=6, minibatch=4, device="cpu")
+    config = SearchConfig.build(
+        task="sst2",
+        trials=3,
+        model=str(tiny_llama_dir),
+        out=str(tmp_path / "cmp"),
+        dev_limit=8,
+        test_limit=6,
+        minibatch=4,
+        device="cpu",
+    )
     result = run_compare(config, ["accuracy", "tcb"], seeds=2, top_n=2, suite=None, show_progress=False)
     assert result.table["strategy"].tolist() == ["baseline", "accuracy", "tcb"]
     assert result.table.set_index("strategy").loc["tcb", "n_seeds"] == 2
     runs = result.runs[result.runs["strategy"] != "baseline"]
     assert set(runs["seed"]) == {0, 1} and runs.groupby(["strategy", "seed"])["winner"].sum().eq(1).all()
-    assert {(r.a, r.b) for r in result.paired.itertuples()} == {("baseline", "accuracy"), ("baseline", "tcb"), ("accuracy", "tcb")}
+    assert {(r.a, r.b) for r in result.paired.itertuples()} == {
+        ("baseline", "accuracy"),
+        ("baseline", "tcb"),
+        ("accuracy", "tcb"),
+    }
     assert (result.paired["n_pairs"] == 12).all()  # 2 seeds × 6 test items
     summary = json.loads((tmp_path / "cmp" / "summary.json").read_text())
     assert summary["seeds"] == 2 and summary["evaluations"] + summary["evaluations_reused"] >= 5
     for name in ("compare.csv", "compare.parquet", "compare_runs.csv", "compare_paired.csv"):
         assert (tmp_path / "cmp" / name).is_file()
     assert (tmp_path / "cmp" / "tcb" / "seed1" / "best_card.yaml").is_file()
-    again = run_compare(config.replace(out=str(tmp_path / "again")), ["accuracy", "tcb"], seeds=2, top_n=2, suite=None, show_progress=False)
+    again = run_compare(
+        config.replace(out=str(tmp_path / "again")),
+        ["accuracy", "tcb"],
+        seeds=2,
+        top_n=2,
+        suite=None,
+        show_progress=False,
+    )
     pd.testing.assert_frame_equal(result.paired, again.paired)  # seeded: the same command prints the same numbers
 
 
 @pytest.mark.slow
 def test_two_seeds_end_to_end_on_the_embedded_model(embedded_lm, tmp_path):
-    config = SearchConfig.build(task="sst2", trials=2, out=str(tmp_path / "e2e"), dev_limit=8, test_limit=12, minibatch=8, device="cpu")
-    result = run_compare(config, ["ppl", "tcb"], seeds=2, top_n=1, suite=PLUMBING_SUITE, robust_limit=6, show_progress=False)
+    config = SearchConfig.build(
+        task="sst2", trials=2, out=str(tmp_path / "e2e"), dev_limit=8, test_limit=12, minibatch=8, device="cpu"
+    )
+    result = run_compare(
+        config, ["ppl", "tcb"], seeds=2, top_n=1, suite=PLUMBING_SUITE, robust_limit=6, show_progress=False
+    )
     table = result.table.set_index("strategy")
     assert np.isfinite(table.loc["tcb", ["avg_acc", "acc_worst", "avg_tcb"]].astype(float)).all()
     assert table.loc["ppl", "n_seeds"] == 2 and not np.isnan(table.loc["ppl", "avg_acc_sd"])
@@ -97,8 +129,12 @@ def test_two_seeds_end_to_end_on_the_embedded_model(embedded_lm, tmp_path):
     assert result.paired["mcnemar_p"].between(0, 1).all() and "delta_acc_worst" in result.paired
     # the text variants of an item are the same for every prompt: stressing the second prompt embeds none again
     summary = result.summary
-    assert summary["evaluations"] + summary["evaluations_reused"] == 5  # the baseline and 2 strategies x 2 seeds x top 1
-    assert summary["evaluations"] >= 2, summary  # a searched winner is not the default prompt: a second prompt is stressed
+    assert (
+        summary["evaluations"] + summary["evaluations_reused"] == 5
+    )  # the baseline and 2 strategies x 2 seeds x top 1
+    assert summary["evaluations"] >= 2, (
+        summary
+    )  # a searched winner is not the default prompt: a second prompt is stressed
     assert summary["variant_embedding_hit_rate"] >= 0.4, summary
     assert 0 <= summary["result_cache_hit_rate"] <= 1
 
@@ -112,7 +148,12 @@ def test_robust_strategy_rewards_answers_that_survive_perturbation():
 
     class FakeCached:  # variant prompts "sturdy" keep every answer; "brittle" loses items i0 and i1
         def score_table(self, prompt, its):
-            return pd.DataFrame({"item_id": [i.id for i in its], "correct": [prompt == "sturdy" or i.id not in ("i0", "i1") for i in its]})
+            return pd.DataFrame(
+                {
+                    "item_id": [i.id for i in its],
+                    "correct": [prompt == "sturdy" or i.id not in ("i0", "i1") for i in its],
+                }
+            )
 
     clean = pd.DataFrame({"item_id": [i.id for i in items], "correct": [True, True, True, False]})
     robust = get_strategy("robust")
@@ -129,30 +170,62 @@ def test_robust_search_runs_with_cached_variants(tiny_llama_dir, tmp_path):
     from promptopt.robustness import VariantExpander
     from promptopt.search import run_search
 
-    config = SearchConfig.build(task="sst2", strategy="robust", trials=2, model=str(tiny_llama_dir), out=str(tmp_path / "rob"),
-                                dev_limit=6, test_limit=4, minibatch=3, device="cpu")
+    config = SearchConfig.build(
+        task="sst2",
+        strategy="robust",
+        trials=2,
+        model=str(tiny_llama_dir),
+        out=str(tmp_path / "rob"),
+        dev_limit=6,
+        test_limit=4,
+        minibatch=3,
+        device="cpu",
+    )
     with pytest.raises(ConfigError, match="needs perturbed variants"):
         run_search(config, show_progress=False)
     result = run_search(config, expand=VariantExpander("cheap"), show_progress=False)
-    metrics = [m for m in result.trials.loc[result.trials["state"] == "COMPLETE", "user_attrs_metrics"]]  # multi-fidelity:
-    assert metrics and all(m["robust_accuracy"] <= m["accuracy"] for m in metrics)  # a pruned trial may have no variants
+    metrics = [
+        m for m in result.trials.loc[result.trials["state"] == "COMPLETE", "user_attrs_metrics"]
+    ]  # multi-fidelity:
+    assert metrics and all(
+        m["robust_accuracy"] <= m["accuracy"] for m in metrics
+    )  # a pruned trial may have no variants
 
 
 def test_proxy_correlations_on_a_finished_study(tiny_llama_dir, tmp_path):
     from promptopt.experiments.proxy import correlation_table, proxy_correlations
     from promptopt.search import run_search
 
-    prompts = pd.DataFrame({"log10_tcb": [0.1, 0.2, 0.3, 0.4], "signed_stability": [1, 2, 3, 4], "ppl": [4, 3, 2, 1],
-                            "margin": [1, 3, 2, 4], "v_eff": [1, 1, 1, 1], "accuracy": [0.5, 0.6, 0.7, 0.8],
-                            "acc_worst": [0.1, 0.2, 0.3, 0.4], "pdr": [0.4, 0.3, 0.2, 0.1]})
+    prompts = pd.DataFrame(
+        {
+            "log10_tcb": [0.1, 0.2, 0.3, 0.4],
+            "signed_stability": [1, 2, 3, 4],
+            "ppl": [4, 3, 2, 1],
+            "margin": [1, 3, 2, 4],
+            "v_eff": [1, 1, 1, 1],
+            "accuracy": [0.5, 0.6, 0.7, 0.8],
+            "acc_worst": [0.1, 0.2, 0.3, 0.4],
+            "pdr": [0.4, 0.3, 0.2, 0.1],
+        }
+    )
     table = correlation_table(prompts, n_boot=200).set_index(["signal", "target"])
     assert table.loc[("log10_tcb", "acc_worst"), "spearman"] == pytest.approx(1.0)
     assert table.loc[("ppl", "acc_worst"), "spearman"] == pytest.approx(-1.0)
     assert table.loc[("margin", "pdr"), "spearman"] == pytest.approx(-0.8)
     assert np.isnan(table.loc[("v_eff", "pdr"), "spearman"])
 
-    config = SearchConfig.build(task="sst2", strategy="accuracy", trials=4, model=str(tiny_llama_dir), out=str(tmp_path / "run"),
-                                dev_limit=6, test_limit=4, minibatch=6, pruning=False, device="cpu")
+    config = SearchConfig.build(
+        task="sst2",
+        strategy="accuracy",
+        trials=4,
+        model=str(tiny_llama_dir),
+        out=str(tmp_path / "run"),
+        dev_limit=6,
+        test_limit=4,
+        minibatch=6,
+        pruning=False,
+        device="cpu",
+    )
     run_search(config, show_progress=False)
     result = proxy_correlations(tmp_path / "run", n_trials=3, limit=4, suite=PLUMBING_SUITE, show_progress=False)
     assert len(result.prompts) == 3 and len(result.correlations) == 12
@@ -160,12 +233,24 @@ def test_proxy_correlations_on_a_finished_study(tiny_llama_dir, tmp_path):
 
     # several studies of one task and model pool their trials (distinct prompts only); tables go to their parent
     run_search(config.replace(out=str(tmp_path / "run2"), seed=7, strategy="tcb"), show_progress=False)
-    pooled = proxy_correlations([tmp_path / "run", tmp_path / "run2"], n_trials=6, limit=4, suite=PLUMBING_SUITE, show_progress=False)
+    pooled = proxy_correlations(
+        [tmp_path / "run", tmp_path / "run2"], n_trials=6, limit=4, suite=PLUMBING_SUITE, show_progress=False
+    )
     assert set(pooled.prompts["run"]) == {str(tmp_path / "run"), str(tmp_path / "run2")}
     assert 3 <= len(pooled.prompts) <= 6 and pooled.folder == tmp_path.resolve()
     assert (tmp_path / "proxy_correlations.csv").is_file()
-    other = SearchConfig.build(task="arc_easy", strategy="accuracy", trials=3, model=str(tiny_llama_dir), out=str(tmp_path / "arc"),
-                               dev_limit=4, test_limit=2, minibatch=4, pruning=False, device="cpu")
+    other = SearchConfig.build(
+        task="arc_easy",
+        strategy="accuracy",
+        trials=3,
+        model=str(tiny_llama_dir),
+        out=str(tmp_path / "arc"),
+        dev_limit=4,
+        test_limit=2,
+        minibatch=4,
+        pruning=False,
+        device="cpu",
+    )
     run_search(other, show_progress=False)
     with pytest.raises(UserError, match="differ from .*pool runs of one model and task"):
         proxy_correlations([tmp_path / "run", tmp_path / "arc"], n_trials=3, limit=4, show_progress=False)
@@ -186,7 +271,10 @@ def test_paired_intervals_resample_items_with_all_their_seeds():
     # bootstrap over 120 "pairs" would shrink it by about √3)
     three = _paired_table({"a": [a] * 3, "b": [b] * 3}, seed=0).iloc[0]
     assert three["n_pairs"] == 120 and three["delta_acc"] == one["delta_acc"]
-    assert (three["delta_acc_ci_low"], three["delta_acc_ci_high"]) == (one["delta_acc_ci_low"], one["delta_acc_ci_high"])
+    assert (three["delta_acc_ci_low"], three["delta_acc_ci_high"]) == (
+        one["delta_acc_ci_low"],
+        one["delta_acc_ci_high"],
+    )
 
 
 def test_several_seeds_give_acc_worst_an_interval_that_resamples_items_with_their_seeds():
@@ -198,10 +286,18 @@ def test_several_seeds_give_acc_worst_an_interval_that_resamples_items_with_thei
     items = [f"i{j}" for j in range(12)]
 
     def evaluated(clean, variant_ok):
-        variants = pd.DataFrame({"item_id": [i for i in items for _ in range(2)], "family": ["typo", "para"] * len(items),
-                                 "correct": [ok for ok in variant_ok for _ in range(2)], "seen": [True, False] * len(items)})
+        variants = pd.DataFrame(
+            {
+                "item_id": [i for i in items for _ in range(2)],
+                "family": ["typo", "para"] * len(items),
+                "correct": [ok for ok in variant_ok for _ in range(2)],
+                "seen": [True, False] * len(items),
+            }
+        )
         robust = {"families_seen": ["typo"], "families_unseen": ["para"]}
-        return Evaluated(pd.DataFrame({"item_id": items, "correct": clean}), robust, pd.Series(clean, index=items), variants)
+        return Evaluated(
+            pd.DataFrame({"item_id": items, "correct": clean}), robust, pd.Series(clean, index=items), variants
+        )
 
     right, wrong = evaluated([True] * 12, [True] * 12), evaluated([False] * 12, [False] * 12)
     split = _pooled_acc_worst_intervals([right, wrong], seed=0)

@@ -35,8 +35,21 @@ def _positions(head: OutputGeometry, hidden: torch.Tensor) -> Positions:
     from promptopt.experiments.diagnose.output import v_eff_band
 
     res = head(hidden)
-    frame = pd.DataFrame({"source": "test", "task": "", "item_id": [f"p{i}" for i in range(len(hidden))], "step": -1, "token": ""})
-    for name in ("tcb", "jacobian_norm", "v_eff", "margin", "entropy", "top_prob", "tcb_approx", "tcb_diffuse", "s2", "s3"):
+    frame = pd.DataFrame(
+        {"source": "test", "task": "", "item_id": [f"p{i}" for i in range(len(hidden))], "step": -1, "token": ""}
+    )
+    for name in (
+        "tcb",
+        "jacobian_norm",
+        "v_eff",
+        "margin",
+        "entropy",
+        "top_prob",
+        "tcb_approx",
+        "tcb_diffuse",
+        "s2",
+        "s3",
+    ):
         frame[name] = getattr(res, name).numpy()
     frame["band"] = v_eff_band(frame["v_eff"]).to_numpy()
     return Positions(frame, hidden)
@@ -72,7 +85,9 @@ def test_regimes_on_a_known_frame():
     v_eff = np.concatenate([np.linspace(1.01, 1.9, 30), np.linspace(2, 300, 40)])
     margin = np.concatenate([np.linspace(8, 1, 30), np.linspace(1, 0.1, 40)])
     tcb = np.concatenate([np.exp(margin[:30]), 0.1 * np.sqrt(v_eff[30:])])  # peaked: grows with margin; diffuse: √V_eff
-    frame = pd.DataFrame({"tcb": np.append(tcb, np.inf), "v_eff": np.append(v_eff, 1.0), "margin": np.append(margin, 40.0)})
+    frame = pd.DataFrame(
+        {"tcb": np.append(tcb, np.inf), "v_eff": np.append(v_eff, 1.0), "margin": np.append(margin, 40.0)}
+    )
     result = regimes.regime_correlations(frame, low_v_eff=2.0)
     t = result.table.set_index(["subset", "pair"])
     assert result.n_infinite == 1
@@ -145,7 +160,12 @@ def test_mid_word_masks_on_known_pieces():
     tok = _known_tokenizer()
     continues, glues = mid_word_masks(tok)
     ids = {p: i for i, p in enumerate(PIECES)}
-    assert {p for p in PIECES if continues[ids[p]]} == {"believ", "able", "The", "ing"}  # letters, no marker, not special
+    assert {p for p in PIECES if continues[ids[p]]} == {
+        "believ",
+        "able",
+        "The",
+        "ing",
+    }  # letters, no marker, not special
     assert {p for p in PIECES if glues[ids[p]]} == {"Ġthe", "Ġun", "believ", "able", "The", "'t", "ing"}
     assert not (continues & word_initial_mask(tok)).any()
 
@@ -156,9 +176,14 @@ def test_mid_word_mode_fires_only_inside_words():
     continues, glues = mid_word_masks(tok)
     proc = TabooLogitsProcessor(word_initial_mask(tok), rank=1, mode="mid_word", continues=continues, glues=glues)
     cases = [  # (previous token, nominal top token, masked?)
-        ("Ġun", "believ", True), ("believ", "able", True),
+        ("Ġun", "believ", True),
+        ("believ", "able", True),
         ("Ċ", "The", False),  # a marker-less word start after a newline
-        ("Ġthe", "<eos>", False), ("Ġthe", "Ċ", False), ("Ġ", "4", False), ("4", "2", False), ("able", ".", False),
+        ("Ġthe", "<eos>", False),
+        ("Ġthe", "Ċ", False),
+        ("Ġ", "4", False),
+        ("4", "2", False),
+        ("able", ".", False),
         ("Ġthe", "'t", False),
     ]
     scores = torch.full((len(cases), len(PIECES)), -5.0)
@@ -192,8 +217,16 @@ def test_taboo_sweep_tables_on_a_tiny_model(tiny_lm):
 
     task = load_task("triviaqa")
     scorer = Scorer(tiny_lm, task)
-    sweep = taboo_sweep(scorer, task.default_prompt(), task.test[:3], ranks=(1, 2), mid_word_ranks=(2, 3),
-                        temperature=0.7, seeds=(0, 1), sampled_ranks=(1,))
+    sweep = taboo_sweep(
+        scorer,
+        task.default_prompt(),
+        task.test[:3],
+        ranks=(1, 2),
+        mid_word_ranks=(2, 3),
+        temperature=0.7,
+        seeds=(0, 1),
+        sampled_ranks=(1,),
+    )
     assert list(sweep.dose["rank"]) == [0, 1, 2]
     assert sweep.fit["n"] == 2 and (sweep.fit["r2"] == pytest.approx(1.0) or math.isnan(sweep.fit["r2"]))
     assert set(sweep.ablation["mode"]) == {"word_initial", "mid_word"} and set(sweep.ablation["rank"]) == {2, 3}
@@ -220,7 +253,10 @@ def test_lm_paraphrase_on_a_model_without_chat_template(tiny_llama_dir):
     lm.tokenizer.chat_template = None  # a base model
     assert not lm.has_chat_template
     prompt = Prompt(task="gsm8k", template=PromptTemplate(query="Question: {question}\nAnswer:"))
-    items = [Item("a", "Tom has 3 apples and buys 2 more.", "5", "5"), Item("b", "What is the capital of France?", "Paris", "Paris")]
+    items = [
+        Item("a", "Tom has 3 apples and buys 2 more.", "5", "5"),
+        Item("b", "What is the capital of France?", "Paris", "Paris"),
+    ]
     op = LMParaphraseOperator(variants=3)
     assert op.n_variants(1) == 3 and LMParaphraseOperator().n_variants(2) == 2
     requests = [op._request(lm, style, items[0].question) for style in op.STYLES]
@@ -230,7 +266,9 @@ def test_lm_paraphrase_on_a_model_without_chat_template(tiny_llama_dir):
     for index in range(3):
         made = op.apply_many(prompt, items, [0, 0], {**context, "index": index})
         assert len(made) == 2  # no exception: a plain completion prompt
-    suite = parse_suite({"similarity_threshold": 0.0, "families": {"para": {"operator": "lm_paraphrase", "variants": 2}}}, "s.yaml")
+    suite = parse_suite(
+        {"similarity_threshold": 0.0, "families": {"para": {"operator": "lm_paraphrase", "variants": 2}}}, "s.yaml"
+    )
     kept, counts = make_variants(suite, suite.families[0], prompt, items, context, Similarity())
     assert len(kept) + sum(counts.values()) == 2 * len(items)  # two variants asked per item
     with pytest.raises(ConfigError):
@@ -254,19 +292,55 @@ def test_trace_has_figure_4_columns_and_plot(tiny_lm, tmp_path):
 
 def test_cli_diagnose_geometry_writes_tables_and_figure(tiny_llama_dir, tmp_path):
     out = tmp_path / "diag"
-    run = _cli("diagnose", "geometry", "--model", str(tiny_llama_dir), "--device", "cpu", "--tasks", "sst2", "--limit", "3",
-               "--text-per-task", "3", "--trace-tokens", "3", "--out", str(out))
+    run = _cli(
+        "diagnose",
+        "geometry",
+        "--model",
+        str(tiny_llama_dir),
+        "--device",
+        "cpu",
+        "--tasks",
+        "sst2",
+        "--limit",
+        "3",
+        "--text-per-task",
+        "3",
+        "--trace-tokens",
+        "3",
+        "--out",
+        str(out),
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     assert "geometry sensitivity" in run.stdout and "overall" in run.stdout
-    for name in ("geometry_positions.parquet", "geometry_positions.csv", "geometry_summary.parquet", "geometry_summary.csv", "geometry.png"):
+    for name in (
+        "geometry_positions.parquet",
+        "geometry_positions.csv",
+        "geometry_summary.parquet",
+        "geometry_summary.csv",
+        "geometry.png",
+    ):
         assert (out / name).is_file(), name
     summary = pd.read_parquet(out / "geometry_summary.parquet").set_index("band")
     assert summary.loc["overall", "n"] == 3 + 3 + 3 * 4  # 4 trace prompts by default
 
 
 def test_cli_diagnose_rejects_a_generative_task_in_one_line(tiny_llama_dir, tmp_path):
-    run = _cli("diagnose", "regimes", "--model", str(tiny_llama_dir), "--device", "cpu", "--tasks", "gsm8k", "--limit", "2",
-               "--trace-tokens", "0", "--out", str(tmp_path))
+    run = _cli(
+        "diagnose",
+        "regimes",
+        "--model",
+        str(tiny_llama_dir),
+        "--device",
+        "cpu",
+        "--tasks",
+        "gsm8k",
+        "--limit",
+        "2",
+        "--trace-tokens",
+        "0",
+        "--out",
+        str(tmp_path),
+    )
     assert run.returncode == 2
     assert run.stderr.strip().startswith("error:") and len(run.stderr.strip().splitlines()) == 1
 
@@ -310,7 +384,9 @@ def test_word_masks_on_gemma3_sentencepiece_vocabulary():
     initial = word_initial_mask(tok)
     continues, glues = mid_word_masks(tok)
     pieces = tok.convert_ids_to_tokens(list(range(len(tok))))
-    assert int(initial.sum()) == sum(isinstance(p, str) and p.startswith("▁") and i not in tok.all_special_ids for i, p in enumerate(pieces))
+    assert int(initial.sum()) == sum(
+        isinstance(p, str) and p.startswith("▁") and i not in tok.all_special_ids for i, p in enumerate(pieces)
+    )
     ids = tok("The answer is 42. unbelievable", add_special_tokens=False)["input_ids"]
     marks = {p: (bool(initial[i]), bool(continues[i])) for i, p in zip(ids, tok.convert_ids_to_tokens(ids))}
     assert marks["▁answer"] == (True, False) and marks["4"] == (False, False) and marks["."] == (False, False)

@@ -55,8 +55,12 @@ def test_every_class_is_hit_and_threshold_edges_stay_out():
     assert summary.loc["accurate_but_unstable", "ci_low"] == pytest.approx(low)
     assert summary.loc["accurate_but_unstable", "ci_high"] == pytest.approx(high)
     # groups: 4 correct (au, us, both, edge_low), 4 wrong, 2 confident (cu, both), 2 uncertain (us, inf)
-    assert summary["n_group"].to_dict() == {"accurate_but_unstable": 4, "inaccurate_but_stable": 4,
-                                            "confident_but_unstable": 2, "uncertain_but_stable": 2}
+    assert summary["n_group"].to_dict() == {
+        "accurate_but_unstable": 4,
+        "inaccurate_but_stable": 4,
+        "confident_but_unstable": 2,
+        "uncertain_but_stable": 2,
+    }
     assert summary.loc["accurate_but_unstable", "share_of_group"] == 0.5
     assert summary.loc["confident_but_unstable", "share_of_group"] == 1.0
     assert set(th.table()["how"]) == {"given"}
@@ -64,8 +68,9 @@ def test_every_class_is_hit_and_threshold_edges_stay_out():
 
 def test_v_eff_confidence_reads_the_other_way_round():
     frame = _items()  # v_eff = 1 / P(top1): thresholds 1/0.7 and 1/0.3 pick the same items
-    th = cf.class_thresholds(frame, confidence="v_eff", log_tcb_low=1.0, log_tcb_high=3.0, conf_low=1 / 0.7 - 1e-9,
-                             conf_high=1 / 0.3 + 1e-9)
+    th = cf.class_thresholds(
+        frame, confidence="v_eff", log_tcb_low=1.0, log_tcb_high=3.0, conf_low=1 / 0.7 - 1e-9, conf_high=1 / 0.3 + 1e-9
+    )
     assert list(cf.classify_items(frame, th)["classes"]) == list(frame["expected"])
 
 
@@ -79,7 +84,7 @@ def test_default_thresholds_are_quartiles_of_finite_log_delta_and_of_the_signal(
     assert th.conf_high == pytest.approx(np.quantile(frame["margin"], 0.75))
     assert th.how["log_tcb_low"] == "q25 of log10 δ_TCB over 7 items"  # the +inf item sets no quantile
     table = th.table().set_index("threshold")
-    assert table.loc["log_tcb_high", "tcb"] == pytest.approx(10 ** th.log_tcb_high)
+    assert table.loc["log_tcb_high", "tcb"] == pytest.approx(10**th.log_tcb_high)
     assert "margin_low" in table.index
 
 
@@ -95,18 +100,24 @@ def test_class_threshold_mistakes_are_user_errors():
 
 # --- VCQ / AQ ------------------------------------------------------------------------------------------------------
 def test_per_question_means_and_variances_by_hand():
-    runs = pd.DataFrame({
-        "seed": [0, 1, 2] * 4,
-        "item_id": ["q1"] * 3 + ["q2"] * 3 + ["q3"] * 3 + ["q4"] * 3,
-        "split": ["dev"] * 12,
-        "correct": [1, 1, 0, 1, 1, 1, 0, 0, 0, 1, 0, 1],
-        "tcb": [10.0, 100.0, 1000.0, 100.0, 100.0, 100.0, math.inf, math.inf, math.inf, math.inf, 10.0, 10.0],
-        "margin": [1.0, 2.0, 3.0] * 4,
-    })
+    runs = pd.DataFrame(
+        {
+            "seed": [0, 1, 2] * 4,
+            "item_id": ["q1"] * 3 + ["q2"] * 3 + ["q3"] * 3 + ["q4"] * 3,
+            "split": ["dev"] * 12,
+            "correct": [1, 1, 0, 1, 1, 1, 0, 0, 0, 1, 0, 1],
+            "tcb": [10.0, 100.0, 1000.0, 100.0, 100.0, 100.0, math.inf, math.inf, math.inf, math.inf, 10.0, 10.0],
+            "margin": [1.0, 2.0, 3.0] * 4,
+        }
+    )
     q = cf.characterise(runs).set_index("item_id")
     assert q.loc["q1", "n_seeds"] == 3
-    assert q.loc["q1", "acc_mean"] == pytest.approx(2 / 3) and q.loc["q1", "acc_var"] == pytest.approx(2 / 9)  # p(1 − p)
-    assert q.loc["q1", "log_tcb_mean"] == pytest.approx(2.0) and q.loc["q1", "log_tcb_var"] == pytest.approx(2 / 3)  # logs 1, 2, 3
+    assert q.loc["q1", "acc_mean"] == pytest.approx(2 / 3) and q.loc["q1", "acc_var"] == pytest.approx(
+        2 / 9
+    )  # p(1 − p)
+    assert q.loc["q1", "log_tcb_mean"] == pytest.approx(2.0) and q.loc["q1", "log_tcb_var"] == pytest.approx(
+        2 / 3
+    )  # logs 1, 2, 3
     assert q.loc["q1", "tcb_mean"] == pytest.approx(370.0) and q.loc["q1", "margin_mean"] == pytest.approx(2.0)
     assert q.loc["q2", "acc_mean"] == 1.0 and q.loc["q2", "acc_var"] == 0.0 and q.loc["q2", "log_tcb_var"] == 0.0
     assert q.loc["q3", "log_tcb_mean"] == math.inf and q.loc["q3", "log_tcb_var"] == 0.0  # every seed a point mass
@@ -129,7 +140,9 @@ def _questions() -> pd.DataFrame:
         ("not_vcq_var", 1.0, 0.0, 2.5, 0.2, "neither", ""),
         ("inf_spread", 1.0, 0.0, math.inf, math.inf, "AQ", "log_tcb_var>V_H"),
     ]
-    return pd.DataFrame(rows, columns=["item_id", "acc_mean", "acc_var", "log_tcb_mean", "log_tcb_var", "expected", "reasons"])
+    return pd.DataFrame(
+        rows, columns=["item_id", "acc_mean", "acc_var", "log_tcb_mean", "log_tcb_var", "expected", "reasons"]
+    )
 
 
 def test_vcq_and_aq_rules_with_edges():
@@ -144,9 +157,17 @@ def test_vcq_and_aq_rules_with_edges():
 
 
 def test_set_thresholds_default_to_quantiles_of_dev_questions_only():
-    dev = pd.DataFrame({"item_id": list("abcde"), "split": "dev", "log_tcb_mean": [0.0, 1.0, 2.0, 3.0, 4.0],
-                        "log_tcb_var": [0.0, 0.1, 0.2, 0.3, 0.4]})
-    test = pd.DataFrame({"item_id": ["x", "y"], "split": "test", "log_tcb_mean": [100.0, 200.0], "log_tcb_var": [9.0, 9.0]})
+    dev = pd.DataFrame(
+        {
+            "item_id": list("abcde"),
+            "split": "dev",
+            "log_tcb_mean": [0.0, 1.0, 2.0, 3.0, 4.0],
+            "log_tcb_var": [0.0, 0.1, 0.2, 0.3, 0.4],
+        }
+    )
+    test = pd.DataFrame(
+        {"item_id": ["x", "y"], "split": "test", "log_tcb_mean": [100.0, 200.0], "log_tcb_var": [9.0, 9.0]}
+    )
     th = cf.set_thresholds(pd.concat([dev, test], ignore_index=True))
     assert (th.t_low, th.t_high, th.v_low, th.v_high) == pytest.approx((1.0, 2.0, 0.3, 0.3))
     assert th.how["t_low"] == "q25 of log_tcb_mean over 5 dev questions"
@@ -160,8 +181,10 @@ def test_set_thresholds_default_to_quantiles_of_dev_questions_only():
 
 
 def test_set_summary_counts_per_split():
-    labelled = cf.label_questions(_questions().assign(split=["dev"] * 6 + ["test"] * 5),
-                                  cf.set_thresholds(_questions(), t_low=1.0, t_high=2.0, v_low=0.1, v_high=0.5))
+    labelled = cf.label_questions(
+        _questions().assign(split=["dev"] * 6 + ["test"] * 5),
+        cf.set_thresholds(_questions(), t_low=1.0, t_high=2.0, v_low=0.1, v_high=0.5),
+    )
     s = cf.set_summary(labelled).set_index(["split", "set"])
     assert s.loc[("dev", "VCQ"), "n"] == 2 and s.loc[("dev", "AQ"), "n"] == 4 and s.loc[("test", "AQ"), "n"] == 2
     assert s.loc[("dev", "AQ"), "seeds_acc_mean"] == pytest.approx((0.5 + 1 + 1 + 1) / 4)
@@ -172,7 +195,10 @@ def test_baseline_prompts_redraw_k_pool_exemplars_per_seed():
     from promptopt.prompts import Prompt
     from promptopt.tasks import Item
 
-    pool = [Item(f"p{i}", f"sentence {i}", i % 2, ["negative", "positive"][i % 2], ("negative", "positive")) for i in range(20)]
+    pool = [
+        Item(f"p{i}", f"sentence {i}", i % 2, ["negative", "positive"][i % 2], ("negative", "positive"))
+        for i in range(20)
+    ]
     prompt = Prompt(task="t", instruction="Classify.", exemplars=tuple(p.as_exemplar() for p in pool[:3]))
     drawn = cf.baseline_prompts(prompt, pool, 4, seed=7)
     assert len(drawn) == 4
@@ -187,13 +213,34 @@ def test_baseline_prompts_redraw_k_pool_exemplars_per_seed():
 
 
 def test_table3_row_and_the_papers_rows():
-    clean = pd.DataFrame({"correct": [1, 1, 0, 1], "tcb": [10.0, 1000.0, math.inf, 100.0], "v_eff": [1.0, 2.0, 3.0, 2.0],
-                          "margin": [1.0, 2.0, 3.0, 6.0]})
-    robust = {"suite": "quick", "acc_var_pert": 0.1, "acc_var_pert_ci95": [0.0, 0.2], "pdr": 0.25, "pdr_ci95": [0.1, 0.4],
-              "acc_worst": 0.5, "acc_worst_ci95": [0.25, 0.75]}
+    clean = pd.DataFrame(
+        {
+            "correct": [1, 1, 0, 1],
+            "tcb": [10.0, 1000.0, math.inf, 100.0],
+            "v_eff": [1.0, 2.0, 3.0, 2.0],
+            "margin": [1.0, 2.0, 3.0, 6.0],
+        }
+    )
+    robust = {
+        "suite": "quick",
+        "acc_var_pert": 0.1,
+        "acc_var_pert_ci95": [0.0, 0.2],
+        "pdr": 0.25,
+        "pdr_ci95": [0.1, 0.4],
+        "acc_worst": 0.5,
+        "acc_worst_ci95": [0.25, 0.75],
+    }
     row = cf.table3_row("AQ", "baseline", clean, robust)
-    assert row["n"] == 4 and row["acc"] == 0.75 and (row["acc_ci_low"], row["acc_ci_high"]) == pytest.approx(wilson_interval(3, 4))
-    assert row["tcb_mean"] == pytest.approx(370.0) and row["tcb_geomean"] == pytest.approx(100.0) and row["tcb_infinite"] == 1
+    assert (
+        row["n"] == 4
+        and row["acc"] == 0.75
+        and (row["acc_ci_low"], row["acc_ci_high"]) == pytest.approx(wilson_interval(3, 4))
+    )
+    assert (
+        row["tcb_mean"] == pytest.approx(370.0)
+        and row["tcb_geomean"] == pytest.approx(100.0)
+        and row["tcb_infinite"] == 1
+    )
     assert row["v_eff_mean"] == 2.0 and row["margin_mean"] == 3.0
     assert (row["pdr"], row["pdr_ci_low"], row["pdr_ci_high"], row["acc_worst"]) == (0.25, 0.1, 0.4, 0.5)
     paper = pd.DataFrame(cf.paper_table3_rows()).set_index(["source", "set", "prompt"])
@@ -214,19 +261,40 @@ def test_run_conflicts_end_to_end_on_a_tiny_model(tiny_llama_dir, tmp_path):
     session = Session(model=ModelConfig(spec=str(tiny_llama_dir), device="cpu"), data=DataConfig(task="sst2"), out=out)
     report = run_conflicts(session, out, limit=12, seeds=2, trials=3)
     r = report.result
-    for stem in ("conflicts_items", "conflicts_classes", "conflicts_thresholds", "conflicts_runs", "conflicts_questions",
-                 "conflicts_sets", "conflicts_table3"):
+    for stem in (
+        "conflicts_items",
+        "conflicts_classes",
+        "conflicts_thresholds",
+        "conflicts_runs",
+        "conflicts_questions",
+        "conflicts_sets",
+        "conflicts_table3",
+    ):
         for suffix in (".parquet", ".csv"):
             assert (out / f"{stem}{suffix}").is_file(), stem + suffix
     assert (out / "conflicts.png").stat().st_size > 1000 and (out / "conflicts_search" / "best_card.yaml").is_file()
     items = pd.read_parquet(out / "conflicts_items.parquet")
-    assert len(items) == 24 and {"split", "correct", "tcb", "log10_tcb", "top_prob", "margin", "v_eff", "classes", *cf.CLASSES} <= set(items.columns)
+    assert len(items) == 24 and {
+        "split",
+        "correct",
+        "tcb",
+        "log10_tcb",
+        "top_prob",
+        "margin",
+        "v_eff",
+        "classes",
+        *cf.CLASSES,
+    } <= set(items.columns)
     assert list(pd.read_parquet(out / "conflicts_classes.parquet")["class"]) == list(cf.CLASSES)
     runs = pd.read_parquet(out / "conflicts_runs.parquet")
-    assert len(runs) == 2 * 24 and set(runs["seed"]) == {0, 1} and runs.groupby("seed")["exemplars"].nunique().eq(1).all()
+    assert (
+        len(runs) == 2 * 24 and set(runs["seed"]) == {0, 1} and runs.groupby("seed")["exemplars"].nunique().eq(1).all()
+    )
     questions = pd.read_parquet(out / "conflicts_questions.parquet")
     assert len(questions) == 24 and (questions["n_seeds"] == 2).all()
-    assert {"acc_mean", "acc_var", "log_tcb_mean", "log_tcb_var", "vcq", "aq", "set", "aq_reasons"} <= set(questions.columns)
+    assert {"acc_mean", "acc_var", "log_tcb_mean", "log_tcb_var", "vcq", "aq", "set", "aq_reasons"} <= set(
+        questions.columns
+    )
     table3 = pd.read_parquet(out / "conflicts_table3.parquet")
     ours = table3[table3["source"] == "ours"]
     n_aq_test = int(((questions["split"] == "test") & (questions["set"] == "AQ")).sum())
@@ -234,7 +302,17 @@ def test_run_conflicts_end_to_end_on_a_tiny_model(tiny_llama_dir, tmp_path):
     assert list(ours.loc[ours["set"] == "AQ", "prompt"]) == ["baseline", "enhanced"]
     assert (ours.loc[ours["set"] == "AQ", "n"] == n_aq_test).all()
     assert len(ours[ours["set"] == "VCQ"]) == (2 if n_vcq_test else 0)
-    for name in ("acc", "acc_ci_low", "tcb_mean", "v_eff_mean", "margin_mean", "acc_var_pert", "pdr", "acc_worst", "acc_worst_ci_high"):
+    for name in (
+        "acc",
+        "acc_ci_low",
+        "tcb_mean",
+        "v_eff_mean",
+        "margin_mean",
+        "acc_var_pert",
+        "pdr",
+        "acc_worst",
+        "acc_worst_ci_high",
+    ):
         assert name in table3.columns
     assert (ours["suite"] == "quick").all() and ours["acc"].between(0, 1).all()
     assert len(table3[table3["source"].str.startswith("paper")]) == 8
@@ -255,8 +333,20 @@ def test_run_conflicts_end_to_end_on_a_tiny_model(tiny_llama_dir, tmp_path):
 
 
 def test_cli_diagnose_conflicts_rejects_one_seed_in_one_line(tiny_llama_dir, tmp_path):
-    run = _cli("diagnose", "conflicts", "--model", str(tiny_llama_dir), "--device", "cpu", "--task", "sst2", "--seeds", "1",
-               "--out", str(tmp_path / "diag"))
+    run = _cli(
+        "diagnose",
+        "conflicts",
+        "--model",
+        str(tiny_llama_dir),
+        "--device",
+        "cpu",
+        "--task",
+        "sst2",
+        "--seeds",
+        "1",
+        "--out",
+        str(tmp_path / "diag"),
+    )
     assert run.returncode == 2
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: --seeds 1:"), run.stderr

@@ -44,7 +44,9 @@ def _mp_approx(h, w, softcap=None, scale=None) -> float:
     """ε / sqrt(dσ² Σ_ij M_ij² g_j²) at 50 digits, M = diag(o) − o oᵀ entry by entry."""
     wm, o, gain = _mp_probs(h, w, softcap, scale)
     norm_sq = mpmath.fsum(
-        ((o[i] * (1 - o[i]) if i == j else -o[i] * o[j]) ** 2) * gain[j] ** 2 for i in range(len(o)) for j in range(len(o))
+        ((o[i] * (1 - o[i]) if i == j else -o[i] * o[j]) ** 2) * gain[j] ** 2
+        for i in range(len(o))
+        for j in range(len(o))
     )
     sigma2 = float(w.double().var(unbiased=False))
     return float(1 / mpmath.sqrt(w.shape[1] * sigma2 * norm_sq))
@@ -60,7 +62,11 @@ def _mp_jacobian_norm(o, w) -> float:
     om[t] = 1 - mpmath.fsum(x for i, x in enumerate(om) if i != t)
     d = len(wm[0])
     mu = [mpmath.fsum(om[i] * wm[i][k] for i in range(len(om))) for k in range(d)]
-    return float(mpmath.sqrt(mpmath.fsum(om[i] ** 2 * mpmath.fsum((wm[i][k] - mu[k]) ** 2 for k in range(d)) for i in range(len(om)))))
+    return float(
+        mpmath.sqrt(
+            mpmath.fsum(om[i] ** 2 * mpmath.fsum((wm[i][k] - mu[k]) ** 2 for k in range(d)) for i in range(len(om)))
+        )
+    )
 
 
 def _peaked(w: torch.Tensor, gap: float) -> torch.Tensor:
@@ -197,8 +203,12 @@ def test_clustering_must_raise_delta_on_a_built_w():
     o[comps] = torch.rand(10, generator=gen, dtype=torch.float64)
     o[comps] *= 0.4 / o[comps].sum()
     orig = float(tcb_from_probs(o, w).tcb[0])
-    cluster = float(tcb_from_probs(o, w, rows=comps[None], replaced=move_toward(w[comps], w[3], alpha=0.5)[None]).tcb[0])
-    disperse = float(tcb_from_probs(o, w, rows=comps[None], replaced=move_toward(w[comps], w[3], alpha=-0.5)[None]).tcb[0])
+    cluster = float(
+        tcb_from_probs(o, w, rows=comps[None], replaced=move_toward(w[comps], w[3], alpha=0.5)[None]).tcb[0]
+    )
+    disperse = float(
+        tcb_from_probs(o, w, rows=comps[None], replaced=move_toward(w[comps], w[3], alpha=-0.5)[None]).tcb[0]
+    )
     assert cluster == pytest.approx(2 * orig, rel=1e-12)
     assert disperse == pytest.approx(orig / 1.5, rel=1e-12)
     assert cluster > orig > disperse

@@ -35,8 +35,6 @@ templates:
 """
 
 
-
-
 def run_example(*args, process: bool = False):
     """The example as a user runs it: a script, with this checkout's promptopt first on the path (in this
     process unless `process`: tests/clirun.py `script`)."""
@@ -45,8 +43,14 @@ def run_example(*args, process: bool = False):
 
         return script("examples/production_load_prompt.py", *args)
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, str(REPO / "examples" / "production_load_prompt.py"), *map(str, args)],
-                          capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
+    return subprocess.run(
+        [sys.executable, str(REPO / "examples" / "production_load_prompt.py"), *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=600,
+    )
 
 
 def edit_card(source: Path, target: Path, change) -> Path:
@@ -62,8 +66,17 @@ def tiny_run(tiny_llama_dir, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("export-run")
     (root / "space.yaml").write_text(SPACE)
-    config = SearchConfig.build(task="sst2", trials=3, model=str(tiny_llama_dir), out=str(root / "run"), space=str(root / "space.yaml"),
-                                dev_limit=8, test_limit=6, minibatch=4, device="cpu")
+    config = SearchConfig.build(
+        task="sst2",
+        trials=3,
+        model=str(tiny_llama_dir),
+        out=str(root / "run"),
+        space=str(root / "space.yaml"),
+        dev_limit=8,
+        test_limit=6,
+        minibatch=4,
+        device="cpu",
+    )
     run_search(config, show_progress=False)
     return root / "run"
 
@@ -86,8 +99,13 @@ def plain_card(tiny_llama_dir, tmp_path_factory) -> Path:
     from promptopt.models import ModelConfig
     from promptopt.tasks import DataConfig
 
-    session = Session(model=ModelConfig(spec=str(tiny_llama_dir), device="cpu"), data=DataConfig(task="sst2", dev_limit=4, test_limit=5))
-    card = build_card(session, session.data.default_prompt(), dev_items=session.items("dev"), test_items=session.items("test"))
+    session = Session(
+        model=ModelConfig(spec=str(tiny_llama_dir), device="cpu"),
+        data=DataConfig(task="sst2", dev_limit=4, test_limit=5),
+    )
+    card = build_card(
+        session, session.data.default_prompt(), dev_items=session.items("dev"), test_items=session.items("test")
+    )
     path = tmp_path_factory.mktemp("plain-card") / "plain.yaml"
     path.write_text(card_yaml(card))
     return path
@@ -102,9 +120,19 @@ def test_exported_card_records_what_the_score_depends_on(tiny_run, tiny_card, ti
     validate_card(card, str(tiny_card))  # the shipped schema
     summary = json.loads((tiny_run / "summary.json").read_text())
     assert card["promptopt_card"] == 2 and card["task"] == "sst2" and len(card["exemplars"]) == 2
-    assert card["rendering"]["mode"] == "chat" and card["rendering"]["chat_template"] and card["rendering"]["template_vars"]["eos_token"]
+    assert (
+        card["rendering"]["mode"] == "chat"
+        and card["rendering"]["chat_template"]
+        and card["rendering"]["template_vars"]["eos_token"]
+    )
     assert card["model"]["spec"] == str(tiny_llama_dir) and card["model"]["weights_method"] == "folder-files"
-    assert card["search"] == {**card["search"], "strategy": "tcb", "study": "sst2-tcb", "trial": summary["best_trial"], "winner": True}
+    assert card["search"] == {
+        **card["search"],
+        "strategy": "tcb",
+        "study": "sst2-tcb",
+        "trial": summary["best_trial"],
+        "winner": True,
+    }
     assert card["data"]["test_ids"] == json.loads((tiny_run / "splits.json").read_text())["test"][:6]
     test = card["metrics"]["test"]
     assert test["accuracy"] == pytest.approx(summary["test"]["accuracy"]) and len(test["correct"]) == 6
@@ -177,17 +205,28 @@ def test_slots_for_lettered_options_leave_the_exemplars_alone(chat, tiny_lm):
     task = load_task("mmlu_gen")
     prompt = task.default_prompt()
     prompt = prompt.with_(template=replace(prompt.template, chat=chat))
-    card = {**prompt.to_card(), "rendering": rendering_section(prompt, tiny_lm.tokenizer), "answer": answer_section(task.spec, task.test[:3]),
-            "model": {"spec": "m"}, "metrics": {"test": {"accuracy": 0.5}}, "generation": None}
+    card = {
+        **prompt.to_card(),
+        "rendering": rendering_section(prompt, tiny_lm.tokenizer),
+        "answer": answer_section(task.spec, task.test[:3]),
+        "model": {"spec": "m"},
+        "metrics": {"test": {"accuracy": 0.5}},
+        "generation": None,
+    }
     light = card_prompt(card)
     env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
     for item in task.test[:3]:
         options = "\n".join(f"{LETTERS[i]}. {c}" for i, c in enumerate(item.choices))
         expected = light.render(item.question, item.choices)
         assert text_template(card).replace("{options}", options).replace("{question}", item.question) == expected
-        assert env.from_string(lm_eval_doc_to_text(card)).render(question=item.question, choices=list(item.choices)) == expected
-        messages = [dict(m, content=m["content"].replace("{options}", options).replace("{question}", item.question))
-                    for m in messages_json(card)["messages"]]
+        assert (
+            env.from_string(lm_eval_doc_to_text(card)).render(question=item.question, choices=list(item.choices))
+            == expected
+        )
+        messages = [
+            dict(m, content=m["content"].replace("{options}", options).replace("{question}", item.question))
+            for m in messages_json(card)["messages"]
+        ]
         assert messages == light.messages(item.question, item.choices)
 
 
@@ -266,14 +305,23 @@ def test_verify_without_the_recorded_model_is_one_error(tiny_card, tmp_path):
 
 
 # --- bad input -------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("change, fragments", [
-    (lambda c: c["metrics"]["test"].update(accuracy="high"), ["metrics.test.accuracy: expected number or null, got 'high'"]),
-    (lambda c: c["model"].update(weights_sha256="abc"), ["model.weights_sha256: expected a value matching"]),
-    (lambda c: c["rendering"].update(mode="html"), ["rendering.mode: expected one of 'plain', 'chat', got 'html'"]),
-    (lambda c: c["template"].update(quer="{question}"), ["template.quer: unknown key"]),
-    (lambda c: c.pop("check"), ["check: missing"]),
-    (lambda c: c["metrics"]["test"].update(correct="01"), ["metrics.test.correct: expected one character per data.test_ids entry"]),
-])
+@pytest.mark.parametrize(
+    "change, fragments",
+    [
+        (
+            lambda c: c["metrics"]["test"].update(accuracy="high"),
+            ["metrics.test.accuracy: expected number or null, got 'high'"],
+        ),
+        (lambda c: c["model"].update(weights_sha256="abc"), ["model.weights_sha256: expected a value matching"]),
+        (lambda c: c["rendering"].update(mode="html"), ["rendering.mode: expected one of 'plain', 'chat', got 'html'"]),
+        (lambda c: c["template"].update(quer="{question}"), ["template.quer: unknown key"]),
+        (lambda c: c.pop("check"), ["check: missing"]),
+        (
+            lambda c: c["metrics"]["test"].update(correct="01"),
+            ["metrics.test.correct: expected one character per data.test_ids entry"],
+        ),
+    ],
+)
 def test_a_hand_broken_card_is_one_error_naming_file_and_field(tiny_card, tmp_path, change, fragments):
     from promptopt.errors import ConfigError
     from promptopt.production import load_prompt
@@ -290,13 +338,19 @@ def test_a_hand_broken_card_is_one_error_naming_file_and_field(tiny_card, tmp_pa
 
 def test_verify_and_score_on_a_broken_card_print_one_error(tiny_card, tmp_path):
     path = edit_card(tiny_card, tmp_path / "broken.yaml", lambda c: c["metrics"]["test"].update(accuracy="high"))
-    assert_one_line_error(run_cli("verify", path), str(path), "metrics.test.accuracy: expected number or null, got 'high'")
-    assert_one_line_error(run_cli("score", "--task", "sst2", "--prompt", path, "--model", "nope/none"), str(path), "metrics.test.accuracy")
+    assert_one_line_error(
+        run_cli("verify", path), str(path), "metrics.test.accuracy: expected number or null, got 'high'"
+    )
+    assert_one_line_error(
+        run_cli("score", "--task", "sst2", "--prompt", path, "--model", "nope/none"), str(path), "metrics.test.accuracy"
+    )
 
 
 def test_export_bad_input_is_one_error_and_writes_nothing(tiny_run, tmp_path):
     out = tmp_path / "card.yaml"
-    assert_one_line_error(run_cli("export", tiny_run, "--trial", "99", "--out", out), "--trial 99", "no such trial", "trials 0–")
+    assert_one_line_error(
+        run_cli("export", tiny_run, "--trial", "99", "--out", out), "--trial 99", "no such trial", "trials 0–"
+    )
     unfinished = tmp_path / "unfinished"
     shutil.copytree(tiny_run, unfinished)
     (unfinished / "summary.json").unlink()
@@ -304,8 +358,11 @@ def test_export_bad_input_is_one_error_and_writes_nothing(tiny_run, tmp_path):
     from promptopt.errors import UserError
     from promptopt.experiments.export import export_run
 
-    for kwargs, message in (({"run_dir": tmp_path}, "not a run directory"), ({"run_dir": tiny_run, "fmt": "pdf"}, "--format pdf"),
-                            ({"run_dir": tiny_run, "strategy": "ppl"}, "--strategy ppl: .* is a tcb run")):
+    for kwargs, message in (
+        ({"run_dir": tmp_path}, "not a run directory"),
+        ({"run_dir": tiny_run, "fmt": "pdf"}, "--format pdf"),
+        ({"run_dir": tiny_run, "strategy": "ppl"}, "--strategy ppl: .* is a tcb run"),
+    ):
         with pytest.raises(UserError, match=message):
             export_run(out=out, **kwargs)
     assert not out.exists() and not list(tmp_path.glob("*.tmp"))
@@ -319,6 +376,7 @@ def test_export_reads_the_study_that_moved_with_the_run_and_leaves_it_as_it_was(
 
     run = tmp_path / "run"
     shutil.copytree(tiny_run, run)  # its settings still name tiny_run, where its study.db was written
+
     def files():  # SQLite's -wal / -shm come and go with whoever in this process holds a file open
         return sorted(p.name for p in run.iterdir() if not p.name.endswith(("-wal", "-shm")))
 
@@ -329,7 +387,9 @@ def test_export_reads_the_study_that_moved_with_the_run_and_leaves_it_as_it_was(
     assert not (run / "study.db-wal").exists() and not (run / "study.db-shm").exists()  # the study was closed
 
     (run / "study.db").unlink()  # tiny_run's study.db is still there: the copy must not read it
-    assert_one_line_error(run_cli("export", run, "--out", tmp_path / "again.yaml"), f"{run.resolve() / 'study.db'} is missing")
+    assert_one_line_error(
+        run_cli("export", run, "--out", tmp_path / "again.yaml"), f"{run.resolve() / 'study.db'} is missing"
+    )
     assert not (run / "study.db").exists() and not (tmp_path / "again.yaml").exists()
 
     sqlite3.connect(run / "study.db").close()  # an SQLite file that holds no study
@@ -342,14 +402,25 @@ def test_export_from_a_compare_directory_never_reads_the_test_set(tiny_llama_dir
     from promptopt.experiments import run_compare
     from promptopt.experiments.export import compare_candidates, export_run, open_run
 
-    config = SearchConfig.build(task="sst2", trials=2, model=str(tiny_llama_dir), out=str(tmp_path / "cmp"), dev_limit=6, test_limit=4,
-                                minibatch=3, device="cpu")
+    config = SearchConfig.build(
+        task="sst2",
+        trials=2,
+        model=str(tiny_llama_dir),
+        out=str(tmp_path / "cmp"),
+        dev_limit=6,
+        test_limit=4,
+        minibatch=3,
+        device="cpu",
+    )
     run_compare(config, ["accuracy", "tcb"], suite=None, top_n=2, show_progress=False)
     root = tmp_path / "cmp"
     exported = export_run(root, out=tmp_path / "card.yaml", strategy="tcb")
     assert exported.card["search"]["strategy"] == "tcb" and exported.card["search"]["study"] == "sst2-tcb"
     assert exported.card["metrics"]["robustness"] is None  # compared without a suite
-    assert "dev accuracy" in exported.card["search"]["selection"] and "no test number" in exported.card["search"]["selection"]
+    assert (
+        "dev accuracy" in exported.card["search"]["selection"]
+        and "no test number" in exported.card["search"]["selection"]
+    )
     from promptopt.experiments import Session
 
     session = Session(model=config.model, data=config.data)
@@ -358,10 +429,14 @@ def test_export_from_a_compare_directory_never_reads_the_test_set(tiny_llama_dir
     assert warned == (exported.card["metrics"]["test"]["accuracy"] <= default)
 
     runs = pd.read_csv(root / "compare_runs.csv")
-    dev_best = compare_candidates(root).query("winner").sort_values(["dev_accuracy", "order"], ascending=[False, True]).iloc[0]
+    dev_best = (
+        compare_candidates(root).query("winner").sort_values(["dev_accuracy", "order"], ascending=[False, True]).iloc[0]
+    )
     picked = open_run(root)
     assert (picked.config.study.strategy, picked.winner_trial) == (dev_best["strategy"], int(dev_best["trial"]))
-    test_columns = [c for c in runs.columns if c in ("avg_acc", "acc_ci_low", "acc_ci_high", "avg_tcb", "acc_worst", "pdr")]
+    test_columns = [
+        c for c in runs.columns if c in ("avg_acc", "acc_ci_low", "acc_ci_high", "avg_tcb", "acc_worst", "pdr")
+    ]
     searched = runs.index[runs["strategy"] != "baseline"]
     distinct = np.linspace(0.1, 0.9, len(searched))  # test accuracies that would each make another candidate the best
     for shift in range(len(searched)):  # every rotation of the test numbers over the candidates
@@ -374,7 +449,10 @@ def test_export_from_a_compare_directory_never_reads_the_test_set(tiny_llama_dir
     runs.to_csv(root / "compare_runs.csv", index=False)
 
     robust = export_run(root, out=tmp_path / "robust.yaml", select="robust")
-    assert robust.card["search"]["selection"].startswith("best dev Acc_worst") and "no test number" in robust.card["search"]["selection"]
+    assert (
+        robust.card["search"]["selection"].startswith("best dev Acc_worst")
+        and "no test number" in robust.card["search"]["selection"]
+    )
     named = export_run(root, out=tmp_path / "named.yaml", strategy="tcb", trial=0).card
     assert named["search"]["trial"] == 0 and "--trial" in named["search"]["selection"]
 
@@ -392,7 +470,9 @@ elapsed = time.perf_counter() - start
 heavy = [m for m in ("torch", "transformers", "numpy", "pandas") if m in sys.modules]
 print(repr(answer), heavy, elapsed)
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO
+    ).stdout.split()
     assert out[0] == "'positive'" and out[1] == "[]", out
 
 
@@ -407,7 +487,9 @@ def test_load_prompt_renders_the_searched_card_byte_identically(tiny_card, tiny_
     by_id = {i.id: i for i in load_task("sst2").test}
     for item_id in card.card["data"]["test_ids"]:
         item = by_id[item_id]
-        assert card.render(item.question, item.choices) == prompt.context(item.question, item.choices, tiny_lm.tokenizer)
+        assert card.render(item.question, item.choices) == prompt.context(
+            item.question, item.choices, tiny_lm.tokenizer
+        )
     first = by_id[card.card["check"]["item_id"]]
     assert sha256_text(card.render(first.question, first.choices)) == card.card["check"]["text_sha256"]
 
@@ -427,7 +509,11 @@ def test_load_prompt_renders_every_builtin_default_prompt_as_the_scorer_does(emb
         task = load_task(name)
         default = task.default_prompt()
         for prompt in (default, default.with_(template=replace(default.template, chat=True))):
-            card = {**prompt.to_card(), "rendering": rendering_section(prompt, tokenizer), "answer": answer_section(task.spec, task.test[:3])}
+            card = {
+                **prompt.to_card(),
+                "rendering": rendering_section(prompt, tokenizer),
+                "answer": answer_section(task.spec, task.test[:3]),
+            }
             light = card_prompt(card, name)
             for item in task.test[:3]:
                 expected = prompt.context(item.question, item.choices, tokenizer)
@@ -435,12 +521,15 @@ def test_load_prompt_renders_every_builtin_default_prompt_as_the_scorer_does(emb
                 assert light.messages(item.question, item.choices) == prompt.messages(item.question, item.choices)
 
 
-@pytest.mark.parametrize("task_name, outputs", [
-    ("sst2", ["positive", " Negative.", "The answer is B", "hmm"]),
-    ("mmlu_gen", ["B", "(C) because", "The answer is D.", "nothing here", "A. the first"]),
-    ("gsm8k", ["so 3 + 4 = 7\n#### 7", "The answer is $1,200.", "no number"]),
-    ("triviaqa", ["Paris\nmore text", "  the Beatles  ", ""]),
-])
+@pytest.mark.parametrize(
+    "task_name, outputs",
+    [
+        ("sst2", ["positive", " Negative.", "The answer is B", "hmm"]),
+        ("mmlu_gen", ["B", "(C) because", "The answer is D.", "nothing here", "A. the first"]),
+        ("gsm8k", ["so 3 + 4 = 7\n#### 7", "The answer is $1,200.", "no number"]),
+        ("triviaqa", ["Paris\nmore text", "  the Beatles  ", ""]),
+    ],
+)
 def test_parse_reads_answers_as_the_judge_does(task_name, outputs):
     """parse() is the task's answer extraction: for generative tasks it agrees with the answer type's judge."""
     from promptopt.experiments.export import answer_section
@@ -473,7 +562,9 @@ def test_continuations_without_choices_needs_the_items_choices():
     from promptopt.tasks import load_task
 
     arc = load_task("arc_easy")
-    card = card_prompt({**arc.default_prompt().to_card(), "answer": answer_section(arc.spec, arc.test[:5])}, "card.yaml")
+    card = card_prompt(
+        {**arc.default_prompt().to_card(), "answer": answer_section(arc.spec, arc.test[:5])}, "card.yaml"
+    )
     with pytest.raises(ConfigError, match=r"^card\.yaml: task arc_easy has no fixed choices .*pass the item's choices"):
         card.continuations()
     item = arc.test[0]
@@ -490,7 +581,9 @@ def test_export_verify_and_plain_transformers_on_the_embedded_model(tmp_path):
     transformers via load_prompt and gets the card's accuracy on the same items."""
     from promptopt.search import SearchConfig, run_search
 
-    config = SearchConfig.build(task="sst2", trials=2, out=str(tmp_path / "run"), dev_limit=4, test_limit=4, minibatch=4, device="cpu")
+    config = SearchConfig.build(
+        task="sst2", trials=2, out=str(tmp_path / "run"), dev_limit=4, test_limit=4, minibatch=4, device="cpu"
+    )
     run_search(config, show_progress=False)
     proc = run_cli("export", tmp_path / "run", "--out", tmp_path / "card.yaml")
     assert proc.returncode == 0, proc.stderr

@@ -6,7 +6,15 @@ import uuid
 
 import pytest
 
-from promptopt.tasks.extract import alias_match, final_number, first_line, gsm8k_gold, normalize_number, numbers_equal, squad_normalize
+from promptopt.tasks.extract import (
+    alias_match,
+    final_number,
+    first_line,
+    gsm8k_gold,
+    normalize_number,
+    numbers_equal,
+    squad_normalize,
+)
 from promptopt.tasks.sandbox import MODES, run_python
 
 

@@ -63,11 +63,19 @@ class Run:
             return
         # a runner started in the background (nohup ... &) ignores SIGINT, and children inherit that: restore
         # the default so the child's Python turns Ctrl-C into KeyboardInterrupt as in a terminal
-        self.proc = subprocess.Popen([sys.executable, "-m", "promptopt", *args], cwd=REPO, env=_env(**env), text=True,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-        self._readers = [threading.Thread(target=self._read, args=(s, lines), daemon=True)
-                         for s, lines in ((self.proc.stdout, self.out), (self.proc.stderr, self.err))]
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "promptopt", *args],
+            cwd=REPO,
+            env=_env(**env),
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
+        self._readers = [
+            threading.Thread(target=self._read, args=(s, lines), daemon=True)
+            for s, lines in ((self.proc.stdout, self.out), (self.proc.stderr, self.err))
+        ]
         for reader in self._readers:
             reader.start()
 
@@ -178,10 +186,15 @@ def snapshot(root: Path) -> dict:
     """Every file's size and mtime, less what an SQLite database in WAL mode holds nothing in: its -shm index
     and an empty -wal log (a process that ended without closing the database leaves them; the next one to
     close it removes them). A -wal with frames in it counts: it is the study's newest rows."""
+
     def holds_nothing(p: Path) -> bool:
         return p.name.endswith("-shm") or (p.name.endswith("-wal") and p.stat().st_size == 0)
 
-    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*") if not holds_nothing(p)}
+    return {
+        str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in root.rglob("*")
+        if not holds_nothing(p)
+    }
 
 
 # --- fixtures ---------------------------------------------------------------------------------------
@@ -256,13 +269,26 @@ def test_trial_of_a_vanished_host_is_awaited_until_stale_then_rerun(run_dir, mod
     from promptopt.search.context import build_context
     from promptopt.search.storage import make_storage
 
-    config = SearchConfig.build(task="sst2", model=model, device="cpu", dev_limit=12, test_limit=4, minibatch=4,
-                                out=str(run_dir), resume=True, trials=3, heartbeat_interval=1, grace_period=3)
+    config = SearchConfig.build(
+        task="sst2",
+        model=model,
+        device="cpu",
+        dev_limit=12,
+        test_limit=4,
+        minibatch=4,
+        out=str(run_dir),
+        resume=True,
+        trials=3,
+        heartbeat_interval=1,
+        grace_period=3,
+    )
     storage = make_storage(config)
     study = optuna.load_study(study_name="sst2-tcb", storage=storage)
     ctx = build_context(config, config.data.load())
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # "heartbeat is supposed to be used with Study.optimize": here it stands for one
+        warnings.simplefilter(
+            "ignore"
+        )  # "heartbeat is supposed to be used with Study.optimize": here it stands for one
         trial = study.ask()
     ctx.space.suggest(trial, ctx.candidates, ctx.data.spec)
     trial.set_user_attr("worker", "elsewhere:4242:0")
@@ -381,8 +407,18 @@ def test_ctrl_c_then_two_workers_join_together(run_dir, model):
     """Ctrl-C: one 'interrupted' line, exit 130, the trial FAIL and its parameters queued. Then two
     processes join the study at the same moment: exactly one of them re-runs the queued trial, and they
     sample different points (their sampler seeds differ), each trial naming its worker host:pid:index."""
-    interrupted = Run("search", *LIMITS, "--model", model, "--out", str(run_dir), "--resume", "--trials", "3",
-                      PROMPTOPT_FAULT_SLEEP="trial:120")
+    interrupted = Run(
+        "search",
+        *LIMITS,
+        "--model",
+        model,
+        "--out",
+        str(run_dir),
+        "--resume",
+        "--trials",
+        "3",
+        PROMPTOPT_FAULT_SLEEP="trial:120",
+    )
     interrupted.wait_for("fault-point trial")
     interrupted.proc.send_signal(signal.SIGINT)
     interrupted.finish()
@@ -489,8 +525,11 @@ def test_worker_seeds():
 def sampled_sequence(study: optuna.Study) -> list[tuple]:
     """The study as the sampler saw it: every trial but those abandoned and re-run (a retry takes the place
     of the trial it replaces), as (state, duplicate_of, params, value)."""
-    return [(t.state.name, t.user_attrs.get("duplicate_of"), t.params, t.value) for t in study.trials
-            if t.state.name != "FAIL" or "duplicate_of" in t.user_attrs]
+    return [
+        (t.state.name, t.user_attrs.get("duplicate_of"), t.params, t.value)
+        for t in study.trials
+        if t.state.name != "FAIL" or "duplicate_of" in t.user_attrs
+    ]
 
 
 def test_kill_9_anywhere_then_resume_gives_the_uninterrupted_run(tmp_path, model):
@@ -519,7 +558,9 @@ def test_kill_9_anywhere_then_resume_gives_the_uninterrupted_run(tmp_path, model
         provenance = card["provenance"]
         provenance.pop("created")
         provenance["trial"] = ordinal[provenance["trial"]]
-        provenance["selection"] = re.sub(r"#(\d+)", lambda m, o=ordinal: f"ordinal {o[int(m[1])]}", provenance["selection"])
+        provenance["selection"] = re.sub(
+            r"#(\d+)", lambda m, o=ordinal: f"ordinal {o[int(m[1])]}", provenance["selection"]
+        )
     assert cards[0] == cards[1]
 
 
@@ -555,7 +596,9 @@ def test_a_prompt_is_evaluated_once_per_study(tmp_path, model):
     assert "note: stopped with 3 of 5 trials" in run.stderr
     study = load(sqlite_url(out))
     assert [t.state.name for t in study.trials].count("COMPLETE") == 3
-    assert json.loads((out / "summary.json").read_text())["duplicates_skipped"] == len(skipped) + MAX_DUPLICATES_IN_A_ROW
+    assert (
+        json.loads((out / "summary.json").read_text())["duplicates_skipped"] == len(skipped) + MAX_DUPLICATES_IN_A_ROW
+    )
 
 
 # --- resume with a changed configuration ---------------------------------------------------------------
@@ -565,10 +608,26 @@ def test_resume_refuses_a_config_that_changes_trial_values(run_dir, model, tmp_p
     space = tmp_path / "space.yaml"
     space.write_text(SPACE.read_text().replace("Review:", "Film review:", 1))
     assert space.read_text() != SPACE.read_text()
-    search = ["search", "--model", model, "--out", str(run_dir), "--resume", "--trials", "3", "--task", "sst2", "--device", "cpu"]
+    search = [
+        "search",
+        "--model",
+        model,
+        "--out",
+        str(run_dir),
+        "--resume",
+        "--trials",
+        "3",
+        "--task",
+        "sst2",
+        "--device",
+        "cpu",
+    ]
     cases = [
         (["--dev-limit", "4", "--test-limit", "4", "--minibatch", "4"], "dev_limit=12 but this run has dev_limit=4"),
-        ([*LIMITS[2:], "--strategy", "accuracy", "--study-name", "sst2-tcb"], "strategy='tcb' but this run has strategy='accuracy'"),
+        (
+            [*LIMITS[2:], "--strategy", "accuracy", "--study-name", "sst2-tcb"],
+            "strategy='tcb' but this run has strategy='accuracy'",
+        ),
         ([*LIMITS[2:], "--space", str(space)], "space_file_sha256="),
         ([*LIMITS[2:], "--dtype", "bfloat16"], "dtype='float32' but this run has dtype='bfloat16'"),
     ]
@@ -587,11 +646,24 @@ def test_identity_names_what_may_change(model):
     base = SearchConfig.build(task="sst2", model=model, device="cpu", dev_limit=12, minibatch=4, out="unused")
     data = base.data.load()
     then = identity(build_context(base, data))
-    for change in ({"seed": 9}, {"minibatch": 2}, {"n_workers": 3}, {"batch_size": 4}, {"trials": 50}, {"pruning": False},
-                   {"test_limit": 2}, {"storage": "postgresql://u:pw@h/db"}, {"heartbeat_interval": 5}):
+    for change in (
+        {"seed": 9},
+        {"minibatch": 2},
+        {"n_workers": 3},
+        {"batch_size": 4},
+        {"trials": 50},
+        {"pruning": False},
+        {"test_limit": 2},
+        {"storage": "postgresql://u:pw@h/db"},
+        {"heartbeat_interval": 5},
+    ):
         check_resumable("s", then, identity(build_context(base.replace(**change), data)))
-    for change, field in (({"dev_limit": 4}, "dev_limit"), ({"strategy": "ppl"}, "strategy"), ({"model": "other/model"}, "model"),
-                          ({"dtype": "float16"}, "dtype")):
+    for change, field in (
+        ({"dev_limit": 4}, "dev_limit"),
+        ({"strategy": "ppl"}, "strategy"),
+        ({"model": "other/model"}, "model"),
+        ({"dtype": "float16"}, "dtype"),
+    ):
         with pytest.raises(Exception, match=f"created with {field}="):
             check_resumable("s", then, identity(build_context(base.replace(**change), data)))
 
@@ -628,16 +700,36 @@ def test_bad_input_is_one_line_and_creates_nothing(tmp_path, model, monkeypatch)
     run_dir = lambda name: str(root / name)  # noqa: E731
     search = ["search", *LIMITS, "--trials", "2"]
     cases = [
-        ([*search, "--model", model, "--out", run_dir("r1"), "--minibatch", "0"], "minibatch: expected a positive integer, got 0"),
-        ([*search, "--model", model, "--out", run_dir("r2"), "--minibatch", "-2"], "minibatch: expected a positive integer, got -2"),
+        (
+            [*search, "--model", model, "--out", run_dir("r1"), "--minibatch", "0"],
+            "minibatch: expected a positive integer, got 0",
+        ),
+        (
+            [*search, "--model", model, "--out", run_dir("r2"), "--minibatch", "-2"],
+            "minibatch: expected a positive integer, got -2",
+        ),
         ([*search, "--model", str(root / "empty.gguf"), "--out", run_dir("r3")], "is empty"),
         ([*search, "--model", str(root / "truncated.gguf"), "--out", run_dir("r4")], "cannot read GGUF file"),
         ([*search, "--model", model, "--out", str(root / "a_file")], "is a file"),
         ([*search, "--model", model, "--out", run_dir("r5"), "--space", str(root / "long.yaml")], "instruction 'huge'"),
         ([*search, "--model", model, "--out", str(corrupt)], "delete it"),
-        (["score", "--task", "sst2", "--model", model, "--limit", "2", "--out", str(root / "scores.parquet")], "is a directory"),
-        (["search", *LIMITS, "--model", model, "--out", run_dir("r6"), "--storage", "postgresql://u:pw@127.0.0.1:1/x"],
-         "cannot open storage postgresql://u:***@127.0.0.1:1/x"),
+        (
+            ["score", "--task", "sst2", "--model", model, "--limit", "2", "--out", str(root / "scores.parquet")],
+            "is a directory",
+        ),
+        (
+            [
+                "search",
+                *LIMITS,
+                "--model",
+                model,
+                "--out",
+                run_dir("r6"),
+                "--storage",
+                "postgresql://u:pw@127.0.0.1:1/x",
+            ],
+            "cannot open storage postgresql://u:***@127.0.0.1:1/x",
+        ),
     ]
     if not torch.cuda.is_available():
         cases += [
@@ -649,7 +741,9 @@ def test_bad_input_is_one_line_and_creates_nothing(tmp_path, model, monkeypatch)
     for args, fragment in cases:
         assert_one_error_line(promptopt(*args), fragment)
     assert snapshot(root) == before  # no run directory, no study.db, no cache file, nothing touched
-    assert not (tmp_path / "model-cache" / "models").exists() or not any((tmp_path / "model-cache" / "models").iterdir())
+    assert not (tmp_path / "model-cache" / "models").exists() or not any(
+        (tmp_path / "model-cache" / "models").iterdir()
+    )
 
 
 def test_out_on_a_read_only_file_system(tmp_path, model):
@@ -657,7 +751,9 @@ def test_out_on_a_read_only_file_system(tmp_path, model):
     bwrap = shutil.which("bwrap")
     target = tmp_path / "ro"
     target.mkdir()
-    probe = subprocess.run([bwrap or "false", "--dev-bind", "/", "/", "--ro-bind", str(target), str(target), "true"], capture_output=True)
+    probe = subprocess.run(
+        [bwrap or "false", "--dev-bind", "/", "/", "--ro-bind", str(target), str(target), "true"], capture_output=True
+    )
     if not bwrap or probe.returncode != 0:
         if os.geteuid() == 0:
             pytest.skip("needs bubblewrap with user namespaces to mount a read-only folder")

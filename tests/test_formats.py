@@ -23,14 +23,26 @@ def test_the_identity_format_changes_nothing():
     assert PromptFormat().apply(SST2) == SST2
 
 
-@pytest.mark.parametrize("fmt, context, continuation", [
-    (PromptFormat(field_separator=" - "),
-     "Classify the review.\n\nReview - A joy.\nSentiment - positive\n\nReview - Dull.\nSentiment -", " positive"),
-    (PromptFormat(field_separator=":\n", casing="upper", line_joiner="\n\n", exemplar_delimiter="\n---\n"),
-     "Classify the review.\n---\nREVIEW:\nA joy.\n\nSENTIMENT:\npositive\n---\nREVIEW:\nDull.\n\nSENTIMENT:", "\npositive"),
-    (PromptFormat(field_separator=" ", casing="lower"),
-     "Classify the review.\n\nreview A joy.\nsentiment positive\n\nreview Dull.\nsentiment", " positive"),
-])
+@pytest.mark.parametrize(
+    "fmt, context, continuation",
+    [
+        (
+            PromptFormat(field_separator=" - "),
+            "Classify the review.\n\nReview - A joy.\nSentiment - positive\n\nReview - Dull.\nSentiment -",
+            " positive",
+        ),
+        (
+            PromptFormat(field_separator=":\n", casing="upper", line_joiner="\n\n", exemplar_delimiter="\n---\n"),
+            "Classify the review.\n---\nREVIEW:\nA joy.\n\nSENTIMENT:\npositive\n---\nREVIEW:\nDull.\n\nSENTIMENT:",
+            "\npositive",
+        ),
+        (
+            PromptFormat(field_separator=" ", casing="lower"),
+            "Classify the review.\n\nreview A joy.\nsentiment positive\n\nreview Dull.\nsentiment",
+            " positive",
+        ),
+    ],
+)
 def test_formats_render_hand_checked_prompts_and_keep_the_label_words(fmt, context, continuation):
     prompt = PROMPT.with_(template=fmt.apply(SST2))
     assert prompt.context("Dull.", ("neg", "pos")) == context
@@ -73,7 +85,9 @@ def test_format_spread_against_hand_values():
 
 def test_a_space_formats_block_is_validated():
     assert format_choices({"casing": ["lower", "upper"], "field_separator": True}, "s.yaml") == {
-        "casing": ("lower", "upper"), "field_separator": (": ", ":\n", " - ", " ")}
+        "casing": ("lower", "upper"),
+        "field_separator": (": ", ":\n", " - ", " "),
+    }
     with pytest.raises(ConfigError, match=r"s\.yaml: formats\.spacing: unknown format dimension"):
         format_choices({"spacing": True}, "s.yaml")
     with pytest.raises(ConfigError, match=r"formats\.casing: expected true or a list"):
@@ -87,10 +101,23 @@ def test_a_space_searches_formats_of_its_templates():
     from promptopt.tasks import load_task
 
     data = load_task("sst2")
-    space = parse_space({"task": "sst2", "instructions": {"none": ""}, "exemplars": {"k": [0, 0]},
-                         "templates": {"review": {"query": "Review: {question}\nSentiment:"}},
-                         "formats": {"field_separator": [": ", " - "], "casing": True}}, "space.yaml")
-    params = {"instruction": "none", "template": "review", "format_field_separator": " - ", "format_casing": "upper", "k": 0}
+    space = parse_space(
+        {
+            "task": "sst2",
+            "instructions": {"none": ""},
+            "exemplars": {"k": [0, 0]},
+            "templates": {"review": {"query": "Review: {question}\nSentiment:"}},
+            "formats": {"field_separator": [": ", " - "], "casing": True},
+        },
+        "space.yaml",
+    )
+    params = {
+        "instruction": "none",
+        "template": "review",
+        "format_field_separator": " - ",
+        "format_casing": "upper",
+        "k": 0,
+    }
     prompt = space.suggest(optuna.trial.FixedTrial(params), space.check_against(data), data.spec)
     assert prompt.template.query == "REVIEW - {question}\nSENTIMENT -" and prompt.template.name == "review"
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))

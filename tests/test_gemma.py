@@ -32,7 +32,10 @@ def test_gemma_is_a_named_model_with_its_own_tokenizer_family():
 
     lm = load_model(GEMMA, device="cpu")
     assert lm.output_head.vocab_size == 262144 and not lm.has_chat_template
-    assert lm.tokenizer.convert_ids_to_tokens(lm.tokenizer(" answer", add_special_tokens=False)["input_ids"])[0] == "▁answer"
+    assert (
+        lm.tokenizer.convert_ids_to_tokens(lm.tokenizer(" answer", add_special_tokens=False)["input_ids"])[0]
+        == "▁answer"
+    )
     # a batch tokenized on threads (scoring/tokens.py) gives the one call's ids, its BOS included
     from promptopt.scoring.tokens import encode_texts
 
@@ -46,8 +49,9 @@ def test_gemma_is_a_named_model_with_its_own_tokenizer_family():
     with torch.inference_mode():
         hidden = lm.base(input_ids=ids).last_hidden_state[0, -1].float()
     ours = head(hidden[None]).tcb[0].item()
-    norm = jacobian_frobenius_reference(hidden[None], head.weight, bias=head.bias, logit_scale=head.logit_scale,
-                                        logit_softcap=head.logit_softcap)[0].item()
+    norm = jacobian_frobenius_reference(
+        hidden[None], head.weight, bias=head.bias, logit_scale=head.logit_scale, logit_softcap=head.logit_softcap
+    )[0].item()
     assert ours == pytest.approx(1.0 / norm, rel=1e-6)
 
 
@@ -65,7 +69,7 @@ def test_scores_past_the_sliding_window_as_before():
     text = shots + "Review: a dull, plodding mess of a movie\nSentiment:"
     ctx = tok(text)["input_ids"]
     for cont in [" negative", " rather good, I think"]:
-        requests.append((ctx, tok(text + cont)["input_ids"][len(ctx):]))
+        requests.append((ctx, tok(text + cont)["input_ids"][len(ctx) :]))
     assert len(ctx) > 512  # past the window: the sliding layers keep its last 511 keys and an offset
     ours, runner = assert_buffers_match_copies(lm, requests)
     assert_matches_reference(lm, requests)
@@ -80,19 +84,65 @@ def test_scores_past_the_sliding_window_as_before():
 
 def test_score_trace_stress_and_diagnose_on_gemma(tmp_path):
     scores = tmp_path / "scores.parquet"
-    _ok(run("score", "--task", "sst2", "--model", GEMMA, "--split", "test", "--limit", "6", "--device", "cpu", "--out", str(scores)))
+    _ok(
+        run(
+            "score",
+            "--task",
+            "sst2",
+            "--model",
+            GEMMA,
+            "--split",
+            "test",
+            "--limit",
+            "6",
+            "--device",
+            "cpu",
+            "--out",
+            str(scores),
+        )
+    )
     table = pd.read_parquet(scores)
     assert len(table) == 6 and table["tcb"].gt(0).all() and table["v_eff"].ge(1).all()
 
     trace_csv = tmp_path / "trace.csv"
-    _ok(run("trace", "The three primary colours are", "--model", GEMMA, "--max-new-tokens", "6", "--device", "cpu",
-            "--out", str(trace_csv), "--plot", str(tmp_path / "trace.png")))
+    _ok(
+        run(
+            "trace",
+            "The three primary colours are",
+            "--model",
+            GEMMA,
+            "--max-new-tokens",
+            "6",
+            "--device",
+            "cpu",
+            "--out",
+            str(trace_csv),
+            "--plot",
+            str(tmp_path / "trace.png"),
+        )
+    )
     trace = pd.read_csv(trace_csv)
     assert len(trace) == 6 and {"tcb", "p_second", "running_ppl"} <= set(trace.columns)
     assert (tmp_path / "trace.png").stat().st_size > 0
 
     stress = tmp_path / "stress"
-    out = _ok(run("stress", "--task", "triviaqa", "--model", GEMMA, "--ranks", "1", "--limit", "3", "--device", "cpu", "--out", str(stress)))
+    out = _ok(
+        run(
+            "stress",
+            "--task",
+            "triviaqa",
+            "--model",
+            GEMMA,
+            "--ranks",
+            "1",
+            "--limit",
+            "3",
+            "--device",
+            "cpu",
+            "--out",
+            str(stress),
+        )
+    )
     assert "taboo stress · triviaqa" in out
     items = pd.read_parquet(stress.with_suffix(".parquet"))
     taboo = items[items["rank"] == 1]
@@ -101,8 +151,26 @@ def test_score_trace_stress_and_diagnose_on_gemma(tmp_path):
     assert any(o != baseline[i] for i, o in zip(taboo["item_id"], taboo["output"]))  # masking changed what was written
 
     folder = tmp_path / "diagnose"
-    out = _ok(run("diagnose", "regimes", "--model", GEMMA, "--tasks", "sst2", "--limit", "6", "--text-per-task", "6",
-                  "--trace-tokens", "6", "--device", "cpu", "--out", str(folder)))
+    out = _ok(
+        run(
+            "diagnose",
+            "regimes",
+            "--model",
+            GEMMA,
+            "--tasks",
+            "sst2",
+            "--limit",
+            "6",
+            "--text-per-task",
+            "6",
+            "--trace-tokens",
+            "6",
+            "--device",
+            "cpu",
+            "--out",
+            str(folder),
+        )
+    )
     regimes = pd.read_parquet(folder / "regimes.parquet")
     assert set(regimes["subset"]) >= {"all"} and regimes.loc[regimes["subset"] == "all", "n"].iloc[0] >= 12
     assert (folder / "regimes.png").stat().st_size > 0
@@ -113,8 +181,29 @@ def test_induce_proposals_from_the_base_model(tmp_path):
     import yaml
 
     out = tmp_path / "space.yaml"
-    stdout = _ok(run("propose", "--task", "sst2", "--model", GEMMA, "--mode", "induce", "--n", "1", "--dev-limit", "8",
-                     "--test-limit", "8", "--out", out, "--cache", tmp_path / "cache", "--device", "cpu"))
+    stdout = _ok(
+        run(
+            "propose",
+            "--task",
+            "sst2",
+            "--model",
+            GEMMA,
+            "--mode",
+            "induce",
+            "--n",
+            "1",
+            "--dev-limit",
+            "8",
+            "--test-limit",
+            "8",
+            "--out",
+            out,
+            "--cache",
+            tmp_path / "cache",
+            "--device",
+            "cpu",
+        )
+    )
     assert "proposals:" in stdout and "dropped:" in stdout
     space = yaml.safe_load(out.read_text())
     for name, provenance in space["proposals"].items():

@@ -32,7 +32,7 @@ def test_prefix_cached_scores_equal_uncached_forward(tiny_lm):
         ctx = tok(shots + f"Review: {review}\nSentiment:")["input_ids"]
         for cont in [" negative", " positive", " rather good, I think"]:
             whole = tok(shots + f"Review: {review}\nSentiment:" + cont)["input_ids"]
-            requests.append((ctx, whole[len(ctx):]))
+            requests.append((ctx, whole[len(ctx) :]))
     runner = Runner(tiny_lm, batch_size=4)
     cached = runner.loglikelihood(requests)
     assert len(runner._prefixes) == 1  # the shot block was run once
@@ -54,9 +54,9 @@ def test_token_boundary_trap_on_smollm2(embedded_lm):
     query = "Review: dull.\nSentiment:"  # block alone ends in "\n\n"; in context it is "\n", "\n"
     assert tok(block + query)["input_ids"][: len(tok(block)["input_ids"])] != tok(block)["input_ids"]
     ctx = tok(block + query)["input_ids"]
-    cont = tok(block + query + " negative")["input_ids"][len(ctx):]
+    cont = tok(block + query + " negative")["input_ids"][len(ctx) :]
     other = tok(block + "Review: fine.\nSentiment:")["input_ids"]
-    other_cont = tok(block + "Review: fine.\nSentiment: positive")["input_ids"][len(other):]
+    other_cont = tok(block + "Review: fine.\nSentiment: positive")["input_ids"][len(other) :]
     res = Runner(embedded_lm).loglikelihood([(ctx, cont), (other, other_cont)])
     assert res[0].token_logprobs == pytest.approx(_uncached_logprobs(embedded_lm, ctx, cont), abs=1e-4)
     assert res[1].token_logprobs == pytest.approx(_uncached_logprobs(embedded_lm, other, other_cont), abs=1e-4)
@@ -74,7 +74,7 @@ def test_batched_generation_matches_single_and_hf_generate(tiny_lm):
         assert torch.allclose(got.hidden, single.hidden, atol=1e-4)
         with torch.no_grad():
             ref = tiny_lm.model.generate(torch.tensor([ctx]), max_new_tokens=8, do_sample=False, pad_token_id=2)
-        ref_tokens = ref[0, len(ctx):].tolist()
+        ref_tokens = ref[0, len(ctx) :].tolist()
         assert got.tokens == [t for t in ref_tokens[: len(got.tokens)]]
         assert got.hidden.shape == (len(got.tokens), tiny_lm.output_head.hidden_size)
 
@@ -83,7 +83,9 @@ def test_per_row_token_limits_and_batch_size_override(tiny_lm):
     """A row stops at its own limit ("length") and leaves the batch; its tokens are those of the same
     context generated alone with that limit, whatever else shares the batch and whatever the batch size."""
     tok = tiny_lm.tokenizer
-    contexts = [tok(p)["input_ids"] for p in ["Question: what is 2+3?\nAnswer:", "The capital of France is", "Once", "Hi"]]
+    contexts = [
+        tok(p)["input_ids"] for p in ["Question: what is 2+3?\nAnswer:", "The capital of France is", "Once", "Hi"]
+    ]
     limits = [2, 9, 0, 5]
     runner = Runner(tiny_lm, batch_size=1)
     for batch_size in (None, 4):
@@ -141,7 +143,9 @@ def test_embedded_gguf_is_parsed_once_and_its_folder_reloads_with_identical_logi
     parses, built = [], []
     real_reader, real_build = gguf.GGUFReader, AutoModelForCausalLM.from_pretrained
     monkeypatch.setattr(gguf, "GGUFReader", lambda *a, **k: parses.append(a) or real_reader(*a, **k))
-    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", lambda *a, **k: built.append(real_build(*a, **k)) or built[-1])
+    monkeypatch.setattr(
+        AutoModelForCausalLM, "from_pretrained", lambda *a, **k: built.append(real_build(*a, **k)) or built[-1]
+    )
     _, folder, filename = _resolve("smollm2-135m-instruct")
     fresh = _dequantized_folder(folder, filename)
     assert len(parses) == 1 and fresh.is_relative_to(tmp_path / "cache") and len(built) == 1
@@ -177,7 +181,9 @@ def test_processes_that_need_one_gguf_at_once_dequantize_it_once(tmp_path, monke
 
     monkeypatch.setattr(load, "_dequantize", slow_dequantize)
     found = []
-    threads = [threading.Thread(target=lambda: found.append(load._dequantized_folder(tmp_path, "m.gguf"))) for _ in range(2)]
+    threads = [
+        threading.Thread(target=lambda: found.append(load._dequantized_folder(tmp_path, "m.gguf"))) for _ in range(2)
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:

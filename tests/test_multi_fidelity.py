@@ -18,14 +18,22 @@ DEV = 24
 # shuffle of dev) is right on the clean prompt iff r < clean, and on every variant iff r < robust.
 CASE = {"sharp": (22, 10), "steady": (20, 19), "fair": (18, 16), "middling": (13, 12), "weak": (8, 8), "dull": (5, 5)}
 MARKS = (" [typo]", " [reordered]")  # the two variant prompts of a prompt
-ORDERS = {"accuracy-best first": ["sharp", "fair", "steady", "middling", "weak", "dull"],
-          "robust-best first": ["steady", "sharp", "dull", "fair", "weak", "middling"],
-          "worst first": ["dull", "weak", "middling", "fair", "sharp", "steady"]}
+ORDERS = {
+    "accuracy-best first": ["sharp", "fair", "steady", "middling", "weak", "dull"],
+    "robust-best first": ["steady", "sharp", "dull", "fair", "weak", "middling"],
+    "worst first": ["dull", "weak", "middling", "fair", "sharp", "steady"],
+}
 
 
 def _space(tmp_path):
-    lines = ["task: sst2", "instructions:", *[f"  {name}: \"{name.title()} instruction.\"" for name in CASE],
-             "exemplars: {candidates: 4, k: 0}", "templates:", "  plain: {query: \"Review: {question}\\nSentiment:\"}"]
+    lines = [
+        "task: sst2",
+        "instructions:",
+        *[f'  {name}: "{name.title()} instruction."' for name in CASE],
+        "exemplars: {candidates: 4, k: 0}",
+        "templates:",
+        '  plain: {query: "Review: {question}\\nSentiment:"}',
+    ]
     tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / "space.yaml"
     path.write_text("\n".join(lines) + "\n")
@@ -65,9 +73,19 @@ class ConstructedScorer:
         else:
             correct = [r < robust for r in rank]
         n = len(items)
-        return pd.DataFrame({"item_id": [i.id for i in items], "correct": correct, "pred": [0] * n, "tcb": [1.0] * n,
-                             "v_eff": [1.0] * n, "margin": [1.0] * n, "target_nll": [0.5] * n, "answer_nll": [0.5] * n,
-                             "ppl": [1.5] * n})
+        return pd.DataFrame(
+            {
+                "item_id": [i.id for i in items],
+                "correct": correct,
+                "pred": [0] * n,
+                "tcb": [1.0] * n,
+                "v_eff": [1.0] * n,
+                "margin": [1.0] * n,
+                "target_nll": [0.5] * n,
+                "answer_nll": [0.5] * n,
+                "ppl": [1.5] * n,
+            }
+        )
 
 
 def expand(scorer, prompt, items):
@@ -75,8 +93,18 @@ def expand(scorer, prompt, items):
 
 
 def _config(tmp_path, strategy="robust", **kw):
-    return SearchConfig.build(task="sst2", strategy=strategy, trials=len(CASE), dev_limit=DEV, test_limit=4, minibatch=8,
-                              space=str(_space(tmp_path)), out=str(tmp_path / f"run-{strategy}"), device="cpu", **kw)
+    return SearchConfig.build(
+        task="sst2",
+        strategy=strategy,
+        trials=len(CASE),
+        dev_limit=DEV,
+        test_limit=4,
+        minibatch=8,
+        space=str(_space(tmp_path)),
+        out=str(tmp_path / f"run-{strategy}"),
+        device="cpu",
+        **kw,
+    )
 
 
 def _fixed_order_search(tmp_path, strategy, order, **kw):
@@ -95,7 +123,9 @@ def _fixed_order_search(tmp_path, strategy, order, **kw):
     ctx = build_context(config, data, expand)
     ctx.strategy = strategy
     scorer = ConstructedScorer(data, ctx.dev, tmp_path / "unused.sqlite")
-    study = optuna.create_study(direction="maximize", pruner=pruner(config, strategy), sampler=optuna.samplers.RandomSampler(0))
+    study = optuna.create_study(
+        direction="maximize", pruner=pruner(config, strategy), sampler=optuna.samplers.RandomSampler(0)
+    )
     for name in order:
         study.enqueue_trial({"instruction": name, "template": "plain", "k": 0})
     study.optimize(make_objective(ctx, scorer, "test"), n_trials=len(order))
@@ -108,7 +138,9 @@ def _fixed_order_search(tmp_path, strategy, order, **kw):
 @pytest.mark.parametrize("order", list(ORDERS.values()), ids=list(ORDERS))
 def test_multi_fidelity_robust_scores_fewer_pairs_and_picks_the_same_winner(tmp_path, order):
     multi = get_strategy("robust")
-    full = dataclasses.replace(multi, multi_fidelity=False, version=1)  # every variant of every item, robust values pruned
+    full = dataclasses.replace(
+        multi, multi_fidelity=False, version=1
+    )  # every variant of every item, robust values pruned
     assert multi.multi_fidelity and multi.version == 2
     winner_mf, pairs_mf, values_mf, rungs = _fixed_order_search(tmp_path / "mf", multi, order)
     winner_full, pairs_full, values_full, _ = _fixed_order_search(tmp_path / "full", full, order)
@@ -120,7 +152,11 @@ def test_multi_fidelity_robust_scores_fewer_pairs_and_picks_the_same_winner(tmp_
         assert values_full.get(name, value) == pytest.approx(value)
     assert rungs["steady"] == ("COMPLETE", "variants")
     if order[0] == "steady":  # after it, a prompt whose clean accuracy is not above 19/24 never has a variant scored
-        assert all(rungs[name] in {("PRUNED", "clean"), ("PRUNED", "promotion")} for name in CASE if CASE[name][0] <= 19 and name != "steady")
+        assert all(
+            rungs[name] in {("PRUNED", "clean"), ("PRUNED", "promotion")}
+            for name in CASE
+            if CASE[name][0] <= 19 and name != "steady"
+        )
 
 
 def test_the_bound_prunes_only_trials_that_cannot_win():
@@ -141,7 +177,9 @@ def test_lazy_variants_give_the_same_column_with_fewer_pairs():
     class Cached:  # variant "a" loses i1, variant "b" loses i2
         def score_table(self, prompt, its):
             scored.extend((prompt, i.id) for i in its)
-            return pd.DataFrame({"item_id": [i.id for i in its], "correct": [i.id != {"a": "i1", "b": "i2"}[prompt] for i in its]})
+            return pd.DataFrame(
+                {"item_id": [i.id for i in its], "correct": [i.id != {"a": "i1", "b": "i2"}[prompt] for i in its]}
+            )
 
     clean = pd.DataFrame({"item_id": [i.id for i in items], "correct": [True, True, True, False]})
     groups = [("a", items), ("b", items)]

@@ -29,9 +29,19 @@ def tiny_gemma3(tmp_path_factory, embedded_dir):
     from transformers import Gemma3TextConfig
 
     config = Gemma3TextConfig(
-        vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=8, sliding_window=8, layer_types=["sliding_attention", "full_attention"],
-        max_position_embeddings=512, eos_token_id=2, pad_token_id=2, bos_token_id=1,
+        vocab_size=49152,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        sliding_window=8,
+        layer_types=["sliding_attention", "full_attention"],
+        max_position_embeddings=512,
+        eos_token_id=2,
+        pad_token_id=2,
+        bos_token_id=1,
     )
     return load_model(str(_save_tiny(tmp_path_factory.mktemp("tiny-gemma3"), config, embedded_dir)), device="cpu")
 
@@ -255,7 +265,9 @@ for line in open('/proc/self/smaps'):
 """
 
 
-@pytest.mark.skipif(not os.path.exists("/sys/kernel/mm/transparent_hugepage/enabled"), reason="no transparent huge pages (not Linux)")
+@pytest.mark.skipif(
+    not os.path.exists("/sys/kernel/mm/transparent_hugepage/enabled"), reason="no transparent huge pages (not Linux)"
+)
 def test_the_cli_asks_torch_for_huge_pages_before_torch_is_imported():
     """`huge_pages_for_large_tensors` (the CLI's first step) sets THP_MEM_ALLOC_ENABLE so that a large CPU tensor's
     mapping is advised for huge pages (VmFlags `hg`); the user's own 0 wins; after torch is imported it is too late
@@ -263,13 +275,17 @@ def test_the_cli_asks_torch_for_huge_pages_before_torch_is_imported():
 
     def probe(code, **env):
         base = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
-        out = subprocess.run([sys.executable, "-c", code], env={**base, **env}, capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", code], env={**base, **env}, capture_output=True, text=True, check=True
+        )
         return out.stdout.split()
 
     assert probe(_HUGE_PAGES_PROBE) == ["True", "1", "True"]
     assert probe(_HUGE_PAGES_PROBE, THP_MEM_ALLOC_ENABLE="0") == ["False", "0", "False"]
     late = "import torch\nfrom promptopt.cli.app import huge_pages_for_large_tensors\nprint(huge_pages_for_large_tensors())"
     assert probe(late) == ["False"]
-    cli = ("import os, sys\nfrom promptopt.cli import main\nsys.argv = ['promptopt', '--help']\ntry:\n    main()\n"
-           "except SystemExit:\n    pass\nprint(os.environ.get('THP_MEM_ALLOC_ENABLE'), 'torch' in sys.modules)")
+    cli = (
+        "import os, sys\nfrom promptopt.cli import main\nsys.argv = ['promptopt', '--help']\ntry:\n    main()\n"
+        "except SystemExit:\n    pass\nprint(os.environ.get('THP_MEM_ALLOC_ENABLE'), 'torch' in sys.modules)"
+    )
     assert probe(cli)[-2:] == ["1", "False"]

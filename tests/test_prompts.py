@@ -14,8 +14,12 @@ SHOTS = (
 
 
 def _prompt(**template):
-    return Prompt(task="sst2", instruction="Classify the review.", exemplars=SHOTS,
-                  template=PromptTemplate(query="Review: {question}\nSentiment:", **template))
+    return Prompt(
+        task="sst2",
+        instruction="Classify the review.",
+        exemplars=SHOTS,
+        template=PromptTemplate(query="Review: {question}\nSentiment:", **template),
+    )
 
 
 def test_plain_rendering_orders_instruction_exemplars_query():
@@ -31,7 +35,11 @@ def test_label_words_and_letters():
     words = _prompt(label_words=("bad", "good"))
     assert words.choice_texts(("negative", "positive")) == ["bad", "good"]
     assert "Sentiment: good" in words.context("x", ("negative", "positive"))
-    letters = Prompt(task="t", exemplars=SHOTS, template=PromptTemplate(query="{question}\n{options}\nAnswer:", choice_format="letter"))
+    letters = Prompt(
+        task="t",
+        exemplars=SHOTS,
+        template=PromptTemplate(query="{question}\n{options}\nAnswer:", choice_format="letter"),
+    )
     text = letters.context("pick", ("red", "blue"))
     assert "pick\nA. red\nB. blue\nAnswer:" in text and "Answer: B" in text
     assert letters.choice_texts(("red", "blue")) == ["A", "B"]
@@ -61,7 +69,10 @@ def test_card_round_trip(tmp_path):
         ("promptopt_card: 9\ntask: x\n", "promptopt_card: expected card version 1 or 2, got 9"),
         ("promptopt_card: 1\n", "task: expected a string, got 'nothing'"),
         ("promptopt_card: 1\ntask: x\ntemplate: {query: '{nope}'}\n", "unknown placeholder {nope}"),
-        ("promptopt_card: 1\ntask: x\nexemplars: [{question: q, choices: [a], gold: 4}]\n", "exemplars[0].gold: expected an index"),
+        (
+            "promptopt_card: 1\ntask: x\nexemplars: [{question: q, choices: [a], gold: 4}]\n",
+            "exemplars[0].gold: expected an index",
+        ),
         ("promptopt_card: 1\ntask: x\nextra: 1\n", "extra: unknown key"),
         ("- just a list\n", "expected a mapping at the top level"),
     ],
@@ -69,5 +80,7 @@ def test_card_round_trip(tmp_path):
 def test_bad_cards(tmp_path, content, message):
     path = tmp_path / "card.yaml"
     path.write_text(content)
-    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]").replace("{", r"\{").replace("}", r"\}")):
+    with pytest.raises(
+        ConfigError, match=message.replace("[", r"\[").replace("]", r"\]").replace("{", r"\{").replace("}", r"\}")
+    ):
         load_card(path)

@@ -28,11 +28,22 @@ def _cosines(table: dict):
 
 
 def test_each_filter_reason_on_hand_made_proposals():
-    later = ("Label each review as negative when the critic disliked the film.", "Mark a review negative when the critic disliked the film.")
-    screen = ProposalFilter(existing=["Decide whether each review is negative or positive."], golds={"photosynthesis", "negative", "b"},
-                            labels={"negative", "positive"}, quoted=shingles(["it 's of the quality of a lesser harrison ford motion picture"]),
-                            similarity=_cosines({("Say if each review is negative or positive.", "Decide whether each review is negative or positive."),
-                                                 later}))
+    later = (
+        "Label each review as negative when the critic disliked the film.",
+        "Mark a review negative when the critic disliked the film.",
+    )
+    screen = ProposalFilter(
+        existing=["Decide whether each review is negative or positive."],
+        golds={"photosynthesis", "negative", "b"},
+        labels={"negative", "positive"},
+        quoted=shingles(["it 's of the quality of a lesser harrison ford motion picture"]),
+        similarity=_cosines(
+            {
+                ("Say if each review is negative or positive.", "Decide whether each review is negative or positive."),
+                later,
+            }
+        ),
+    )
     cases = {
         "": "empty",
         "Be brief.": "too_short",
@@ -58,8 +69,12 @@ def test_each_filter_reason_on_hand_made_proposals():
 def test_real_embeddings_catch_a_reworded_duplicate():
     from promptopt.robustness.suite import Similarity
 
-    screen = ProposalFilter(existing=["Decide whether each movie review is negative or positive."], golds=set(), labels=set(),
-                            similarity=Similarity())
+    screen = ProposalFilter(
+        existing=["Decide whether each movie review is negative or positive."],
+        golds=set(),
+        labels=set(),
+        similarity=Similarity(),
+    )
     assert screen.reason("Decide whether every movie review is positive or negative.") == "near_duplicate"
     assert screen.reason("You are a film critic; read the text closely before you answer.") is None
 
@@ -78,8 +93,10 @@ def test_gold_and_label_words_of_real_tasks():
 
 
 def test_cleaning_a_reply():
-    assert clean('Instruction: "Classify the review as negative or positive."\n\nMore text', mode="grounded") == \
-        "Classify the review as negative or positive."
+    assert (
+        clean('Instruction: "Classify the review as negative or positive."\n\nMore text', mode="grounded")
+        == "Classify the review as negative or positive."
+    )
     assert clean(" classify each review by its sentiment\n", mode="induce") == "Classify each review by its sentiment."
     assert first_sentences("Task: One. Two! Three?") == "One. Two!"
 
@@ -98,7 +115,9 @@ def test_space_file_provenance_is_validated(tmp_path):
 
 
 def test_request_is_checked():
-    with pytest.raises(ConfigError, match="--propose-mode: expected one of induce, grounded, history, reflect, got 'ape'"):
+    with pytest.raises(
+        ConfigError, match="--propose-mode: expected one of induce, grounded, history, reflect, got 'ape'"
+    ):
         ProposeRequest(n=2, mode="ape")
     with pytest.raises(ConfigError, match="--propose: expected a positive number"):
         ProposeRequest(n=0)
@@ -106,8 +125,10 @@ def test_request_is_checked():
 
 @pytest.fixture(scope="module")
 def sst2_session():
-    return Session(model=ModelConfig(spec="smollm2-135m-instruct", device="cpu"),
-                   data=DataConfig(task="sst2", dev_limit=16, test_limit=16))
+    return Session(
+        model=ModelConfig(spec="smollm2-135m-instruct", device="cpu"),
+        data=DataConfig(task="sst2", dev_limit=16, test_limit=16),
+    )
 
 
 def test_grounded_proposals_are_seeded_cached_and_carry_provenance(sst2_session, tmp_path, monkeypatch):
@@ -115,7 +136,9 @@ def test_grounded_proposals_are_seeded_cached_and_carry_provenance(sst2_session,
     first = propose_space(sst2_session, request, space=None, out=tmp_path / "a.yaml", cache_dir=tmp_path / "cache_a")
     again = propose_space(sst2_session, request, space=None, out=tmp_path / "b.yaml", cache_dir=tmp_path / "cache_b")
     texts = [p.text for p in first.proposals.accepted]
-    assert texts and first.proposals.to_json() == again.proposals.to_json() and not again.proposals.reused  # same seed, same proposals
+    assert (
+        texts and first.proposals.to_json() == again.proposals.to_json() and not again.proposals.reused
+    )  # same seed, same proposals
     assert first.proposals.attempts == len(first.proposals.accepted) + len(first.proposals.rejected)
     assert sum(first.proposals.drops.values()) == len(first.proposals.rejected)
     space = load_space(str(tmp_path / "a.yaml"))
@@ -124,7 +147,11 @@ def test_grounded_proposals_are_seeded_cached_and_carry_provenance(sst2_session,
     for p in first.proposals.accepted:
         assert space.instructions[p.name] == p.text
         prov = space.proposals[p.name]
-        assert prov["mode"] == "grounded" and prov["proposer"] == "smollm2-135m-instruct" and len(prov["proposer_sha256"]) == 64
+        assert (
+            prov["mode"] == "grounded"
+            and prov["proposer"] == "smollm2-135m-instruct"
+            and len(prov["proposer_sha256"]) == 64
+        )
         assert prov["seed"] == 3 and prov["round"] == 0 and prov["tip"] and len(prov["rows"]) == 3
         pool_ids = {i.id for i in sst2_session.data.pool}
         assert set(prov["rows"]) <= pool_ids  # grounded on pool rows, never on dev or test items
@@ -142,8 +169,13 @@ def test_reflect_shows_answers_a_perturbation_changed(sst2_session, tmp_path):
     for flip in flips:
         assert flip.perturbed.question != flip.item.question and flip.answer != flip.perturbed_answer
         assert flip.answer in flip.item.choices and flip.perturbed_answer in flip.item.choices
-    made = propose_space(sst2_session, ProposeRequest(n=1, mode="reflect", seed=0), space=None, out=tmp_path / "r.yaml",
-                         cache_dir=tmp_path / "cache")
+    made = propose_space(
+        sst2_session,
+        ProposeRequest(n=1, mode="reflect", seed=0),
+        space=None,
+        out=tmp_path / "r.yaml",
+        cache_dir=tmp_path / "cache",
+    )
     attempts = [p.provenance for p in made.proposals.accepted] + [r["provenance"] for r in made.proposals.rejected]
     assert len(attempts) == made.proposals.attempts >= 1
     for provenance in attempts:  # accepted or not, every proposal was shown answers that changed
@@ -160,10 +192,16 @@ def test_history_mode_needs_scored_instructions(sst2_session):
 
 def test_cli_mistakes_are_one_line(tmp_path):
     result = promptopt("propose", "--task", "sst2", "--n", "2", "--out", tmp_path / "space.txt")
-    assert result.code == 2 and result.stderr.strip() == f"error: --out {tmp_path / 'space.txt'}: a space file is YAML; use a .yaml file name"
+    assert (
+        result.code == 2
+        and result.stderr.strip()
+        == f"error: --out {tmp_path / 'space.txt'}: a space file is YAML; use a .yaml file name"
+    )
     result = promptopt("search", "--task", "sst2", "--propose-mode", "reflect", "--out", tmp_path / "s")
     assert result.code == 2 and "give --propose N" in result.stderr and not (tmp_path / "s").exists()
-    result = promptopt("search", "--task", "sst2", "--propose", "2", "--propose-mode", "history", "--out", tmp_path / "s")
+    result = promptopt(
+        "search", "--task", "sst2", "--propose", "2", "--propose-mode", "history", "--out", tmp_path / "s"
+    )
     assert result.code == 2 and "use --rounds R" in result.stderr and not (tmp_path / "s").exists()
 
 
@@ -171,8 +209,31 @@ def test_search_rounds_warm_start_one_table_and_resume(tiny_llama_dir, tmp_path)
     """Plumbing on a tiny random model: its proposals are noise, most are filtered; the rounds still grow
     the space, start from the previous best and resume to the same tables."""
     out = tmp_path / "rounds"
-    args = ["search", "--task", "sst2", "--model", tiny_llama_dir, "--strategy", "accuracy", "--trials", "3", "--dev-limit", "8",
-            "--test-limit", "8", "--propose", "1", "--propose-mode", "induce", "--rounds", "2", "--out", out, "--seed", "5"]
+    args = [
+        "search",
+        "--task",
+        "sst2",
+        "--model",
+        tiny_llama_dir,
+        "--strategy",
+        "accuracy",
+        "--trials",
+        "3",
+        "--dev-limit",
+        "8",
+        "--test-limit",
+        "8",
+        "--propose",
+        "1",
+        "--propose-mode",
+        "induce",
+        "--rounds",
+        "2",
+        "--out",
+        out,
+        "--seed",
+        "5",
+    ]
     result = promptopt(*args)
     assert result.code == 0, result.stderr
     rounds = json.loads((out / "rounds.json").read_text())["rounds"]
@@ -188,9 +249,15 @@ def test_search_rounds_warm_start_one_table_and_resume(tiny_llama_dir, tmp_path)
     for entry in rounds[1]["proposed"]:
         assert space1.proposals[entry["name"]]["mode"] == "history" and space1.proposals[entry["name"]]["round"] == 1
     written = [json.loads(p.read_text()) for p in (out / "proposals").glob("*.json")]
-    history = [a for w in written for a in [p["provenance"] for p in w["accepted"]] + [r["provenance"] for r in w["rejected"]]
-               if a["mode"] == "history"]
-    assert history and all(a["round"] == 1 and a["parents"] for a in history)  # every round-1 attempt saw round 0's instructions
+    history = [
+        a
+        for w in written
+        for a in [p["provenance"] for p in w["accepted"]] + [r["provenance"] for r in w["rejected"]]
+        if a["mode"] == "history"
+    ]
+    assert history and all(
+        a["round"] == 1 and a["parents"] for a in history
+    )  # every round-1 attempt saw round 0's instructions
     tried0 = set(trials.loc[(trials["round"] == 0) & (trials["state"] == "COMPLETE"), "params_instruction"])
     assert all(set(a["parents"]) == tried0 for a in history)
     assert set(load_space(str(out / "round0" / "space.yaml")).instructions) <= set(space1.instructions)
@@ -212,8 +279,31 @@ def test_search_rounds_warm_start_one_table_and_resume(tiny_llama_dir, tmp_path)
 
 def test_compare_searches_one_grown_space_for_every_strategy(tiny_llama_dir, tmp_path):
     out = tmp_path / "cmp"
-    args = ["compare", "--task", "sst2", "--model", tiny_llama_dir, "--strategies", "accuracy,ppl", "--trials", "2", "--dev-limit", "8",
-            "--test-limit", "8", "--top-n", "1", "--suite", "none", "--propose", "1", "--propose-mode", "induce", "--out", out]
+    args = [
+        "compare",
+        "--task",
+        "sst2",
+        "--model",
+        tiny_llama_dir,
+        "--strategies",
+        "accuracy,ppl",
+        "--trials",
+        "2",
+        "--dev-limit",
+        "8",
+        "--test-limit",
+        "8",
+        "--top-n",
+        "1",
+        "--suite",
+        "none",
+        "--propose",
+        "1",
+        "--propose-mode",
+        "induce",
+        "--out",
+        out,
+    ]
     result = promptopt(*args)
     assert result.code == 0, result.stderr
     assert "proposals:" in result.stdout
@@ -232,22 +322,52 @@ def test_compare_searches_one_grown_space_for_every_strategy(tiny_llama_dir, tmp
     assert rerun.code == 2 and "already" in rerun.stderr and "--resume" in rerun.stderr, rerun.stderr
     changed = promptopt(*[a if a != "8" else "6" for a in args], "--resume")  # --dev-limit 6: other dev items
     assert changed.code == 2 and "dev_limit=8 but this run has dev_limit=6" in changed.stderr, changed.stderr
-    reseeded = promptopt(*args, "--seed", "99", "--resume")  # other proposals, so another space: its studies would differ
+    reseeded = promptopt(
+        *args, "--seed", "99", "--resume"
+    )  # other proposals, so another space: its studies would differ
     assert reseeded.code == 2 and "space_file_sha256=" in reseeded.stderr, reseeded.stderr
     assert (out / "space.yaml").read_bytes() == before and not (out / "space.yaml.pending").exists()
 
 
 def test_a_proposed_winner_carries_its_provenance_into_both_cards(tiny_llama_dir, tmp_path):
     raw = yaml.safe_load(Path("search_spaces/sst2.yaml").read_text())
-    provenance = {"mode": "grounded", "proposer": "smollm2-135m-instruct", "proposer_sha256": None, "seed": 0, "attempt": 2,
-                  "round": 0, "parents": [], "tip": "concise", "rows": ["sst2-1", "sst2-2", "sst2-3"]}
+    provenance = {
+        "mode": "grounded",
+        "proposer": "smollm2-135m-instruct",
+        "proposer_sha256": None,
+        "seed": 0,
+        "attempt": 2,
+        "round": 0,
+        "parents": [],
+        "tip": "concise",
+        "rows": ["sst2-1", "sst2-2", "sst2-3"],
+    }
     raw["instructions"] = {"grounded_0a1b2c3d": "Decide whether each review is negative or positive."}
     raw["proposals"] = {"grounded_0a1b2c3d": provenance}
     space = tmp_path / "proposed.yaml"
     space.write_text(yaml.safe_dump(raw))
     out = tmp_path / "run"
-    result = promptopt("search", "--task", "sst2", "--model", tiny_llama_dir, "--strategy", "accuracy", "--trials", "2",
-                       "--dev-limit", "6", "--test-limit", "4", "--space", space, "--out", out, "--device", "cpu")
+    result = promptopt(
+        "search",
+        "--task",
+        "sst2",
+        "--model",
+        tiny_llama_dir,
+        "--strategy",
+        "accuracy",
+        "--trials",
+        "2",
+        "--dev-limit",
+        "6",
+        "--test-limit",
+        "4",
+        "--space",
+        space,
+        "--out",
+        out,
+        "--device",
+        "cpu",
+    )
     assert result.code == 0, result.stderr
     best = yaml.safe_load((out / "best_card.yaml").read_text())
     assert best["provenance"]["instruction_provenance"] == {"name": "grounded_0a1b2c3d", **provenance}
@@ -269,10 +389,18 @@ def test_history_proposals_start_from_the_spaces_own_instructions_scored_on_dev(
     history = scored_instructions(sst2_session, three)
     assert [name for name, _, _ in history] == list(three.instructions)
     base = sst2_session.data.default_prompt()
-    by_hand = sst2_session.scorer.score(dataclasses.replace(base, instruction=history[2][1]), sst2_session.items("dev")).table
+    by_hand = sst2_session.scorer.score(
+        dataclasses.replace(base, instruction=history[2][1]), sst2_session.items("dev")
+    ).table
     assert history[2][2] == by_hand["correct"].mean()
-    made = propose_space(sst2_session, ProposeRequest(n=1, mode="history", seed=1), space=None, out=tmp_path / "h.yaml",
-                         cache_dir=tmp_path / "cache", history=history)
+    made = propose_space(
+        sst2_session,
+        ProposeRequest(n=1, mode="history", seed=1),
+        space=None,
+        out=tmp_path / "h.yaml",
+        cache_dir=tmp_path / "cache",
+        history=history,
+    )
     value = {name: v for name, _, v in history}
     attempts = [p.provenance for p in made.proposals.accepted] + [r["provenance"] for r in made.proposals.rejected]
     assert attempts

@@ -22,8 +22,25 @@ from tests.clirun import promptopt
 from tests.test_faults import Run, assert_ok, assert_run_dir_parses, cli, kill_at, snapshot
 
 PLUMBING_SUITE = str(Path(__file__).parent / "suites" / "plumbing.yaml")  # no WordNet, no LM: processes start fast
-COMPARE = ["compare", "--task", "sst2", "--trials", "2", "--dev-limit", "8", "--test-limit", "6", "--robust-limit", "3",
-           "--suite", PLUMBING_SUITE, "--top-n", "1", "--device", "cpu"]
+COMPARE = [
+    "compare",
+    "--task",
+    "sst2",
+    "--trials",
+    "2",
+    "--dev-limit",
+    "8",
+    "--test-limit",
+    "6",
+    "--robust-limit",
+    "3",
+    "--suite",
+    PLUMBING_SUITE,
+    "--top-n",
+    "1",
+    "--device",
+    "cpu",
+]
 TABLES = ("compare.csv", "compare_paired.csv", "compare_runs.csv")
 WALL = ("wall_seconds", "wall_seconds_sd")
 
@@ -32,8 +49,11 @@ def assert_one_error_line(run, *fragments: str) -> None:
     """Exit 2 and one message line on stderr, starting with 'error:' (progress bars and the fault hook's
     announcements aside)."""
     text = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", run.stderr)
-    lines = [line.strip() for line in re.split(r"[\r\n]", text) if line.strip() and "%|" not in line
-             and not line.startswith("fault-point ")]
+    lines = [
+        line.strip()
+        for line in re.split(r"[\r\n]", text)
+        if line.strip() and "%|" not in line and not line.startswith("fault-point ")
+    ]
     assert run.code == 2, run.stderr
     assert len(lines) == 1 and lines[0].startswith("error: "), run.stderr
     for fragment in fragments:
@@ -71,7 +91,9 @@ def tables(out: Path, drop=WALL) -> dict[str, pd.DataFrame]:
                 frame.loc[i, "trial"] = mapping[int(row["trial"])]
             if "card" in frame:  # the card's path, inside this run directory
                 frame.loc[i, "card"] = str(row["card"]).replace(str(out), "<out>")
-            frame.loc[i, "selected_by"] = re.sub(r"#(\d+)", lambda m, o=mapping: f"#ordinal{o[int(m[1])]}", str(row["selected_by"]))
+            frame.loc[i, "selected_by"] = re.sub(
+                r"#(\d+)", lambda m, o=mapping: f"#ordinal{o[int(m[1])]}", str(row["selected_by"])
+            )
         return frame
 
     frames = {name: pd.read_csv(out / name) for name in TABLES}
@@ -115,7 +137,9 @@ def test_finished_compare_rerun_reuses_everything_and_scores_nothing(whole, mode
     stored = snapshot(out / "evaluations")
     fresh = promptopt(*COMPARE, "--model", model, "--out", out, env={"PROMPTOPT_FAULT_SLEEP": "compare-test:0"})
     assert_one_error_line(fresh, "has already started (study 'sst2-ppl' exists", "pass --resume")
-    rerun = promptopt(*COMPARE, "--model", model, "--out", out, "--resume", env={"PROMPTOPT_FAULT_SLEEP": "compare-test:0"})
+    rerun = promptopt(
+        *COMPARE, "--model", model, "--out", out, "--resume", env={"PROMPTOPT_FAULT_SLEEP": "compare-test:0"}
+    )
     assert rerun.code == 0, rerun.stderr
     assert "fault-point compare-test" not in rerun.stderr  # no prompt scored on the test items
     summary = json.loads((out / "summary.json").read_text())
@@ -125,7 +149,9 @@ def test_finished_compare_rerun_reuses_everything_and_scores_nothing(whole, mode
     assert "0 misses" in rerun.stdout
     assert snapshot(out / "evaluations") == stored
     assert_same_tables(whole, out)
-    walls = [pd.read_csv(run / "compare.csv").set_index("strategy")["wall_seconds"].drop("baseline") for run in (whole, out)]
+    walls = [
+        pd.read_csv(run / "compare.csv").set_index("strategy")["wall_seconds"].drop("baseline") for run in (whole, out)
+    ]
     assert (walls[1] >= walls[0]).all() and (walls[0] > 0).all()  # a reused study keeps its search's seconds
 
 
@@ -135,9 +161,18 @@ def test_compare_resume_refuses_a_changed_study_before_any_work(whole, model, tm
     out = tmp_path / "run"
     shutil.copytree(whole, out)
     before = snapshot(out)
-    changed = promptopt(*[a if a != "8" else "6" for a in COMPARE], "--model", model, "--out", out, "--resume",
-                        env={"PROMPTOPT_FAULT_SLEEP": "compare-test:0"})
-    assert_one_error_line(changed, "--resume: study 'sst2-ppl' was created with dev_limit=8 but this run has dev_limit=6")
+    changed = promptopt(
+        *[a if a != "8" else "6" for a in COMPARE],
+        "--model",
+        model,
+        "--out",
+        out,
+        "--resume",
+        env={"PROMPTOPT_FAULT_SLEEP": "compare-test:0"},
+    )
+    assert_one_error_line(
+        changed, "--resume: study 'sst2-ppl' was created with dev_limit=8 but this run has dev_limit=6"
+    )
     assert "fault-point" not in changed.stderr
     assert snapshot(out) == before
     more = promptopt(*COMPARE, "--strategies", "ppl,tcb,accuracy,acc_ppl", "--model", model, "--out", out, "--resume")
@@ -161,7 +196,21 @@ def test_an_over_long_card_prompt_names_the_card(model, tmp_path):
 
 
 # --- a full disk, a forbidden folder, two runs at once -----------------------------------------------------
-SEARCH = ["search", "--task", "sst2", "--dev-limit", "4", "--test-limit", "2", "--minibatch", "4", "--trials", "2", "--device", "cpu"]
+SEARCH = [
+    "search",
+    "--task",
+    "sst2",
+    "--dev-limit",
+    "4",
+    "--test-limit",
+    "2",
+    "--minibatch",
+    "4",
+    "--trials",
+    "2",
+    "--device",
+    "cpu",
+]
 
 
 @pytest.fixture
@@ -171,7 +220,9 @@ def small_disk(tmp_path):
     mount.mkdir()
     if os.geteuid() != 0 or not shutil.which("mount"):
         pytest.skip("a small tmpfs needs root (mount -t tmpfs)")
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True, text=True, check=False
+    )
     if done.returncode != 0:
         pytest.skip(f"mount -t tmpfs is not permitted here: {done.stderr.strip()}")
 
@@ -213,10 +264,19 @@ def test_a_full_disk_is_one_line_and_leaves_nothing_for_every_out(small_disk, mo
         (["score", "--task", "sst2", "--limit", "2", *common, "--out", disk / "s.parquet"], "cannot write"),
         ([*SEARCH, "--model", model, "--out", disk / "run"], "study.db"),
         ([*COMPARE, "--model", model, "--strategies", "ppl", "--out", disk / "cmp"], "cannot write"),
-        (["evaluate", "--task", "sst2", "--suite", PLUMBING_SUITE, "--limit", "2", *common, "--out", disk / "ev"], "cannot write"),
-        (["export", finished_search, "--out", disk / "card.yaml"], f"cannot write {disk / 'card.yaml'}: No space left on device"),
+        (
+            ["evaluate", "--task", "sst2", "--suite", PLUMBING_SUITE, "--limit", "2", *common, "--out", disk / "ev"],
+            "cannot write",
+        ),
+        (
+            ["export", finished_search, "--out", disk / "card.yaml"],
+            f"cannot write {disk / 'card.yaml'}: No space left on device",
+        ),
         (["export", finished_search, "--format", "lm-eval", "--out", disk / "task.yaml"], "No space left on device"),
-        (["report", finished_search, "--out", disk / "report.html"], f"cannot write {disk / 'report.html'}: No space left"),
+        (
+            ["report", finished_search, "--out", disk / "report.html"],
+            f"cannot write {disk / 'report.html'}: No space left",
+        ),
     ]
     for args, fragment in cases:
         run = promptopt(*args)
@@ -283,7 +343,9 @@ def test_two_searches_started_at_once_on_one_out(model, tmp_path):
     """Both pass the checks before either has created the study (the fault hook holds each just before it
     creates the storage): one runs, the other gets the 'already exists / pass --resume' line."""
     out = tmp_path / "run"
-    runs = [Run(*SEARCH, "--model", model, "--out", str(out), PROMPTOPT_FAULT_SLEEP="create-storage:4") for _ in range(2)]
+    runs = [
+        Run(*SEARCH, "--model", model, "--out", str(out), PROMPTOPT_FAULT_SLEEP="create-storage:4") for _ in range(2)
+    ]
     for run in runs:
         run.finish()
     codes = sorted(run.code for run in runs)
@@ -326,14 +388,18 @@ def test_pair_reproduces_the_compares_own_paired_numbers(whole, tmp_path):
     (swapped / "tcb").rename(swapped / "ppl")
     (swapped / "swap").rename(swapped / "tcb")
     runs = pd.read_csv(whole / "compare_runs.csv")
-    distinct = runs["strategy"].map({"baseline": None, "accuracy": 0.125, "ppl": 0.25, "tcb": 0.375})  # each winner's own dev number
-    runs.assign(strategy=runs["strategy"].replace(swap), dev_accuracy=distinct).to_csv(swapped / "compare_runs.csv", index=False)
+    distinct = runs["strategy"].map(
+        {"baseline": None, "accuracy": 0.125, "ppl": 0.25, "tcb": 0.375}
+    )  # each winner's own dev number
+    runs.assign(strategy=runs["strategy"].replace(swap), dev_accuracy=distinct).to_csv(
+        swapped / "compare_runs.csv", index=False
+    )
     items = pd.read_parquet(whole / "robustness_items.parquet")
     items.assign(strategy=items["strategy"].replace(swap)).to_parquet(swapped / "robustness_items.parquet")
     answers = pd.read_parquet(whole / "test_items.parquet")
     answers.assign(strategy=answers["strategy"].replace(swap)).to_parquet(swapped / "test_items.parquet")
     for table in swapped.glob("*/best_test_items.parquet"):  # the compare's own table of every winner is what pairs,
-        table.unlink()                                       # whichever trial won (`--select robust`: not the best)
+        table.unlink()  # whichever trial won (`--select robust`: not the best)
     swapped_runs = pd.read_csv(swapped / "compare_runs.csv")
     swapped_runs.assign(trial=swapped_runs["trial"] + 1).to_csv(swapped / "compare_runs.csv", index=False)
     table = pair_runs(whole, swapped, seed=1234).set_index("strategy")
@@ -347,16 +413,29 @@ def test_pair_reproduces_the_compares_own_paired_numbers(whole, tmp_path):
     assert table.loc["ppl", "delta_acc"] == pytest.approx(correct["ppl"] - correct["tcb"])  # by hand
     assert table.loc["accuracy", "delta_acc"] == 0 and table.loc["accuracy", "mcnemar_p"] == 1.0
     dev = runs[runs["winner"]].set_index("strategy")["dev_accuracy"]
-    assert [table.loc[s, "dev_accuracy_a"] for s in ("accuracy", "ppl", "tcb")] == [dev["accuracy"], dev["ppl"], dev["tcb"]]
-    assert [table.loc[s, "dev_accuracy_b"] for s in ("accuracy", "ppl", "tcb")] == [0.125, 0.375, 0.25]  # swapped with the labels
+    assert [table.loc[s, "dev_accuracy_a"] for s in ("accuracy", "ppl", "tcb")] == [
+        dev["accuracy"],
+        dev["ppl"],
+        dev["tcb"],
+    ]
+    assert [table.loc[s, "dev_accuracy_b"] for s in ("accuracy", "ppl", "tcb")] == [
+        0.125,
+        0.375,
+        0.25,
+    ]  # swapped with the labels
     # a compare from before test_items.parquet pairs through its run directories' best-trial tables, and says
     # what to do when a winner is not its search's best trial (`--select robust`)
     old = tmp_path / "old"
     shutil.copytree(whole, old)
     (old / "test_items.parquet").unlink()
     assert pair_runs(whole, old, seed=1234).set_index("strategy").loc["ppl", "delta_acc"] == 0
-    runs.assign(trial=runs["trial"].where(runs["strategy"] != "ppl", runs["trial"] + 1)).to_csv(old / "compare_runs.csv", index=False)
-    with pytest.raises(UserError, match=r"the winner of ppl seed 0 is trial \d+, not its search's best trial .*predates test_items.parquet"):
+    runs.assign(trial=runs["trial"].where(runs["strategy"] != "ppl", runs["trial"] + 1)).to_csv(
+        old / "compare_runs.csv", index=False
+    )
+    with pytest.raises(
+        UserError,
+        match=r"the winner of ppl seed 0 is trial \d+, not its search's best trial .*predates test_items.parquet",
+    ):
         pair_runs(whole, old)
     result = promptopt("pair", whole, swapped, "--out", tmp_path / "pair.csv")
     assert result.code == 0, result.stderr

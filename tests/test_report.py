@@ -55,9 +55,20 @@ def need_chromium() -> str:
 
 def chromium(profile: Path, *args: str) -> subprocess.CompletedProcess:
     """Headless Chromium with no network (every host name fails to resolve) and a private profile."""
-    command = [need_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--no-first-run",
-               "--host-resolver-rules=MAP * ~NOTFOUND", "--enable-logging=stderr", "--v=0", f"--user-data-dir={profile}",
-               "--virtual-time-budget=20000", *args]
+    command = [
+        need_chromium(),
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--hide-scrollbars",
+        "--no-first-run",
+        "--host-resolver-rules=MAP * ~NOTFOUND",
+        "--enable-logging=stderr",
+        "--v=0",
+        f"--user-data-dir={profile}",
+        "--virtual-time-budget=20000",
+        *args,
+    ]
     return subprocess.run(command, capture_output=True, text=True, timeout=180)
 
 
@@ -120,7 +131,6 @@ def ink(path: Path) -> tuple[int, float]:
     for pixel in sample:
         counts[pixel] = counts.get(pixel, 0) + 1
     return len(counts), 1 - max(counts.values()) / len(sample)
-
 
 
 def plot_marks(dom: str) -> dict[str, int]:
@@ -224,7 +234,9 @@ def compare_dir(tiny_llama_dir, tmp_path_factory) -> Path:
     from promptopt.experiments import run_compare
 
     out = tmp_path_factory.mktemp("report") / "cmp"
-    run_compare(_config(tiny_llama_dir, out), ["tcb", "ppl"], top_n=2, suite="quick", robust_limit=4, show_progress=False)
+    run_compare(
+        _config(tiny_llama_dir, out), ["tcb", "ppl"], top_n=2, suite="quick", robust_limit=4, show_progress=False
+    )
     return out
 
 
@@ -233,8 +245,14 @@ def seeds_dir(tiny_llama_dir, tmp_path_factory) -> Path:
     from promptopt.experiments import run_compare
 
     out = tmp_path_factory.mktemp("report") / "seeds"
-    run_compare(_config(tiny_llama_dir, out, trials=2, dev_limit=4, test_limit=4, minibatch=2), ["accuracy", "tcb"], seeds=2,
-                top_n=1, suite=None, show_progress=False)
+    run_compare(
+        _config(tiny_llama_dir, out, trials=2, dev_limit=4, test_limit=4, minibatch=2),
+        ["accuracy", "tcb"],
+        seeds=2,
+        top_n=1,
+        suite=None,
+        show_progress=False,
+    )
     return out
 
 
@@ -262,7 +280,12 @@ def test_report_is_one_self_contained_file(report):
     assert page.count(get_plotlyjs()) == 1  # plotly.js inlined once
     assert not re.search(r"<script[^>]+src=", page) and not re.search(r"<link[^>]+href=\"?https?:", page)
     assert page.count("Plotly.newPlot(") == page.count('<div class="plot"')
-    assert page.index('id="verdict"') < page.index('id="paired"') < page.index('id="strategies"') < page.index('id="robustness"')
+    assert (
+        page.index('id="verdict"')
+        < page.index('id="paired"')
+        < page.index('id="strategies"')
+        < page.index('id="robustness"')
+    )
     assert report.stat().st_size < MAX_BYTES
 
 
@@ -284,8 +307,10 @@ def test_the_browser_checks_can_fail(tmp_path):
     """Guard against vacuous checks: a console error or warning, a failed script load, a blank page and an
     empty plot container are all seen."""
     bad = tmp_path / "bad.html"
-    bad.write_text('<!DOCTYPE html><html><head></head><body><script>console.error("broken plot");console.warn("bad colour");console.trace("WARN:","plotly ignored it")</script>'
-                   '<script src="https://cdn.example.invalid/plotly.js"></script><div class="plot" data-plot="empty"></div></body></html>')
+    bad.write_text(
+        '<!DOCTYPE html><html><head></head><body><script>console.error("broken plot");console.warn("bad colour");console.trace("WARN:","plotly ignored it")</script>'
+        '<script src="https://cdn.example.invalid/plotly.js"></script><div class="plot" data-plot="empty"></div></body></html>'
+    )
     dom, stderr = rendered_dom(bad, tmp_path)
     errors = console_errors(dom, stderr)
     assert any("broken plot" in e for e in errors) and any("failed to load" in e for e in errors), errors
@@ -306,7 +331,13 @@ def assert_page_says(page: str, paired) -> None:
     rows = {(attrs["data-a"], attrs["data-b"]): cells for attrs, cells in found.rows if "data-a" in attrs}
     assert set(rows) == set(zip(paired["a"], paired["b"]))
     metrics = metrics_of(paired)  # quick judged under the search suite cheap: seen and unseen families, labelled
-    assert [m.col for m in metrics] == ["delta_acc", "delta_acc_worst_seen", "delta_acc_worst_unseen", "delta_pdr_seen", "delta_pdr_unseen"]
+    assert [m.col for m in metrics] == [
+        "delta_acc",
+        "delta_acc_worst_seen",
+        "delta_acc_worst_unseen",
+        "delta_pdr_seen",
+        "delta_pdr_unseen",
+    ]
     for _, r in paired.iterrows():
         cells = {attrs["data-col"]: (text, attrs) for text, attrs in rows[(r["a"], r["b"])] if "data-col" in attrs}
         for col in [m.col for m in metrics] + ["mcnemar_p", "n_pairs"]:
@@ -315,16 +346,25 @@ def assert_page_says(page: str, paired) -> None:
             shown = numbers(text)
             assert shown[0] == pytest.approx(r[col], abs=0.0051), (col, text)  # and what the reader sees, rounded
             if col.startswith("delta_"):
-                assert (float(attrs["data-low"]), float(attrs["data-high"])) == (r[f"{col}_ci_low"], r[f"{col}_ci_high"])
+                assert (float(attrs["data-low"]), float(attrs["data-high"])) == (
+                    r[f"{col}_ci_low"],
+                    r[f"{col}_ci_high"],
+                )
                 assert shown[1:] == pytest.approx([r[f"{col}_ci_low"], r[f"{col}_ci_high"]], abs=0.0051), (col, text)
         sentence = found.verdicts[(r["a"], r["b"])]
-        flags = {m.label: str(r["significant"]).lower() == "true" if m.base == "acc" else
-                 bool(r[f"{m.col}_ci_low"] > 0 or r[f"{m.col}_ci_high"] < 0) for m in metrics}
+        flags = {
+            m.label: str(r["significant"]).lower() == "true"
+            if m.base == "acc"
+            else bool(r[f"{m.col}_ci_low"] > 0 or r[f"{m.col}_ci_high"] < 0)
+            for m in metrics
+        }
         if "no difference" in sentence:
             assert not any(flags.values()) and r["only_a_correct"] == r["only_b_correct"] == 0, sentence
             continue
-        clauses = dict(re.match(r"(accuracy|(?:Acc_worst|PDR)(?: \((?:seen|unseen)\))?) (.*)", c.strip()).groups()
-                       for c in sentence.split(":", 1)[1].split(";"))
+        clauses = dict(
+            re.match(r"(accuracy|(?:Acc_worst|PDR)(?: \((?:seen|unseen)\))?) (.*)", c.strip()).groups()
+            for c in sentence.split(":", 1)[1].split(";")
+        )
         for label, flag in flags.items():
             assert ("significant (favours" in clauses[label]) == flag, (label, sentence)
             assert clauses[label].rstrip(".").endswith("not significant") == (not flag), (label, sentence)
@@ -334,7 +374,9 @@ def test_paired_table_and_verdict_say_what_compare_paired_csv_says(compare_dir, 
     import pandas as pd
 
     paired = pd.read_csv(compare_dir / "compare_paired.csv")
-    assert len(paired) == 3  # tcb vs ppl and each against the default prompt (ties or not: the next test edits in differences)
+    assert (
+        len(paired) == 3
+    )  # tcb vs ppl and each against the default prompt (ties or not: the next test edits in differences)
     assert_page_says(dom, paired)
 
 
@@ -349,10 +391,21 @@ def test_paired_table_and_verdict_follow_an_edited_csv(compare_dir, tmp_path):
     paired = pd.read_csv(run / "compare_paired.csv")
     paired["delta_acc"], paired["delta_acc_ci_low"], paired["delta_acc_ci_high"] = 0.0371, 0.0123, 0.0618
     paired["mcnemar_p"], paired["significant"], paired["only_a_correct"] = 0.0312, True, 5
-    paired.loc[1, ["mcnemar_p", "significant"]] = [0.0714, False]  # interval excludes 0, McNemar does not: not significant
+    paired.loc[1, ["mcnemar_p", "significant"]] = [
+        0.0714,
+        False,
+    ]  # interval excludes 0, McNemar does not: not significant
     for split in ("", "_seen", "_unseen"):
-        paired[f"delta_acc_worst{split}"], paired[f"delta_acc_worst{split}_ci_low"], paired[f"delta_acc_worst{split}_ci_high"] = -0.1666, -0.2917, -0.0417
-        paired[f"delta_pdr{split}"], paired[f"delta_pdr{split}_ci_low"], paired[f"delta_pdr{split}_ci_high"] = 0.0833, -0.0417, 0.2083
+        (
+            paired[f"delta_acc_worst{split}"],
+            paired[f"delta_acc_worst{split}_ci_low"],
+            paired[f"delta_acc_worst{split}_ci_high"],
+        ) = -0.1666, -0.2917, -0.0417
+        paired[f"delta_pdr{split}"], paired[f"delta_pdr{split}_ci_low"], paired[f"delta_pdr{split}_ci_high"] = (
+            0.0833,
+            -0.0417,
+            0.2083,
+        )
     paired.to_csv(run / "compare_paired.csv", index=False)
     page = build_report(run)
     assert_page_says(page, pd.read_csv(run / "compare_paired.csv"))
@@ -365,13 +418,37 @@ def test_verdict_sentences_follow_the_significance_flags():
 
     from promptopt.experiments.report.verdict import metrics_of, sentence, verdict_compare
 
-    row = {"a": "tcb", "b": "ppl", "n_pairs": 300, "delta_acc": 0.017, "delta_acc_ci_low": -0.027, "delta_acc_ci_high": 0.060,
-           "only_a_correct": 20, "only_b_correct": 15, "mcnemar_p": 0.5, "significant": False,
-           "delta_acc_worst_seen": 0.17, "delta_acc_worst_seen_ci_low": 0.06, "delta_acc_worst_seen_ci_high": 0.29,
-           "delta_acc_worst_unseen": -0.05, "delta_acc_worst_unseen_ci_low": -0.12, "delta_acc_worst_unseen_ci_high": 0.02,
-           "delta_pdr": -0.2, "delta_pdr_ci_low": -0.3, "delta_pdr_ci_high": -0.1}
-    strong = {**row, "a": "tcb", "b": "accuracy", "delta_acc": 0.1, "delta_acc_ci_low": 0.05, "delta_acc_ci_high": 0.15,
-              "mcnemar_p": 0.001, "significant": True}
+    row = {
+        "a": "tcb",
+        "b": "ppl",
+        "n_pairs": 300,
+        "delta_acc": 0.017,
+        "delta_acc_ci_low": -0.027,
+        "delta_acc_ci_high": 0.060,
+        "only_a_correct": 20,
+        "only_b_correct": 15,
+        "mcnemar_p": 0.5,
+        "significant": False,
+        "delta_acc_worst_seen": 0.17,
+        "delta_acc_worst_seen_ci_low": 0.06,
+        "delta_acc_worst_seen_ci_high": 0.29,
+        "delta_acc_worst_unseen": -0.05,
+        "delta_acc_worst_unseen_ci_low": -0.12,
+        "delta_acc_worst_unseen_ci_high": 0.02,
+        "delta_pdr": -0.2,
+        "delta_pdr_ci_low": -0.3,
+        "delta_pdr_ci_high": -0.1,
+    }
+    strong = {
+        **row,
+        "a": "tcb",
+        "b": "accuracy",
+        "delta_acc": 0.1,
+        "delta_acc_ci_low": 0.05,
+        "delta_acc_ci_high": 0.15,
+        "mcnemar_p": 0.001,
+        "significant": True,
+    }
     paired = pd.DataFrame([row, strong])
     metrics = metrics_of(paired)
     assert [m.label for m in metrics] == ["accuracy", "Acc_worst (seen)", "Acc_worst (unseen)", "PDR"]
@@ -380,9 +457,13 @@ def test_verdict_sentences_follow_the_significance_flags():
     assert "Acc_worst (seen) +0.17 [0.06, 0.29], significant (favours tcb)" in text
     assert "Acc_worst (unseen) -0.050 [-0.120, 0.020], not significant" in text
     assert "PDR -0.20 [-0.30, -0.10], significant (favours tcb)" in text  # a lower drop rate is the better one
-    assert "accuracy +0.100 [0.050, 0.150], McNemar p = 1.0e-03, significant (favours tcb)" in sentence(paired.iloc[1], metrics, "n")
+    assert "accuracy +0.100 [0.050, 0.150], McNemar p = 1.0e-03, significant (favours tcb)" in sentence(
+        paired.iloc[1], metrics, "n"
+    )
     page = verdict_compare(paired, {"seeds": 1, "n_robust": 100, "suite": "unseen"})
-    assert "2 of 2 pairs of strategies differ significantly" in page and page.index("tcb vs ppl") < page.index("tcb vs accuracy")
+    assert "2 of 2 pairs of strategies differ significantly" in page and page.index("tcb vs ppl") < page.index(
+        "tcb vs accuracy"
+    )
 
 
 def test_numbers_are_rounded_to_their_interval():
@@ -395,9 +476,11 @@ def test_numbers_are_rounded_to_their_interval():
 
 
 def test_family_section_lists_the_families_measured(dom):
-    section = dom[dom.index('id="robustness"'):dom.index('id="card"')]
+    section = dom[dom.index('id="robustness"') : dom.index('id="card"')]
     listed = re.search(r'class="families" data-families="([^"]*)"', section)
-    assert listed and listed.group(1).split(",") == ["synonym", "exemplar_reorder", "distractor", "typos_keyboard"], section[:2000]
+    assert listed and listed.group(1).split(",") == ["synonym", "exemplar_reorder", "distractor", "typos_keyboard"], (
+        section[:2000]
+    )
     assert "Families measured (robustness_items.parquet)" in section  # compare keeps every answer now
     assert "distractor (unseen)" in section and "synonym (seen)" in section  # judged under quick, searched under cheap
     assert "not measured here" not in dom
@@ -407,7 +490,7 @@ def test_card_section_shows_the_card_export_writes(compare_dir, dom, tmp_path):
     from promptopt.experiments.export import export_run
 
     exported = export_run(compare_dir, out=tmp_path / "card.yaml")
-    section = dom[dom.index('id="card"'):dom.index('id="search"')]
+    section = dom[dom.index('id="card"') : dom.index('id="search"')]
     search = exported.card["search"]
     assert "version 2" in section and f"export picked strategy <b>{search['strategy']}</b> (of tcb, ppl)" in section
     assert f"trial #{search['trial']}" in section
@@ -424,7 +507,9 @@ def test_strategy_table_has_intervals_and_readable_headers(dom):
     for _, cells in body:
         accuracy = next(text for text, attrs in cells if attrs.get("data-col") == "avg_acc")
         assert re.search(r"\[\d\.\d+, \d\.\d+\]", accuracy), accuracy  # every estimate with its interval
-    assert "avg_acc" not in dom[dom.index('id="strategies"'):dom.index('id="robustness"')].split("<tbody>")[0]  # no raw column names
+    assert (
+        "avg_acc" not in dom[dom.index('id="strategies"') : dom.index('id="robustness"')].split("<tbody>")[0]
+    )  # no raw column names
 
 
 def test_scatter_draws_pruned_trials_apart_and_nudges_overlaps():
@@ -432,8 +517,21 @@ def test_scatter_draws_pruned_trials_apart_and_nudges_overlaps():
 
     from promptopt.experiments.report.figures import trials_scatter
 
-    rows = [{"strategy": s, "seed": 0, "trial": t, "state": state, "accuracy": 0.5, "tcb_mean": 2.0, "n_dev": n, "template": "a", "k": 1}
-            for s in ("tcb", "ppl") for t, state, n in ((0, "COMPLETE", 8), (1, "COMPLETE", 8), (2, "PRUNED", 3))]
+    rows = [
+        {
+            "strategy": s,
+            "seed": 0,
+            "trial": t,
+            "state": state,
+            "accuracy": 0.5,
+            "tcb_mean": 2.0,
+            "n_dev": n,
+            "template": "a",
+            "k": 1,
+        }
+        for s in ("tcb", "ppl")
+        for t, state, n in ((0, "COMPLETE", 8), (1, "COMPLETE", 8), (2, "PRUNED", 3))
+    ]
     fig = trials_scatter(pd.DataFrame(rows))
     finished = [t for t in fig.data if "finished" in fig.layout.annotations[int((t.xaxis[1:] or 1)) - 1].text]
     pruned = [t for t in fig.data if "pruned" in fig.layout.annotations[int((t.xaxis[1:] or 1)) - 1].text]
@@ -447,7 +545,7 @@ def test_scatter_draws_pruned_trials_apart_and_nudges_overlaps():
 def _text(page: str, section: str) -> str:
     start = page.index(f'id="{section}"')
     end = page.find("<section", start)
-    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", page[start:end if end > 0 else None]))
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", page[start : end if end > 0 else None]))
 
 
 def test_a_search_directory(compare_dir):
@@ -466,7 +564,7 @@ def test_a_compare_with_several_seeds(seeds_dir):
     page = build_report(seeds_dir)
     strategies = _text(page, "strategies")
     assert "Mean ± sd over 2 seeds" in strategies and re.search(r"\d\.\d+ ± \d\.\d+", strategies)
-    folded = page[page.index('<details id="per-seed">'):]
+    folded = page[page.index('<details id="per-seed">') :]
     folded = folded[: folded.index("</details>")]
     winners = pd.read_csv(seeds_dir / "compare_runs.csv")
     assert folded.count("<tr data-strategy") == len(winners)  # one row per seed (and candidate), folded away
@@ -480,31 +578,61 @@ def test_an_evaluate_directory(tiny_llama_dir, suite_file, tmp_path):
 
     out = tmp_path / "eval"
     out.mkdir()
-    proc = run_cli("evaluate", "--task", "sst2", "--model", tiny_llama_dir, "--suite", suite_file, "--limit", 3,
-                   "--out", out / "robustness", "--device", "cpu")
+    proc = run_cli(
+        "evaluate",
+        "--task",
+        "sst2",
+        "--model",
+        tiny_llama_dir,
+        "--suite",
+        suite_file,
+        "--limit",
+        3,
+        "--out",
+        out / "robustness",
+        "--device",
+        "cpu",
+    )
     assert proc.code == 0, proc.stderr
     page = build_report(out)
     assert "Robustness of one prompt" in _text(page, "verdict") and "Suite tiny on 3 items" in _text(page, "verdict")
     assert re.search(r'data-families="typo,distractor"', page) and 'data-plot="families"' in page
-    assert "No card: no search in this directory" in _text(page, "card") and "No search in this directory" in _text(page, "search")
+    assert "No card: no search in this directory" in _text(page, "card") and "No search in this directory" in _text(
+        page, "search"
+    )
 
 
 def test_a_sweep_directory(tiny_llama_dir, tmp_path):
     from promptopt.experiments.report import build_report
 
     protocol = tmp_path / "tiny.yaml"
-    protocol.write_text('name: tiny\nn: 3\nseed: 3\nranks: [1]\nmax_new_tokens: 4\nstop: ["\\nQuestion:"]\ntasks:\n'
-                        '  triviaqa:\n    template: {query: "Question: {question}\\nAnswer:"}\n'
-                        '    exemplars: [{question: "Which planet is red?", answer: "Mars"}]\n')
-    proc = run_cli("stress", "--models", tiny_llama_dir, "--tasks", "triviaqa", "--protocol", protocol, "--out", tmp_path / "sweep",
-                   "--device", "cpu")
+    protocol.write_text(
+        'name: tiny\nn: 3\nseed: 3\nranks: [1]\nmax_new_tokens: 4\nstop: ["\\nQuestion:"]\ntasks:\n'
+        '  triviaqa:\n    template: {query: "Question: {question}\\nAnswer:"}\n'
+        '    exemplars: [{question: "Which planet is red?", answer: "Mars"}]\n'
+    )
+    proc = run_cli(
+        "stress",
+        "--models",
+        tiny_llama_dir,
+        "--tasks",
+        "triviaqa",
+        "--protocol",
+        protocol,
+        "--out",
+        tmp_path / "sweep",
+        "--device",
+        "cpu",
+    )
     assert proc.code == 0, proc.stderr
     page = build_report(tmp_path / "sweep")
     assert "Taboo stress sweep" in _text(page, "verdict") and "retention at i=1" in _text(page, "verdict")
     sweep = parse(page, "sweep-table")
     assert len(sweep.rows) == 1 + 2  # header, baseline and rank 1
-    section = page[page.index('<section id="sweep"'):]
-    assert section.count('<img alt="figure') == 3 and section.count('src="data:image/png;base64,') == 3  # Figures 1, 3 and 8
+    section = page[page.index('<section id="sweep"') :]
+    assert (
+        section.count('<img alt="figure') == 3 and section.count('src="data:image/png;base64,') == 3
+    )  # Figures 1, 3 and 8
     assert "Nothing paired" in _text(page, "paired")
 
 
@@ -522,10 +650,21 @@ def _items(compare_dir):
             for family, seen in (("typo", True), ("distractor", False)):
                 for variant in range(2):
                     flipped = bool(rng.integers(0, 2))
-                    rows.append({"strategy": strategy, "seed": 0, "item_id": f"sst2-{item}", "family": family, "variant": variant,
-                                 "seen": seen, "clean_correct": clean, "perturbed_correct": clean != flipped,
-                                 "clean_prediction": "positive", "perturbed_prediction": "negative" if flipped else "positive",
-                                 "variant_text": f"{family} variant {variant} of item {item} <b>"})
+                    rows.append(
+                        {
+                            "strategy": strategy,
+                            "seed": 0,
+                            "item_id": f"sst2-{item}",
+                            "family": family,
+                            "variant": variant,
+                            "seen": seen,
+                            "clean_correct": clean,
+                            "perturbed_correct": clean != flipped,
+                            "clean_prediction": "positive",
+                            "perturbed_prediction": "negative" if flipped else "positive",
+                            "variant_text": f"{family} variant {variant} of item {item} <b>",
+                        }
+                    )
     return pd.DataFrame(rows)
 
 
@@ -542,16 +681,30 @@ def test_what_only_some_runs_have_is_drawn(compare_dir, tmp_path):
     _items(compare_dir).to_parquet(run / "robustness_items.parquet")
     (run / "robustness.csv").write_text(FAMILIES)
     (run / "tcb" / "taboo.csv").write_text(TABOO)
-    prompts = pd.DataFrame({"log10_tcb": [0.1, 0.3, 0.2, 0.5], "signed_stability": [0.1, 0.2, 0.0, 0.3], "ppl": [3, 2, 4, 1],
-                            "margin": [1, 2, 1.5, 3], "v_eff": [2, 3, 2, 4], "accuracy": [0.5, 0.6, 0.4, 0.7],
-                            "acc_worst": [0.2, 0.4, 0.1, 0.5], "pdr": [0.3, 0.2, 0.4, 0.1]})
+    prompts = pd.DataFrame(
+        {
+            "log10_tcb": [0.1, 0.3, 0.2, 0.5],
+            "signed_stability": [0.1, 0.2, 0.0, 0.3],
+            "ppl": [3, 2, 4, 1],
+            "margin": [1, 2, 1.5, 3],
+            "v_eff": [2, 3, 2, 4],
+            "accuracy": [0.5, 0.6, 0.4, 0.7],
+            "acc_worst": [0.2, 0.4, 0.1, 0.5],
+            "pdr": [0.3, 0.2, 0.4, 0.1],
+        }
+    )
     correlation_table(prompts, n_boot=200).to_csv(run / "proxy_correlations.csv", index=False)
-    pd.DataFrame({"signal": ["log10_tcb", "margin"], "auroc": [0.61, 0.55], "ci_low": [0.5, 0.45], "ci_high": [0.72, 0.66]}).to_csv(
-        run / "proxy_item_auroc.csv", index=False)
+    pd.DataFrame(
+        {"signal": ["log10_tcb", "margin"], "auroc": [0.61, 0.55], "ci_low": [0.5, 0.45], "ci_high": [0.72, 0.66]}
+    ).to_csv(run / "proxy_item_auroc.csv", index=False)
     page_path = write_report(run, out=tmp_path / "all.html")
     page = page_path.read_text(encoding="utf-8")
-    robustness = page[page.index('id="robustness"'):page.index('id="card"')]
-    assert 'data-families="typo,distractor"' in robustness and "typo (seen)" in robustness and "distractor (unseen)" in robustness
+    robustness = page[page.index('id="robustness"') : page.index('id="card"')]
+    assert (
+        'data-families="typo,distractor"' in robustness
+        and "typo (seen)" in robustness
+        and "distractor (unseen)" in robustness
+    )
     assert "sst2-3" in robustness and "distractor variant 1 of item 3" in robustness  # the variant text, for the hover
     assert "item 3 <b>" not in robustness and "item 3 \\u003cb\\u003e" not in robustness  # escaped, not markup
     assert 'data-plot="flips"' in robustness and 'data-plot="taboo"' in robustness and "robustness.csv" in robustness
@@ -569,7 +722,9 @@ def test_report_cli_and_bad_input(compare_dir, tmp_path):
     (run / "tcb" / "taboo.csv").write_text(TABOO)
     proc = run_cli("report", run / "tcb", "--out", tmp_path / "tcb.html", "--taboo", run / "tcb" / "taboo.csv")
     assert proc.returncode == 0, proc.stderr
-    assert "wrote" in proc.stdout and (tmp_path / "tcb.html").read_text(encoding="utf-8").count('data-plot="taboo"') == 1
+    assert (
+        "wrote" in proc.stdout and (tmp_path / "tcb.html").read_text(encoding="utf-8").count('data-plot="taboo"') == 1
+    )
     unfinished = tmp_path / "unfinished"
     shutil.copytree(compare_dir / "tcb", unfinished)
     (unfinished / "summary.json").unlink()
@@ -578,7 +733,13 @@ def test_report_cli_and_bad_input(compare_dir, tmp_path):
     assert_one_line_error(run_cli("report", tmp_path / "empty-nothing", "--out", out), "no such run directory")
     (tmp_path / "plain").mkdir()
     assert_one_line_error(run_cli("report", tmp_path / "plain", "--out", out), "not a run directory")
-    assert_one_line_error(run_cli("report", compare_dir, "--out", out, "--taboo", tmp_path / "none.csv"), "--taboo", "file not found")
+    assert_one_line_error(
+        run_cli("report", compare_dir, "--out", out, "--taboo", tmp_path / "none.csv"), "--taboo", "file not found"
+    )
     (tmp_path / "wrong.csv").write_text("a,b\n1,2\n")
-    assert_one_line_error(run_cli("report", compare_dir, "--out", out, "--robustness", tmp_path / "wrong.csv"), "--robustness", "missing column")
+    assert_one_line_error(
+        run_cli("report", compare_dir, "--out", out, "--robustness", tmp_path / "wrong.csv"),
+        "--robustness",
+        "missing column",
+    )
     assert not out.exists()

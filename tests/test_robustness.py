@@ -13,13 +13,26 @@ from promptopt.errors import ConfigError
 from promptopt.metrics.stats import accuracy_variance, performance_drop_rate, worst_case
 from promptopt.prompts import Exemplar, Prompt, PromptTemplate
 from promptopt.robustness.perturb import (
-    ClauseReorderOperator, DistractorOperator, ExemplarReorderOperator, ExemplarReplaceOperator, KeyboardTypoOperator,
-    SpellingTypoOperator, SynonymOperator, TautologyOperator, protected_words, protection_holds,
+    ClauseReorderOperator,
+    DistractorOperator,
+    ExemplarReorderOperator,
+    ExemplarReplaceOperator,
+    KeyboardTypoOperator,
+    SpellingTypoOperator,
+    SynonymOperator,
+    TautologyOperator,
+    protected_words,
+    protection_holds,
 )
 from promptopt.robustness.suite import Similarity, builtin_suite_names, load_suite, make_variants, parse_suite
 from promptopt.tasks import Item, load_task
 
-ITEM = Item("q1", "Janet has 16 ducks. The farm is large. The barn is red. How many eggs does Janet sell for 2 dollars?", "18", "18")
+ITEM = Item(
+    "q1",
+    "Janet has 16 ducks. The farm is large. The barn is red. How many eggs does Janet sell for 2 dollars?",
+    "18",
+    "18",
+)
 SHOTS = tuple(Exemplar(id=f"e{i}", question=f"question {i}", answer=str(i)) for i in range(3))
 PROMPT = Prompt(task="gsm8k", exemplars=SHOTS, template=PromptTemplate(query="Question: {question}\nAnswer:"))
 POOL = [Item(f"p{i}", f"pool question {i}", str(i), str(i)) for i in range(5)]
@@ -43,11 +56,22 @@ def test_protection_rules():
     assert not protection_holds("a positive film", "a good film", ["positive"])
 
 
-@pytest.mark.parametrize("operator", [
-    SynonymOperator(max_words=2), KeyboardTypoOperator(max_chars=1, max_words=2), SpellingTypoOperator(max_words=1),
-])
+@pytest.mark.parametrize(
+    "operator",
+    [
+        SynonymOperator(max_words=2),
+        KeyboardTypoOperator(max_chars=1, max_words=2),
+        SpellingTypoOperator(max_words=1),
+    ],
+)
 def test_nlpaug_operators_are_deterministic_and_keep_numbers(operator):
-    item = Item("s", "the acting is superb and the story moves quickly across 3 decades", 1, "positive", ("negative", "positive"))
+    item = Item(
+        "s",
+        "the acting is superb and the story moves quickly across 3 decades",
+        1,
+        "positive",
+        ("negative", "positive"),
+    )
     prompt = Prompt(task="sst2")
     first = operator.apply(prompt, item, 17, {})
     second = operator.apply(prompt, item, 17, {})
@@ -71,7 +95,9 @@ def test_clause_reorder_only_where_safe():
 def test_prompt_level_operators():
     ctx = {"seed": 5, "index": 0, "pool": POOL, "evaluated": {"p0"}}
     reordered = ExemplarReorderOperator().apply(PROMPT, ITEM, 0, ctx)
-    assert sorted(e.id for e in reordered.prompt.exemplars) == ["e0", "e1", "e2"] and reordered.prompt.exemplars != SHOTS
+    assert (
+        sorted(e.id for e in reordered.prompt.exemplars) == ["e0", "e1", "e2"] and reordered.prompt.exemplars != SHOTS
+    )
     assert reordered.prompt == ExemplarReorderOperator().apply(PROMPT, ITEM, 99, ctx).prompt  # one order for all items
     replaced = ExemplarReplaceOperator().apply(PROMPT, ITEM, 0, ctx)
     new_ids = {e.id for e in replaced.prompt.exemplars} - {"e0", "e1", "e2"}
@@ -89,8 +115,17 @@ def test_distractor_and_tautology():
 def test_suite_validation(tmp_path):
     assert {"default", "quick"} <= set(builtin_suite_names())
     suite = load_suite("default")
-    assert {f.operator for f in suite.families} >= {"synonym", "lm_paraphrase", "clause_reorder", "exemplar_reorder",
-                                                     "exemplar_replace", "distractor", "tautology", "keyboard_typos", "spelling_typos"}
+    assert {f.operator for f in suite.families} >= {
+        "synonym",
+        "lm_paraphrase",
+        "clause_reorder",
+        "exemplar_reorder",
+        "exemplar_replace",
+        "distractor",
+        "tautology",
+        "keyboard_typos",
+        "spelling_typos",
+    }
     assert suite.distractors
     with pytest.raises(ConfigError, match=r"s.yaml: families.x.operator: expected one of"):
         parse_suite({"families": {"x": {"operator": "rot13"}}}, str(tmp_path / "s.yaml"))
@@ -101,13 +136,22 @@ def test_suite_validation(tmp_path):
 
 
 def test_similarity_filter_drops_and_counts(tmp_path):
-    suite = parse_suite({"seed": 1, "similarity_threshold": 0.999, "families": {"syn": {"operator": "synonym"}}}, str(tmp_path / "s.yaml"))
+    suite = parse_suite(
+        {"seed": 1, "similarity_threshold": 0.999, "families": {"syn": {"operator": "synonym"}}},
+        str(tmp_path / "s.yaml"),
+    )
     data = load_task("sst2")
-    kept, counts = make_variants(suite, suite.families[0], data.default_prompt(), data.dev[:6], {"pool": data.pool}, Similarity())
+    kept, counts = make_variants(
+        suite, suite.families[0], data.default_prompt(), data.dev[:6], {"pool": data.pool}, Similarity()
+    )
     assert counts["similarity"] + counts["unchanged"] + len(kept) == 6
     assert counts["similarity"] >= 1  # a strict threshold removes real variants, and says so
-    loose = parse_suite({"seed": 1, "similarity_threshold": 0.0, "families": {"syn": {"operator": "synonym"}}}, str(tmp_path / "s.yaml"))
-    kept_loose, _ = make_variants(loose, loose.families[0], data.default_prompt(), data.dev[:6], {"pool": data.pool}, Similarity())
+    loose = parse_suite(
+        {"seed": 1, "similarity_threshold": 0.0, "families": {"syn": {"operator": "synonym"}}}, str(tmp_path / "s.yaml")
+    )
+    kept_loose, _ = make_variants(
+        loose, loose.families[0], data.default_prompt(), data.dev[:6], {"pool": data.pool}, Similarity()
+    )
     assert len(kept_loose) > len(kept)
 
 
@@ -147,8 +191,13 @@ def test_variants_are_identical_across_processes_and_hash_seeds():
     # well as three, and this process has WordNet loaded already (a fresh one takes ~10 s). Seed 0 switches
     # randomization off, so it differs from whatever this process drew.
     other = "1" if os.environ.get("PYTHONHASHSEED") == "0" else "0"
-    fresh = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                           env={**os.environ, "PYTHONHASHSEED": other}).stdout
+    fresh = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONHASHSEED": other},
+    ).stdout
     here = io.StringIO()
     with contextlib.redirect_stdout(here):
         exec(code, {})
@@ -167,7 +216,9 @@ def test_protection_drops_are_counted(tmp_path, monkeypatch):
 
     monkeypatch.setitem(perturb.OPERATORS, "change_numbers", ChangeNumbers)
     monkeypatch.setattr("promptopt.robustness.suite.OPERATORS", perturb.OPERATORS)
-    suite = parse_suite({"similarity_threshold": 0.0, "families": {"bad": {"operator": "change_numbers"}}}, str(tmp_path / "s.yaml"))
+    suite = parse_suite(
+        {"similarity_threshold": 0.0, "families": {"bad": {"operator": "change_numbers"}}}, str(tmp_path / "s.yaml")
+    )
     other = Item("q2", "How many legs do 2 cats have?", "8", "8")
     kept, counts = make_variants(suite, suite.families[0], PROMPT, [ITEM, other], {}, Similarity())
     assert counts["protection"] == 1 and counts["unchanged"] == 1 and not kept  # q2 has no 16: unchanged
@@ -177,10 +228,15 @@ def test_lm_paraphrase_is_deterministic(tiny_lm):
     from promptopt.models import Runner
     from promptopt.robustness.perturb import LMParaphraseOperator
 
-    items = [Item("a", "Tom has 3 apples and buys 2 more.", "5", "5"), Item("b", "What is the capital of France?", "Paris", "Paris")]
+    items = [
+        Item("a", "Tom has 3 apples and buys 2 more.", "5", "5"),
+        Item("b", "What is the capital of France?", "Paris", "Paris"),
+    ]
     context = {"lm": tiny_lm, "runner": Runner(tiny_lm)}
     first = [v and v.item.question for v in LMParaphraseOperator().apply_many(PROMPT, items, [1, 2], context)]
-    second = [v and v.item.question for v in LMParaphraseOperator().apply_many(PROMPT, items, [1, 2], context)]  # no memo: generated again
+    second = [
+        v and v.item.question for v in LMParaphraseOperator().apply_many(PROMPT, items, [1, 2], context)
+    ]  # no memo: generated again
     assert first == second and any(first)
 
 
@@ -190,7 +246,10 @@ def test_paraphrase_memo_belongs_to_the_caller(tiny_lm):
     from promptopt.models import Runner
     from promptopt.robustness.perturb import LMParaphraseOperator, ParaphraseMemo
 
-    items = [Item("a", "Tom has 3 apples and buys 2 more.", "5", "5"), Item("b", "What is the capital of France?", "Paris", "Paris")]
+    items = [
+        Item("a", "Tom has 3 apples and buys 2 more.", "5", "5"),
+        Item("b", "What is the capital of France?", "Paris", "Paris"),
+    ]
     memo, runner = ParaphraseMemo(), Runner(tiny_lm)
     context = {"lm": tiny_lm, "runner": runner, "paraphrases": memo}
     first = [v and v.item.question for v in LMParaphraseOperator().apply_many(PROMPT, items, [1, 2], context)]
@@ -203,7 +262,9 @@ def test_paraphrase_memo_belongs_to_the_caller(tiny_lm):
 
 
 def test_bad_operator_options_fail_when_the_suite_is_read():
-    with pytest.raises(ConfigError, match=r"^s\.yaml: families\.para: lm_paraphrase: variants must be an integer from 1 to 3, got 7$"):
+    with pytest.raises(
+        ConfigError, match=r"^s\.yaml: families\.para: lm_paraphrase: variants must be an integer from 1 to 3, got 7$"
+    ):
         parse_suite({"families": {"para": {"operator": "lm_paraphrase", "variants": 7}}}, "s.yaml")
 
 
@@ -214,14 +275,22 @@ def test_lm_paraphrase_does_not_depend_on_its_batch(tiny_lm):
     from promptopt.robustness.perturb import LMParaphraseOperator
 
     short = Item("a", "Tom has 3 apples.", "3", "3")
-    long = Item("b", "A train leaves the station at noon and travels for three hours at sixty miles per hour; how far does it go?", "180", "180")
+    long = Item(
+        "b",
+        "A train leaves the station at noon and travels for three hours at sixty miles per hour; how far does it go?",
+        "180",
+        "180",
+    )
     context = {"lm": tiny_lm, "runner": Runner(tiny_lm, batch_size=1)}  # no memo: each call generates
     alone = LMParaphraseOperator().apply_many(PROMPT, [short], [0], context)[0]
     together = LMParaphraseOperator().apply_many(PROMPT, [long, short], [0, 0], context)[1]
     assert (alone and alone.item.question) == (together and together.item.question)
     n_question = len(tiny_lm.tokenizer(short.question)["input_ids"])
     if alone is not None:
-        assert len(tiny_lm.tokenizer(alone.item.question, add_special_tokens=False)["input_ids"]) <= int(n_question * 1.5) + 16 + 2
+        assert (
+            len(tiny_lm.tokenizer(alone.item.question, add_special_tokens=False)["input_ids"])
+            <= int(n_question * 1.5) + 16 + 2
+        )
 
 
 def test_similarity_embeds_each_text_once():
@@ -246,18 +315,35 @@ def test_lm_paraphrase_on_the_embedded_model_with_the_real_similarity_filter(emb
     from promptopt.scoring import Scorer
 
     path = tmp_path / "para.yaml"
-    path.write_text(yaml.safe_dump({"name": "para", "seed": 1, "similarity_threshold": 0.8,
-                                    "families": {"para": {"operator": "lm_paraphrase", "variants": 1}}}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "name": "para",
+                "seed": 1,
+                "similarity_threshold": 0.8,
+                "families": {"para": {"operator": "lm_paraphrase", "variants": 1}},
+            }
+        )
+    )
     suite = load_suite(str(path))
     data = load_task("sst2")
     items = data.dev[:4]
     similarity = Similarity()
     memo = ParaphraseMemo()  # generated here: nothing reused from another test
-    result = evaluate_robustness(Scorer(embedded_lm, data), data.default_prompt(), items, suite, pool=data.pool,
-                                 similarity=similarity, paraphrases=memo)
+    result = evaluate_robustness(
+        Scorer(embedded_lm, data),
+        data.default_prompt(),
+        items,
+        suite,
+        pool=data.pool,
+        similarity=similarity,
+        paraphrases=memo,
+    )
     assert (memo.hits, memo.misses) == (0, len(items))
     row = result.families.set_index("family").loc["para"]
-    drops = {reason: int(row[f"dropped_{reason}"]) for reason in ("not_applicable", "protection", "unchanged", "similarity")}
+    drops = {
+        reason: int(row[f"dropped_{reason}"]) for reason in ("not_applicable", "protection", "unchanged", "similarity")
+    }
     assert row["n_variants"] + sum(drops.values()) == len(items), drops
     assert row["n_variants"] >= 1, drops  # the embedded model writes paraphrases the filter keeps
     assert similarity.misses >= 2 * row["n_variants"]  # the real filter embedded each kept pair (original, variant)

@@ -11,7 +11,12 @@ from promptopt.models import Runner
 from promptopt.models.runner import _GROUPED_SDPA
 
 SHOTS = "Review: great fun.\nSentiment: positive\n\nReview: a dull mess.\nSentiment: negative\n\n"
-REVIEWS = ["superb", "it is charming and often affecting", "bleak and desperate film, and far too long for what it says", "dull"]
+REVIEWS = [
+    "superb",
+    "it is charming and often affecting",
+    "bleak and desperate film, and far too long for what it says",
+    "dull",
+]
 CONTINUATIONS = [" negative", " positive", " rather good, I think"]
 
 
@@ -22,7 +27,7 @@ def _requests(tok, shots=SHOTS):
         text = shots + f"Review: {review}\nSentiment:"
         ctx = tok(text)["input_ids"]
         for cont in CONTINUATIONS:
-            requests.append((ctx, tok(text + cont)["input_ids"][len(ctx):]))
+            requests.append((ctx, tok(text + cont)["input_ids"][len(ctx) :]))
     return requests
 
 
@@ -34,7 +39,11 @@ def _plain(lm, ctx, cont):
         logits = lm.model(input_ids=ids).logits[0, len(ctx) - 1 : -1]
         hidden = lm.base(input_ids=ids).last_hidden_state[0, len(ctx) - 1]
     logp = torch.log_softmax(logits.double(), -1)
-    return [float(logp[i, t]) for i, t in enumerate(cont)], bool((logits.argmax(-1) == torch.tensor(cont)).all()), hidden
+    return (
+        [float(logp[i, t]) for i, t in enumerate(cont)],
+        bool((logits.argmax(-1) == torch.tensor(cont)).all()),
+        hidden,
+    )
 
 
 def _assert_matches_plain_forward(lm, requests, results, atol):
@@ -128,7 +137,10 @@ def test_sst2_scores_match_plain_forward_per_item(embedded_lm):
     for item, row in zip(items, table.itertuples()):
         context = prompt.context(item.question, item.choices, tok)
         ctx = tok(context)["input_ids"]
-        plain = [_plain(embedded_lm, ctx, tok(context + " " + word)["input_ids"][len(ctx):]) for word in ("negative", "positive")]
+        plain = [
+            _plain(embedded_lm, ctx, tok(context + " " + word)["input_ids"][len(ctx) :])
+            for word in ("negative", "positive")
+        ]
         scores = [sum(logprobs) for logprobs, _, _ in plain]
         assert row.gold_logprob == pytest.approx(scores[item.gold], abs=5e-5)  # float32 noise, as above
         assert row.pred == max(range(2), key=scores.__getitem__)

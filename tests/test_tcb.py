@@ -96,7 +96,7 @@ def test_leading_dimensions_targets_and_companions():
     target = torch.randint(0, 200, (2, 3), generator=gen)
     res = token_constraint_bound(h, w, eps=2.0, target=target)
     assert res.tcb.shape == (2, 3)
-    z = (h.double() @ w.double().T)
+    z = h.double() @ w.double().T
     o = torch.softmax(z, -1)
     assert torch.allclose(res.v_eff, 1 / o.pow(2).sum(-1), rtol=1e-6)
     top2 = z.topk(2, -1).values

@@ -10,7 +10,12 @@ import typer
 
 from promptopt.errors import UserError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, help="Find prompts that are accurate and stable.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Find prompts that are accurate and stable.",
+)
 diagnose_app = typer.Typer(no_args_is_help=True, help="Analyses of a run or a model (see README: Diagnose).")
 
 
@@ -63,8 +68,13 @@ def session(task: str, model: str, device: str, dtype, quantize, subsets, batch_
     from promptopt.tasks import DataConfig
 
     quiet_libraries()
-    return Session(model=ModelConfig(spec=model, device=device, dtype=dtype, quantize=quantize),
-                   data=DataConfig(task=task, subsets=split_subsets(subsets)), out=out, batch_size=batch_size, progress=True)
+    return Session(
+        model=ModelConfig(spec=model, device=device, dtype=dtype, quantize=quantize),
+        data=DataConfig(task=task, subsets=split_subsets(subsets)),
+        out=out,
+        batch_size=batch_size,
+        progress=True,
+    )
 
 
 def main() -> None:

@@ -15,12 +15,26 @@ from promptopt.cli.render import console, print_export
 @app.command("export")
 def export_command(
     run_dir: Path = typer.Argument(..., help="a search run directory or a compare directory"),
-    out: Path = typer.Option(..., "--out", help="the file to write (lm-eval: the task YAML; its items go beside it as .jsonl)"),
-    strategy: Optional[str] = typer.Option(None, "--strategy", help="compare directories: this strategy's winner (default: the highest dev accuracy among the searches' winners)"),
-    select: str = typer.Option("dev", "--select", help="compare directories: dev (the winner with the highest dev accuracy) or robust (best dev Acc_worst among the evaluated candidates as accurate as the best on dev); test items never choose"),
+    out: Path = typer.Option(
+        ..., "--out", help="the file to write (lm-eval: the task YAML; its items go beside it as .jsonl)"
+    ),
+    strategy: Optional[str] = typer.Option(
+        None,
+        "--strategy",
+        help="compare directories: this strategy's winner (default: the highest dev accuracy among the searches' winners)",
+    ),
+    select: str = typer.Option(
+        "dev",
+        "--select",
+        help="compare directories: dev (the winner with the highest dev accuracy) or robust (best dev Acc_worst among the evaluated candidates as accurate as the best on dev); test items never choose",
+    ),
     trial: Optional[int] = typer.Option(None, "--trial", help="this trial number instead of the winner"),
-    fmt: str = typer.Option("card", "--format", help="card (YAML, version 2), messages (chat JSON), text, or lm-eval (task YAML)"),
-    device: Optional[str] = typer.Option(None, "--device", help="override the run's device (fingerprints and the token-id hash need the model)"),
+    fmt: str = typer.Option(
+        "card", "--format", help="card (YAML, version 2), messages (chat JSON), text, or lm-eval (task YAML)"
+    ),
+    device: Optional[str] = typer.Option(
+        None, "--device", help="override the run's device (fingerprints and the token-id hash need the model)"
+    ),
 ) -> None:
     """Export the winner (or a named trial) of a run as a prompt card that records everything its score depends on."""
     from promptopt.experiments.export import export_run
@@ -33,7 +47,11 @@ def export_command(
 def verify_command(
     card: Path = typer.Argument(..., help="a card written by `promptopt export`"),
     limit: Optional[int] = typer.Option(None, "--limit", min=1, help="re-score only the first N recorded test items"),
-    model: Optional[str] = typer.Option(None, "--model", help="score with this model instead of the recorded one (its fingerprint difference fails the check)"),
+    model: Optional[str] = typer.Option(
+        None,
+        "--model",
+        help="score with this model instead of the recorded one (its fingerprint difference fails the check)",
+    ),
     device: str = DeviceOpt,
 ) -> None:
     """Re-score a card on its recorded items with its recorded model; exit 1 with the differences if anything changed."""
@@ -49,11 +67,19 @@ def verify_command(
 
 @app.command("report")
 def report_command(
-    run_dir: Path = typer.Argument(..., help="a compare or search directory, an `evaluate --out` folder or a `stress` sweep"),
+    run_dir: Path = typer.Argument(
+        ..., help="a compare or search directory, an `evaluate --out` folder or a `stress` sweep"
+    ),
     out: Optional[Path] = typer.Option(None, "--out", help="the HTML file (default: RUN_DIR/report.html)"),
-    card: Optional[Path] = typer.Option(None, "--card", help="an exported card to show (default: the card `export RUN_DIR` writes, built in memory)"),
-    robustness: Optional[list[Path]] = typer.Option(None, "--robustness", help="`evaluate --out` family tables (.csv) to plot; repeatable"),
-    taboo: Optional[list[Path]] = typer.Option(None, "--taboo", help="`stress --out` rank tables (.csv) to plot; repeatable"),
+    card: Optional[Path] = typer.Option(
+        None, "--card", help="an exported card to show (default: the card `export RUN_DIR` writes, built in memory)"
+    ),
+    robustness: Optional[list[Path]] = typer.Option(
+        None, "--robustness", help="`evaluate --out` family tables (.csv) to plot; repeatable"
+    ),
+    taboo: Optional[list[Path]] = typer.Option(
+        None, "--taboo", help="`stress --out` rank tables (.csv) to plot; repeatable"
+    ),
 ) -> None:
     """Write one self-contained HTML report (opens offline) that leads with the verdict: paired differences, strategies,
     robustness per family, the card export would write, the search."""
@@ -62,4 +88,3 @@ def report_command(
     quiet_libraries()
     path = write_report(run_dir, out=out, card=card, robustness=robustness or [], taboo=taboo or [])
     console.print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB)")
-

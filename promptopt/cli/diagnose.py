@@ -10,11 +10,29 @@ import typer
 
 from promptopt.cli.app import diagnose_app, quiet_libraries, session
 from promptopt.cli.options import (
-    BatchOpt, CardOpt, DeviceOpt, DiagnoseLimitOpt, DiagnoseOutOpt, DiagnoseTasksOpt, DiagnoseTextOpt, DiagnoseTraceOpt,
-    DtypeOpt, ModelOpt, QuantizeOpt, SearchSuiteOpt, SubsetsOpt, int_list, names,
+    BatchOpt,
+    CardOpt,
+    DeviceOpt,
+    DiagnoseLimitOpt,
+    DiagnoseOutOpt,
+    DiagnoseTasksOpt,
+    DiagnoseTextOpt,
+    DiagnoseTraceOpt,
+    DtypeOpt,
+    ModelOpt,
+    QuantizeOpt,
+    SearchSuiteOpt,
+    SubsetsOpt,
+    int_list,
+    names,
 )
 from promptopt.cli.render import (
-    console, print_approx, print_conflicts, print_geometry, print_regimes, print_taboo_sweep,
+    console,
+    print_approx,
+    print_conflicts,
+    print_geometry,
+    print_regimes,
+    print_taboo_sweep,
 )
 from promptopt.cli.render_robustness import print_proxy
 
@@ -34,21 +52,41 @@ def _given(**values) -> dict:
 
 @diagnose_app.command("proxy")
 def diagnose_proxy(
-    run_dirs: list[Path] = typer.Argument(..., help="search run directories of one task and model (e.g. every strategy/seed folder of a compare run), their trials pooled; or compare / evaluate folders (or *_items.parquet files) whose kept answers give the item-level AUROC alone"),
-    trials: int = typer.Option(8, "--trials", min=3, help="distinct prompts (spread over each study's values) to stress"),
+    run_dirs: list[Path] = typer.Argument(
+        ...,
+        help="search run directories of one task and model (e.g. every strategy/seed folder of a compare run), their trials pooled; or compare / evaluate folders (or *_items.parquet files) whose kept answers give the item-level AUROC alone",
+    ),
+    trials: int = typer.Option(
+        8, "--trials", min=3, help="distinct prompts (spread over each study's values) to stress"
+    ),
     limit: Optional[int] = typer.Option(40, "--limit", min=1, help="dev items per prompt"),
-    suite: str = typer.Option("unseen", "--suite", help="perturbation suite that measures robustness (default: the families no search looks at)"),
+    suite: str = typer.Option(
+        "unseen",
+        "--suite",
+        help="perturbation suite that measures robustness (default: the families no search looks at)",
+    ),
     search_suite: str = SearchSuiteOpt,
     seed: int = typer.Option(0, "--seed", help="bootstrap seed"),
-    out: Optional[Path] = typer.Option(None, "--out", help="folder for proxy_prompts.csv, proxy_correlations.csv, proxy_items.parquet and proxy_item_auroc.csv (default: the run directory, or the runs' common parent)"),
+    out: Optional[Path] = typer.Option(
+        None,
+        "--out",
+        help="folder for proxy_prompts.csv, proxy_correlations.csv, proxy_items.parquet and proxy_item_auroc.csv (default: the run directory, or the runs' common parent)",
+    ),
 ) -> None:
     """Is δ_TCB a good proxy for robustness here? Spearman ρ of cheap signals vs measured Acc_worst and PDR across
     prompts, and across answers the AUROC of each clean signal for "this answer changes under an unseen perturbation"."""
     from promptopt.experiments.proxy import diagnose_proxy as run_proxy
 
     quiet_libraries()
-    result = run_proxy(run_dirs, n_trials=trials, limit=limit, suite=suite,
-                       search_suite=None if search_suite == "none" else search_suite, seed=seed, out=out)
+    result = run_proxy(
+        run_dirs,
+        n_trials=trials,
+        limit=limit,
+        suite=suite,
+        search_suite=None if search_suite == "none" else search_suite,
+        seed=seed,
+        out=out,
+    )
     print_proxy(result, len(run_dirs))
 
 
@@ -57,9 +95,14 @@ def diagnose_geometry(
     k: int = typer.Option(10, "--k", min=1, help="competitors moved (the most probable tokens after the top-1)"),
     alpha: float = typer.Option(0.5, "--alpha", help="cluster: w_j + α (w_top − w_j)"),
     beta: float = typer.Option(0.5, "--beta", help="disperse: w_j − β (w_top − w_j)"),
-    tasks: str = DiagnoseTasksOpt, limit: int = DiagnoseLimitOpt, text_per_task: int = DiagnoseTextOpt,
-    trace_tokens: int = DiagnoseTraceOpt, out: Path = DiagnoseOutOpt, model: str = ModelOpt,
-    device: str = DeviceOpt, dtype: Optional[str] = DtypeOpt,
+    tasks: str = DiagnoseTasksOpt,
+    limit: int = DiagnoseLimitOpt,
+    text_per_task: int = DiagnoseTextOpt,
+    trace_tokens: int = DiagnoseTraceOpt,
+    out: Path = DiagnoseOutOpt,
+    model: str = ModelOpt,
+    device: str = DeviceOpt,
+    dtype: Optional[str] = DtypeOpt,
 ) -> None:
     """δ_TCB paper Table 2: share of positions with δ_cluster > δ_orig > δ_disperse (h and o fixed; and o recomputed)."""
     from promptopt.experiments.diagnose.workflows import run_geometry
@@ -71,9 +114,14 @@ def diagnose_geometry(
 @diagnose_app.command("regimes")
 def diagnose_regimes(
     low_v_eff: float = typer.Option(2.0, "--low-veff", help="the low-V_eff subset: V_eff below this"),
-    tasks: str = DiagnoseTasksOpt, limit: int = DiagnoseLimitOpt, text_per_task: int = DiagnoseTextOpt,
-    trace_tokens: int = DiagnoseTraceOpt, out: Path = DiagnoseOutOpt, model: str = ModelOpt,
-    device: str = DeviceOpt, dtype: Optional[str] = DtypeOpt,
+    tasks: str = DiagnoseTasksOpt,
+    limit: int = DiagnoseLimitOpt,
+    text_per_task: int = DiagnoseTextOpt,
+    trace_tokens: int = DiagnoseTraceOpt,
+    out: Path = DiagnoseOutOpt,
+    model: str = ModelOpt,
+    device: str = DeviceOpt,
+    dtype: Optional[str] = DtypeOpt,
 ) -> None:
     """δ_TCB paper Table 1: Pearson and Spearman Corr(δ, V_eff), Corr(δ, margin), Corr(margin, V_eff), all and low V_eff."""
     from promptopt.experiments.diagnose.workflows import run_regimes
@@ -84,9 +132,14 @@ def diagnose_regimes(
 
 @diagnose_app.command("approx")
 def diagnose_approx(
-    tasks: str = DiagnoseTasksOpt, limit: int = DiagnoseLimitOpt, text_per_task: int = DiagnoseTextOpt,
-    trace_tokens: int = DiagnoseTraceOpt, out: Path = DiagnoseOutOpt, model: str = ModelOpt,
-    device: str = DeviceOpt, dtype: Optional[str] = DtypeOpt,
+    tasks: str = DiagnoseTasksOpt,
+    limit: int = DiagnoseLimitOpt,
+    text_per_task: int = DiagnoseTextOpt,
+    trace_tokens: int = DiagnoseTraceOpt,
+    out: Path = DiagnoseOutOpt,
+    model: str = ModelOpt,
+    device: str = DeviceOpt,
+    dtype: Optional[str] = DtypeOpt,
 ) -> None:
     """The statistical approximation and its V_eff limit vs exact δ_TCB: ratio distribution per V_eff band."""
     from promptopt.experiments.diagnose.workflows import run_approx
@@ -97,17 +150,27 @@ def diagnose_approx(
 
 @diagnose_app.command("taboo")
 def diagnose_taboo(
-    task: str = typer.Option("triviaqa", "--task", help="a generative task (gsm8k is the paper's main one; slow on CPU)"),
+    task: str = typer.Option(
+        "triviaqa", "--task", help="a generative task (gsm8k is the paper's main one; slow on CPU)"
+    ),
     prompt: Optional[Path] = CardOpt,
     ranks: str = typer.Option("1,2,4,8", "--ranks", help="taboo ranks of the greedy dose sweep"),
-    mid_word_ranks: str = typer.Option("2", "--mid-word-ranks", help="ranks where mid-word and word-initial are compared ('' = skip)"),
+    mid_word_ranks: str = typer.Option(
+        "2", "--mid-word-ranks", help="ranks where mid-word and word-initial are compared ('' = skip)"
+    ),
     temperature: float = typer.Option(0.7, "--temperature", min=0.0, help="sampled runs' τ (0 = skip them)"),
     seeds: int = typer.Option(3, "--seeds", min=0, help="sampled runs: seeds 0..N-1"),
     sampled_ranks: str = typer.Option("1", "--sampled-ranks", help="ranks of the sampled runs"),
     split: str = typer.Option("test", "--split"),
-    limit: Optional[int] = typer.Option(16, "--limit", min=1, help="items (one generation batch at the default batch size)"),
-    out: Path = DiagnoseOutOpt, model: str = ModelOpt, subsets: Optional[str] = SubsetsOpt,
-    device: str = DeviceOpt, dtype: Optional[str] = DtypeOpt, quantize: Optional[str] = QuantizeOpt,
+    limit: Optional[int] = typer.Option(
+        16, "--limit", min=1, help="items (one generation batch at the default batch size)"
+    ),
+    out: Path = DiagnoseOutOpt,
+    model: str = ModelOpt,
+    subsets: Optional[str] = SubsetsOpt,
+    device: str = DeviceOpt,
+    dtype: Optional[str] = DtypeOpt,
+    quantize: Optional[str] = QuantizeOpt,
 ) -> None:
     """Taboo paper: ΔS per intervention vs rank (a + b·ln i, R²), mid-word vs word-initial, temperature seeds."""
     from promptopt.experiments.diagnose.workflows import run_taboo
@@ -116,8 +179,18 @@ def diagnose_taboo(
     mid_list = int_list(mid_word_ranks, "--mid-word-ranks", allow_empty=True)
     sampled_list = int_list(sampled_ranks, "--sampled-ranks")
     the_session = session(task, model, device, dtype, quantize, subsets)
-    report = run_taboo(the_session, out, split=split, limit=limit, card=prompt, ranks=rank_list, mid_word_ranks=mid_list,
-                       temperature=temperature, seeds=tuple(range(seeds)), sampled_ranks=sampled_list)
+    report = run_taboo(
+        the_session,
+        out,
+        split=split,
+        limit=limit,
+        card=prompt,
+        ranks=rank_list,
+        mid_word_ranks=mid_list,
+        temperature=temperature,
+        seeds=tuple(range(seeds)),
+        sampled_ranks=sampled_list,
+    )
     print_taboo_sweep(report, the_session.data.spec.name, temperature)
 
 
@@ -125,32 +198,70 @@ def diagnose_taboo(
 def diagnose_conflicts(
     task: str = typer.Option("sst2", "--task", help="built-in task name or task YAML"),
     prompt: Optional[Path] = CardOpt,
-    seeds: int = typer.Option(3, "--seeds", help="baseline prompts (exemplars redrawn from the pool per seed) for VCQ / AQ; at least 2"),
+    seeds: int = typer.Option(
+        3, "--seeds", help="baseline prompts (exemplars redrawn from the pool per seed) for VCQ / AQ; at least 2"
+    ),
     seed: int = typer.Option(0, "--seed", help="seeds the exemplar redraws and the search's sampler"),
     limit: Optional[int] = typer.Option(12, "--limit", min=1, help="dev items and test items (each) to characterise"),
     trials: int = typer.Option(5, "--trials", help="finished trials of the targeted search on the AQ dev items"),
     strategy: str = typer.Option("tcb", "--strategy", help="search strategy (README: Search)"),
     suite: str = typer.Option("quick", "--suite", help="perturbation suite for Table 3's perturbed columns"),
-    confidence: str = typer.Option("top_prob", "--confidence", help="confidence signal of the classes: top_prob (P(top1)), margin or v_eff"),
-    log_tcb_low: Optional[float] = typer.Option(None, "--log-tcb-low", help="L on log10 δ_TCB (default: its 25th percentile over the items)"),
-    log_tcb_high: Optional[float] = typer.Option(None, "--log-tcb-high", help="H on log10 δ_TCB (default: 75th percentile)"),
-    conf_low: Optional[float] = typer.Option(None, "--conf-low", help="C_L on the confidence signal (default: 25th percentile)"),
-    conf_high: Optional[float] = typer.Option(None, "--conf-high", help="C_H on the confidence signal (default: 75th percentile)"),
-    t_low: Optional[float] = typer.Option(None, "--t-low", help="T_L on mean log10 δ_TCB (default: 25th percentile over dev questions)"),
-    t_high: Optional[float] = typer.Option(None, "--t-high", help="T_H on mean log10 δ_TCB (default: median over dev questions)"),
-    v_low: Optional[float] = typer.Option(None, "--v-low", help="V_L on the log10 δ_TCB variance (default: its 75th percentile over dev questions, = V_H)"),
-    v_high: Optional[float] = typer.Option(None, "--v-high", help="V_H on the log10 δ_TCB variance (default: 75th percentile)"),
-    out: Path = DiagnoseOutOpt, model: str = ModelOpt, subsets: Optional[str] = SubsetsOpt, batch_size: int = BatchOpt,
-    device: str = DeviceOpt, dtype: Optional[str] = DtypeOpt, quantize: Optional[str] = QuantizeOpt,
+    confidence: str = typer.Option(
+        "top_prob", "--confidence", help="confidence signal of the classes: top_prob (P(top1)), margin or v_eff"
+    ),
+    log_tcb_low: Optional[float] = typer.Option(
+        None, "--log-tcb-low", help="L on log10 δ_TCB (default: its 25th percentile over the items)"
+    ),
+    log_tcb_high: Optional[float] = typer.Option(
+        None, "--log-tcb-high", help="H on log10 δ_TCB (default: 75th percentile)"
+    ),
+    conf_low: Optional[float] = typer.Option(
+        None, "--conf-low", help="C_L on the confidence signal (default: 25th percentile)"
+    ),
+    conf_high: Optional[float] = typer.Option(
+        None, "--conf-high", help="C_H on the confidence signal (default: 75th percentile)"
+    ),
+    t_low: Optional[float] = typer.Option(
+        None, "--t-low", help="T_L on mean log10 δ_TCB (default: 25th percentile over dev questions)"
+    ),
+    t_high: Optional[float] = typer.Option(
+        None, "--t-high", help="T_H on mean log10 δ_TCB (default: median over dev questions)"
+    ),
+    v_low: Optional[float] = typer.Option(
+        None, "--v-low", help="V_L on the log10 δ_TCB variance (default: its 75th percentile over dev questions, = V_H)"
+    ),
+    v_high: Optional[float] = typer.Option(
+        None, "--v-high", help="V_H on the log10 δ_TCB variance (default: 75th percentile)"
+    ),
+    out: Path = DiagnoseOutOpt,
+    model: str = ModelOpt,
+    subsets: Optional[str] = SubsetsOpt,
+    batch_size: int = BatchOpt,
+    device: str = DeviceOpt,
+    dtype: Optional[str] = DtypeOpt,
+    quantize: Optional[str] = QuantizeOpt,
 ) -> None:
     """δ_TCB paper §4.3 / Table 3: accuracy–stability conflict classes, VCQ / AQ over seeds, a search on the AQ dev
     items, and baseline vs enhanced prompt on the held-out AQ and VCQ test items."""
     from promptopt.experiments.diagnose.workflows import run_conflicts
 
     the_session = session(task, model, device, dtype, quantize, subsets, batch_size, out=out)
-    report = run_conflicts(the_session, out, limit=limit, seeds=seeds, seed=seed, card=prompt, strategy=strategy, trials=trials,
-                           suite=suite, confidence=confidence, progress=True,
-                           class_thresholds=_given(log_tcb_low=log_tcb_low, log_tcb_high=log_tcb_high, conf_low=conf_low, conf_high=conf_high),
-                           set_thresholds=_given(t_low=t_low, t_high=t_high, v_low=v_low, v_high=v_high))
+    report = run_conflicts(
+        the_session,
+        out,
+        limit=limit,
+        seeds=seeds,
+        seed=seed,
+        card=prompt,
+        strategy=strategy,
+        trials=trials,
+        suite=suite,
+        confidence=confidence,
+        progress=True,
+        class_thresholds=_given(
+            log_tcb_low=log_tcb_low, log_tcb_high=log_tcb_high, conf_low=conf_low, conf_high=conf_high
+        ),
+        set_thresholds=_given(t_low=t_low, t_high=t_high, v_low=v_low, v_high=v_high),
+    )
     print_conflicts(report.result, the_session.data.spec.name, the_session.lm.name)
     console.print(f"{report.seconds:.1f} s; wrote " + ", ".join(str(p) for p in report.written))

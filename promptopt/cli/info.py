@@ -25,4 +25,3 @@ def tasks() -> None:
     for name in builtin_task_names():
         spec = load_task_spec(name)
         console.print(f"[bold]{name}[/bold] ({spec.answer_type}): {spec.description}")
-

@@ -8,7 +8,11 @@ import typer
 
 from promptopt.errors import UserError
 
-ModelOpt = typer.Option("smollm2-135m-instruct", "--model", help="hub id, local HF folder, .gguf file, or an embedded model: smollm2-135m-instruct, gemma3-270m")
+ModelOpt = typer.Option(
+    "smollm2-135m-instruct",
+    "--model",
+    help="hub id, local HF folder, .gguf file, or an embedded model: smollm2-135m-instruct, gemma3-270m",
+)
 DeviceOpt = typer.Option("auto", "--device", help="cpu, cuda, cuda:N or auto")
 DtypeOpt = typer.Option(None, "--dtype", help="float32, bfloat16, float16 (default: float32 on CPU, bf16 on GPU)")
 QuantizeOpt = typer.Option(None, "--quantize", help="4bit or 8bit through bitsandbytes (CUDA only)")
@@ -16,14 +20,28 @@ TaskOpt = typer.Option(..., "--task", help="built-in task name or path to a task
 CardOpt = typer.Option(None, "--prompt", help="prompt card (YAML); default: the task's own prompt")
 SubsetsOpt = typer.Option(None, "--subsets", help="comma-separated subsets (e.g. MMLU subjects), or 'all'")
 BatchOpt = typer.Option(16, "--batch-size", min=1)
-SearchSuiteOpt = typer.Option("cheap", "--search-suite",
-                              help="the families a search may look at (the robust strategy and --select robust use them); "
-                                   "judged families with their name or operator are reported as seen, the others as unseen; 'none': nothing is seen")
-ProposeModeOpt = typer.Option("grounded", "--propose-mode", help="induce (APE), grounded (MIPROv2-style), reflect (on answers perturbation changed); history comes with search --rounds")
-ProposerOpt = typer.Option(None, "--proposer", help="model spec that writes the proposals (default: the task's --model)")
+SearchSuiteOpt = typer.Option(
+    "cheap",
+    "--search-suite",
+    help="the families a search may look at (the robust strategy and --select robust use them); "
+    "judged families with their name or operator are reported as seen, the others as unseen; 'none': nothing is seen",
+)
+ProposeModeOpt = typer.Option(
+    "grounded",
+    "--propose-mode",
+    help="induce (APE), grounded (MIPROv2-style), reflect (on answers perturbation changed); history comes with search --rounds",
+)
+ProposerOpt = typer.Option(
+    None, "--proposer", help="model spec that writes the proposals (default: the task's --model)"
+)
 # search and compare share these
-StorageOpt = typer.Option(None, "--storage", envvar="PROMPTOPT_STORAGE", show_envvar=True,
-                          help="Optuna storage URL (default: SQLite in --out); a URL with a password is best given in $PROMPTOPT_STORAGE (or PGPASSWORD / ~/.pgpass), and is never written with its password")
+StorageOpt = typer.Option(
+    None,
+    "--storage",
+    envvar="PROMPTOPT_STORAGE",
+    show_envvar=True,
+    help="Optuna storage URL (default: SQLite in --out); a URL with a password is best given in $PROMPTOPT_STORAGE (or PGPASSWORD / ~/.pgpass), and is never written with its password",
+)
 SeedOpt = typer.Option(1234, "--seed")
 SpaceOpt = typer.Option(None, "--space", help="search space YAML (default: the task's built-in space)")
 ResumeOpt = typer.Option(False, "--resume", help="continue (or join) an existing study")
@@ -33,12 +51,19 @@ PruningOpt = typer.Option(True, "--pruning/--no-pruning", help="Wilcoxon paired 
 DevLimitOpt = typer.Option(None, "--dev-limit", min=1, help="use only the first N dev items")
 TestLimitOpt = typer.Option(None, "--test-limit", min=1, help="use only the first N test items")
 
-DiagnoseOutOpt = typer.Option(Path("runs/diagnose"), "--out", help="folder for tables (Parquet + CSV), figures and the position cache")
-DiagnoseTasksOpt = typer.Option("sst2,arc_easy,arc_challenge,mmlu", "--tasks", help="log-likelihood tasks whose critical points (and question texts) give positions")
+DiagnoseOutOpt = typer.Option(
+    Path("runs/diagnose"), "--out", help="folder for tables (Parquet + CSV), figures and the position cache"
+)
+DiagnoseTasksOpt = typer.Option(
+    "sst2,arc_easy,arc_challenge,mmlu",
+    "--tasks",
+    help="log-likelihood tasks whose critical points (and question texts) give positions",
+)
 DiagnoseLimitOpt = typer.Option(40, "--limit", min=0, help="test items per task (critical points)")
 DiagnoseTextOpt = typer.Option(24, "--text-per-task", min=0, help="positions inside each task's question texts")
-DiagnoseTraceOpt = typer.Option(32, "--trace-tokens", min=0, help="generated tokens per trace prompt (0: no trace positions)")
-
+DiagnoseTraceOpt = typer.Option(
+    32, "--trace-tokens", min=0, help="generated tokens per trace prompt (0: no trace positions)"
+)
 
 
 def int_list(text: str, option: str, *, allow_empty: bool = False) -> tuple[int, ...]:

@@ -16,7 +16,9 @@ def _nan(row, key):
 def print_compare(result, task: str, model: str) -> None:
     s = result.summary
     seen, unseen = s.get("families_seen") or [], s.get("families_unseen") or []
-    splits = [split for split, names in (("unseen", unseen), ("seen", seen)) if names]  # a split with no family prints nothing
+    splits = [
+        split for split, names in (("unseen", unseen), ("seen", seen)) if names
+    ]  # a split with no family prints nothing
     table = Table(title=f"compare · {task} · {s['n_test']} test items · {model} · seeds {s['seeds']}")
     columns = ["strategy", "Acc", "Acc 95% CI", "δ_TCB", "PPL"]
     for split in splits:
@@ -25,26 +27,45 @@ def print_compare(result, task: str, model: str) -> None:
     for name in columns:
         table.add_column(name, justify="left" if name == "strategy" else "right")
     for _, r in result.table.iterrows():
-        cells = [r.strategy, pm(r.avg_acc, r.avg_acc_sd), ci(r.acc_ci_low, r.acc_ci_high), pm(r.avg_tcb, r.avg_tcb_sd),
-                 pm(r.avg_ppl, r.avg_ppl_sd)]
+        cells = [
+            r.strategy,
+            pm(r.avg_acc, r.avg_acc_sd),
+            ci(r.acc_ci_low, r.acc_ci_high),
+            pm(r.avg_tcb, r.avg_tcb_sd),
+            pm(r.avg_ppl, r.avg_ppl_sd),
+        ]
         for split in splits:
-            cells += [fmt(_nan(r, f"acc_var_pert_{split}")), pm(_nan(r, f"pdr_{split}"), _nan(r, f"pdr_{split}_sd")),
-                      pm(_nan(r, f"acc_worst_{split}"), _nan(r, f"acc_worst_{split}_sd")),
-                      ci(_nan(r, f"acc_worst_{split}_ci_low"), _nan(r, f"acc_worst_{split}_ci_high"))]
+            cells += [
+                fmt(_nan(r, f"acc_var_pert_{split}")),
+                pm(_nan(r, f"pdr_{split}"), _nan(r, f"pdr_{split}_sd")),
+                pm(_nan(r, f"acc_worst_{split}"), _nan(r, f"acc_worst_{split}_sd")),
+                ci(_nan(r, f"acc_worst_{split}_ci_low"), _nan(r, f"acc_worst_{split}_ci_high")),
+            ]
         table.add_row(*cells, fmt(r.taboo_retention_i1), fmt(r.wall_seconds))
     console.print(table)
     if s.get("suite"):
-        console.print(f"judged on suite {s['suite']}; search suite {s.get('search_suite') or 'none'}: "
-                      f"unseen {', '.join(unseen) or '(none)'}; seen {', '.join(seen) or '(none)'}", markup=False, highlight=False)
-    paired = Table(title="paired on the same test items (a − b): 95% paired-bootstrap intervals, exact McNemar; * = significant at 0.05")
+        console.print(
+            f"judged on suite {s['suite']}; search suite {s.get('search_suite') or 'none'}: "
+            f"unseen {', '.join(unseen) or '(none)'}; seen {', '.join(seen) or '(none)'}",
+            markup=False,
+            highlight=False,
+        )
+    paired = Table(
+        title="paired on the same test items (a − b): 95% paired-bootstrap intervals, exact McNemar; * = significant at 0.05"
+    )
     names = ["a", "b", "Δ Acc", "95% CI", "McNemar p"]
     for split in splits:
         names += [f"Δ Acc_worst {split}", f"95% CI {split} ", f"Δ PDR {split}", f"95% CI {split}  "]
     for name in names:
         paired.add_column(name, justify="left" if name in ("a", "b") else "right")
     for _, r in result.paired.iterrows():
-        cells = [r.a, r.b, f"{r.delta_acc:+.3f}{' *' if r.significant else ''}", ci(r.delta_acc_ci_low, r.delta_acc_ci_high),
-                 f"{r.mcnemar_p:.3g}"]
+        cells = [
+            r.a,
+            r.b,
+            f"{r.delta_acc:+.3f}{' *' if r.significant else ''}",
+            ci(r.delta_acc_ci_low, r.delta_acc_ci_high),
+            f"{r.mcnemar_p:.3g}",
+        ]
         for split in splits:
             for key in ("acc_worst", "pdr"):
                 col = f"delta_{key}_{split}"
@@ -55,9 +76,11 @@ def print_compare(result, task: str, model: str) -> None:
         if r.strategy != "baseline":
             console.print(f"{r.strategy}: {r.selected_by}")
     s = result.summary
-    reuse = (f"reuse: {s['evaluations']} distinct prompts evaluated, {s['evaluations_reused']} shared with another search, "
-             f"{s['evaluations_resumed']} taken from an earlier run; {len(s['studies_resumed'])} studies resumed; "
-             f"result cache {s['result_cache_hits']} hits, {s['result_cache_misses']} misses")
+    reuse = (
+        f"reuse: {s['evaluations']} distinct prompts evaluated, {s['evaluations_reused']} shared with another search, "
+        f"{s['evaluations_resumed']} taken from an earlier run; {len(s['studies_resumed'])} studies resumed; "
+        f"result cache {s['result_cache_hits']} hits, {s['result_cache_misses']} misses"
+    )
     if s.get("variant_embedding_hit_rate") is not None:
         reuse += f"; variant embeddings reused {fmt(s['variant_embedding_hit_rate'])}"
     if s.get("paraphrase_memo_hits") or s.get("paraphrase_memo_misses"):
@@ -66,13 +89,29 @@ def print_compare(result, task: str, model: str) -> None:
 
 
 def print_robustness(result, task: str, suite: str) -> None:
-    columns = ["family", "seen", "n_variants", "dropped_not_applicable", "dropped_protection", "dropped_similarity",
-               "acc_clean_same_items", "acc_perturbed", "pdr", "tcb_clean_mean", "tcb_perturbed_mean"]
+    columns = [
+        "family",
+        "seen",
+        "n_variants",
+        "dropped_not_applicable",
+        "dropped_protection",
+        "dropped_similarity",
+        "acc_clean_same_items",
+        "acc_perturbed",
+        "pdr",
+        "tcb_clean_mean",
+        "tcb_perturbed_mean",
+    ]
     families = result.families
     if "seen" in families:
         families = families.assign(seen=families["seen"].map({True: "seen", False: "unseen"}))
-    print_frame(families, columns, f"robustness · {task} · suite {suite} (seen/unseen: by search suite "
-                                   f"{result.summary.get('search_suite') or 'none'})", 50)
+    print_frame(
+        families,
+        columns,
+        f"robustness · {task} · suite {suite} (seen/unseen: by search suite "
+        f"{result.summary.get('search_suite') or 'none'})",
+        50,
+    )
     print_summary(result.summary, "summary")
 
 
@@ -83,19 +122,35 @@ def print_proxy(result, n_runs: int) -> None:
         for name in ("signal", "target", "n", "ρ", "95% CI"):
             table.add_column(name, justify="left" if name in ("signal", "target") else "right")
         for _, r in result.correlations.iterrows():
-            table.add_row(r.signal, r.target, str(r.n_prompts), f"{r.spearman:+.3f}{' *' if r.interval_excludes_0 else ''}", ci(r.ci_low, r.ci_high))
+            table.add_row(
+                r.signal,
+                r.target,
+                str(r.n_prompts),
+                f"{r.spearman:+.3f}{' *' if r.interval_excludes_0 else ''}",
+                ci(r.ci_low, r.ci_high),
+            )
         console.print(table)
     if result.auroc is not None:
         a = result.auroc
         n = int(a["n_answers"].max()) if len(a) else 0
-        table = Table(title=f"item-level AUROC for 'this answer changes under some unseen perturbation' · {n} answers, "
-                            f"{int(a['n_items'].max()) if len(a) else 0} items · 95% bootstrap over items (* = excludes 0.5)")
+        table = Table(
+            title=f"item-level AUROC for 'this answer changes under some unseen perturbation' · {n} answers, "
+            f"{int(a['n_items'].max()) if len(a) else 0} items · 95% bootstrap over items (* = excludes 0.5)"
+        )
         for name in ("signal", "brittle when", "answers", "changed", "AUROC", "95% CI"):
             table.add_column(name, justify="left" if name in ("signal", "brittle when") else "right")
         for _, r in a.iterrows():
-            table.add_row(r.signal, r.orientation, str(r.n_answers), str(r.n_changed),
-                          f"{fmt(r.auroc)}{' *' if r.interval_excludes_half else ''}", ci(r.ci_low, r.ci_high))
+            table.add_row(
+                r.signal,
+                r.orientation,
+                str(r.n_answers),
+                str(r.n_changed),
+                f"{fmt(r.auroc)}{' *' if r.interval_excludes_half else ''}",
+                ci(r.ci_low, r.ci_high),
+            )
         console.print(table)
         if not n or not a["n_changed"].any():
-            console.print("no answer changed under an unseen family (or none was perturbed by one): the AUROC is undefined here")
+            console.print(
+                "no answer changed under an unseen family (or none was perturbed by one): the AUROC is undefined here"
+            )
     console.print("wrote " + ", ".join(str(p) for p in result.written))

@@ -10,7 +10,17 @@ import typer
 
 from promptopt.cli.app import app, quiet_libraries, session, split_subsets
 from promptopt.cli.options import (
-    BatchOpt, CardOpt, DeviceOpt, DtypeOpt, ModelOpt, QuantizeOpt, SearchSuiteOpt, SubsetsOpt, TaskOpt, int_list, names,
+    BatchOpt,
+    CardOpt,
+    DeviceOpt,
+    DtypeOpt,
+    ModelOpt,
+    QuantizeOpt,
+    SearchSuiteOpt,
+    SubsetsOpt,
+    TaskOpt,
+    int_list,
+    names,
 )
 from promptopt.cli.render import console, print_stress, print_stress_sweep
 from promptopt.cli.render_robustness import print_robustness
@@ -21,12 +31,16 @@ from promptopt.errors import UserError
 def evaluate(
     task: str = TaskOpt,
     prompt: Optional[Path] = CardOpt,
-    suite: str = typer.Option("default", "--suite", help="built-in suite name (default, quick, unseen, cheap) or a suite YAML"),
+    suite: str = typer.Option(
+        "default", "--suite", help="built-in suite name (default, quick, unseen, cheap) or a suite YAML"
+    ),
     search_suite: str = SearchSuiteOpt,
     model: str = ModelOpt,
     split: str = typer.Option("test", "--split", help="dev or test"),
     limit: Optional[int] = typer.Option(None, "--limit", min=1, help="only the first N items"),
-    out: Optional[Path] = typer.Option(None, "--out", help="OUT: write families (OUT.csv), a summary (OUT.json) and every answer (OUT_items.parquet)"),
+    out: Optional[Path] = typer.Option(
+        None, "--out", help="OUT: write families (OUT.csv), a summary (OUT.json) and every answer (OUT_items.parquet)"
+    ),
     subsets: Optional[str] = SubsetsOpt,
     device: str = DeviceOpt,
     dtype: Optional[str] = DtypeOpt,
@@ -37,27 +51,54 @@ def evaluate(
     from promptopt.experiments import commands
 
     the_session = session(task, model, device, dtype, quantize, subsets)
-    the_suite, result = commands.evaluate(the_session, card=prompt, suite=suite, split=split, limit=limit, out=out,
-                                          search_suite=None if search_suite == "none" else search_suite)
+    the_suite, result = commands.evaluate(
+        the_session,
+        card=prompt,
+        suite=suite,
+        split=split,
+        limit=limit,
+        out=out,
+        search_suite=None if search_suite == "none" else search_suite,
+    )
     print_robustness(result, the_session.data.spec.name, the_suite.name)
 
 
 @app.command()
 def stress(
-    task: Optional[str] = typer.Option(None, "--task", help="a generative task (number, alias_match, multiple_choice_gen or code answers)"),
-    tasks: Optional[str] = typer.Option(None, "--tasks", help="sweep: comma-separated generative tasks (with --models and --out)"),
+    task: Optional[str] = typer.Option(
+        None, "--task", help="a generative task (number, alias_match, multiple_choice_gen or code answers)"
+    ),
+    tasks: Optional[str] = typer.Option(
+        None, "--tasks", help="sweep: comma-separated generative tasks (with --models and --out)"
+    ),
     prompt: Optional[Path] = CardOpt,
-    protocol: Optional[str] = typer.Option(None, "--protocol", help="a stress protocol: taboo-paper (the paper's 2-shot CoT, 512 tokens, Answer: lines) or a YAML path"),
-    ranks: Optional[str] = typer.Option(None, "--ranks", help="taboo ranks i (top-i masked); default 1,2,4,8 or the protocol's"),
+    protocol: Optional[str] = typer.Option(
+        None,
+        "--protocol",
+        help="a stress protocol: taboo-paper (the paper's 2-shot CoT, 512 tokens, Answer: lines) or a YAML path",
+    ),
+    ranks: Optional[str] = typer.Option(
+        None, "--ranks", help="taboo ranks i (top-i masked); default 1,2,4,8 or the protocol's"
+    ),
     mid_word: bool = typer.Option(False, "--mid-word", help="ablation: mask only where the nominal token is mid-word"),
     temperature: float = typer.Option(0.0, "--temperature", min=0.0, help="0 = greedy; > 0 samples with --seed"),
     seed: int = typer.Option(0, "--seed"),
     model: str = ModelOpt,
-    models: Optional[str] = typer.Option(None, "--models", help="sweep: comma-separated models (hub ids, folders, .gguf, embedded names)"),
-    split: Optional[str] = typer.Option(None, "--split", help="pool, dev or test (default test; a protocol names its own)"),
-    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="the first N items (of the protocol's subsample, with --protocol)"),
+    models: Optional[str] = typer.Option(
+        None, "--models", help="sweep: comma-separated models (hub ids, folders, .gguf, embedded names)"
+    ),
+    split: Optional[str] = typer.Option(
+        None, "--split", help="pool, dev or test (default test; a protocol names its own)"
+    ),
+    limit: Optional[int] = typer.Option(
+        None, "--limit", min=1, help="the first N items (of the protocol's subsample, with --protocol)"
+    ),
     batch_size: int = BatchOpt,
-    out: Optional[Path] = typer.Option(None, "--out", help="one task: write the per-rank table (.csv) and per-item rows (.parquet); sweep: the sweep folder"),
+    out: Optional[Path] = typer.Option(
+        None,
+        "--out",
+        help="one task: write the per-rank table (.csv) and per-item rows (.parquet); sweep: the sweep folder",
+    ),
     subsets: Optional[str] = SubsetsOpt,
     device: str = DeviceOpt,
     dtype: Optional[str] = DtypeOpt,
@@ -73,25 +114,57 @@ def stress(
     rank_list = int_list(ranks, "--ranks") if ranks else (the_protocol.ranks if the_protocol else (1, 2, 4, 8))
     mode = "mid_word" if mid_word else "word_initial"
     if the_protocol is not None and split is not None:
-        raise UserError(f"--split: protocol {the_protocol.name} draws its items from its own split ({the_protocol.split}); drop --split")
+        raise UserError(
+            f"--split: protocol {the_protocol.name} draws its items from its own split ({the_protocol.split}); drop --split"
+        )
     split = split or (the_protocol.split if the_protocol else "test")
     if tasks is not None or models is not None:
         if prompt is not None:
-            raise UserError("--prompt: a sweep runs each task's own prompt, or the protocol's (--protocol); give one --task to stress a card")
+            raise UserError(
+                "--prompt: a sweep runs each task's own prompt, or the protocol's (--protocol); give one --task to stress a card"
+            )
         if out is None:
-            raise UserError("a sweep (--models/--tasks) needs --out FOLDER: finished conditions are kept there, so a rerun resumes")
+            raise UserError(
+                "a sweep (--models/--tasks) needs --out FOLDER: finished conditions are kept there, so a rerun resumes"
+            )
         task_list = names(tasks or task)
-        result = commands.stress_sweep(tasks=task_list, models=names(models or model), protocol=the_protocol, ranks=rank_list,
-                                       mode=mode, temperature=temperature, seed=seed, split=split, limit=limit, out=out,
-                                       subsets=split_subsets(subsets), device=device, dtype=dtype, quantize=quantize,
-                                       batch_size=batch_size, log=console.print)
+        result = commands.stress_sweep(
+            tasks=task_list,
+            models=names(models or model),
+            protocol=the_protocol,
+            ranks=rank_list,
+            mode=mode,
+            temperature=temperature,
+            seed=seed,
+            split=split,
+            limit=limit,
+            out=out,
+            subsets=split_subsets(subsets),
+            device=device,
+            dtype=dtype,
+            quantize=quantize,
+            batch_size=batch_size,
+            log=console.print,
+        )
         print_stress_sweep(result, task_list, mode, the_protocol.name if the_protocol else None, out)
         return
     if task is None:
         raise UserError("stress: give --task (one task) or --tasks/--models (a sweep)")
     the_session = session(task, model, device, dtype, quantize, subsets, batch_size)
-    run = commands.stress(the_session, card=prompt, protocol=the_protocol, split=split, limit=limit, ranks=rank_list, mode=mode,
-                          temperature=temperature, seed=seed, batch_size=batch_size, out=out)
-    title = (f"taboo stress · {run.data.spec.name} · {'mid-word' if mid_word else 'word-initial'}"
-             + (f" · protocol {the_protocol.name}" + (f" (prompt {prompt})" if prompt else "") if the_protocol else ""))
+    run = commands.stress(
+        the_session,
+        card=prompt,
+        protocol=the_protocol,
+        split=split,
+        limit=limit,
+        ranks=rank_list,
+        mode=mode,
+        temperature=temperature,
+        seed=seed,
+        batch_size=batch_size,
+        out=out,
+    )
+    title = f"taboo stress · {run.data.spec.name} · {'mid-word' if mid_word else 'word-initial'}" + (
+        f" · protocol {the_protocol.name}" + (f" (prompt {prompt})" if prompt else "") if the_protocol else ""
+    )
     print_stress(run.result.summary, title)

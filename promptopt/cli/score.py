@@ -21,7 +21,9 @@ def score(
     split: str = typer.Option("test", "--split", help="pool, dev or test"),
     subsets: Optional[str] = SubsetsOpt,
     batch_size: int = BatchOpt,
-    out: Optional[Path] = typer.Option(None, "--out", help="write the per-item table (.parquet or .csv) and a .json summary"),
+    out: Optional[Path] = typer.Option(
+        None, "--out", help="write the per-item table (.parquet or .csv) and a .json summary"
+    ),
     rows: int = typer.Option(20, "--rows", min=0, help="how many item rows to print"),
     device: str = DeviceOpt,
     dtype: Optional[str] = DtypeOpt,
@@ -45,8 +47,12 @@ def trace(
     text: str = typer.Argument(..., help="the prompt to continue"),
     max_new_tokens: int = typer.Option(48, "--max-new-tokens", min=1),
     model: str = ModelOpt,
-    chat: Optional[bool] = typer.Option(None, "--chat/--plain", help="wrap TEXT in the chat template (default: if the model has one)"),
-    dip_ratio: float = typer.Option(0.5, "--dip-ratio", help="flag a token whose δ_TCB falls below this fraction of the running median"),
+    chat: Optional[bool] = typer.Option(
+        None, "--chat/--plain", help="wrap TEXT in the chat template (default: if the model has one)"
+    ),
+    dip_ratio: float = typer.Option(
+        0.5, "--dip-ratio", help="flag a token whose δ_TCB falls below this fraction of the running median"
+    ),
     window: int = typer.Option(8, "--window", min=2, help="tokens in the running median"),
     out: Optional[Path] = typer.Option(None, "--out", help="write the per-token table (.parquet or .csv)"),
     plot: Optional[Path] = typer.Option(None, "--plot", help="write the paper's Fig. 4 panels (.png or .svg)"),
@@ -57,8 +63,18 @@ def trace(
     from promptopt.experiments import commands
 
     quiet_libraries()
-    frame, model_name = commands.trace(text, model=model, device=device, dtype=dtype, max_new_tokens=max_new_tokens, chat=chat,
-                                         dip_ratio=dip_ratio, window=window, out=out, plot=plot)
+    frame, model_name = commands.trace(
+        text,
+        model=model,
+        device=device,
+        dtype=dtype,
+        max_new_tokens=max_new_tokens,
+        chat=chat,
+        dip_ratio=dip_ratio,
+        window=window,
+        out=out,
+        plot=plot,
+    )
     print_trace(frame, model_name)
     for path in (out, plot):
         if path is not None:

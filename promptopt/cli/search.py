@@ -9,13 +9,33 @@ import typer
 
 from promptopt.cli.app import app, quiet_libraries, split_subsets
 from promptopt.cli.options import (
-    BatchOpt, DevLimitOpt, DeviceOpt, DtypeOpt, MinibatchOpt, ModelOpt, ProposeModeOpt, ProposerOpt, PruningOpt, QuantizeOpt,
-    ResumeOpt, SearchSuiteOpt, SeedOpt, SpaceOpt, StorageOpt, SubsetsOpt, TaskOpt, TestLimitOpt, WorkersOpt, names,
+    BatchOpt,
+    DevLimitOpt,
+    DeviceOpt,
+    DtypeOpt,
+    MinibatchOpt,
+    ModelOpt,
+    ProposeModeOpt,
+    ProposerOpt,
+    PruningOpt,
+    QuantizeOpt,
+    ResumeOpt,
+    SearchSuiteOpt,
+    SeedOpt,
+    SpaceOpt,
+    StorageOpt,
+    SubsetsOpt,
+    TaskOpt,
+    TestLimitOpt,
+    WorkersOpt,
+    names,
 )
 from promptopt.cli.render import console, print_pairs, print_proposals, print_rounds, print_search_result
 from promptopt.cli.render_robustness import print_compare
 
-ProposeOpt = typer.Option(None, "--propose", min=1, help="N instructions written by --proposer join the space first (README: Proposals)")
+ProposeOpt = typer.Option(
+    None, "--propose", min=1, help="N instructions written by --proposer join the space first (README: Proposals)"
+)
 
 
 def search_config(**flat):
@@ -28,7 +48,9 @@ def search_config(**flat):
 @app.command()
 def search(
     task: str = TaskOpt,
-    strategy: str = typer.Option("tcb", "--strategy", help="tcb, ppl, accuracy, pareto, acc_tcb, acc_ppl or ppl_solution (README: Search)"),
+    strategy: str = typer.Option(
+        "tcb", "--strategy", help="tcb, ppl, accuracy, pareto, acc_tcb, acc_ppl or ppl_solution (README: Search)"
+    ),
     trials: int = typer.Option(20, "--trials", help="finished (complete or pruned) trials to reach"),
     model: str = ModelOpt,
     storage: Optional[str] = StorageOpt,
@@ -50,17 +72,42 @@ def search(
     propose: Optional[int] = ProposeOpt,
     propose_mode: str = ProposeModeOpt,
     proposer: Optional[str] = ProposerOpt,
-    rounds: int = typer.Option(1, "--rounds", min=1, help="R > 1: OPRO-style rounds, each proposing from the last one's scored instructions (history mode)"),
-    search_suite: str = typer.Option("cheap", "--search-suite", help="the families the robust strategy trains on and reflect proposals show ('none': no variants)"),
+    rounds: int = typer.Option(
+        1,
+        "--rounds",
+        min=1,
+        help="R > 1: OPRO-style rounds, each proposing from the last one's scored instructions (history mode)",
+    ),
+    search_suite: str = typer.Option(
+        "cheap",
+        "--search-suite",
+        help="the families the robust strategy trains on and reflect proposals show ('none': no variants)",
+    ),
 ) -> None:
     """Search instructions × exemplar sets × orders × templates with Optuna; write the best prompt card."""
     from promptopt.experiments import commands
 
     quiet_libraries()
     config = search_config(
-        task=task, strategy=strategy, trials=trials, model=model, storage=storage, seed=seed, out=str(out), space=space,
-        study_name=study_name, resume=resume, n_workers=n_workers, minibatch=minibatch, pruning=pruning,
-        dev_limit=dev_limit, test_limit=test_limit, subsets=subsets, batch_size=batch_size, device=device, dtype=dtype,
+        task=task,
+        strategy=strategy,
+        trials=trials,
+        model=model,
+        storage=storage,
+        seed=seed,
+        out=str(out),
+        space=space,
+        study_name=study_name,
+        resume=resume,
+        n_workers=n_workers,
+        minibatch=minibatch,
+        pruning=pruning,
+        dev_limit=dev_limit,
+        test_limit=test_limit,
+        subsets=subsets,
+        batch_size=batch_size,
+        device=device,
+        dtype=dtype,
         quantize=quantize,
     )
     search_suite = None if search_suite == "none" else search_suite
@@ -72,7 +119,6 @@ def search(
     if proposals is not None:
         print_proposals(proposals, out / "space.yaml")
     print_search_result(result)
-
 
 
 @app.command()
@@ -93,12 +139,26 @@ def compare(
     test_limit: Optional[int] = TestLimitOpt,
     subsets: Optional[str] = SubsetsOpt,
     batch_size: int = BatchOpt,
-    suite: str = typer.Option("unseen", "--suite", help="perturbation suite the winners are judged on (default: the families no search looks at), or 'none'"),
+    suite: str = typer.Option(
+        "unseen",
+        "--suite",
+        help="perturbation suite the winners are judged on (default: the families no search looks at), or 'none'",
+    ),
     search_suite: str = SearchSuiteOpt,
-    robust_limit: Optional[int] = typer.Option(None, "--robust-limit", min=1, help="test items used for robustness (default: all)"),
-    seeds: int = typer.Option(1, "--seeds", min=1, help="searches per strategy (sampler seed and exemplar candidates vary)"),
-    top_n: int = typer.Option(3, "--top-n", min=1, help="distinct top trials of each search scored on test items and stressed"),
-    select: str = typer.Option("strategy", "--select", help="strategy: each strategy's own winner; robust: best dev Acc_worst (under --search-suite) among the top-N inside the best dev accuracy's interval"),
+    robust_limit: Optional[int] = typer.Option(
+        None, "--robust-limit", min=1, help="test items used for robustness (default: all)"
+    ),
+    seeds: int = typer.Option(
+        1, "--seeds", min=1, help="searches per strategy (sampler seed and exemplar candidates vary)"
+    ),
+    top_n: int = typer.Option(
+        3, "--top-n", min=1, help="distinct top trials of each search scored on test items and stressed"
+    ),
+    select: str = typer.Option(
+        "strategy",
+        "--select",
+        help="strategy: each strategy's own winner; robust: best dev Acc_worst (under --search-suite) among the top-N inside the best dev accuracy's interval",
+    ),
     device: str = DeviceOpt,
     dtype: Optional[str] = DtypeOpt,
     quantize: Optional[str] = QuantizeOpt,
@@ -111,22 +171,49 @@ def compare(
     from promptopt.experiments import commands, run_compare
 
     quiet_libraries()
-    request = commands.propose_request(propose, propose_mode, proposer, seed, 1, search_suite=None if search_suite == "none" else search_suite)
-    base = search_config(
-        task=task, strategy="tcb", trials=trials, model=model, storage=storage, seed=seed, out=str(out), space=space,
-        resume=resume, n_workers=n_workers, minibatch=minibatch, pruning=pruning, dev_limit=dev_limit,
-        test_limit=test_limit, subsets=subsets, batch_size=batch_size, device=device, dtype=dtype, quantize=quantize,
+    request = commands.propose_request(
+        propose, propose_mode, proposer, seed, 1, search_suite=None if search_suite == "none" else search_suite
     )
-    result = run_compare(base, names(strategies), seeds=seeds, top_n=top_n,
-                         select=select, suite=None if suite == "none" else suite,
-                         search_suite=None if search_suite == "none" else search_suite, robust_limit=robust_limit,
-                         propose=request)
+    base = search_config(
+        task=task,
+        strategy="tcb",
+        trials=trials,
+        model=model,
+        storage=storage,
+        seed=seed,
+        out=str(out),
+        space=space,
+        resume=resume,
+        n_workers=n_workers,
+        minibatch=minibatch,
+        pruning=pruning,
+        dev_limit=dev_limit,
+        test_limit=test_limit,
+        subsets=subsets,
+        batch_size=batch_size,
+        device=device,
+        dtype=dtype,
+        quantize=quantize,
+    )
+    result = run_compare(
+        base,
+        names(strategies),
+        seeds=seeds,
+        top_n=top_n,
+        select=select,
+        suite=None if suite == "none" else suite,
+        search_suite=None if search_suite == "none" else search_suite,
+        robust_limit=robust_limit,
+        propose=request,
+    )
     if result.proposals is not None:
         print_proposals(result.proposals, out / "space.yaml")
     print_compare(result, task, model)
     items = ", robustness_items.parquet" if result.summary.get("suite") else ""
-    console.print(f"wrote {out / 'compare.csv'}, compare_runs.csv, compare_paired.csv, test_items.parquet{items}, summary.json and one run "
-                  f"directory per strategy under {out}")
+    console.print(
+        f"wrote {out / 'compare.csv'}, compare_runs.csv, compare_paired.csv, test_items.parquet{items}, summary.json and one run "
+        f"directory per strategy under {out}"
+    )
 
 
 @app.command("propose")
@@ -135,15 +222,23 @@ def propose_command(
     n: int = typer.Option(12, "--n", min=1, help="instructions to add"),
     out: Path = typer.Option(..., "--out", help="the space file to write (YAML)"),
     space: Optional[str] = SpaceOpt,
-    mode: str = typer.Option("grounded", "--mode", help="induce, grounded, history (from the space's own instructions scored on dev) or reflect"),
+    mode: str = typer.Option(
+        "grounded",
+        "--mode",
+        help="induce, grounded, history (from the space's own instructions scored on dev) or reflect",
+    ),
     proposer: Optional[str] = ProposerOpt,
     model: str = ModelOpt,
     seed: int = typer.Option(0, "--seed", help="same seed, same proposals"),
-    search_suite: str = typer.Option("cheap", "--search-suite", help="reflect: the families whose answer changes it shows"),
+    search_suite: str = typer.Option(
+        "cheap", "--search-suite", help="reflect: the families whose answer changes it shows"
+    ),
     dev_limit: Optional[int] = DevLimitOpt,
     test_limit: Optional[int] = TestLimitOpt,
     subsets: Optional[str] = SubsetsOpt,
-    cache: Optional[Path] = typer.Option(None, "--cache", help="where proposals are remembered by content hash (default: $PROMPTOPT_CACHE/proposals)"),
+    cache: Optional[Path] = typer.Option(
+        None, "--cache", help="where proposals are remembered by content hash (default: $PROMPTOPT_CACHE/proposals)"
+    ),
     batch_size: int = BatchOpt,
     device: str = DeviceOpt,
     dtype: Optional[str] = DtypeOpt,
@@ -154,9 +249,21 @@ def propose_command(
 
     quiet_libraries()
     request = commands.propose_request(n, mode, proposer, seed, 1, search_suite=search_suite, standalone=True)
-    proposed = commands.propose(task=task, model=model, device=device, dtype=dtype, quantize=quantize, subsets=subsets,
-                                dev_limit=dev_limit, test_limit=test_limit, batch_size=batch_size, request=request,
-                                space=space, out=out, cache=cache)
+    proposed = commands.propose(
+        task=task,
+        model=model,
+        device=device,
+        dtype=dtype,
+        quantize=quantize,
+        subsets=subsets,
+        dev_limit=dev_limit,
+        test_limit=test_limit,
+        batch_size=batch_size,
+        request=request,
+        space=space,
+        out=out,
+        cache=cache,
+    )
     print_proposals(proposed.proposals, out)
 
 

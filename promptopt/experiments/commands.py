@@ -90,8 +90,16 @@ def pair(run_a: Path, run_b: Path, out: Path | None):
 PROPOSALS_PER_ROUND = 4  # search --rounds R without --propose N
 
 
-def propose_request(n: int | None, mode: str, proposer: str | None, seed: int, rounds: int, *,
-                    search_suite: str | None = ROBUST_SEARCH_SUITE, standalone: bool = False):
+def propose_request(
+    n: int | None,
+    mode: str,
+    proposer: str | None,
+    seed: int,
+    rounds: int,
+    *,
+    search_suite: str | None = ROBUST_SEARCH_SUITE,
+    standalone: bool = False,
+):
     """The proposal request of the CLI options, or None when nothing is to be proposed. A mode given
     without --propose is an error (it would silently do nothing)."""
     from promptopt.experiments.propose import ProposeRequest
@@ -107,12 +115,30 @@ def propose_request(n: int | None, mode: str, proposer: str | None, seed: int, r
     if mode == "history" and not standalone and rounds < 2:
         raise UserError("--propose-mode history proposes from a search's scored instructions: use --rounds R (R ≥ 2)")
     if mode == "reflect" and not search_suite:
-        raise UserError("--propose-mode reflect shows answers that the search suite's perturbations change: give a --search-suite")
-    return ProposeRequest(n=n, mode=mode, proposer=proposer, seed=seed, search_suite=search_suite or ROBUST_SEARCH_SUITE)
+        raise UserError(
+            "--propose-mode reflect shows answers that the search suite's perturbations change: give a --search-suite"
+        )
+    return ProposeRequest(
+        n=n, mode=mode, proposer=proposer, seed=seed, search_suite=search_suite or ROBUST_SEARCH_SUITE
+    )
 
 
-def propose(*, task: str, model: str, device: str, dtype, quantize, subsets, dev_limit, test_limit, batch_size: int, request,
-            space: str | None, out: Path, cache: Path | None):
+def propose(
+    *,
+    task: str,
+    model: str,
+    device: str,
+    dtype,
+    quantize,
+    subsets,
+    dev_limit,
+    test_limit,
+    batch_size: int,
+    request,
+    space: str | None,
+    out: Path,
+    cache: Path | None,
+):
     """`promptopt propose`: the space plus N proposals, written to `out` (a YAML file)."""
     from promptopt.experiments.propose import propose_space
     from promptopt.models import ModelConfig
@@ -122,9 +148,16 @@ def propose(*, task: str, model: str, device: str, dtype, quantize, subsets, dev
     if Path(out).suffix not in (".yaml", ".yml"):
         raise UserError(f"--out {out}: a space file is YAML; use a .yaml file name")
     check_out_files(Path(out))
-    session = Session(model=ModelConfig(spec=model, device=device, dtype=dtype, quantize=quantize),
-                      data=DataConfig(task=task, subsets=tuple(subsets.split(",")) if subsets else None, dev_limit=dev_limit,
-                                      test_limit=test_limit), batch_size=batch_size)
+    session = Session(
+        model=ModelConfig(spec=model, device=device, dtype=dtype, quantize=quantize),
+        data=DataConfig(
+            task=task,
+            subsets=tuple(subsets.split(",")) if subsets else None,
+            dev_limit=dev_limit,
+            test_limit=test_limit,
+        ),
+        batch_size=batch_size,
+    )
     return propose_space(session, request, space=space, out=out, cache_dir=cache or cache_root() / "proposals")
 
 
@@ -145,8 +178,19 @@ def score(session: Session, *, card: Path | None, split: str, limit: int | None,
     return result
 
 
-def trace(text: str, *, model: str, device: str, dtype, max_new_tokens: int, chat, dip_ratio: float, window: int,
-          out: Path | None = None, plot: Path | None = None):
+def trace(
+    text: str,
+    *,
+    model: str,
+    device: str,
+    dtype,
+    max_new_tokens: int,
+    chat,
+    dip_ratio: float,
+    window: int,
+    out: Path | None = None,
+    plot: Path | None = None,
+):
     """`promptopt trace`: a greedy generation with δ_TCB and friends per token -> (table, model name)."""
     from promptopt.models import load_model
     from promptopt.trace import plot_trace, trace_generation
@@ -171,8 +215,16 @@ def items_path(out: Path) -> Path:
     return out.with_name(out.with_suffix("").name + "_items.parquet")
 
 
-def evaluate(session: Session, *, card: Path | None, suite: str, split: str, limit: int | None, out: Path | None = None,
-             search_suite: str | None = ROBUST_SEARCH_SUITE):
+def evaluate(
+    session: Session,
+    *,
+    card: Path | None,
+    suite: str,
+    split: str,
+    limit: int | None,
+    out: Path | None = None,
+    search_suite: str | None = ROBUST_SEARCH_SUITE,
+):
     """`promptopt evaluate`: a prompt under a perturbation suite, each family labelled seen (by `search_suite`) or
     unseen; with `out`, families (.csv), a .json summary and every answer (_items.parquet)."""
     from promptopt.robustness.suite import evaluate_robustness, load_suite, seen_families
@@ -183,9 +235,16 @@ def evaluate(session: Session, *, card: Path | None, suite: str, split: str, lim
         check_out_files(out.with_suffix(".csv"), out.with_suffix(".json"), items_path(out))
     prompt = session.prompt(card)  # a bad card fails before the model loads
     with card_errors(card):
-        result = evaluate_robustness(session.scorer, prompt, session.data.split(split)[:limit], the_suite,
-                                     pool=session.data.pool, paraphrases=session.paraphrases, progress=session.progress,
-                                     seen=seen_families(the_suite, the_search_suite))
+        result = evaluate_robustness(
+            session.scorer,
+            prompt,
+            session.data.split(split)[:limit],
+            the_suite,
+            pool=session.data.pool,
+            paraphrases=session.paraphrases,
+            progress=session.progress,
+            seen=seen_families(the_suite, the_search_suite),
+        )
     result.summary["search_suite"] = the_search_suite.name if the_search_suite else None
     if out is not None:
         write_table(result.families, out.with_suffix(".csv"))
@@ -202,12 +261,26 @@ class StressRun:
 
 def check_generative(session: Session, command: str) -> None:
     if not session.data.spec.generative:
-        raise UserError(f"{command} needs a generative task (answer type number, alias_match or code); "
-                        f"{session.data.spec.name} is scored by log-likelihood")
+        raise UserError(
+            f"{command} needs a generative task (answer type number, alias_match or code); "
+            f"{session.data.spec.name} is scored by log-likelihood"
+        )
 
 
-def stress(session: Session, *, card: Path | None, protocol=None, split: str, limit: int | None, ranks, mode: str,
-           temperature: float, seed: int, batch_size: int, out: Path | None = None) -> StressRun:
+def stress(
+    session: Session,
+    *,
+    card: Path | None,
+    protocol=None,
+    split: str,
+    limit: int | None,
+    ranks,
+    mode: str,
+    temperature: float,
+    seed: int,
+    batch_size: int,
+    out: Path | None = None,
+) -> StressRun:
     """`promptopt stress --task`: taboo decoding at each rank on one task, with the task's prompt (or a card), or
     with a stress protocol's own prompt, items and decoding settings (then scored by a scorer of its own data)."""
     from promptopt.robustness import taboo_stress
@@ -221,7 +294,12 @@ def stress(session: Session, *, card: Path | None, protocol=None, split: str, li
         prompt = session.prompt(card) if card else prompt
         scorer = Scorer(session.lm, data, batch_size=batch_size, progress=session.progress)
     else:
-        data, prompt, items, scorer = session.data, session.prompt(card), session.data.split(split)[:limit], session.scorer
+        data, prompt, items, scorer = (
+            session.data,
+            session.prompt(card),
+            session.data.split(split)[:limit],
+            session.scorer,
+        )
     with card_errors(card):
         result = taboo_stress(scorer, prompt, items, ranks=ranks, mode=mode, temperature=temperature, seed=seed)
     if out is not None:
@@ -230,8 +308,25 @@ def stress(session: Session, *, card: Path | None, protocol=None, split: str, li
     return StressRun(result, data)
 
 
-def stress_sweep(*, tasks: list[str], models: list[str], protocol, ranks, mode: str, temperature: float, seed: int,
-                 split: str, limit: int | None, out: Path, subsets, device: str, dtype, quantize, batch_size: int, log=print):
+def stress_sweep(
+    *,
+    tasks: list[str],
+    models: list[str],
+    protocol,
+    ranks,
+    mode: str,
+    temperature: float,
+    seed: int,
+    split: str,
+    limit: int | None,
+    out: Path,
+    subsets,
+    device: str,
+    dtype,
+    quantize,
+    batch_size: int,
+    log=print,
+):
     """`promptopt stress --models/--tasks`: the taboo paper's sweep, every condition kept in `out` (resumable)."""
     from promptopt.experiments.stress_sweep import SweepSettings, run_stress_sweep
     from promptopt.models import ModelConfig
@@ -240,8 +335,21 @@ def stress_sweep(*, tasks: list[str], models: list[str], protocol, ranks, mode: 
         raise UserError("a sweep needs --tasks (comma-separated generative tasks)")
     check_output(out, folder=True, what="--out")
     probe = ModelConfig(spec=models[0] if models else "x", device=device, dtype=dtype, quantize=quantize)
-    settings = SweepSettings(protocol=protocol.name if protocol else None, protocol_sha256=protocol.digest if protocol else None,
-                             ranks=tuple(ranks), mode=mode, temperature=temperature, seed=seed, split=split, limit=limit,
-                             dtype=probe.resolved_dtype(), device_type=probe.resolved_device_type(), quantize=quantize,
-                             batch_size=batch_size, subsets=subsets)
-    return run_stress_sweep(models=models, tasks=tasks, settings=settings, out=out, protocol=protocol, device=device, log=log)
+    settings = SweepSettings(
+        protocol=protocol.name if protocol else None,
+        protocol_sha256=protocol.digest if protocol else None,
+        ranks=tuple(ranks),
+        mode=mode,
+        temperature=temperature,
+        seed=seed,
+        split=split,
+        limit=limit,
+        dtype=probe.resolved_dtype(),
+        device_type=probe.resolved_device_type(),
+        quantize=quantize,
+        batch_size=batch_size,
+        subsets=subsets,
+    )
+    return run_stress_sweep(
+        models=models, tasks=tasks, settings=settings, out=out, protocol=protocol, device=device, log=log
+    )

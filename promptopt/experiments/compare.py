@@ -48,7 +48,13 @@ import pandas as pd
 from promptopt.card import sha256_json
 from promptopt.errors import ConfigError, UserError
 from promptopt.experiments.session import Session
-from promptopt.metrics.stats import PerItemRobustness, bootstrap_resamples, mcnemar_exact, percentile_interval, wilson_interval
+from promptopt.metrics.stats import (
+    PerItemRobustness,
+    bootstrap_resamples,
+    mcnemar_exact,
+    percentile_interval,
+    wilson_interval,
+)
 from promptopt.search import SearchConfig, get_strategy, run_search, study_exists
 from promptopt.search.config import default_storage_url, redact
 from promptopt.search.recovery import fault_point
@@ -116,25 +122,50 @@ def run_compare(
     if select == "robust" and not search_suite:
         raise ConfigError("select='robust' reads dev robustness under the search suite: give a search suite")
     if not search_suite and any(get_strategy(name).needs_variants for name in strategies):
-        raise ConfigError(f"strategies {', '.join(strategies)}: the robust strategy trains on the search suite: give a search suite")
+        raise ConfigError(
+            f"strategies {', '.join(strategies)}: the robust strategy trains on the search suite: give a search suite"
+        )
     the_suite = load_suite(suite) if suite else None
     the_search_suite = load_suite(search_suite) if search_suite else None
     out = Path(base.out)
     check_output(out, folder=True, what="--out")
     made_out = not out.exists()
     try:
-        return _compare(base, strategies, out, seeds=seeds, top_n=top_n, select=select, the_suite=the_suite,
-                        search_suite=the_search_suite, search_suite_spec=search_suite, robust_limit=robust_limit,
-                        show_progress=show_progress, propose=propose)
+        return _compare(
+            base,
+            strategies,
+            out,
+            seeds=seeds,
+            top_n=top_n,
+            select=select,
+            the_suite=the_suite,
+            search_suite=the_search_suite,
+            search_suite_spec=search_suite,
+            robust_limit=robust_limit,
+            show_progress=show_progress,
+            propose=propose,
+        )
     except Exception:  # folders this compare created and left empty go too (finished work stays for --resume)
         if made_out:
             remove_empty_dirs([out, *(p for p in out.rglob("*") if p.is_dir())])
         raise
 
 
-def _compare(base: SearchConfig, strategies: list[str], out: Path, *, seeds: int, top_n: int, select: str, the_suite,
-             search_suite, search_suite_spec: str | None, robust_limit: int | None, show_progress: bool,
-             propose=None) -> CompareResult:
+def _compare(
+    base: SearchConfig,
+    strategies: list[str],
+    out: Path,
+    *,
+    seeds: int,
+    top_n: int,
+    select: str,
+    the_suite,
+    search_suite,
+    search_suite_spec: str | None,
+    robust_limit: int | None,
+    show_progress: bool,
+    propose=None,
+) -> CompareResult:
     from promptopt.robustness.suite import Similarity, seen_families, suite_sha256
 
     storage = base.study.storage or default_storage_url(out)
@@ -145,9 +176,13 @@ def _compare(base: SearchConfig, strategies: list[str], out: Path, *, seeds: int
         from promptopt.experiments.propose.workflow import propose_space
 
         if propose.mode == "history":
-            raise ConfigError("compare --propose-mode history: history proposals come from search rounds (search --rounds)")
+            raise ConfigError(
+                "compare --propose-mode history: history proposals come from search rounds (search --rounds)"
+            )
         out.mkdir(parents=True, exist_ok=True)
-        proposed = propose_space(session, propose, space=base.study.space, out=out / PENDING, cache_dir=out / PROPOSALS_DIR)
+        proposed = propose_space(
+            session, propose, space=base.study.space, out=out / PENDING, cache_dir=out / PROPOSALS_DIR
+        )
         base, proposals, pending = base.replace(space=str(proposed.path)), proposed.proposals, proposed.path
     configs = {(name, s): _seed_config(base, name, s, seeds, out, storage) for name in strategies for s in range(seeds)}
     expand = None
@@ -170,19 +205,45 @@ def _compare(base: SearchConfig, strategies: list[str], out: Path, *, seeds: int
         configs = {key: config.replace(space=str(final)) for key, config in configs.items()}
     test, dev = session.items("test"), session.items("dev")
     search_digest = suite_sha256(search_suite) if search_suite else None
-    store = _Store(out / "evaluations", {"model": base.model.spec, "dtype": base.model.resolved_dtype(),
-                                         "quantize": base.model.quantize, "test": items_sha256(test),
-                                         "robust_limit": robust_limit,
-                                         "suite": suite_sha256(the_suite) if the_suite else None,
-                                         "search_suite": search_digest})
+    store = _Store(
+        out / "evaluations",
+        {
+            "model": base.model.spec,
+            "dtype": base.model.resolved_dtype(),
+            "quantize": base.model.quantize,
+            "test": items_sha256(test),
+            "robust_limit": robust_limit,
+            "suite": suite_sha256(the_suite) if the_suite else None,
+            "search_suite": search_digest,
+        },
+    )
     seen = seen_families(the_suite, search_suite) if the_suite else frozenset()
-    evaluator = _Evaluator(session, test, the_suite, robust_limit, Similarity() if the_suite or search_suite else None,
-                           show_progress, store, search_suite=search_suite, seen=seen)
+    evaluator = _Evaluator(
+        session,
+        test,
+        the_suite,
+        robust_limit,
+        Similarity() if the_suite or search_suite else None,
+        show_progress,
+        store,
+        search_suite=search_suite,
+        seen=seen,
+    )
 
     start = time.perf_counter()
     baseline_prompt = session.data.default_prompt()
     baseline = evaluator(baseline_prompt)
-    runs = [_run_row("baseline", 0, 0, baseline, winner=True, how="the task's default prompt", extra={"card": "task default prompt"})]
+    runs = [
+        _run_row(
+            "baseline",
+            0,
+            0,
+            baseline,
+            winner=True,
+            how="the task's default prompt",
+            extra={"card": "task default prompt"},
+        )
+    ]
     winners: dict[str, list[Evaluated]] = {"baseline": [baseline] * seeds}
     baseline_wall = time.perf_counter() - start
     walls: dict[str, float] = {"baseline": baseline_wall}
@@ -192,15 +253,33 @@ def _compare(base: SearchConfig, strategies: list[str], out: Path, *, seeds: int
         fault_point("compare-search")
         result = run_search(config, scorer=session.scorer, expand=expand, show_progress=show_progress)
         walls[name] = walls.get(name, 0.0) + result.wall_seconds
-        ranked = result.ranking[:top_n] or [{"number": result.best_number, "prompt": result.prompt, "accuracy": result.dev["accuracy"],
-                                             "n": result.dev["n"]}]
+        ranked = result.ranking[:top_n] or [
+            {
+                "number": result.best_number,
+                "prompt": result.prompt,
+                "accuracy": result.dev["accuracy"],
+                "n": result.dev["n"],
+            }
+        ]
         chosen, how = _choose(select, ranked, result, evaluator, dev)
         for rank, entry in enumerate(ranked):
             evaluated = evaluator(entry["prompt"])
             is_winner = entry["number"] == chosen["number"]
-            runs.append(_run_row(name, s, rank, evaluated, winner=is_winner, how=how if is_winner else "",
-                                 extra={"trial": entry["number"], "dev_accuracy": entry.get("accuracy"),
-                                        "card": str(result.card_path) if entry["number"] == result.best_number else ""}))
+            runs.append(
+                _run_row(
+                    name,
+                    s,
+                    rank,
+                    evaluated,
+                    winner=is_winner,
+                    how=how if is_winner else "",
+                    extra={
+                        "trial": entry["number"],
+                        "dev_accuracy": entry.get("accuracy"),
+                        "card": str(result.card_path) if entry["number"] == result.best_number else "",
+                    },
+                )
+            )
             if is_winner:
                 winners.setdefault(name, []).append(evaluated)
     runs_table = pd.DataFrame(runs)
@@ -208,24 +287,40 @@ def _compare(base: SearchConfig, strategies: list[str], out: Path, *, seeds: int
     paired = _paired_table(winners, seed=base.study.seed)
     families = [f.name for f in the_suite.families] if the_suite else []
     summary = {
-        "task": session.data.spec.name, "model": base.model.spec, "strategies": strategies, "seeds": seeds,
-        "top_n": top_n, "select": select, "suite": the_suite.name if the_suite else None,
+        "task": session.data.spec.name,
+        "model": base.model.spec,
+        "strategies": strategies,
+        "seeds": seeds,
+        "top_n": top_n,
+        "select": select,
+        "suite": the_suite.name if the_suite else None,
         "search_suite": search_suite.name if search_suite else None,
-        "families_seen": [f for f in families if f in seen], "families_unseen": [f for f in families if f not in seen],
+        "families_seen": [f for f in families if f in seen],
+        "families_unseen": [f for f in families if f not in seen],
         "seen_rule": "a judged family is seen when the search suite has a family of the same name or operator",
-        "n_test": len(test), "n_robust": len(test[:robust_limit]) if the_suite else 0,
-        "evaluations": evaluator.evaluations, "evaluations_reused": evaluator.reused,
-        "evaluations_resumed": evaluator.resumed, "studies_resumed": [c.name for c in configs.values() if c.study.resume],
+        "n_test": len(test),
+        "n_robust": len(test[:robust_limit]) if the_suite else 0,
+        "evaluations": evaluator.evaluations,
+        "evaluations_reused": evaluator.reused,
+        "evaluations_resumed": evaluator.resumed,
+        "studies_resumed": [c.name for c in configs.values() if c.study.resume],
         "result_cache_hit_rate": session.scorer.cache.hit_rate,
-        "result_cache_hits": session.scorer.cache.hits, "result_cache_misses": session.scorer.cache.misses,
+        "result_cache_hits": session.scorer.cache.hits,
+        "result_cache_misses": session.scorer.cache.misses,
         "variant_embedding_hit_rate": evaluator.similarity.hit_rate if evaluator.similarity else None,
         "paraphrase_memo_hits": session.paraphrases.hits,
         "paraphrase_memo_misses": session.paraphrases.misses,
-        "table": json.loads(table.to_json(orient="records")), "paired": json.loads(paired.to_json(orient="records")),
+        "table": json.loads(table.to_json(orient="records")),
+        "paired": json.loads(paired.to_json(orient="records")),
     }
     if proposals is not None:
-        summary["proposals"] = {"space": str(out / "space.yaml"), "accepted": len(proposals.accepted), "drops": proposals.drops,
-                                "attempts": proposals.attempts, "reused": proposals.reused}
+        summary["proposals"] = {
+            "space": str(out / "space.yaml"),
+            "accepted": len(proposals.accepted),
+            "drops": proposals.drops,
+            "attempts": proposals.attempts,
+            "reused": proposals.reused,
+        }
     _write(out, table, runs_table, paired, summary, _items(winners), _test_items(winners))
     return CompareResult(table, runs_table, paired, summary, proposals)
 
@@ -243,17 +338,22 @@ def _search_suite_marker(out: Path, search_suite, *, resume: bool) -> dict:
     if resume and path.is_file():
         theirs = json.loads(path.read_text(encoding="utf-8"))
         if theirs.get("sha256") != mine["sha256"]:
-            raise UserError(f"compare in {out} searched the robust strategy under --search-suite {theirs.get('name')} with other "
-                            f"content (sha256 {str(theirs.get('sha256'))[:12]}, this one's {mine['sha256'][:12]}; before "
-                            f"promptopt hashed a suite's content alone it hashed its file's path too): resume it with the suite "
-                            f"it started with, or choose another --out")
+            raise UserError(
+                f"compare in {out} searched the robust strategy under --search-suite {theirs.get('name')} with other "
+                f"content (sha256 {str(theirs.get('sha256'))[:12]}, this one's {mine['sha256'][:12]}; before "
+                f"promptopt hashed a suite's content alone it hashed its file's path too): resume it with the suite "
+                f"it started with, or choose another --out"
+            )
     return mine
 
 
 def _winner_rows(winners: dict, table_of) -> pd.DataFrame | None:
     """One table of every winner's rows (`table_of(evaluation)`), strategy and seed first; the baseline once (seed 0)."""
-    tables = [(name, s, table_of(ev)) for name, evaluations in winners.items()
-              for s, ev in enumerate(evaluations[:1] if name == "baseline" else evaluations)]
+    tables = [
+        (name, s, table_of(ev))
+        for name, evaluations in winners.items()
+        for s, ev in enumerate(evaluations[:1] if name == "baseline" else evaluations)
+    ]
     parts = [table.assign(strategy=name, seed=s) for name, s, table in tables if table is not None]
     if not parts:
         return None
@@ -278,8 +378,14 @@ def _seed_config(base: SearchConfig, name: str, s: int, seeds: int, out: Path, s
     if seeds == 1:
         return base.replace(strategy=name, out=str(out / name), storage=storage, study_name=None)
     task = Path(base.data.task).stem
-    return base.replace(strategy=name, out=str(out / name / f"seed{s}"), storage=storage, study_name=f"{task}-{name}-seed{s}",
-                        seed=base.study.seed + 7919 * s, pool_draw=None if s == 0 else base.study.seed + s)
+    return base.replace(
+        strategy=name,
+        out=str(out / name / f"seed{s}"),
+        storage=storage,
+        study_name=f"{task}-{name}-seed{s}",
+        seed=base.study.seed + 7919 * s,
+        pool_draw=None if s == 0 else base.study.seed + s,
+    )
 
 
 def _plan(configs: dict, data, expand, out: Path, *, resume: bool) -> dict:
@@ -289,8 +395,14 @@ def _plan(configs: dict, data, expand, out: Path, *, resume: bool) -> dict:
     exists = {key: study_exists(config, data, expand) for key, config in configs.items()}
     started = [configs[key].name for key, found in exists.items() if found]
     if not resume and (started or _Store.any_in(out / "evaluations")):
-        what = f"study '{started[0]}' exists in {redact(next(iter(configs.values())).storage_url)}" if started else f"{out / 'evaluations'} exists"
-        raise UserError(f"compare in {out} has already started ({what}): pass --resume to continue it, or choose another --out")
+        what = (
+            f"study '{started[0]}' exists in {redact(next(iter(configs.values())).storage_url)}"
+            if started
+            else f"{out / 'evaluations'} exists"
+        )
+        raise UserError(
+            f"compare in {out} has already started ({what}): pass --resume to continue it, or choose another --out"
+        )
     return {key: config.replace(resume=exists[key]) for key, config in configs.items()}
 
 
@@ -332,8 +444,12 @@ class _Store:
             write_table(evaluated.variants, folder / "variants.parquet")
         if evaluated.items is not None:
             write_table(evaluated.items, folder / "items.parquet")
-        done = {"test": evaluated.test is not None, "clean": evaluated.clean is not None, "items": evaluated.items is not None,
-                "robust": evaluated.robust}
+        done = {
+            "test": evaluated.test is not None,
+            "clean": evaluated.clean is not None,
+            "items": evaluated.items is not None,
+            "robust": evaluated.robust,
+        }
         atomic_write_text(folder / "done.json", json.dumps(done, indent=1))
 
 
@@ -344,8 +460,19 @@ class _Evaluator:
     """Scores a prompt on the test items and stresses it, once per distinct prompt (and once per compare:
     finished evaluations are kept in the store and reused by a resumed compare)."""
 
-    def __init__(self, session, test, suite, robust_limit, similarity, progress, store: _Store, *, search_suite=None,
-                 seen=frozenset()):
+    def __init__(
+        self,
+        session,
+        test,
+        suite,
+        robust_limit,
+        similarity,
+        progress,
+        store: _Store,
+        *,
+        search_suite=None,
+        seen=frozenset(),
+    ):
         self.session, self.test, self.suite, self.similarity, self.progress = session, test, suite, similarity, progress
         self.search_suite, self.seen = search_suite, seen
         self.robust_items = test[:robust_limit]
@@ -369,7 +496,8 @@ class _Evaluator:
             if self.suite is not None:
                 fault_point("compare-robust")
                 evaluated.robust, evaluated.clean, evaluated.variants, evaluated.items = self._stress(
-                    prompt, self.robust_items, self.suite, seen=self.seen, taboo=True)
+                    prompt, self.robust_items, self.suite, seen=self.seen, taboo=True
+                )
             self.store.save(key, evaluated)
         self._done[key] = evaluated
         return evaluated
@@ -394,19 +522,38 @@ class _Evaluator:
         from promptopt.robustness.suite import evaluate_robustness
 
         scorer, data = self.session.scorer, self.session.data
-        rob = evaluate_robustness(scorer, prompt, items, suite, pool=data.pool, similarity=self.similarity,
-                                  paraphrases=self.session.paraphrases, seen=seen,
-                                  progress=self.progress, desc=f"robustness {prompt.task}")
+        rob = evaluate_robustness(
+            scorer,
+            prompt,
+            items,
+            suite,
+            pool=data.pool,
+            similarity=self.similarity,
+            paraphrases=self.session.paraphrases,
+            seen=seen,
+            progress=self.progress,
+            desc=f"robustness {prompt.task}",
+        )
         summary = dict(rob.summary)
         summary["taboo_retention_i1"] = math.nan  # log-likelihood tasks generate nothing to stress
         if taboo and data.spec.generative:
             stress = taboo_stress(scorer, prompt, items, ranks=(1,)).summary.set_index("rank")
             summary["taboo_retention_i1"] = stress.loc[1, "retention"]
-        clean = rob.items.loc[rob.items["family"].isna()].set_index("item_id")["clean_correct"].astype(bool).rename("correct")
+        clean = (
+            rob.items.loc[rob.items["family"].isna()]
+            .set_index("item_id")["clean_correct"]
+            .astype(bool)
+            .rename("correct")
+        )
         variants = rob.variants if len(rob.variants) else pd.DataFrame(columns=["item_id", "family", "correct"])
         if seen is not None:
             variants = variants.assign(seen=variants["family"].isin(set(seen)).astype(bool))
-        return summary, clean, variants[["item_id", "family", "correct", *(["seen"] if seen is not None else [])]], rob.items
+        return (
+            summary,
+            clean,
+            variants[["item_id", "family", "correct", *(["seen"] if seen is not None else [])]],
+            rob.items,
+        )
 
 
 def _choose(select, ranked, result, evaluator, dev):
@@ -421,8 +568,10 @@ def _choose(select, ranked, result, evaluator, dev):
         scored.append((summary["acc_worst"], entry["accuracy"], -entry["number"], entry))
     acc_worst, _, _, chosen = max(scored, key=lambda x: x[:3])
     under = getattr(evaluator, "search_suite_name", None)
-    return chosen, (f"best dev Acc_worst ({acc_worst:.3f}{f', search suite {under}' if under else ''}) among {len(eligible)} of the top {len(ranked)} trials whose dev "
-                    f"accuracy is inside the best one's 95% interval (≥ {low:.3f})")
+    return chosen, (
+        f"best dev Acc_worst ({acc_worst:.3f}{f', search suite {under}' if under else ''}) among {len(eligible)} of the top {len(ranked)} trials whose dev "
+        f"accuracy is inside the best one's 95% interval (≥ {low:.3f})"
+    )
 
 
 def _run_row(strategy, seed, rank, ev: Evaluated, *, winner, how, extra) -> dict:
@@ -430,12 +579,32 @@ def _run_row(strategy, seed, rank, ev: Evaluated, *, winner, how, extra) -> dict
     n, k = len(t), int(t["correct"].sum())
     low, high = wilson_interval(k, n)
     tcb = t["tcb"].replace([np.inf], np.nan)
-    row = {"strategy": strategy, "seed": seed, "rank": rank, "winner": winner, "n_test": n, "avg_acc": k / n,
-           "acc_ci_low": low, "acc_ci_high": high, "avg_tcb": float(tcb.mean()), "tcb_geomean": float(np.exp(np.log(tcb.dropna()).mean())),
-           "avg_ppl": float(t["ppl"].mean()), "selected_by": how}
+    row = {
+        "strategy": strategy,
+        "seed": seed,
+        "rank": rank,
+        "winner": winner,
+        "n_test": n,
+        "avg_acc": k / n,
+        "acc_ci_low": low,
+        "acc_ci_high": high,
+        "avg_tcb": float(tcb.mean()),
+        "tcb_geomean": float(np.exp(np.log(tcb.dropna()).mean())),
+        "avg_ppl": float(t["ppl"].mean()),
+        "selected_by": how,
+    }
     r = ev.robust
-    for key in ("acc_var_pert", "acc_var_families", "pdr", "pdr_pooled", "acc_worst", "acc_worst_family_min",
-                "acc_worst_family", "tcb_perturbed_mean", "taboo_retention_i1"):
+    for key in (
+        "acc_var_pert",
+        "acc_var_families",
+        "pdr",
+        "pdr_pooled",
+        "acc_worst",
+        "acc_worst_family_min",
+        "acc_worst_family",
+        "tcb_perturbed_mean",
+        "taboo_retention_i1",
+    ):
         row[key] = r.get(key, math.nan)
     for key in ("acc_worst", "pdr", "acc_var_pert"):
         ci = r.get(f"{key}_ci95", [math.nan, math.nan])
@@ -445,7 +614,10 @@ def _run_row(strategy, seed, rank, ev: Evaluated, *, winner, how, extra) -> dict
             value = r.get(f"{key}_{split}")
             row[f"{key}_{split}"] = math.nan if value is None else value
         for key in _PAIRED_KEYS:
-            row[f"{key}_{split}_ci_low"], row[f"{key}_{split}_ci_high"] = r.get(f"{key}_{split}_ci95") or [math.nan, math.nan]
+            row[f"{key}_{split}_ci_low"], row[f"{key}_{split}_ci_high"] = r.get(f"{key}_{split}_ci95") or [
+                math.nan,
+                math.nan,
+            ]
     row.update(extra)
     return row
 
@@ -456,15 +628,37 @@ def _strategy_table(runs: pd.DataFrame, winners: dict, walls: dict, *, seed: int
     rows = []
     chosen = runs[runs["winner"]]
     for name, group in chosen.groupby("strategy", sort=False):
-        row = {"strategy": name, "n_seeds": len(winners[name]) if name != "baseline" else 1, "n_test": int(group["n_test"].iloc[0])}
-        for key in ("avg_acc", "avg_tcb", "tcb_geomean", "avg_ppl", "acc_var_pert", "pdr", "pdr_pooled", "acc_worst",
-                    "acc_worst_family_min", "taboo_retention_i1", *(f"{k}_{split}" for split in SPLITS for k in _SPLIT_MEANS)):
+        row = {
+            "strategy": name,
+            "n_seeds": len(winners[name]) if name != "baseline" else 1,
+            "n_test": int(group["n_test"].iloc[0]),
+        }
+        for key in (
+            "avg_acc",
+            "avg_tcb",
+            "tcb_geomean",
+            "avg_ppl",
+            "acc_var_pert",
+            "pdr",
+            "pdr_pooled",
+            "acc_worst",
+            "acc_worst_family_min",
+            "taboo_retention_i1",
+            *(f"{k}_{split}" for split in SPLITS for k in _SPLIT_MEANS),
+        ):
             values = group[key].astype(float)
             row[key] = float(values.mean())
             row[f"{key}_sd"] = float(values.std(ddof=1)) if len(values) > 1 else math.nan
         if len(group) == 1:  # one search: its own intervals
-            for key in ("acc_ci_low", "acc_ci_high", "acc_worst_ci_low", "acc_worst_ci_high", "pdr_ci_low", "pdr_ci_high",
-                        *(f"{k}_{split}_ci_{end}" for split in SPLITS for k in _PAIRED_KEYS for end in ("low", "high"))):
+            for key in (
+                "acc_ci_low",
+                "acc_ci_high",
+                "acc_worst_ci_low",
+                "acc_worst_ci_high",
+                "pdr_ci_low",
+                "pdr_ci_high",
+                *(f"{k}_{split}_ci_{end}" for split in SPLITS for k in _PAIRED_KEYS for end in ("low", "high")),
+            ):
                 row[key] = group[key].iloc[0]
         else:  # several: the pooled Wilson interval of accuracy over seeds × items
             k = float((group["avg_acc"] * group["n_test"]).sum())
@@ -495,7 +689,8 @@ def _pooled_acc_worst_intervals(evaluations: list[Evaluated], *, seed: int) -> d
         name = f"acc_worst_{split}" if split else "acc_worst"
         resamples = cluster_resamples(n_items, n_seeds, n_boot=_N_BOOT // 4, seed=seed)
         out[f"{name}_ci_low"], out[f"{name}_ci_high"] = (
-            percentile_interval(pooled.resampled_metrics(resamples)["acc_worst"]) if n_items else (math.nan, math.nan))
+            percentile_interval(pooled.resampled_metrics(resamples)["acc_worst"]) if n_items else (math.nan, math.nan)
+        )
     return out
 
 
@@ -519,7 +714,10 @@ def _paired_table(winners: dict, *, seed: int) -> pd.DataFrame:
         row["delta_acc"] = float(acc_a.mean() - acc_b.mean())
         resamples = cluster_resamples(n_items, n_seeds, n_boot=_N_BOOT, seed=seed)
         row["delta_acc_ci_low"], row["delta_acc_ci_high"] = (
-            percentile_interval(acc_a[resamples].mean(-1) - acc_b[resamples].mean(-1)) if n_items else (math.nan, math.nan))
+            percentile_interval(acc_a[resamples].mean(-1) - acc_b[resamples].mean(-1))
+            if n_items
+            else (math.nan, math.nan)
+        )
         row["only_a_correct"], row["only_b_correct"], row["mcnemar_p"] = mcnemar_exact(acc_a, acc_b)
         if winners[a][0].clean is not None:
             labelled = all("seen" in ev.variants for ev in (*winners[a], *winners[b]))
@@ -534,13 +732,19 @@ def _paired_table(winners: dict, *, seed: int) -> pd.DataFrame:
                 n_robust = len(pa.items) // n_seeds
                 whole_a, whole_b = pa.metrics(), pb.metrics()
                 resamples = cluster_resamples(n_robust, n_seeds, n_boot=_N_BOOT // 4, seed=seed)
-                each_a, each_b = pa.resampled_metrics(resamples), pb.resampled_metrics(resamples)  # on the same resamples
+                each_a, each_b = (
+                    pa.resampled_metrics(resamples),
+                    pb.resampled_metrics(resamples),
+                )  # on the same resamples
                 for key in _PAIRED_KEYS:
                     name = f"delta_{key}{suffix}"
                     row[name] = float(whole_a[key] - whole_b[key])
                     row[f"{name}_ci_low"], row[f"{name}_ci_high"] = (
-                        percentile_interval(each_a[key] - each_b[key]) if n_robust else (math.nan, math.nan))
-        row["significant"] = bool(row["mcnemar_p"] < 0.05 and not (row["delta_acc_ci_low"] <= 0 <= row["delta_acc_ci_high"]))
+                        percentile_interval(each_a[key] - each_b[key]) if n_robust else (math.nan, math.nan)
+                    )
+        row["significant"] = bool(
+            row["mcnemar_p"] < 0.05 and not (row["delta_acc_ci_low"] <= 0 <= row["delta_acc_ci_high"])
+        )
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -561,8 +765,13 @@ def _pooled(evaluations: list[Evaluated], split: str | None = None) -> PerItemRo
     if any(list(ev.clean.index) != first for ev in evaluations[1:]):
         raise ValueError("the seeds' winners were stressed on different robustness items: their answers do not pool")
     clean = pd.concat([ev.clean.rename(lambda i, s=s: f"{s}:{i}") for s, ev in enumerate(evaluations)])
-    variants = pd.concat([ev.variants.assign(item_id=ev.variants["item_id"].map(lambda i, s=s: f"{s}:{i}"))
-                          for s, ev in enumerate(evaluations)], ignore_index=True)
+    variants = pd.concat(
+        [
+            ev.variants.assign(item_id=ev.variants["item_id"].map(lambda i, s=s: f"{s}:{i}"))
+            for s, ev in enumerate(evaluations)
+        ],
+        ignore_index=True,
+    )
     if split is not None:
         variants = variants[variants["seen"].astype(bool) == (split == "seen")]
     return PerItemRobustness(clean, variants[["item_id", "family", "correct"]])
@@ -573,7 +782,9 @@ def _has_families(evaluations: list[Evaluated], split: str) -> bool:
     return bool(evaluations[0].robust.get(f"families_{split}", [None]))
 
 
-def _write(out: Path, table, runs, paired, summary, items: pd.DataFrame | None = None, test_items: pd.DataFrame | None = None) -> None:
+def _write(
+    out: Path, table, runs, paired, summary, items: pd.DataFrame | None = None, test_items: pd.DataFrame | None = None
+) -> None:
     atomic_write_bytes_via(out / "compare.csv", lambda p: table.to_csv(p, index=False))
     atomic_write_bytes_via(out / "compare.parquet", lambda p: table.to_parquet(p, index=False))
     atomic_write_bytes_via(out / "compare_runs.csv", lambda p: runs.to_csv(p, index=False))

@@ -54,7 +54,9 @@ def compare_candidates(root: Path):
     runs = pd.read_csv(path)
     missing = _CANDIDATE_COLUMNS - set(runs.columns)
     if missing:
-        raise UserError(f"{path}: written by an older promptopt (no {', '.join(sorted(missing))} column): rerun the compare")
+        raise UserError(
+            f"{path}: written by an older promptopt (no {', '.join(sorted(missing))} column): rerun the compare"
+        )
     searched = runs[runs["strategy"] != "baseline"].reset_index(drop=True)
     if searched.empty:
         raise UserError(f"{path}: no searched strategy in the comparison")
@@ -69,8 +71,10 @@ def select_by_dev(candidates, strategy: str | None = None):
         winners = winners[winners["strategy"] == strategy]
     best = winners.sort_values(["dev_accuracy", "order"], ascending=[False, True], kind="stable").iloc[0]
     among = f"the {len(winners)} {strategy + ' ' if strategy else ''}search winners"
-    return best, (f"highest dev accuracy ({best['dev_accuracy']:.3f}) among {among} (ties: the strategy compared first, "
-                  "then the lower seed); no test number was read")
+    return best, (
+        f"highest dev accuracy ({best['dev_accuracy']:.3f}) among {among} (ties: the strategy compared first, "
+        "then the lower seed); no test number was read"
+    )
 
 
 def _strategy_rows(candidates, strategy: str | None, root: Path):
@@ -118,10 +122,19 @@ def open_run(run_dir: str | Path, *, strategy: str | None = None, pick: dict | N
     if strategy is not None and compare_row is None and config.study.strategy != strategy:
         raise UserError(f"--strategy {strategy}: {path} is a {config.study.strategy} run")
     if not (path / "summary.json").is_file():
-        raise UserError(f"{path}: no finished study (summary.json missing): finish it with `promptopt search ... --resume`")
+        raise UserError(
+            f"{path}: no finished study (summary.json missing): finish it with `promptopt search ... --resume`"
+        )
     summary = json.loads((path / "summary.json").read_text(encoding="utf-8"))
-    return Run(path=path, config=config, summary=summary, cache_dir=cache_dir, compare_row=compare_row, winner_trial=winner_trial,
-               selection=selection or summary.get("selection", ""))
+    return Run(
+        path=path,
+        config=config,
+        summary=summary,
+        cache_dir=cache_dir,
+        compare_row=compare_row,
+        winner_trial=winner_trial,
+        selection=selection or summary.get("selection", ""),
+    )
 
 
 def _plain_row(row) -> dict:
@@ -147,7 +160,9 @@ def pick_trial(run: Run, study, trial: int | None):
         raise UserError(f"--trial {number}: study '{study.study_name}' in {run.path} has no such trial ({span})")
     chosen = found[0]
     if chosen.state not in (TrialState.COMPLETE, TrialState.PRUNED):
-        raise UserError(f"--trial {number}: trial {number} of study '{study.study_name}' is {chosen.state.name}, not finished")
+        raise UserError(
+            f"--trial {number}: trial {number} of study '{study.study_name}' is {chosen.state.name}, not finished"
+        )
     return chosen
 
 
@@ -165,8 +180,10 @@ def decode_trial(run: Run, data, params: dict) -> Prompt:
     prompt = decode_params(run.config, data, params)
     best_card = run.path / "best_card.yaml"
     if params == run.summary.get("best_params") and best_card.is_file() and load_card(best_card)[0] != prompt:
-        raise UserError(f"{run.path}: trial {run.summary.get('best_trial')} decodes to a prompt other than best_card.yaml "
-                        "(the task data or search space changed since the run)")
+        raise UserError(
+            f"{run.path}: trial {run.summary.get('best_trial')} decodes to a prompt other than best_card.yaml "
+            "(the task data or search space changed since the run)"
+        )
     return prompt
 
 
@@ -214,7 +231,9 @@ def measured(table) -> dict:
     s = summarize(table)
     out = {"n": s["n"], "accuracy": s["accuracy"], "accuracy_ci95": s["accuracy_ci95"]}
     if "tcb" in table:
-        out.update(tcb_mean=s.get("tcb_mean"), tcb_mean_ci95=bootstrap_mean_ci(table["tcb"]), tcb_geomean=s.get("tcb_geomean"))
+        out.update(
+            tcb_mean=s.get("tcb_mean"), tcb_mean_ci95=bootstrap_mean_ci(table["tcb"]), tcb_geomean=s.get("tcb_geomean")
+        )
     out.update(ppl_mean=s["ppl_mean"], ppl_mean_ci95=bootstrap_mean_ci(table["ppl"]))
     out["correct"] = "".join("1" if bool(c) else "0" for c in table["correct"])
     return _clean(out)
@@ -256,28 +275,49 @@ def rendering_section(prompt: Prompt, tokenizer) -> dict:
     """How the prompt becomes text: plain or chat, with the chat template and what it saw (chat cards)."""
     from promptopt.experiments.fingerprint import chat_template_sha256
 
-    section = {"mode": "chat" if prompt.template.chat else "plain", "add_special_tokens": prompt.add_special_tokens,
-               "chat_template": None, "chat_template_sha256": chat_template_sha256(tokenizer)}
+    section = {
+        "mode": "chat" if prompt.template.chat else "plain",
+        "add_special_tokens": prompt.add_special_tokens,
+        "chat_template": None,
+        "chat_template_sha256": chat_template_sha256(tokenizer),
+    }
     if prompt.template.chat:
         section["chat_template"] = tokenizer.chat_template
-        section["template_vars"] = {k: (list(v) if isinstance(v, (list, tuple)) else str(v))
-                                    for k, v in tokenizer.special_tokens_map.items()}
+        section["template_vars"] = {
+            k: (list(v) if isinstance(v, (list, tuple)) else str(v)) for k, v in tokenizer.special_tokens_map.items()
+        }
     return section
 
 
 def answer_section(spec, items) -> dict:
     """How answers are read: the task's answer type, metric, and its fixed choices if every item shares them."""
     choice_sets = {tuple(i.choices) for i in items if i.choices is not None}
-    fixed = list(next(iter(choice_sets))) if len(choice_sets) == 1 and all(i.choices is not None for i in items) else None
+    fixed = (
+        list(next(iter(choice_sets))) if len(choice_sets) == 1 and all(i.choices is not None for i in items) else None
+    )
     return {"type": spec.answer_type, "metric": spec.metric, "gold_format": spec.gold_format, "choices": fixed}
 
 
-def build_card(session: Session, prompt: Prompt, *, dev_items: list, test_items: list, search: dict | None = None,
-               robustness: dict | None = None, carving: dict | None = None) -> dict:
+def build_card(
+    session: Session,
+    prompt: Prompt,
+    *,
+    dev_items: list,
+    test_items: list,
+    search: dict | None = None,
+    robustness: dict | None = None,
+    carving: dict | None = None,
+) -> dict:
     """A validated card version 2 for `prompt`, measured on `dev_items` and `test_items` with the session's
     (caching) scorer. The light loader must reproduce the scored text byte for byte, or nothing is built."""
-    from promptopt.experiments.fingerprint import (data_sha256, items_sha256, model_fingerprint, task_sha256,
-                                                   tokenizer_sha256, versions)
+    from promptopt.experiments.fingerprint import (
+        data_sha256,
+        items_sha256,
+        model_fingerprint,
+        task_sha256,
+        tokenizer_sha256,
+        versions,
+    )
     from promptopt.production import card_prompt
 
     if not test_items:
@@ -297,29 +337,50 @@ def build_card(session: Session, prompt: Prompt, *, dev_items: list, test_items:
         **{k: base[k] for k in ("task", "instruction", "template", "exemplars")},
         "rendering": rendering_section(prompt, lm.tokenizer),
         "answer": answer_section(spec, [*test_items, *dev_items]),
-        "generation": ({"max_new_tokens": spec.max_new_tokens, "stop": list(spec.stop), "do_sample": False}
-                       if spec.generative else None),
-        "model": {"spec": session.model_config.spec, **model_fingerprint(session.model_config.spec),
-                  "tokenizer_sha256": tokenizer_sha256(lm.tokenizer), "dtype": str(lm.model.dtype).removeprefix("torch."),
-                  "device": lm.device.type, "context_length": lm.context_length},
-        "data": {"task": session.data_config.task, "task_sha256": task_sha256(spec),
-                 "data_sha256": data_sha256(spec, session.data_config.subsets), "items_sha256": items_sha256(data),
-                 "subsets": list(session.data_config.subsets) if session.data_config.subsets else None,
-                 "split_seed": spec.seed, "carving_sha256": sha256_json(carving) if carving else None,
-                 "dev_ids": [i.id for i in dev_items], "test_ids": [i.id for i in test_items]},
+        "generation": (
+            {"max_new_tokens": spec.max_new_tokens, "stop": list(spec.stop), "do_sample": False}
+            if spec.generative
+            else None
+        ),
+        "model": {
+            "spec": session.model_config.spec,
+            **model_fingerprint(session.model_config.spec),
+            "tokenizer_sha256": tokenizer_sha256(lm.tokenizer),
+            "dtype": str(lm.model.dtype).removeprefix("torch."),
+            "device": lm.device.type,
+            "context_length": lm.context_length,
+        },
+        "data": {
+            "task": session.data_config.task,
+            "task_sha256": task_sha256(spec),
+            "data_sha256": data_sha256(spec, session.data_config.subsets),
+            "items_sha256": items_sha256(data),
+            "subsets": list(session.data_config.subsets) if session.data_config.subsets else None,
+            "split_seed": spec.seed,
+            "carving_sha256": sha256_json(carving) if carving else None,
+            "dev_ids": [i.id for i in dev_items],
+            "test_ids": [i.id for i in test_items],
+        },
         "search": search,
         "metrics": metrics,
         "versions": versions(),
-        "check": {"item_id": first.id, "text_sha256": sha256_text(text), "token_ids_sha256": token_ids_sha256(ids),
-                  "n_tokens": len(ids), "prompt_sha256": prompt_hashes(base)},
+        "check": {
+            "item_id": first.id,
+            "text_sha256": sha256_text(text),
+            "token_ids_sha256": token_ids_sha256(ids),
+            "n_tokens": len(ids),
+            "prompt_sha256": prompt_hashes(base),
+        },
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     card = _clean(card)
     validate_card(card, "exported card")
     light = card_prompt(card, "exported card").render(first.question, first.choices)
     if light != text:
-        raise UserError(f"task {prompt.task}: the card's prompt renders differently without the tokenizer than the scorer "
-                        "rendered it (its chat template uses something promptopt.load_prompt does not reproduce); not exported")
+        raise UserError(
+            f"task {prompt.task}: the card's prompt renders differently without the tokenizer than the scorer "
+            "rendered it (its chat template uses something promptopt.load_prompt does not reproduce); not exported"
+        )
     return card
 
 
@@ -346,13 +407,22 @@ def select_robust(root: Path, candidates, *, device: str | None = None, suite: s
         prompt = decode_trial(run, session.data, pick_trial(run, load_study(run), None).params)
         key = json.dumps(prompt.to_card(), sort_keys=True)
         if key not in seen:  # a prompt two searches share is stressed once
-            seen[key] = evaluate_robustness(session.scorer, prompt, dev, the_suite, pool=session.data.pool, similarity=similarity,
-                                            paraphrases=session.paraphrases).summary["acc_worst"]
+            seen[key] = evaluate_robustness(
+                session.scorer,
+                prompt,
+                dev,
+                the_suite,
+                pool=session.data.pool,
+                similarity=similarity,
+                paraphrases=session.paraphrases,
+            ).summary["acc_worst"]
         scored.append((seen[key], row["dev_accuracy"], -row["order"], row))
     acc_worst, _, _, chosen = max(scored, key=lambda x: x[:3])
-    chosen["selection"] = (f"best dev Acc_worst ({acc_worst:.3f}, suite {the_suite.name}, {len(dev)} dev items) among {len(eligible)} "
-                           f"of {len(rows)} evaluated candidates whose dev accuracy is inside the best one's 95% interval "
-                           f"(≥ {low:.3f}); no test number was read")
+    chosen["selection"] = (
+        f"best dev Acc_worst ({acc_worst:.3f}, suite {the_suite.name}, {len(dev)} dev items) among {len(eligible)} "
+        f"of {len(rows)} evaluated candidates whose dev accuracy is inside the best one's 95% interval "
+        f"(≥ {low:.3f}); no test number was read"
+    )
     return chosen, session
 
 
@@ -366,8 +436,16 @@ class Exported:
     warnings: list[str]
 
 
-def export_run(run_dir: str | Path, *, out: str | Path, strategy: str | None = None, trial: int | None = None,
-               fmt: str = "card", device: str | None = None, select: str = "dev") -> Exported:
+def export_run(
+    run_dir: str | Path,
+    *,
+    out: str | Path,
+    strategy: str | None = None,
+    trial: int | None = None,
+    fmt: str = "card",
+    device: str | None = None,
+    select: str = "dev",
+) -> Exported:
     """Pick a trial of a finished run by dev numbers only (`select`: dev accuracy, or robust: dev Acc_worst among the
     trials as accurate as the best), build its card (measured on the run's dev and test items: the test numbers
     stay a held-out estimate) and write `out` in format `fmt` (card, messages, text or lm-eval)."""
@@ -382,12 +460,16 @@ def export_run(run_dir: str | Path, *, out: str | Path, strategy: str | None = N
         raise UserError(f"--out {out}: is a directory; give a file name")
     check_output(out, folder=False, what="--out")  # before the card is measured
     root, session = Path(run_dir), None
-    if (root / "rounds.json").is_file():  # search --rounds: the last round's winner (each round starts from the previous best)
+    if (
+        root / "rounds.json"
+    ).is_file():  # search --rounds: the last round's winner (each round starts from the previous best)
         last = json.loads((root / "rounds.json").read_text(encoding="utf-8"))["rounds"][-1]["round"]
         root = root / f"round{last}"
     if select == "robust":
         if not (root / "compare.csv").is_file():
-            raise UserError(f"--select robust: {root} is not a compare directory (a search run has one winner; pass --trial to pick another)")
+            raise UserError(
+                f"--select robust: {root} is not a compare directory (a search run has one winner; pass --trial to pick another)"
+            )
         if trial is not None:
             raise UserError("--select robust chooses the trial itself; drop --trial")
         pick, session = select_robust(root, _strategy_rows(compare_candidates(root), strategy, root), device=device)
@@ -401,16 +483,37 @@ def export_run(run_dir: str | Path, *, out: str | Path, strategy: str | None = N
     prompt = decode_trial(run, session.data, chosen.params)
     winner = chosen.number == winner_number(run)
     selection = run.selection if trial is None else f"trial {trial}, named by the user (--trial)"
-    search = {"run_dir": str(run.path), "strategy": config.study.strategy, "study": config.name, "trial": chosen.number,
-              "seed": config.study.seed, "winner": winner, "selection": selection, "params": _clean(dict(chosen.params))}
+    search = {
+        "run_dir": str(run.path),
+        "strategy": config.study.strategy,
+        "study": config.name,
+        "trial": chosen.number,
+        "seed": config.study.seed,
+        "winner": winner,
+        "selection": selection,
+        "params": _clean(dict(chosen.params)),
+    }
     proposed = instruction_provenance(config, session.data, chosen.params)
     if proposed:
         search["instruction_provenance"] = proposed
-    carving = json.loads((run.path / "splits.json").read_text(encoding="utf-8")) if (run.path / "splits.json").is_file() else None
-    card = build_card(session, prompt, dev_items=session.items("dev"), test_items=session.items("test"), search=search,
-                      robustness=_robustness(run.compare_row, _compare_families(run)) if winner else None, carving=carving)
+    carving = (
+        json.loads((run.path / "splits.json").read_text(encoding="utf-8"))
+        if (run.path / "splits.json").is_file()
+        else None
+    )
+    card = build_card(
+        session,
+        prompt,
+        dev_items=session.items("dev"),
+        test_items=session.items("test"),
+        search=search,
+        robustness=_robustness(run.compare_row, _compare_families(run)) if winner else None,
+        carving=carving,
+    )
     paths = formats.write(card, fmt, out, items=session.items("test"))
-    return Exported(card=card, paths=paths, run=run, trial=chosen.number, warnings=_warnings(session, card, run, prompt))
+    return Exported(
+        card=card, paths=paths, run=run, trial=chosen.number, warnings=_warnings(session, card, run, prompt)
+    )
 
 
 def _compare_families(run: Run) -> dict | None:
@@ -433,17 +536,36 @@ def _warnings(session: Session, card: dict, run: Run, prompt: Prompt) -> list[st
     default, ours = float(table["correct"].mean()), card["metrics"]["test"]["accuracy"]
     out = []
     if ours <= default:
-        out.append(f"the exported prompt is not better than the task's default prompt on the same {len(test_items)} test "
-                   f"items ({ours:.3f} vs {default:.3f})")
+        out.append(
+            f"the exported prompt is not better than the task's default prompt on the same {len(test_items)} test "
+            f"items ({ours:.3f} vs {default:.3f})"
+        )
     robust = card["metrics"].get("robustness")
-    n_robust = json.loads((run.cache_dir / "summary.json").read_text()).get("n_robust") if (run.cache_dir / "summary.json").is_file() else None
+    n_robust = (
+        json.loads((run.cache_dir / "summary.json").read_text()).get("n_robust")
+        if (run.cache_dir / "summary.json").is_file()
+        else None
+    )
     if robust and robust.get("pdr") is not None and n_robust:
         clean_correct = int(session.scorer.score(prompt, test_items[:n_robust]).table["correct"].sum())
         if clean_correct < MIN_CLEAN_CORRECT:
-            out.append(f"its PDR ({robust['pdr']:.3f}) rests on {clean_correct} clean-correct items (fewer than {MIN_CLEAN_CORRECT}): "
-                       "read it with its interval")
+            out.append(
+                f"its PDR ({robust['pdr']:.3f}) rests on {clean_correct} clean-correct items (fewer than {MIN_CLEAN_CORRECT}): "
+                "read it with its interval"
+            )
     return out
 
 
-__all__ = ["FORMATS", "SELECTIONS", "Exported", "Run", "build_card", "compare_candidates", "export_run", "open_run", "pick_trial",
-           "select_by_dev", "select_robust"]
+__all__ = [
+    "FORMATS",
+    "SELECTIONS",
+    "Exported",
+    "Run",
+    "build_card",
+    "compare_candidates",
+    "export_run",
+    "open_run",
+    "pick_trial",
+    "select_by_dev",
+    "select_robust",
+]

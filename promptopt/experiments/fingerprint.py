@@ -73,7 +73,9 @@ def folder_fingerprint(folder: Path) -> tuple[str, str]:
         parts = {p.name: file_sha256(p) for p in weights}
         method = "folder-files"
     else:
-        parts = {p.name: (_safetensors_header(p) if p.suffix == ".safetensors" else "", p.stat().st_size) for p in weights}
+        parts = {
+            p.name: (_safetensors_header(p) if p.suffix == ".safetensors" else "", p.stat().st_size) for p in weights
+        }
         method = "folder-index"
     return sha256_json({"config": config_data, "weights": parts}), method
 
@@ -84,7 +86,11 @@ def model_fingerprint(spec: str) -> dict:
 
     kind, location, gguf_file = _resolve(spec)
     if kind == "gguf":
-        return {"kind": "gguf", "weights_sha256": file_sha256(Path(location) / gguf_file), "weights_method": "gguf-file"}
+        return {
+            "kind": "gguf",
+            "weights_sha256": file_sha256(Path(location) / gguf_file),
+            "weights_method": "gguf-file",
+        }
     if kind == "dir":
         digest, method = folder_fingerprint(Path(location))
         return {"kind": "dir", "weights_sha256": digest, "weights_method": method}
@@ -93,7 +99,9 @@ def model_fingerprint(spec: str) -> dict:
 
         folder = Path(snapshot_download(str(location), local_files_only=True))
     except Exception as exc:  # not downloaded, or no such repository
-        raise ModelNotFoundError(f"model '{spec}' is not in the local Hugging Face cache ({type(exc).__name__})") from None
+        raise ModelNotFoundError(
+            f"model '{spec}' is not in the local Hugging Face cache ({type(exc).__name__})"
+        ) from None
     digest, method = folder_fingerprint(folder)
     return {"kind": "hub", "weights_sha256": digest, "weights_method": method}
 
@@ -106,8 +114,13 @@ def tokenizer_sha256(tokenizer) -> str:
         body = json.loads(backend.to_str())
     else:
         body = sorted(tokenizer.get_vocab().items())
-    return sha256_json({"tokenizer": body, "special": tokenizer.special_tokens_map,
-                        "class": type(tokenizer).__name__.removesuffix("Fast")})
+    return sha256_json(
+        {
+            "tokenizer": body,
+            "special": tokenizer.special_tokens_map,
+            "class": type(tokenizer).__name__.removesuffix("Fast"),
+        }
+    )
 
 
 def chat_template_sha256(tokenizer) -> str | None:
@@ -168,5 +181,14 @@ def versions() -> dict:
     return out
 
 
-__all__ = ["chat_template_sha256", "data_sha256", "file_sha256", "folder_fingerprint", "items_sha256", "model_fingerprint",
-           "task_sha256", "tokenizer_sha256", "versions"]
+__all__ = [
+    "chat_template_sha256",
+    "data_sha256",
+    "file_sha256",
+    "folder_fingerprint",
+    "items_sha256",
+    "model_fingerprint",
+    "task_sha256",
+    "tokenizer_sha256",
+    "versions",
+]

@@ -30,7 +30,9 @@ def _str(dumper, text):
 
 
 def _list(dumper, items):
-    flow = all(isinstance(x, (str, int, float, bool, type(None))) and (not isinstance(x, str) or "\n" not in x) for x in items)
+    flow = all(
+        isinstance(x, (str, int, float, bool, type(None))) and (not isinstance(x, str) or "\n" not in x) for x in items
+    )
     return dumper.represent_sequence("tag:yaml.org,2002:seq", items, flow_style=flow and bool(items))
 
 
@@ -66,7 +68,9 @@ def slotted(card: dict, question: str, options: str):
 
     light = card_prompt(card)
     base = light.prompt
-    prompt = _SlottedPrompt(**{f.name: getattr(base, f.name) for f in fields(base)}, question_slot=question, options_slot=options)
+    prompt = _SlottedPrompt(
+        **{f.name: getattr(base, f.name) for f in fields(base)}, question_slot=question, options_slot=options
+    )
     return prompt, replace(light, prompt=prompt)
 
 
@@ -83,11 +87,18 @@ def messages_json(card: dict) -> dict:
         "format": "promptopt-messages/1",
         "task": card["task"],
         "messages": prompt.messages(QUESTION_SLOT, None),
-        "slots": {"question": QUESTION_SLOT, **({"options": OPTIONS_SLOT} if "{options}" in card["template"]["query"] else {})},
+        "slots": {
+            "question": QUESTION_SLOT,
+            **({"options": OPTIONS_SLOT} if "{options}" in card["template"]["query"] else {}),
+        },
         "fill": "replace each slot in the last message's content with str.replace (not str.format)",
         "scored_as": card["rendering"]["mode"],
-        "answer": {"type": card["answer"]["type"], "choices": card["answer"].get("choices"),
-                   "label_words": card["template"].get("label_words"), "choice_format": card["template"].get("choice_format", "text")},
+        "answer": {
+            "type": card["answer"]["type"],
+            "choices": card["answer"].get("choices"),
+            "label_words": card["template"].get("label_words"),
+            "choice_format": card["template"].get("choice_format", "text"),
+        },
         "generation": card.get("generation"),
         "model": card["model"]["spec"],
         "source": {k: search[k] for k in ("strategy", "study", "trial") if k in search},
@@ -127,7 +138,11 @@ def lm_eval_task(card: dict, items_file: Path) -> dict:
     kind = card["answer"]["type"]
     template = card["template"]
     search = card.get("search") or {}
-    name = "promptopt_" + "_".join(str(x) for x in (card["task"], search.get("strategy"), f"t{search['trial']}" if "trial" in search else None) if x)
+    name = "promptopt_" + "_".join(
+        str(x)
+        for x in (card["task"], search.get("strategy"), f"t{search['trial']}" if "trial" in search else None)
+        if x
+    )
     task = {
         "task": "".join(c if c.isalnum() or c in "_-" else "_" for c in name),
         "dataset_path": "json",
@@ -144,23 +159,56 @@ def lm_eval_task(card: dict, items_file: Path) -> dict:
             task["doc_to_choice"] = list(template["label_words"])
         else:
             task["doc_to_choice"] = "choices"
-        task.update(output_type="multiple_choice", doc_to_target="gold", target_delimiter="" if chat else template.get("answer_delimiter", " "),
-                    metric_list=[{"metric": card["answer"]["metric"], "aggregation": "mean", "higher_is_better": True}])
+        task.update(
+            output_type="multiple_choice",
+            doc_to_target="gold",
+            target_delimiter="" if chat else template.get("answer_delimiter", " "),
+            metric_list=[{"metric": card["answer"]["metric"], "aggregation": "mean", "higher_is_better": True}],
+        )
         return task
     if kind == "code":
-        raise UserError("--format lm-eval: code tasks are judged by running tests in promptopt's sandbox; lm-eval cannot reproduce that")
+        raise UserError(
+            "--format lm-eval: code tasks are judged by running tests in promptopt's sandbox; lm-eval cannot reproduce that"
+        )
     generation = card["generation"]
-    task.update(output_type="generate_until", doc_to_target="answer",
-                generation_kwargs={"until": list(generation["stop"]), "max_gen_toks": generation["max_new_tokens"], "do_sample": False},
-                metric_list=[{"metric": "exact_match", "aggregation": "mean", "higher_is_better": True, "ignore_case": True,
-                              "ignore_punctuation": kind == "alias_match"}])
+    task.update(
+        output_type="generate_until",
+        doc_to_target="answer",
+        generation_kwargs={
+            "until": list(generation["stop"]),
+            "max_gen_toks": generation["max_new_tokens"],
+            "do_sample": False,
+        },
+        metric_list=[
+            {
+                "metric": "exact_match",
+                "aggregation": "mean",
+                "higher_is_better": True,
+                "ignore_case": True,
+                "ignore_punctuation": kind == "alias_match",
+            }
+        ],
+    )
     if kind == "number":
-        task["filter_list"] = [{"name": "final-number", "filter": [
-            {"function": "regex", "regex_pattern": r"(-?[$0-9.,]{2,})|(-?[0-9]+)", "group_select": -1},
-            {"function": "take_first"}]}]
+        task["filter_list"] = [
+            {
+                "name": "final-number",
+                "filter": [
+                    {"function": "regex", "regex_pattern": r"(-?[$0-9.,]{2,})|(-?[0-9]+)", "group_select": -1},
+                    {"function": "take_first"},
+                ],
+            }
+        ]
     elif kind == "multiple_choice_gen":
-        task["filter_list"] = [{"name": "letter", "filter": [
-            {"function": "regex", "regex_pattern": r"\b([A-Z])\b", "group_select": 0}, {"function": "take_first"}]}]
+        task["filter_list"] = [
+            {
+                "name": "letter",
+                "filter": [
+                    {"function": "regex", "regex_pattern": r"\b([A-Z])\b", "group_select": 0},
+                    {"function": "take_first"},
+                ],
+            }
+        ]
     return task
 
 
@@ -202,10 +250,21 @@ def write(card: dict, fmt: str, out: Path, *, items=None) -> list[Path]:
     else:
         items_file = out.with_suffix(".jsonl")
         task = lm_eval_task(card, items_file)
-        header = _LM_EVAL_HEADER.format(items=items_file.name, folder=out.parent.resolve(), task=task["task"], model=card["model"]["spec"])
+        header = _LM_EVAL_HEADER.format(
+            items=items_file.name, folder=out.parent.resolve(), task=task["task"], model=card["model"]["spec"]
+        )
         files = [(items_file, lm_eval_items(card, items)), (out, header + dump_yaml(task))]
     atomic_write_texts(files)  # all or none
     return [path for path, _ in files]
 
 
-__all__ = ["OPTIONS_SLOT", "QUESTION_SLOT", "card_yaml", "lm_eval_doc_to_text", "lm_eval_task", "messages_json", "text_template", "write"]
+__all__ = [
+    "OPTIONS_SLOT",
+    "QUESTION_SLOT",
+    "card_yaml",
+    "lm_eval_doc_to_text",
+    "lm_eval_task",
+    "messages_json",
+    "text_template",
+    "write",
+]

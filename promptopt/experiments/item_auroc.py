@@ -43,8 +43,10 @@ def answers(items: pd.DataFrame, *, split: str = "unseen") -> pd.DataFrame:
     needed = {"item_id", "family", "seen", "clean_prediction", "perturbed_prediction"}
     missing = needed - set(items.columns)
     if missing:
-        raise UserError(f"robustness items table: missing column {sorted(missing)[0]} (expected robustness_items.parquet "
-                        "as compare or evaluate write it)")
+        raise UserError(
+            f"robustness items table: missing column {sorted(missing)[0]} (expected robustness_items.parquet "
+            "as compare or evaluate write it)"
+        )
     if split not in ("unseen", "seen"):
         raise UserError(f"split: expected unseen or seen, got {split!r}")
     keys = [k for k in ANSWER_KEYS if k in items.columns] + ["item_id"]
@@ -52,8 +54,12 @@ def answers(items: pd.DataFrame, *, split: str = "unseen") -> pd.DataFrame:
     variants = variants[variants["seen"].astype(bool) == (split == "seen")]
     if not len(variants):
         return pd.DataFrame(columns=[*keys, *(c for _, c, _, _ in SIGNALS), "n_variants", "changed"])
-    flips = variants.assign(_changed=variants["perturbed_prediction"].astype(str) != variants["clean_prediction"].astype(str))
-    per_answer = flips.groupby(keys, sort=False).agg(n_variants=("_changed", "size"), changed=("_changed", "any")).reset_index()
+    flips = variants.assign(
+        _changed=variants["perturbed_prediction"].astype(str) != variants["clean_prediction"].astype(str)
+    )
+    per_answer = (
+        flips.groupby(keys, sort=False).agg(n_variants=("_changed", "size"), changed=("_changed", "any")).reset_index()
+    )
     signals = [c for _, c, _, _ in SIGNALS if c in items.columns]
     clean = items.drop_duplicates(keys)[keys + signals]  # every row of an answer carries its clean signals
     return per_answer.merge(clean, on=keys, how="left")
@@ -86,7 +92,18 @@ def item_auroc(items: pd.DataFrame, *, split: str = "unseen", n_boot: int = 2000
         keep = ~np.isnan(score)
         point = auroc(score, labels)
         low, high = clustered_auroc_interval(score, labels, cluster, n_boot=n_boot, seed=seed)
-        rows.append({"signal": name, "orientation": orientation, "split": split, "n_answers": int(keep.sum()),
-                     "n_items": n_items, "n_changed": int(labels[keep].sum()), "auroc": point, "ci_low": low,
-                     "ci_high": high, "interval_excludes_half": bool(low > 0.5 or high < 0.5)})
+        rows.append(
+            {
+                "signal": name,
+                "orientation": orientation,
+                "split": split,
+                "n_answers": int(keep.sum()),
+                "n_items": n_items,
+                "n_changed": int(labels[keep].sum()),
+                "auroc": point,
+                "ci_low": low,
+                "ci_high": high,
+                "interval_excludes_half": bool(low > 0.5 or high < 0.5),
+            }
+        )
     return pd.DataFrame(rows)

@@ -29,9 +29,16 @@ def _winners(root: Path) -> tuple[dict[str, list[Evaluated]], dict]:
     runs = pd.read_csv(root / "compare_runs.csv")
     items = pd.read_parquet(root / ITEMS_FILE) if (root / ITEMS_FILE).is_file() else None
     tests = pd.read_parquet(root / TEST_ITEMS_FILE) if (root / TEST_ITEMS_FILE).is_file() else None
-    robust = {"families_unseen": summary.get("families_unseen") or [], "families_seen": summary.get("families_seen") or []}
+    robust = {
+        "families_unseen": summary.get("families_unseen") or [],
+        "families_seen": summary.get("families_seen") or [],
+    }
     winners: dict[str, list[Evaluated]] = {}
-    for _, row in runs[runs["winner"].astype(bool) & (runs["strategy"] != "baseline")].sort_values(["strategy", "seed"]).iterrows():
+    for _, row in (
+        runs[runs["winner"].astype(bool) & (runs["strategy"] != "baseline")]
+        .sort_values(["strategy", "seed"])
+        .iterrows()
+    ):
         strategy, seed = str(row["strategy"]), int(row["seed"])
         if tests is not None:  # every winner's answers, whichever trial won
             mine = tests[(tests["strategy"] == strategy) & (tests["seed"] == seed)]
@@ -45,8 +52,14 @@ def _winners(root: Path) -> tuple[dict[str, list[Evaluated]], dict]:
             clean = mine[mine["family"].isna()]
             ev.clean = clean.set_index("item_id")["clean_correct"].astype(bool).rename("correct")
             perturbed = mine[mine["family"].notna()]
-            ev.variants = pd.DataFrame({"item_id": perturbed["item_id"], "family": perturbed["family"],
-                                        "correct": perturbed["perturbed_correct"].astype(bool), "seen": perturbed["seen"].astype(bool)})
+            ev.variants = pd.DataFrame(
+                {
+                    "item_id": perturbed["item_id"],
+                    "family": perturbed["family"],
+                    "correct": perturbed["perturbed_correct"].astype(bool),
+                    "seen": perturbed["seen"].astype(bool),
+                }
+            )
         ev.robust["dev_accuracy"] = float(row["dev_accuracy"]) if pd.notna(row.get("dev_accuracy")) else float("nan")
         winners.setdefault(str(row["strategy"]), []).append(ev)
     return winners, summary
@@ -56,15 +69,19 @@ def _best_trial_answers(root: Path, summary: dict, row, robust: dict) -> Evaluat
     """A compare from before test_items.parquet: the test table of its run directory's best trial, which is the
     winner's only when the search's own rule chose it (`--select robust` may choose another)."""
     strategy, seed = str(row["strategy"]), int(row["seed"])
-    run_dir = root / strategy / f"seed{seed}" if int(summary.get("seeds") or 1) > 1 else root / strategy  # compare's layout
+    run_dir = (
+        root / strategy / f"seed{seed}" if int(summary.get("seeds") or 1) > 1 else root / strategy
+    )  # compare's layout
     table = run_dir / "best_test_items.parquet"
     if not table.is_file() or not (run_dir / "summary.json").is_file():
         raise UserError(f"{root}: {table} is missing (the compare's run directory of {strategy} seed {seed})")
     best = json.loads((run_dir / "summary.json").read_text(encoding="utf-8")).get("best_trial")
     if pd.notna(row.get("trial")) and int(row["trial"]) != best:
-        raise UserError(f"{root}: the winner of {strategy} seed {seed} is trial {int(row['trial'])}, not its search's best "
-                        f"trial {best}, and this compare predates {TEST_ITEMS_FILE}, which keeps every winner's answers: "
-                        f"a compare made now writes it")
+        raise UserError(
+            f"{root}: the winner of {strategy} seed {seed} is trial {int(row['trial'])}, not its search's best "
+            f"trial {best}, and this compare predates {TEST_ITEMS_FILE}, which keeps every winner's answers: "
+            f"a compare made now writes it"
+        )
     return Evaluated(pd.read_parquet(table), robust=dict(robust))
 
 
@@ -78,7 +95,9 @@ def pair_runs(a: str | Path, b: str | Path, *, seed: int = 0) -> pd.DataFrame:
         raise UserError(f"only one of {a} and {b} judged robustness ({ITEMS_FILE}): compare both with the same --suite")
     for key in ("families_unseen", "families_seen", "n_robust", "task", "model"):
         if sa.get(key) != sb.get(key):
-            raise UserError(f"{a} and {b} differ in {key} ({sa.get(key)!r} vs {sb.get(key)!r}): their items do not pair")
+            raise UserError(
+                f"{a} and {b} differ in {key} ({sa.get(key)!r} vs {sb.get(key)!r}): their items do not pair"
+            )
     rows = []
     for name in shared:
         if len(wa[name]) != len(wb[name]):
@@ -87,9 +106,22 @@ def pair_runs(a: str | Path, b: str | Path, *, seed: int = 0) -> pd.DataFrame:
             if list(ea.test["item_id"]) != list(eb.test["item_id"]):
                 raise UserError(f"strategy {name}: the runs scored different test items; pairing needs the same ones")
         paired = _paired_table({"a": wa[name], "b": wb[name]}, seed=seed)
-        accuracy = {run: float(pd.concat([ev.test["correct"] for ev in w[name]]).mean()) for run, w in (("a", wa), ("b", wb))}
-        dev = {run: float(pd.Series([ev.robust["dev_accuracy"] for ev in w[name]]).mean()) for run, w in (("a", wa), ("b", wb))}
-        rows.append({"strategy": name, "seeds": len(wa[name]), "dev_accuracy_a": dev["a"], "dev_accuracy_b": dev["b"],
-                     "accuracy_a": accuracy["a"], "accuracy_b": accuracy["b"],
-                     **paired.drop(columns=["a", "b"]).iloc[0].to_dict()})
+        accuracy = {
+            run: float(pd.concat([ev.test["correct"] for ev in w[name]]).mean()) for run, w in (("a", wa), ("b", wb))
+        }
+        dev = {
+            run: float(pd.Series([ev.robust["dev_accuracy"] for ev in w[name]]).mean())
+            for run, w in (("a", wa), ("b", wb))
+        }
+        rows.append(
+            {
+                "strategy": name,
+                "seeds": len(wa[name]),
+                "dev_accuracy_a": dev["a"],
+                "dev_accuracy_b": dev["b"],
+                "accuracy_a": accuracy["a"],
+                "accuracy_b": accuracy["b"],
+                **paired.drop(columns=["a", "b"]).iloc[0].to_dict(),
+            }
+        )
     return pd.DataFrame(rows)

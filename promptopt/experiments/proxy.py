@@ -62,7 +62,9 @@ def diagnose_proxy(run_dirs, **options) -> ProxyResult:
     paths = [Path(r) for r in ([run_dirs] if isinstance(run_dirs, (str, Path)) else run_dirs)]
     found = [_items_files(p) for p in paths]
     if paths and all(found):
-        return proxy_from_items([f for files in found for f in files], seed=options.get("seed", 0), out=options.get("out"))
+        return proxy_from_items(
+            [f for files in found for f in files], seed=options.get("seed", 0), out=options.get("out")
+        )
     return proxy_correlations(paths, **options)
 
 
@@ -78,7 +80,9 @@ def proxy_from_items(files: list[Path], *, seed: int = 0, out: str | Path | None
         try:
             table = pd.read_parquet(path)
         except (OSError, ValueError) as exc:  # not a Parquet file, or a damaged one: the user's input
-            raise UserError(f"{path}: cannot read the robustness items table ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+            raise UserError(
+                f"{path}: cannot read the robustness items table ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
+            ) from None
         tables.append(table.assign(source=str(path)) if len(files) > 1 else table)
     auroc = item_auroc(pd.concat(tables, ignore_index=True), seed=seed)
     target = Path(out) if out is not None else files[0].parent
@@ -86,9 +90,17 @@ def proxy_from_items(files: list[Path], *, seed: int = 0, out: str | Path | None
     return ProxyResult(None, None, target, auroc, [target / AUROC_FILE])
 
 
-def proxy_correlations(run_dirs, *, n_trials: int = 8, limit: int | None = 40, suite: str = "unseen",
-                       search_suite: str | None = "cheap", seed: int = 0, out: str | Path | None = None,
-                       show_progress: bool = True) -> ProxyResult:
+def proxy_correlations(
+    run_dirs,
+    *,
+    n_trials: int = 8,
+    limit: int | None = 40,
+    suite: str = "unseen",
+    search_suite: str | None = "cheap",
+    seed: int = 0,
+    out: str | Path | None = None,
+    show_progress: bool = True,
+) -> ProxyResult:
     """`run_dirs`: one search run directory or several of one task and model (e.g. every strategy and seed of a
     `compare`), whose complete trials are pooled: more distinct prompts, tighter intervals. The M prompts are
     taken evenly over each study's ranking of its values, round-robin across studies, identical prompts once.
@@ -119,11 +131,15 @@ def proxy_correlations(run_dirs, *, n_trials: int = 8, limit: int | None = 40, s
             raise UserError(f"{run}: not a search run directory (no config.json)")
         config = SearchConfig.from_dict(json.loads((run / "config.json").read_text()))
         if studies and (config.model.spec, config.data.task) != (studies[0][0].model.spec, studies[0][0].data.task):
-            raise UserError(f"{run}: model {config.model.spec} / task {config.data.task} differ from {runs[0]}'s; "
-                            "pool runs of one model and task")
+            raise UserError(
+                f"{run}: model {config.model.spec} / task {config.data.task} differ from {runs[0]}'s; "
+                "pool runs of one model and task"
+            )
         config = config.moved_to(run, run)
         study = read_study(config, where=str(run))
-        finished = sorted(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)), key=lambda t: (t.values[0], t.number))
+        finished = sorted(
+            study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)), key=lambda t: (t.values[0], t.number)
+        )
         studies.append((config, run, finished))
     total = sum(len(f) for _, _, f in studies)
     if total < 3:
@@ -133,7 +149,11 @@ def proxy_correlations(run_dirs, *, n_trials: int = 8, limit: int | None = 40, s
     per_study = -(-n_trials // len(studies))  # ceil
     queues = []
     for config, run, finished in studies:
-        spread = sorted(set(np.linspace(0, len(finished) - 1, min(per_study, len(finished))).round().astype(int))) if finished else []
+        spread = (
+            sorted(set(np.linspace(0, len(finished) - 1, min(per_study, len(finished))).round().astype(int)))
+            if finished
+            else []
+        )
         queues.append([(config, run, finished[i]) for i in spread])
     picks, seen = [], set()
     while len(picks) < n_trials and any(queues):
@@ -146,27 +166,55 @@ def proxy_correlations(run_dirs, *, n_trials: int = 8, limit: int | None = 40, s
                     seen.add(key)
                     picks.append((run, trial, prompt))
     if len(picks) < 3:
-        raise UserError(f"{', '.join(map(str, runs))}: {len(picks)} distinct prompts among the complete trials; a correlation needs at least 3")
+        raise UserError(
+            f"{', '.join(map(str, runs))}: {len(picks)} distinct prompts among the complete trials; a correlation needs at least 3"
+        )
     items = session.items("dev", limit)
     similarity = Similarity()
     rows, answers = [], []
     for run, trial, prompt in picks:
         clean = session.scorer.score(prompt, items).table
-        rob = evaluate_robustness(session.scorer, prompt, items, the_suite, pool=session.data.pool, similarity=similarity,
-                                  paraphrases=session.paraphrases, seen=seen,
-                                  progress=show_progress, desc=f"proxy trial {trial.number}")
+        rob = evaluate_robustness(
+            session.scorer,
+            prompt,
+            items,
+            the_suite,
+            pool=session.data.pool,
+            similarity=similarity,
+            paraphrases=session.paraphrases,
+            seen=seen,
+            progress=show_progress,
+            desc=f"proxy trial {trial.number}",
+        )
         answers.append(rob.items.assign(prompt=f"{run}#{trial.number}"))
         tcb = clean["tcb"].replace([np.inf], np.nan).dropna()
-        rows.append({"run": str(run), "trial": trial.number, "log10_tcb": float(np.log10(tcb).mean()) if len(tcb) else math.nan,
-                     "signed_stability": float(signed_stability(clean).mean()), "ppl": float(clean["ppl"].mean()),
-                     "margin": float(clean["margin"].mean()), "v_eff": float(clean["v_eff"].mean()),
-                     "accuracy": float(clean["correct"].mean()), "acc_worst": rob.summary["acc_worst"], "pdr": rob.summary["pdr"],
-                     "acc_worst_unseen": rob.summary["acc_worst_unseen"], "pdr_unseen": rob.summary["pdr_unseen"]})
+        rows.append(
+            {
+                "run": str(run),
+                "trial": trial.number,
+                "log10_tcb": float(np.log10(tcb).mean()) if len(tcb) else math.nan,
+                "signed_stability": float(signed_stability(clean).mean()),
+                "ppl": float(clean["ppl"].mean()),
+                "margin": float(clean["margin"].mean()),
+                "v_eff": float(clean["v_eff"].mean()),
+                "accuracy": float(clean["correct"].mean()),
+                "acc_worst": rob.summary["acc_worst"],
+                "pdr": rob.summary["pdr"],
+                "acc_worst_unseen": rob.summary["acc_worst_unseen"],
+                "pdr_unseen": rob.summary["pdr_unseen"],
+            }
+        )
     prompts = pd.DataFrame(rows)
     correlations = correlation_table(prompts, seed=seed)
     kept = pd.concat(answers, ignore_index=True)
     auroc = item_auroc(kept, seed=seed)
-    target = Path(out) if out is not None else runs[0] if len(runs) == 1 else Path(os.path.commonpath([r.resolve() for r in runs]))
+    target = (
+        Path(out)
+        if out is not None
+        else runs[0]
+        if len(runs) == 1
+        else Path(os.path.commonpath([r.resolve() for r in runs]))
+    )
     atomic_write_bytes_via(target / "proxy_prompts.csv", lambda p: prompts.to_csv(p, index=False))
     atomic_write_bytes_via(target / "proxy_correlations.csv", lambda p: correlations.to_csv(p, index=False))
     write_table(kept[["prompt", *(c for c in kept.columns if c != "prompt")]], target / ITEMS_FILE)
@@ -184,6 +232,15 @@ def correlation_table(prompts: pd.DataFrame, *, seed: int = 0, n_boot: int = 200
             x, y = pair[signal].to_numpy(), pair[target].to_numpy()
             rho = spearman(x, y)
             low, high = spearman_interval(x, y, n_boot=n_boot, seed=seed)
-            rows.append({"signal": signal, "target": target, "n_prompts": len(x), "spearman": rho, "ci_low": low, "ci_high": high,
-                         "interval_excludes_0": bool(low > 0 or high < 0)})
+            rows.append(
+                {
+                    "signal": signal,
+                    "target": target,
+                    "n_prompts": len(x),
+                    "spearman": rho,
+                    "ci_low": low,
+                    "ci_high": high,
+                    "interval_excludes_0": bool(low > 0 or high < 0),
+                }
+            )
     return pd.DataFrame(rows)

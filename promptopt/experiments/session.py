@@ -20,11 +20,22 @@ from promptopt.tasks.item import Item
 
 
 class Session:
-    def __init__(self, *, model: ModelConfig, data: DataConfig, out: str | Path | None = None,
-                 batch_size: int = 16, progress: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        model: ModelConfig,
+        data: DataConfig,
+        out: str | Path | None = None,
+        batch_size: int = 16,
+        progress: bool = False,
+    ) -> None:
         self.out = Path(out) if out is not None else None
-        self.factory = ScorerFactory(model=model, data=data, batch_size=batch_size,
-                                     cache_path=str(self.out / "cache.sqlite") if self.out is not None else None)
+        self.factory = ScorerFactory(
+            model=model,
+            data=data,
+            batch_size=batch_size,
+            cache_path=str(self.out / "cache.sqlite") if self.out is not None else None,
+        )
         self.progress = progress
         self.data: TaskData = data.load()
         self.paraphrases = ParaphraseMemo()  # LM paraphrases of this session's model, shared by every prompt

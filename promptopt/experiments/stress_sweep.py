@@ -113,15 +113,26 @@ def check_settings(out: Path, settings: SweepSettings) -> None:
         stored = json.loads(path.read_text())
         for key, value in current.items():
             if stored.get(key) != value:
-                raise UserError(f"{out}: holds a sweep with {key} = {stored.get(key)!r}, this run has {value!r}; "
-                                "use another --out (finished conditions are reused only under the same settings)")
+                raise UserError(
+                    f"{out}: holds a sweep with {key} = {stored.get(key)!r}, this run has {value!r}; "
+                    "use another --out (finished conditions are reused only under the same settings)"
+                )
     else:
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(path, json.dumps(current, indent=1))
 
 
-def run_stress_sweep(*, models: list[str], tasks: list[str], settings: SweepSettings, out: Path, protocol=None,
-                     device: str = "auto", progress: bool = True, log=print) -> SweepResult:
+def run_stress_sweep(
+    *,
+    models: list[str],
+    tasks: list[str],
+    settings: SweepSettings,
+    out: Path,
+    protocol=None,
+    device: str = "auto",
+    progress: bool = True,
+    log=print,
+) -> SweepResult:
     """`protocol`: the loaded StressProtocol that `settings.protocol` names (None: each task's own settings)."""
     from promptopt.models import ModelConfig
     from promptopt.tasks import DataConfig
@@ -144,14 +155,18 @@ def run_stress_sweep(*, models: list[str], tasks: list[str], settings: SweepSett
         else:
             loaded = data.load()
             if not loaded.spec.generative:
-                raise UserError(f"--tasks: {task} is scored by log-likelihood; taboo stress needs a generative task"
-                                + (" (use mmlu_gen)" if task == "mmlu" else ""))
+                raise UserError(
+                    f"--tasks: {task} is scored by log-likelihood; taboo stress needs a generative task"
+                    + (" (use mmlu_gen)" if task == "mmlu" else "")
+                )
             prepared[task] = (loaded, loaded.default_prompt(), loaded.split(settings.split)[: settings.limit])
     check_settings(out, settings)
     frames, decoded, reused = [], 0, 0
     for model, folder in zip(models, folders):
         config = ModelConfig(spec=model, device=device, dtype=settings.dtype, quantize=settings.quantize)
-        model_frames, model_decoded, model_reused = _sweep_model(config, folder, tasks, prepared, settings, out, progress, log)
+        model_frames, model_decoded, model_reused = _sweep_model(
+            config, folder, tasks, prepared, settings, out, progress, log
+        )
         frames += model_frames
         decoded, reused = decoded + model_decoded, reused + model_reused
         gc.collect()  # the model and its scorers went out of scope with _sweep_model: free them before the next
@@ -159,8 +174,11 @@ def run_stress_sweep(*, models: list[str], tasks: list[str], settings: SweepSett
     summary = pd.concat(frames, ignore_index=True)
     summary = summary[["model", "task", *[c for c in summary.columns if c not in ("model", "task")]]]
     written = save_table(summary, out / "sweep_summary")
-    written += [plot_retention(summary, out / "figure1_retention.png"), plot_dose(summary, "accuracy", out / "figure3_accuracy.png"),
-                plot_dose(summary, "length_expansion", out / "figure8_length.png")]
+    written += [
+        plot_retention(summary, out / "figure1_retention.png"),
+        plot_dose(summary, "accuracy", out / "figure3_accuracy.png"),
+        plot_dose(summary, "length_expansion", out / "figure8_length.png"),
+    ]
     return SweepResult(summary, written, decoded, reused, time.perf_counter() - start)
 
 
@@ -169,10 +187,15 @@ def _cell_identity(model: str, weights: dict, data, prompt, items) -> dict:
     from promptopt.experiments.fingerprint import sha256_json, task_sha256, versions
     from promptopt.tasks.item import items_sha256
 
-    return {"model": model, "weights_sha256": weights["weights_sha256"], "task": data.spec.name,
-            "task_sha256": task_sha256(data.spec), "prompt_sha256": sha256_json(prompt.to_card()),
-            "items_sha256": items_sha256(items),
-            "promptopt": versions().get("promptopt")}
+    return {
+        "model": model,
+        "weights_sha256": weights["weights_sha256"],
+        "task": data.spec.name,
+        "task_sha256": task_sha256(data.spec),
+        "prompt_sha256": sha256_json(prompt.to_card()),
+        "items_sha256": items_sha256(items),
+        "promptopt": versions().get("promptopt"),
+    }
 
 
 def _check_cell(store: ConditionFolder, identity: dict) -> None:
@@ -182,8 +205,10 @@ def _check_cell(store: ConditionFolder, identity: dict) -> None:
         stored = json.loads(path.read_text())
         for key, value in identity.items():
             if key != "promptopt" and stored.get(key) != value:
-                raise UserError(f"{store.folder}: its conditions were computed with another {key.replace('_sha256', '')} "
-                                f"({str(stored.get(key))[:16]} vs {str(value)[:16]}); use another --out")
+                raise UserError(
+                    f"{store.folder}: its conditions were computed with another {key.replace('_sha256', '')} "
+                    f"({str(stored.get(key))[:16]} vs {str(value)[:16]}); use another --out"
+                )
     else:
         store.folder.mkdir(parents=True, exist_ok=True)
         atomic_write_text(path, json.dumps(identity, indent=1))
@@ -213,8 +238,16 @@ def _sweep_model(config, folder: str, tasks, prepared, settings: SweepSettings, 
             result = _from_store(store, items, settings)
         else:
             scorer = Scorer(lm, data, batch_size=settings.batch_size, progress=progress)
-            result = taboo_stress(scorer, prompt, items, ranks=settings.ranks, mode=settings.mode,
-                                  temperature=settings.temperature, seed=settings.seed, store=store)
+            result = taboo_stress(
+                scorer,
+                prompt,
+                items,
+                ranks=settings.ranks,
+                mode=settings.mode,
+                temperature=settings.temperature,
+                seed=settings.seed,
+                store=store,
+            )
         reused, decoded = reused + before, decoded + len(wanted) - before
         frames.append(result.summary.assign(model=config.spec, task=task))
         log(f"{config.spec} · {task}: {before} condition(s) reused, {len(wanted) - before} decoded")
@@ -251,7 +284,9 @@ def _label(model: str) -> str:
 def retention_grid(summary: pd.DataFrame, task: str) -> pd.DataFrame:
     """Models × ranks of conditional retention for one task (the numbers in Figure 1)."""
     rows = summary[(summary["task"] == task) & (summary["rank"] > 0)]
-    return rows.pivot(index="model", columns="rank", values="retention").reindex(index=list(dict.fromkeys(rows["model"])))
+    return rows.pivot(index="model", columns="rank", values="retention").reindex(
+        index=list(dict.fromkeys(rows["model"]))
+    )
 
 
 def plot_retention(summary: pd.DataFrame, path: Path) -> Path:
@@ -259,7 +294,9 @@ def plot_retention(summary: pd.DataFrame, path: Path) -> Path:
     import numpy as np
 
     tasks = list(dict.fromkeys(summary["task"]))
-    fig, axes = new_figure(len(tasks), size=(3.2 + 1.2 * len(set(summary["rank"])) * len(tasks), 1.6 + 0.5 * summary["model"].nunique()))
+    fig, axes = new_figure(
+        len(tasks), size=(3.2 + 1.2 * len(set(summary["rank"])) * len(tasks), 1.6 + 0.5 * summary["model"].nunique())
+    )
     for ax, task in zip(axes[0], tasks):
         grid = retention_grid(summary, task)
         values = grid.to_numpy(dtype=float) * 100
@@ -269,7 +306,15 @@ def plot_retention(summary: pd.DataFrame, path: Path) -> Path:
         ax.set_xticks(range(grid.shape[1]), [f"i={r}" for r in grid.columns])
         ax.set_yticks(range(grid.shape[0]), [_label(m) for m in grid.index])
         for (r, c), v in np.ndenumerate(values):
-            ax.text(c, r, "—" if np.isnan(v) else f"{v:.0f}%", ha="center", va="center", color="white" if v < 60 else "black", fontsize=9)
+            ax.text(
+                c,
+                r,
+                "—" if np.isnan(v) else f"{v:.0f}%",
+                ha="center",
+                va="center",
+                color="white" if v < 60 else "black",
+                fontsize=9,
+            )
         ax.set_title(f"{task}: retention")
     return save_figure(fig, path)
 

@@ -48,10 +48,15 @@ class Verification:
     def lines(self) -> list[str]:
         out = [f"{'ok  ' if c.ok else 'FAIL'}  {c.name}: {c.detail}" for c in self.checks]
         for item_id, before, now in self.flipped:
-            out.append(f"      flipped {item_id}: recorded {'correct' if before else 'wrong'}, now {'correct' if now else 'wrong'}")
+            out.append(
+                f"      flipped {item_id}: recorded {'correct' if before else 'wrong'}, now {'correct' if now else 'wrong'}"
+            )
         failed = [c.name for c in self.checks if not c.ok]
-        out.append(f"verified {self.card} on {self.n} items in {self.seconds:.1f}s" if not failed
-                   else f"verify failed for {self.card}: {', '.join(failed)} differ")
+        out.append(
+            f"verified {self.card} on {self.n} items in {self.seconds:.1f}s"
+            if not failed
+            else f"verify failed for {self.card}: {', '.join(failed)} differ"
+        )
         return out
 
 
@@ -63,8 +68,12 @@ def _same(result: Verification, name: str, recorded, now, what: str = "") -> Non
     if recorded == now:
         result.add(name, True, f"{what}{_short(now) if isinstance(now, str) or now is None else now}")
     else:
-        result.add(name, False, f"{what}recorded {_short(recorded) if isinstance(recorded, (str, type(None))) else recorded}, "
-                                f"got {_short(now) if isinstance(now, (str, type(None))) else now}")
+        result.add(
+            name,
+            False,
+            f"{what}recorded {_short(recorded) if isinstance(recorded, (str, type(None))) else recorded}, "
+            f"got {_short(now) if isinstance(now, (str, type(None))) else now}",
+        )
 
 
 def read_card(path: str | Path) -> dict:
@@ -73,18 +82,28 @@ def read_card(path: str | Path) -> dict:
     data = load_yaml(path)
     version = Fields(data, where).get("promptopt_card", int, expected="card version 2")
     if version != 2:
-        raise ConfigError(f"{where}: promptopt_card: verify needs card version 2 (written by `promptopt export`), got {version!r}")
+        raise ConfigError(
+            f"{where}: promptopt_card: verify needs card version 2 (written by `promptopt export`), got {version!r}"
+        )
     validate_card(data, where)
     return data
 
 
-def verify_card(path: str | Path, *, limit: int | None = None, model: str | None = None, device: str = "auto") -> Verification:
+def verify_card(
+    path: str | Path, *, limit: int | None = None, model: str | None = None, device: str = "auto"
+) -> Verification:
     import time
 
     from promptopt.errors import ModelNotFoundError
     from promptopt.experiments.session import Session
-    from promptopt.experiments.fingerprint import (chat_template_sha256, data_sha256, items_sha256, model_fingerprint,
-                                                   task_sha256, tokenizer_sha256)
+    from promptopt.experiments.fingerprint import (
+        chat_template_sha256,
+        data_sha256,
+        items_sha256,
+        model_fingerprint,
+        task_sha256,
+        tokenizer_sha256,
+    )
     from promptopt.metrics.stats import wilson_interval
     from promptopt.models.load import ModelConfig
     from promptopt.production import card_prompt
@@ -107,12 +126,26 @@ def verify_card(path: str | Path, *, limit: int | None = None, model: str | None
         fingerprint = model_fingerprint(spec)
     except ModelNotFoundError as exc:
         field_name = "--model" if model else f"{where}: model.spec"
-        raise UserError(f"{field_name}: the {'given' if model else 'recorded'} model '{spec}' is not available on this machine ({exc})") from None
-    name = "model weights" if not model or model == recorded_model["spec"] else f"model weights ({spec} instead of {recorded_model['spec']})"
-    _same(result, name, recorded_model["weights_sha256"], fingerprint["weights_sha256"], f"{fingerprint['weights_method']} ")
+        raise UserError(
+            f"{field_name}: the {'given' if model else 'recorded'} model '{spec}' is not available on this machine ({exc})"
+        ) from None
+    name = (
+        "model weights"
+        if not model or model == recorded_model["spec"]
+        else f"model weights ({spec} instead of {recorded_model['spec']})"
+    )
+    _same(
+        result,
+        name,
+        recorded_model["weights_sha256"],
+        fingerprint["weights_sha256"],
+        f"{fingerprint['weights_method']} ",
+    )
 
     # 3. the task, data and items
-    data_config = DataConfig(task=card["data"]["task"], subsets=tuple(card["data"]["subsets"]) if card["data"].get("subsets") else None)
+    data_config = DataConfig(
+        task=card["data"]["task"], subsets=tuple(card["data"]["subsets"]) if card["data"].get("subsets") else None
+    )
     dtype = recorded_model.get("dtype") if recorded_model.get("dtype") in ("float32", "bfloat16", "float16") else None
     try:  # a session without a run directory: its scorer has no result cache, so every item is scored anew
         session = Session(model=ModelConfig(spec=spec, device=device, dtype=dtype), data=data_config)
@@ -126,7 +159,9 @@ def verify_card(path: str | Path, *, limit: int | None = None, model: str | None
     by_id = {item.id: item for role in ("pool", "dev", "test") for item in data.split(role)}
     missing = [i for i in card["data"]["test_ids"] if i not in by_id]
     if missing:
-        result.add("test items", False, f"{len(missing)} recorded test items are not in the task's data (first: {missing[0]})")
+        result.add(
+            "test items", False, f"{len(missing)} recorded test items are not in the task's data (first: {missing[0]})"
+        )
     items = [by_id[i] for i in card["data"]["test_ids"] if i in by_id][:limit]
     if not items:
         raise UserError(f"{where}: data.test_ids: none of the recorded test items is in task '{card['data']['task']}'")
@@ -146,13 +181,19 @@ def verify_card(path: str | Path, *, limit: int | None = None, model: str | None
         light = card_prompt(card, where).render(first.question, first.choices)
         _same(result, "rendered text", check["text_sha256"], sha256_text(text), f"item {first.id} ")
         if light != text:
-            result.add("load_prompt render", False, "promptopt.load_prompt renders this card differently from the scorer")
+            result.add(
+                "load_prompt render", False, "promptopt.load_prompt renders this card differently from the scorer"
+            )
         now = token_ids_sha256(ids)
         if now == check["token_ids_sha256"]:
             result.add("token ids", True, f"item {first.id}: {len(ids)} tokens, {_short(now)}")
         else:
-            result.add("token ids", False, f"item {first.id}: recorded {check['n_tokens']} tokens ({_short(check['token_ids_sha256'])}), "
-                                           f"got {len(ids)} tokens ({_short(now)})")
+            result.add(
+                "token ids",
+                False,
+                f"item {first.id}: recorded {check['n_tokens']} tokens ({_short(check['token_ids_sha256'])}), "
+                f"got {len(ids)} tokens ({_short(now)})",
+            )
 
     # 5. re-score (no result cache) and compare with what was recorded
     table = session.scorer.score(prompt, items).table
@@ -175,8 +216,13 @@ def verify_card(path: str | Path, *, limit: int | None = None, model: str | None
     result.interval = (low, high)
     inside = low is not None and high is not None and low - 1e-12 <= result.accuracy <= high + 1e-12
     flips = f"; {len(result.flipped)} item(s) flipped" if result.flipped else "; no item flipped"
-    result.add("accuracy", inside, f"{result.accuracy:.4f} on {len(items)} items, recorded 95% interval "
-                                   f"[{low:.4f}, {high:.4f}]{flips}" if low is not None else f"{result.accuracy:.4f}; no recorded interval")
+    result.add(
+        "accuracy",
+        inside,
+        f"{result.accuracy:.4f} on {len(items)} items, recorded 95% interval [{low:.4f}, {high:.4f}]{flips}"
+        if low is not None
+        else f"{result.accuracy:.4f}; no recorded interval",
+    )
     result.seconds = time.perf_counter() - start
     return result
 

@@ -11,5 +11,14 @@ from promptopt.metrics.tcb import (
 )
 from promptopt.metrics.tcb_fixed_probs import FixedProbsTCB, move_toward, tcb_from_probs
 
-__all__ = ["FixedProbsTCB", "OutputGeometry", "TCBResult", "approximation_reference", "jacobian_frobenius_reference",
-           "move_toward", "tcb_from_probs", "token_constraint_bound", "wilson_interval"]
+__all__ = [
+    "FixedProbsTCB",
+    "OutputGeometry",
+    "TCBResult",
+    "approximation_reference",
+    "jacobian_frobenius_reference",
+    "move_toward",
+    "tcb_from_probs",
+    "token_constraint_bound",
+    "wilson_interval",
+]

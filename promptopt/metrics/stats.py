@@ -87,11 +87,14 @@ def bootstrap_interval(statistic, n_items: int, *, n_boot: int = 2000, seed: int
     The statistic receives the resampled item indices, so paired quantities (a difference between two
     prompts on the same items, a robustness metric over an item and its variants) resample together.
     Seeded: the same call gives the same interval. NaN resamples are dropped."""
-    return bootstrap_intervals(lambda index: (statistic(index),), n_items, names=("value",), n_boot=n_boot, seed=seed,
-                               level=level)["value"]
+    return bootstrap_intervals(
+        lambda index: (statistic(index),), n_items, names=("value",), n_boot=n_boot, seed=seed, level=level
+    )["value"]
 
 
-def bootstrap_intervals(statistic, n_items: int, *, names, n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> dict:
+def bootstrap_intervals(
+    statistic, n_items: int, *, names, n_boot: int = 2000, seed: int = 0, level: float = 0.95
+) -> dict:
     """`bootstrap_interval` for a statistic that returns one number per name from each resample: name -> interval.
 
     The resamples are those of `bootstrap_interval` with the same seed, so each interval is what a separate call
@@ -207,14 +210,24 @@ def format_spread(correct, *, n_boot: int = 1000, seed: int = 0) -> dict:
     matrix = matrix[~np.isnan(matrix).any(axis=1)]
     n_items, n_formats = matrix.shape if matrix.ndim == 2 else (0, 0)
     if n_items == 0 or n_formats < 2:
-        return {"spread": float("nan"), "ci95": [float("nan"), float("nan")], "n_items": int(n_items), "n_formats": int(n_formats)}
+        return {
+            "spread": float("nan"),
+            "ci95": [float("nan"), float("nan")],
+            "n_items": int(n_items),
+            "n_formats": int(n_formats),
+        }
     accuracies = matrix.mean(axis=0)
     # every resample at once: its per-format sums are (how often each item was drawn) · matrix, integers as exact in
     # float64 as the loop's sums over `matrix[idx]`, so the interval is `bootstrap_interval`'s bit for bit
     sums = bootstrap_draws(n_items, n_boot=n_boot, seed=seed).astype(float) @ matrix
     low, high = percentile_interval(np.ptp(sums / n_items, axis=-1))
-    return {"spread": float(np.ptp(accuracies)), "ci95": [low, high], "n_items": int(n_items), "n_formats": int(n_formats),
-            "accuracies": [float(a) for a in accuracies]}
+    return {
+        "spread": float(np.ptp(accuracies)),
+        "ci95": [low, high],
+        "n_items": int(n_items),
+        "n_formats": int(n_formats),
+        "accuracies": [float(a) for a in accuracies],
+    }
 
 
 # --- robustness over the same items --------------------------------------------------------------------
@@ -227,7 +240,11 @@ class PerItemRobustness:
         import pandas as pd
 
         clean = pd.Series(clean, dtype=bool)
-        v = variants if isinstance(variants, pd.DataFrame) else pd.DataFrame(variants, columns=["item_id", "family", "correct"])
+        v = (
+            variants
+            if isinstance(variants, pd.DataFrame)
+            else pd.DataFrame(variants, columns=["item_id", "family", "correct"])
+        )
         unknown = set(v["item_id"]) - set(clean.index)
         if unknown:
             raise ValueError(f"variants of items without a clean result: {sorted(unknown)[:3]}")
@@ -259,8 +276,11 @@ class PerItemRobustness:
         defined = [x for x in family_pdr.values() if x == x]
         n_item, k_item = n.sum(1), k.sum(1)
         out["pdr"] = float(np.mean(defined)) if defined else float("nan")
-        out["pdr_pooled"] = (performance_drop_rate(float((clean * n_item).sum() / n_item.sum()), float(k_item.sum() / n_item.sum()))
-                             if n_item.sum() else float("nan"))
+        out["pdr_pooled"] = (
+            performance_drop_rate(float((clean * n_item).sum() / n_item.sum()), float(k_item.sum() / n_item.sum()))
+            if n_item.sum()
+            else float("nan")
+        )
         all_ok = k_item == n_item
         out["acc_worst"] = float((clean.astype(bool) & all_ok).mean()) if len(idx) else float("nan")
         worst_family, out["acc_worst_family_min"] = worst_case(family_acc)
@@ -287,7 +307,11 @@ class PerItemRobustness:
     def _resampled_block(self, resamples) -> dict:
         import numpy as np
 
-        clean, n, k = self.clean[resamples], self.n[resamples], self.k[resamples]  # (rows, items) and (rows, items, families)
+        clean, n, k = (
+            self.clean[resamples],
+            self.n[resamples],
+            self.k[resamples],
+        )  # (rows, items) and (rows, items, families)
         n_item, k_item = n.sum(-1), k.sum(-1)
         mean = (clean + k_item) / (1 + n_item)
         touched = n > 0
@@ -299,8 +323,12 @@ class PerItemRobustness:
             pdr = np.where(defined, family_pdr, 0.0).sum(-1) / defined.sum(-1)
             pooled_clean = (clean * n_item).sum(-1) / n_item.sum(-1)
             pdr_pooled = np.where(pooled_clean == 0, np.nan, 1.0 - (k_item.sum(-1) / n_item.sum(-1)) / pooled_clean)
-        return {"acc_worst": (clean.astype(bool) & (k_item == n_item)).mean(-1), "acc_var": (mean * (1 - mean)).mean(-1),
-                "pdr": pdr, "pdr_pooled": pdr_pooled}
+        return {
+            "acc_worst": (clean.astype(bool) & (k_item == n_item)).mean(-1),
+            "acc_var": (mean * (1 - mean)).mean(-1),
+            "pdr": pdr,
+            "pdr_pooled": pdr_pooled,
+        }
 
 
 def robustness_metrics(clean, variants) -> dict:
@@ -347,7 +375,9 @@ def average_ranks(values):
     starts[..., 1:] = ordered[..., 1:] != ordered[..., :-1]
     ends = np.ones(values.shape, dtype=bool)  # where one ends
     ends[..., :-1] = starts[..., 1:]
-    first = np.maximum.accumulate(np.where(starts, position, 0), axis=-1)  # each position's run: first and last position
+    first = np.maximum.accumulate(
+        np.where(starts, position, 0), axis=-1
+    )  # each position's run: first and last position
     last = np.flip(np.minimum.accumulate(np.flip(np.where(ends, position, n), -1), axis=-1), -1)
     ranks = np.empty(values.shape)
     np.put_along_axis(ranks, order, (first + last + 2) / 2, -1)  # mean of the 1-based positions first+1 … last+1
@@ -425,5 +455,5 @@ def fit_log(x, y) -> dict:
     b, a = np.polyfit(np.log(x), y, 1)
     resid = y - (a + b * np.log(x))
     total = ((y - y.mean()) ** 2).sum()
-    r2 = 1 - (resid ** 2).sum() / total if total > 0 else float("nan")
+    r2 = 1 - (resid**2).sum() / total if total > 0 else float("nan")
     return {"a": float(a), "b": float(b), "r2": float(r2), "n": int(len(x))}

@@ -37,7 +37,13 @@ from dataclasses import dataclass, fields
 
 import torch
 
-__all__ = ["OutputGeometry", "TCBResult", "approximation_reference", "jacobian_frobenius_reference", "token_constraint_bound"]
+__all__ = [
+    "OutputGeometry",
+    "TCBResult",
+    "approximation_reference",
+    "jacobian_frobenius_reference",
+    "token_constraint_bound",
+]
 
 _EXACT_TOP_K = 32
 _VOCAB_CHUNK = 16384
@@ -211,7 +217,9 @@ class OutputGeometry:
         if tgt is not None and tgt.shape[0] != h.shape[0]:
             raise ValueError(f"target has {tgt.shape[0]} entries for {h.shape[0]} positions")
         if logits is not None and tuple(logits[0].shape) != (h.shape[0], self.vocab_size):
-            raise ValueError(f"logits have shape {tuple(logits[0].shape)} for {h.shape[0]} positions and V={self.vocab_size}")
+            raise ValueError(
+                f"logits have shape {tuple(logits[0].shape)} for {h.shape[0]} positions and V={self.vocab_size}"
+            )
         step = max(1, _WORK_ELEMENTS // self.vocab_size)
         group = max(1, _PRODUCT_ELEMENTS // self.vocab_size // step) * step
         block = max(1, _LOGIT_ELEMENTS // self.vocab_size // group) * group
@@ -228,7 +236,9 @@ class OutputGeometry:
                     rows = slice(i - b, i - b + step)
                     step_logits = z[rows], None if gain is None else gain[rows]
                     target_i = None if tgt is None else tgt[i : i + step]
-                    steps.append(self._before_product(h[i : i + step], target_i, eps, step_logits, coef[i - g : i - g + step]))
+                    steps.append(
+                        self._before_product(h[i : i + step], target_i, eps, step_logits, coef[i - g : i - g + step])
+                    )
                 m = self._weighted_rows(coef).to(torch.float64)  # one product for the group: Σ o w, Σ o² w of the tails
                 for i, (companions, jacobian) in zip(range(0, coef.shape[0], step), steps):
                     parts.append({**self._after_product(jacobian, m[i : i + step], eps), **companions})
@@ -237,7 +247,9 @@ class OutputGeometry:
             return TCBResult(**{f.name: empty for f in fields(TCBResult)})
         return TCBResult(**{k: torch.cat([p[k] for p in parts]).reshape(lead) for k in parts[0]})
 
-    def _before_product(self, h: torch.Tensor, target: torch.Tensor | None, eps: float, logits, coef: torch.Tensor) -> tuple[dict, dict]:
+    def _before_product(
+        self, h: torch.Tensor, target: torch.Tensor | None, eps: float, logits, coef: torch.Tensor
+    ) -> tuple[dict, dict]:
         """Everything that reads the (positions × V) logits, for a step of positions: the tail's coefficients for
         the product with W, written into `coef` (n, 2, V); the companions; and what `_after_product` needs besides
         that product to finish ‖J‖."""
@@ -271,7 +283,9 @@ class OutputGeometry:
         sum_e = e.sum(-1, dtype=f64)
         sum_e2 = e2.sum(-1, dtype=f64)
         z_max = z_top[:, 0]
-        log_norm = z_max + torch.log(torch.exp(z_top - z_max[:, None]).sum(-1) + torch.exp(tail_ref.to(f64) - z_max) * sum_e)
+        log_norm = z_max + torch.log(
+            torch.exp(z_top - z_max[:, None]).sum(-1) + torch.exp(tail_ref.to(f64) - z_max) * sum_e
+        )
         f = torch.exp(tail_ref.to(f64) - log_norm)  # tail scale
         logp_top = z_top - log_norm[:, None]
         o_top = logp_top.exp()  # (n, K) float64, o_top[:, 0] is the predicted token
@@ -323,7 +337,14 @@ class OutputGeometry:
             in_top = top_idx == target[:, None]
             z_target = torch.where(in_top.any(-1), (z_top * in_top).sum(-1), z[rows, target].to(f64))
             nll = log_norm - z_target
-        jacobian = {"f": f, "o_top": o_top, "w_eff": w_eff, "tail_sum1": tail_sum1, "tail_sum2": tail_sum2, "tail_sq": tail_sq}
+        jacobian = {
+            "f": f,
+            "o_top": o_top,
+            "w_eff": w_eff,
+            "tail_sum1": tail_sum1,
+            "tail_sum2": tail_sum2,
+            "tail_sq": tail_sq,
+        }
         companions = {
             "v_eff": v_eff,
             "margin": z_top[:, 0] - z_top[:, 1],
@@ -463,7 +484,11 @@ def approximation_reference(
         off_diag[t] = others.pow(2).sum()
         column_sq = gain.pow(2) * (o.pow(2) * one_minus.pow(2) + o.pow(2) * off_diag)
         norm_sq = column_sq.sum()
-        out.append(eps / (w.shape[1] * sigma2 * norm_sq).sqrt() if norm_sq > 0 else torch.tensor(float("inf"), dtype=torch.float64))
+        out.append(
+            eps / (w.shape[1] * sigma2 * norm_sq).sqrt()
+            if norm_sq > 0
+            else torch.tensor(float("inf"), dtype=torch.float64)
+        )
     if not out:
         return torch.empty(hidden.shape[:-1], dtype=torch.float64)
     return torch.stack(out).reshape(hidden.shape[:-1])

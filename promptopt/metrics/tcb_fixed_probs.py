@@ -42,7 +42,9 @@ def move_toward(rows: torch.Tensor, anchor: torch.Tensor, *, alpha: float) -> to
     return rows + alpha * (anchor[..., None, :] - rows)
 
 
-def logits_float64(geometry, hidden: torch.Tensor, *, weight: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+def logits_float64(
+    geometry, hidden: torch.Tensor, *, weight: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """float64 logits z (N, V) and chain-rule gains dz/ds (None for plain logits) of an `OutputGeometry`
     (`weight`: the same W already in float64, to skip the per-call upcast)."""
     w_all = geometry.weight if weight is None else weight
@@ -80,7 +82,9 @@ def tcb_from_probs(
         rows = None if rows is None else rows.reshape(1, -1)
         replaced = None if replaced is None else replaced.reshape(1, *replaced.shape[-2:])
     if probs.ndim != 2 or weight.ndim != 2 or probs.shape[1] != weight.shape[0]:
-        raise ValueError(f"probs must be (N, V) with V = weight rows; got {tuple(probs.shape)} and weight {tuple(weight.shape)}")
+        raise ValueError(
+            f"probs must be (N, V) with V = weight rows; got {tuple(probs.shape)} and weight {tuple(weight.shape)}"
+        )
     o = probs.detach().double()
     if not torch.isfinite(o).all() or (o < 0).any():
         raise ValueError("probs must be finite and non-negative")
@@ -92,15 +96,24 @@ def tcb_from_probs(
         raise ValueError("rows and replaced go together")
     if rows is not None:
         if rows.ndim != 2 or rows.shape[0] != o.shape[0] or replaced.shape != (*rows.shape, weight.shape[1]):
-            raise ValueError(f"rows must be (N, R) and replaced (N, R, d); got {tuple(rows.shape)}, {tuple(replaced.shape)}")
+            raise ValueError(
+                f"rows must be (N, R) and replaced (N, R, d); got {tuple(rows.shape)}, {tuple(replaced.shape)}"
+            )
         if rows.shape[1] > 1 and (rows.sort(-1).values.diff(dim=-1) == 0).any():
             raise ValueError("rows must be distinct within each position")
     parts = []
     for i in range(0, o.shape[0], _POSITION_CHUNK):
         sl = slice(i, i + _POSITION_CHUNK)
-        parts.append(_jacobian_norm(o[sl], weight, None if gain is None else gain[sl].double(),
-                                    None if rows is None else rows[sl], None if replaced is None else replaced[sl].double(),
-                                    exact_top_k))
+        parts.append(
+            _jacobian_norm(
+                o[sl],
+                weight,
+                None if gain is None else gain[sl].double(),
+                None if rows is None else rows[sl],
+                None if replaced is None else replaced[sl].double(),
+                exact_top_k,
+            )
+        )
     jac = torch.cat(parts) if parts else torch.empty(0, dtype=torch.float64)
     tcb = torch.where(jac > 0, eps / jac, torch.full_like(jac, float("inf")))
     return FixedProbsTCB(tcb=tcb, jacobian_norm=jac)

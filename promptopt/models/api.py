@@ -24,9 +24,19 @@ class ModelRunner(Protocol):
         state at the position that predicts the first continuation token."""
         ...
 
-    def generate(self, contexts: Sequence[Sequence[int]], *, max_new_tokens: int | Sequence[int] = 256,
-                 stop: Sequence[str] = (), logits_processor=None, processor_factory=None, temperature: float = 0.0,
-                 top_p: float = 1.0, seed: int | None = None, keep_hidden: bool = True,
-                 batch_size: int | None = None) -> list[GenerationResult]:
+    def generate(
+        self,
+        contexts: Sequence[Sequence[int]],
+        *,
+        max_new_tokens: int | Sequence[int] = 256,
+        stop: Sequence[str] = (),
+        logits_processor=None,
+        processor_factory=None,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        keep_hidden: bool = True,
+        batch_size: int | None = None,
+    ) -> list[GenerationResult]:
         """Continue each context until EOS, a stop string or its token limit."""
         ...

@@ -40,5 +40,7 @@ def keep_freed_memory() -> bool:
             except (OSError, AttributeError):  # not glibc (musl has no mallopt)
                 return False
             mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-            _applied = bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+            _applied = bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(
+                mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+            )
     return _applied

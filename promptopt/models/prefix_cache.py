@@ -34,7 +34,9 @@ class _WritesAfterPrefix:
     _value_buffer: torch.Tensor
     _prefix_width: int
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         rows, _, width, _ = key_states.shape
         end = self._prefix_width + width
         keys, values = self._key_buffer[:rows, :, :end], self._value_buffer[:rows, :, :end]

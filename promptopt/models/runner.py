@@ -31,7 +31,9 @@ def _compactable(processors) -> bool:
     follows them (`select_rows(index, chosen)`, like TabooLogitsProcessor)."""
     from transformers import TemperatureLogitsWarper, TopPLogitsWarper
 
-    return all(hasattr(p, "select_rows") or isinstance(p, (TemperatureLogitsWarper, TopPLogitsWarper)) for p in processors)
+    return all(
+        hasattr(p, "select_rows") or isinstance(p, (TemperatureLogitsWarper, TopPLogitsWarper)) for p in processors
+    )
 
 
 def cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:
@@ -75,8 +77,15 @@ def _grouped_sdpa(module, query, key, value, attention_mask, dropout=0.0, scalin
     plain = kwargs.get("position_bias") is None and kwargs.get("softcap") is None
     if query.device.type == "cpu" and attention_mask is not None and plain:
         attention_mask = _additive_mask(attention_mask, query.dtype)
-    if query.device.type != "cpu" or attention_mask is None or getattr(module, "num_key_value_groups", 1) == 1 or not plain:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs)
+    if (
+        query.device.type != "cpu"
+        or attention_mask is None
+        or getattr(module, "num_key_value_groups", 1) == 1
+        or not plain
+    ):
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
+        )
     out = torch.nn.functional.scaled_dot_product_attention(
         query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, enable_gqa=True
     )
@@ -140,9 +149,13 @@ class Runner:
         self._prefix_unsupported = False
         self._buffers = None  # prefix_cache.PrefixBuffers, made on the first prefix-cached scoring call
         self.use_prefix_cache = True
-        self.reuse_prefix_buffers = True  # off: every scoring batch copies the prefix (the reference behaviour, for tests)
+        self.reuse_prefix_buffers = (
+            True  # off: every scoring batch copies the prefix (the reference behaviour, for tests)
+        )
         self._last_mlp: torch.nn.Module | None | bool = False  # looked up on the first scoring call
-        self.skip_unread_positions = True  # off: scoring runs the last MLP everywhere (the reference behaviour, for tests)
+        self.skip_unread_positions = (
+            True  # off: scoring runs the last MLP everywhere (the reference behaviour, for tests)
+        )
         self.compact = True  # generation drops finished rows from the batch (off: the reference behaviour, for tests)
         _use_grouped_sdpa(lm.model)
         if lm.device.type == "cpu":
@@ -204,7 +217,9 @@ class Runner:
         if not self.skip_unread_positions:
             return None
         if self._last_mlp is False:
-            dtype = self.lm.model.get_input_embeddings().weight.dtype  # what the hidden states flow in (4-bit weights too)
+            dtype = (
+                self.lm.model.get_input_embeddings().weight.dtype
+            )  # what the hidden states flow in (4-bit weights too)
             self._last_mlp = last_layer.position_wise_last_mlp(self.lm.base, self.lm.output_head.hidden_size, dtype)
         return self._last_mlp
 
@@ -217,7 +232,11 @@ class Runner:
 
     # --- scoring --------------------------------------------------------------------------------
     def loglikelihood(
-        self, requests: Sequence[tuple[Sequence[int], Sequence[int]]], *, tcb_targets: Sequence[int] | None = None, eps: float = 1.0
+        self,
+        requests: Sequence[tuple[Sequence[int], Sequence[int]]],
+        *,
+        tcb_targets: Sequence[int] | None = None,
+        eps: float = 1.0,
     ) -> list[LoglikelihoodResult]:
         """log p(continuation | context) for (context ids, continuation ids) pairs.
 
@@ -255,7 +274,12 @@ class Runner:
             dev = self.lm.device
             mlp, read = self._skippable_mlp(), None
             if mlp is not None:  # the flattened (row × position) indices whose final hidden state is read below
-                read = torch.cat([row * width + torch.arange(first_needed[seq], len(seq) - prefix_len) for row, seq in enumerate(batch)]).to(dev)
+                read = torch.cat(
+                    [
+                        row * width + torch.arange(first_needed[seq], len(seq) - prefix_len)
+                        for row, seq in enumerate(batch)
+                    ]
+                ).to(dev)
             with torch.inference_mode(), last_layer.mlp_only_at(mlp, read):
                 hidden, _ = self._forward(ids.to(dev), mask.to(dev), positions.to(dev), cache_for(len(batch)))
             for row, seq in enumerate(batch):
@@ -289,10 +313,16 @@ class Runner:
             greedy = bool((argmax[torch.tensor(wanted_row[span])] == torch.tensor(wanted_token[span])).all())
             first = len(ctx) - 1 - prefix_len - first_needed[seq]
             tcb = None if tcb_of_pair is None else tcb_of_pair[critical_of[len(results)]]
-            results.append(LoglikelihoodResult(float(token_lp.sum()), token_lp.tolist(), greedy, hidden_of[seq][first].cpu().clone(), tcb))
+            results.append(
+                LoglikelihoodResult(
+                    float(token_lp.sum()), token_lp.tolist(), greedy, hidden_of[seq][first].cpu().clone(), tcb
+                )
+            )
         return results
 
-    def _target_logprobs(self, rows: torch.Tensor, row_index: torch.Tensor, tokens: torch.Tensor, chunk: int = 256, tcb=None):
+    def _target_logprobs(
+        self, rows: torch.Tensor, row_index: torch.Tensor, tokens: torch.Tensor, chunk: int = 256, tcb=None
+    ):
         """log p(token | row) for each (row_index, token) pair, plus each row's argmax; chunked so the
         full (rows × vocab) matrix never exists at once. `tcb`: ((row, target) pairs (m, 2), ε) -> also δ_TCB at
         those rows from the same logits, a dict of TCBResult's fields as numbers per pair (else None)."""
@@ -309,7 +339,9 @@ class Runner:
                 if len(chosen):
                     at = (pairs[chosen, 0] - start).to(block.device)
                     read = block, logits, gain
-                    if not torch.equal(at, torch.arange(len(block), device=block.device)):  # else every row, in order: no copy
+                    if not torch.equal(
+                        at, torch.arange(len(block), device=block.device)
+                    ):  # else every row, in order: no copy
                         read = block[at], logits[at], None if gain is None else gain[at]
                     res = geometry(read[0], eps=eps, target=pairs[chosen, 1], logits=read[1:])
                     columns = {name: value.cpu().tolist() for name, value in res.to_dict().items()}
@@ -368,17 +400,26 @@ class Runner:
         generator = None
         if temperature > 0:
             generator = torch.Generator(device=self.lm.device).manual_seed(0 if seed is None else seed)
-        limits = [max_new_tokens] * len(contexts) if isinstance(max_new_tokens, int) else [int(n) for n in max_new_tokens]
+        limits = (
+            [max_new_tokens] * len(contexts) if isinstance(max_new_tokens, int) else [int(n) for n in max_new_tokens]
+        )
         if len(limits) != len(contexts) or any(n < 0 for n in limits):
-            raise ValueError(f"max_new_tokens: expected one non-negative limit or one per context ({len(contexts)}), got {max_new_tokens!r}")
+            raise ValueError(
+                f"max_new_tokens: expected one non-negative limit or one per context ({len(contexts)}), got {max_new_tokens!r}"
+            )
         size = batch_size or self.batch_size
         order = sorted(range(len(contexts)), key=lambda i: len(contexts[i]), reverse=True)
         results: list[GenerationResult | None] = [None] * len(contexts)
         batches = [order[i : i + size] for i in range(0, len(order), size)]
         for batch in tqdm(batches, desc="generating", disable=not self.progress, leave=False):
             outs = self._generate_batch(
-                [list(contexts[i]) for i in batch], [limits[i] for i in batch], list(stop), processors_for_batch(), temperature > 0,
-                generator, keep_hidden,
+                [list(contexts[i]) for i in batch],
+                [limits[i] for i in batch],
+                list(stop),
+                processors_for_batch(),
+                temperature > 0,
+                generator,
+                keep_hidden,
             )
             for i, out in zip(batch, outs):
                 results[i] = out
@@ -460,7 +501,9 @@ class Runner:
         logs = [p.finalize(nxt[:, None]) for p in processors if hasattr(p, "finalize") and nxt is not None]
         results = []
         for row in range(b):
-            ends = [len(tok.decode(generated[row][: i + 1], skip_special_tokens=True)) for i in range(len(generated[row]))]
+            ends = [
+                len(tok.decode(generated[row][: i + 1], skip_special_tokens=True)) for i in range(len(generated[row]))
+            ]
             h = torch.stack(hiddens[row]) if hiddens[row] else torch.empty(0, geometry.hidden_size)
             steps = len(generated[row]) + (reasons[row] == "eos")  # steps this row really took
             row_logs = [log[row].truncate(steps) if hasattr(log[row], "truncate") else log[row] for log in logs]

@@ -29,7 +29,8 @@ _NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
 _SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'])")
 _DEPENDENT_START = re.compile(
     r"^(he|she|it|they|them|his|her|its|their|this|that|these|those|then|after|afterwards|so|but|also|and|"
-    r"or|however|therefore|thus|if|each|the rest|there)\b", re.IGNORECASE
+    r"or|however|therefore|thus|if|each|the rest|there)\b",
+    re.IGNORECASE,
 )
 
 
@@ -130,8 +131,14 @@ class SynonymOperator(_NlpaugOperator):
         from promptopt.robustness.wordnet import pos_tagger, require_wordnet
 
         require_wordnet()
-        aug = naw.SynonymAug(aug_src="wordnet", aug_min=1, aug_max=int(self.options.get("max_words", 2)), stopwords=stopwords,
-                             tokenizer=_split, reverse_tokenizer=_join)
+        aug = naw.SynonymAug(
+            aug_src="wordnet",
+            aug_min=1,
+            aug_max=int(self.options.get("max_words", 2)),
+            stopwords=stopwords,
+            tokenizer=_split,
+            reverse_tokenizer=_join,
+        )
         aug.model.pos_tag = pos_tagger()
         return aug
 
@@ -143,8 +150,13 @@ class KeyboardTypoOperator(_NlpaugOperator):
         import nlpaug.augmenter.char as nac
 
         return nac.KeyboardAug(
-            aug_char_max=int(self.options.get("max_chars", 1)), aug_word_max=int(self.options.get("max_words", 2)),
-            include_numeric=False, include_special_char=False, stopwords=stopwords, tokenizer=_split, reverse_tokenizer=_join,
+            aug_char_max=int(self.options.get("max_chars", 1)),
+            aug_word_max=int(self.options.get("max_words", 2)),
+            include_numeric=False,
+            include_special_char=False,
+            stopwords=stopwords,
+            tokenizer=_split,
+            reverse_tokenizer=_join,
         )
 
 
@@ -154,8 +166,13 @@ class SpellingTypoOperator(_NlpaugOperator):
     def augmenter(self, stopwords):
         import nlpaug.augmenter.word as naw
 
-        return naw.SpellingAug(aug_min=1, aug_max=int(self.options.get("max_words", 2)), stopwords=stopwords,
-                               tokenizer=_split, reverse_tokenizer=_join)
+        return naw.SpellingAug(
+            aug_min=1,
+            aug_max=int(self.options.get("max_words", 2)),
+            stopwords=stopwords,
+            tokenizer=_split,
+            reverse_tokenizer=_join,
+        )
 
 
 class ClauseReorderOperator(Operator):
@@ -203,7 +220,9 @@ class TautologyOperator(Operator):
 
     def apply(self, prompt, item, seed, context):
         phrase = str(self.options.get("phrase", " and true is true"))
-        return Variant(prompt, replace(item, question=item.question.rstrip() + phrase * int(self.options.get("repeat", 5))))
+        return Variant(
+            prompt, replace(item, question=item.question.rstrip() + phrase * int(self.options.get("repeat", 5)))
+        )
 
 
 class ExemplarReorderOperator(Operator):
@@ -252,7 +271,9 @@ class FormatOperator(Operator):
     def __init__(self, **options) -> None:
         super().__init__(**options)
         variants = options.get("variants")
-        if variants is not None and (isinstance(variants, bool) or not isinstance(variants, int) or not 1 <= variants <= self.MAX_VARIANTS):
+        if variants is not None and (
+            isinstance(variants, bool) or not isinstance(variants, int) or not 1 <= variants <= self.MAX_VARIANTS
+        ):
             from promptopt.errors import ConfigError
 
             raise ConfigError(f"format: variants must be an integer from 1 to {self.MAX_VARIANTS}, got {variants!r}")
@@ -308,7 +329,9 @@ class LMParaphraseOperator(Operator):
         "Say the same thing as the following text in simpler words.",
         "Rephrase the following text with a different sentence structure.",
     )
-    INSTRUCTION = "{style} Keep its meaning, every number and every name unchanged. Reply with the rewritten text only.\n\n{text}"
+    INSTRUCTION = (
+        "{style} Keep its meaning, every number and every name unchanged. Reply with the rewritten text only.\n\n{text}"
+    )
     COMPLETION = (
         "{style} Keep its meaning, every number and every name unchanged.\n\n"
         "Text: The meeting was moved to 3 pm because Anna was late.\n"
@@ -319,10 +342,14 @@ class LMParaphraseOperator(Operator):
     def __init__(self, **options) -> None:
         super().__init__(**options)
         variants = options.get("variants")
-        if variants is not None and (isinstance(variants, bool) or not isinstance(variants, int) or not 1 <= variants <= len(self.STYLES)):
+        if variants is not None and (
+            isinstance(variants, bool) or not isinstance(variants, int) or not 1 <= variants <= len(self.STYLES)
+        ):
             from promptopt.errors import ConfigError
 
-            raise ConfigError(f"lm_paraphrase: variants must be an integer from 1 to {len(self.STYLES)}, got {variants!r}")
+            raise ConfigError(
+                f"lm_paraphrase: variants must be an integer from 1 to {len(self.STYLES)}, got {variants!r}"
+            )
 
     def n_variants(self, suite_default: int) -> int:
         return int(self.options.get("variants") or min(suite_default, len(self.STYLES)))
@@ -335,8 +362,11 @@ class LMParaphraseOperator(Operator):
     def _request(self, lm, style: str, question: str) -> list[int]:
         tok = lm.tokenizer
         if lm.has_chat_template:
-            text = tok.apply_chat_template([{"role": "user", "content": self.INSTRUCTION.format(style=style, text=question)}],
-                                           tokenize=False, add_generation_prompt=True)
+            text = tok.apply_chat_template(
+                [{"role": "user", "content": self.INSTRUCTION.format(style=style, text=question)}],
+                tokenize=False,
+                add_generation_prompt=True,
+            )
             return tok(text, add_special_tokens=False)["input_ids"]
         return tok(self.COMPLETION.format(style=style, text=" ".join(question.split())))["input_ids"]
 
@@ -356,7 +386,9 @@ class LMParaphraseOperator(Operator):
             runner = context["runner"]
             # Requests are one question plus a fixed instruction, far shorter than scored prompts: 4× the
             # rows fit, and a decoding step reads every weight once however many rows it carries.
-            gens = runner.generate(contexts, max_new_tokens=limits, stop=stop, keep_hidden=False, batch_size=4 * runner.batch_size)
+            gens = runner.generate(
+                contexts, max_new_tokens=limits, stop=stop, keep_hidden=False, batch_size=4 * runner.batch_size
+            )
             for item, gen in zip(todo, gens):
                 memo.texts[(*key, item.question, index)] = gen.text.strip()
         variants = []
@@ -366,7 +398,18 @@ class LMParaphraseOperator(Operator):
         return variants
 
 
-OPERATORS = {cls.name: cls for cls in (
-    SynonymOperator, LMParaphraseOperator, ClauseReorderOperator, DistractorOperator, TautologyOperator,
-    KeyboardTypoOperator, SpellingTypoOperator, ExemplarReorderOperator, ExemplarReplaceOperator, FormatOperator,
-)}
+OPERATORS = {
+    cls.name: cls
+    for cls in (
+        SynonymOperator,
+        LMParaphraseOperator,
+        ClauseReorderOperator,
+        DistractorOperator,
+        TautologyOperator,
+        KeyboardTypoOperator,
+        SpellingTypoOperator,
+        ExemplarReorderOperator,
+        ExemplarReplaceOperator,
+        FormatOperator,
+    )
+}

@@ -49,11 +49,15 @@ class StressProtocol:
         task = spec.name
         if task not in self.prompts:
             hint = " (use mmlu_gen: the letter is generated)" if task == "mmlu" else ""
-            raise UserError(f"{self.where}: protocol {self.name} has no prompt for task {task}{hint}; it covers "
-                            f"{', '.join(sorted(self.prompts))} (copy the file and add the task under tasks:)")
+            raise UserError(
+                f"{self.where}: protocol {self.name} has no prompt for task {task}{hint}; it covers "
+                f"{', '.join(sorted(self.prompts))} (copy the file and add the task under tasks:)"
+            )
         if not spec.generative or spec.answer_type == "code":
             what = "is scored by log-likelihood" if not spec.generative else "is run, not read from an answer line"
-            raise UserError(f"{self.where}: tasks.{task}: protocol {self.name} reads chain-of-thought answers; {task} {what}")
+            raise UserError(
+                f"{self.where}: tasks.{task}: protocol {self.name} reads chain-of-thought answers; {task} {what}"
+            )
         splits = dict(spec.splits)
         if self.split == "test":
             splits["test"] = replace(splits["test"], size=None)
@@ -79,7 +83,9 @@ def load_protocol(name_or_path: str) -> StressProtocol:
 
 def parse_protocol(data: dict, where: str) -> StressProtocol:
     f = Fields(data, where)
-    f.reject_unknown({"name", "description", "n", "seed", "split", "ranks", "max_new_tokens", "stop", "extract", "tasks"})
+    f.reject_unknown(
+        {"name", "description", "n", "seed", "split", "ranks", "max_new_tokens", "stop", "extract", "tasks"}
+    )
     n = f.get("n", int, None)
     if n is not None and n < 1:
         raise f.fail("n", "a positive integer or null (the whole split)", n)
@@ -102,8 +108,15 @@ def parse_protocol(data: dict, where: str) -> StressProtocol:
         PromptTemplate.from_dict(t.get("template", dict, {}), f"{where}: tasks.{task}")  # names the task on error
         prompts[str(task)] = prompt_from_card({"task": str(task), **raw}, f"{where}: tasks.{task}")
     return StressProtocol(
-        name=f.get("name", str, Path(where).stem), where=where, n=n, seed=f.get("seed", int, 0),
-        split=f.choice("split", ("test", "dev", "pool"), "test"), ranks=tuple(ranks), max_new_tokens=max_new,
-        stop=tuple(stop), extract=f.choice("extract", EXTRACTIONS, "answer_line"), prompts=prompts,
+        name=f.get("name", str, Path(where).stem),
+        where=where,
+        n=n,
+        seed=f.get("seed", int, 0),
+        split=f.choice("split", ("test", "dev", "pool"), "test"),
+        ranks=tuple(ranks),
+        max_new_tokens=max_new,
+        stop=tuple(stop),
+        extract=f.choice("extract", EXTRACTIONS, "answer_line"),
+        prompts=prompts,
         digest=hashlib.sha256(Path(where).read_bytes()).hexdigest(),
     )

@@ -30,7 +30,9 @@ class StressResult:
 
 
 def _run(scorer: PromptScorer, prompt: Prompt, items: list[Item], *, factory, temperature: float, seed: int):
-    judged = scorer.generate_answers(prompt, items, processor_factory=factory, temperature=temperature, seed=seed, keep_hidden=False)
+    judged = scorer.generate_answers(
+        prompt, items, processor_factory=factory, temperature=temperature, seed=seed, keep_hidden=False
+    )
     rows = []
     for item, (gen, (answer, _, correct)) in zip(items, judged):
         log = gen.processor_logs[0] if gen.processor_logs else None
@@ -91,7 +93,9 @@ def taboo_stress(
     frames = [base.assign(rank=0)]
     summary = [condition_summary(0, base, base_correct, base)]
     for rank in ranks:
-        taboo = condition(rank, lambda r=rank: TabooLogitsProcessor(mask, r, mode=mode, continues=continues, glues=glues))
+        taboo = condition(
+            rank, lambda r=rank: TabooLogitsProcessor(mask, r, mode=mode, continues=continues, glues=glues)
+        )
         frames.append(taboo.assign(rank=rank))
         summary.append(condition_summary(rank, taboo, base_correct, base))
     return StressResult(pd.DataFrame(summary), pd.concat(frames, ignore_index=True))

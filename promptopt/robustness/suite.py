@@ -28,7 +28,14 @@ import pandas as pd
 from promptopt.errors import ConfigError
 from promptopt.metrics.stats import format_spread, performance_drop_rate, robustness_intervals, robustness_metrics
 from promptopt.prompts import Prompt
-from promptopt.robustness.perturb import OPERATORS, ParaphraseMemo, Variant, protected_words, protection_holds, variant_seed
+from promptopt.robustness.perturb import (
+    OPERATORS,
+    ParaphraseMemo,
+    Variant,
+    protected_words,
+    protection_holds,
+    variant_seed,
+)
 from promptopt.scoring import PromptScorer
 from promptopt.tasks import Item
 from promptopt.yamlio import Fields, builtin_names, load_named_yaml
@@ -69,7 +76,9 @@ def suite_sha256(suite: Suite) -> str:
 
 def parse_suite(data: dict, where: str) -> Suite:
     f = Fields(data, where)
-    f.reject_unknown({"name", "description", "seed", "similarity_threshold", "variants_per_item", "distractors", "families"})
+    f.reject_unknown(
+        {"name", "description", "seed", "similarity_threshold", "variants_per_item", "distractors", "families"}
+    )
     threshold = float(f.get("similarity_threshold", (int, float), 0.8))
     if not 0 <= threshold <= 1:
         raise f.fail("similarity_threshold", "a number in [0, 1]", threshold)
@@ -97,7 +106,15 @@ def parse_suite(data: dict, where: str) -> Suite:
         if not path.is_file():
             raise f.fail("distractors", f"a sentence file next to the suite ({path} not found)")
         distractors = tuple(line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
-    return Suite(f.get("name", str, Path(where).stem), where, f.get("seed", int, 1234), threshold, variants, tuple(families), distractors)
+    return Suite(
+        f.get("name", str, Path(where).stem),
+        where,
+        f.get("seed", int, 1234),
+        threshold,
+        variants,
+        tuple(families),
+        distractors,
+    )
 
 
 def seen_families(suite: Suite, search_suite: Suite | None) -> frozenset[str]:
@@ -166,7 +183,9 @@ class Similarity:
         return (self._embed(a) * self._embed(b)).sum(-1)
 
 
-def make_variants(suite: Suite, family: Family, prompt: Prompt, items: list[Item], context: dict, similarity: Similarity):
+def make_variants(
+    suite: Suite, family: Family, prompt: Prompt, items: list[Item], context: dict, similarity: Similarity
+):
     """Variants of one family for every item (× variants_per_item), with drop counts by reason."""
     operator = OPERATORS[family.operator](**family.options)
     counts = {"not_applicable": 0, "protection": 0, "unchanged": 0, "similarity": 0}
@@ -198,10 +217,20 @@ def make_variants(suite: Suite, family: Family, prompt: Prompt, items: list[Item
 
 # One row per kept variant (and one clean row per item, family null): what `robustness_items.parquet` holds.
 ITEM_SIGNALS = ("tcb", "margin", "top_prob", "entropy", "v_eff")  # read at the critical point, clean and perturbed
-ITEM_COLUMNS = ["item_id", "family", "operator", "variant", "seen", "clean_correct", "perturbed_correct",
-                "clean_prediction", "perturbed_prediction",
-                *(f"{side}_{name}" for name in ITEM_SIGNALS for side in ("clean", "perturbed")),
-                "variant_kind", "variant_text"]
+ITEM_COLUMNS = [
+    "item_id",
+    "family",
+    "operator",
+    "variant",
+    "seen",
+    "clean_correct",
+    "perturbed_correct",
+    "clean_prediction",
+    "perturbed_prediction",
+    *(f"{side}_{name}" for name in ITEM_SIGNALS for side in ("clean", "perturbed")),
+    "variant_kind",
+    "variant_text",
+]
 SPLITS = ("unseen", "seen")
 _SPLIT_KEYS = ("acc_worst", "pdr", "pdr_pooled", "acc_var_pert", "acc_worst_family_min", "acc_worst_family")
 
@@ -234,8 +263,14 @@ def evaluate_robustness(
 
     similarity = similarity or Similarity()
     clean = scorer.score(prompt, items).table.set_index("item_id")
-    context = {"pool": pool, "evaluated": {i.id for i in items}, "distractors": list(suite.distractors), "lm": scorer.lm,
-               "runner": scorer.runner, "paraphrases": paraphrases or ParaphraseMemo()}
+    context = {
+        "pool": pool,
+        "evaluated": {i.id for i in items},
+        "distractors": list(suite.distractors),
+        "lm": scorer.lm,
+        "runner": scorer.runner,
+        "paraphrases": paraphrases or ParaphraseMemo(),
+    }
     rows, variant_rows, spreads = [], [], {}
     originals = {item.id: item.question for item in items}
     for family in tqdm(suite.families, desc=desc, disable=not progress, leave=False):
@@ -250,31 +285,49 @@ def evaluate_robustness(
             # a changed question is the variant; else the prompt is (exemplars, format): keep what the model saw
             changed = [v.item.question != originals.get(v.item.id) for v in group]
             table["variant_kind"] = ["question" if c else "prompt" for c in changed]
-            table["variant_text"] = [v.item.question if c else _rendered(scorer, group[0].prompt, v.item) for v, c in zip(group, changed)]
+            table["variant_text"] = [
+                v.item.question if c else _rendered(scorer, group[0].prompt, v.item) for v, c in zip(group, changed)
+            ]
             tables.append(table)
-        perturbed = pd.concat(tables, ignore_index=True) if tables else pd.DataFrame(columns=["item_id", "correct", "tcb"])
+        perturbed = (
+            pd.concat(tables, ignore_index=True) if tables else pd.DataFrame(columns=["item_id", "correct", "tcb"])
+        )
         same = clean.loc[perturbed["item_id"]] if len(perturbed) else clean.iloc[:0]
         acc_clean_same = float(same["correct"].mean()) if len(same) else float("nan")
         acc_pert = float(perturbed["correct"].mean()) if len(perturbed) else float("nan")
-        rows.append({
-            "family": family.name, "operator": family.operator,
-            **({"seen": family.name in seen} if seen is not None else {}),
-            "n_items": len(items), "n_variants": len(perturbed),
-            **{f"dropped_{k}": v for k, v in counts.items()},
-            "acc_clean_same_items": acc_clean_same, "acc_perturbed": acc_pert,
-            "pdr": performance_drop_rate(acc_clean_same, acc_pert) if len(perturbed) else float("nan"),
-            "tcb_clean_mean": _finite_mean(same["tcb"]) if len(same) else float("nan"),
-            "tcb_perturbed_mean": _finite_mean(perturbed["tcb"]) if len(perturbed) else float("nan"),
-        })
-        if family.operator == "format":  # every group is one format of the prompt: the spread over them and the clean one
+        rows.append(
+            {
+                "family": family.name,
+                "operator": family.operator,
+                **({"seen": family.name in seen} if seen is not None else {}),
+                "n_items": len(items),
+                "n_variants": len(perturbed),
+                **{f"dropped_{k}": v for k, v in counts.items()},
+                "acc_clean_same_items": acc_clean_same,
+                "acc_perturbed": acc_pert,
+                "pdr": performance_drop_rate(acc_clean_same, acc_pert) if len(perturbed) else float("nan"),
+                "tcb_clean_mean": _finite_mean(same["tcb"]) if len(same) else float("nan"),
+                "tcb_perturbed_mean": _finite_mean(perturbed["tcb"]) if len(perturbed) else float("nan"),
+            }
+        )
+        if (
+            family.operator == "format"
+        ):  # every group is one format of the prompt: the spread over them and the clean one
             spreads[family.name] = _format_spread(clean["correct"], tables, seed=suite.seed)
-            rows[-1].update(format_spread=spreads[family.name]["spread"], format_spread_ci_low=spreads[family.name]["ci95"][0],
-                            format_spread_ci_high=spreads[family.name]["ci95"][1], n_formats=spreads[family.name]["n_formats"])
+            rows[-1].update(
+                format_spread=spreads[family.name]["spread"],
+                format_spread_ci_low=spreads[family.name]["ci95"][0],
+                format_spread_ci_high=spreads[family.name]["ci95"][1],
+                n_formats=spreads[family.name]["n_formats"],
+            )
         if len(perturbed):
             variant_rows.append(perturbed.assign(family=family.name, operator=family.operator))
     families = pd.DataFrame(rows)
-    variants_long = (pd.concat(variant_rows, ignore_index=True)[["item_id", "family", "correct"]] if variant_rows
-                     else pd.DataFrame(columns=["item_id", "family", "correct"]))
+    variants_long = (
+        pd.concat(variant_rows, ignore_index=True)[["item_id", "family", "correct"]]
+        if variant_rows
+        else pd.DataFrame(columns=["item_id", "family", "correct"])
+    )
     if seen is not None:
         variants_long["seen"] = variants_long["family"].isin(set(seen))
     clean_correct = clean["correct"].astype(bool)
@@ -282,40 +335,66 @@ def evaluate_robustness(
     intervals = robustness_intervals(clean_correct, variants_long, seed=suite.seed)
     acc_clean = metrics["acc_clean"]
     summary = {
-        "suite": suite.name, "n_items": len(items), "acc_clean": acc_clean,
-        "acc_perturbed_mean": float(np.nanmean(list(metrics["acc_by_family"].values()))) if metrics["acc_by_family"] else float("nan"),
-        "acc_var_pert": metrics["acc_var"], "acc_var_pert_ci95": intervals["acc_var_ci95"],
+        "suite": suite.name,
+        "n_items": len(items),
+        "acc_clean": acc_clean,
+        "acc_perturbed_mean": float(np.nanmean(list(metrics["acc_by_family"].values())))
+        if metrics["acc_by_family"]
+        else float("nan"),
+        "acc_var_pert": metrics["acc_var"],
+        "acc_var_pert_ci95": intervals["acc_var_ci95"],
         "acc_var_families": metrics["acc_var_families"],
-        "acc_worst": metrics["acc_worst"], "acc_worst_ci95": intervals["acc_worst_ci95"],
-        "acc_worst_family_min": metrics["acc_worst_family_min"], "acc_worst_family": metrics["acc_worst_family"],
-        "pdr": metrics["pdr"], "pdr_ci95": intervals["pdr_ci95"],
-        "pdr_pooled": metrics["pdr_pooled"], "pdr_pooled_ci95": intervals["pdr_pooled_ci95"],
+        "acc_worst": metrics["acc_worst"],
+        "acc_worst_ci95": intervals["acc_worst_ci95"],
+        "acc_worst_family_min": metrics["acc_worst_family_min"],
+        "acc_worst_family": metrics["acc_worst_family"],
+        "pdr": metrics["pdr"],
+        "pdr_ci95": intervals["pdr_ci95"],
+        "pdr_pooled": metrics["pdr_pooled"],
+        "pdr_pooled_ci95": intervals["pdr_pooled_ci95"],
         "pdr_note": "undefined: clean accuracy is 0" if acc_clean == 0 else "",
         "tcb_clean_mean": _finite_mean(clean["tcb"]),
-        "tcb_perturbed_mean": _finite_mean(pd.concat([t["tcb"] for t in variant_rows])) if variant_rows else float("nan"),
+        "tcb_perturbed_mean": _finite_mean(pd.concat([t["tcb"] for t in variant_rows]))
+        if variant_rows
+        else float("nan"),
     }
     if spreads:  # the first format family's spread (FormatSpread: max − min accuracy over the prompt's formats)
         name, first = next(iter(spreads.items()))
-        summary.update(format_spread=first["spread"], format_spread_ci95=first["ci95"], format_spread_n_formats=first["n_formats"],
-                       format_spread_family=name)
+        summary.update(
+            format_spread=first["spread"],
+            format_spread_ci95=first["ci95"],
+            format_spread_n_formats=first["n_formats"],
+            format_spread_family=name,
+        )
     if spreads and seen is not None:  # and labelled: the first format family the search saw, and the first it did not
         for split in SPLITS:
             names = [name for name in spreads if (name in seen) == (split == "seen")]
             part = spreads[names[0]] if names else {"spread": float("nan"), "ci95": [float("nan"), float("nan")]}
-            summary.update({f"format_spread_{split}": part["spread"], f"format_spread_{split}_ci95": part["ci95"],
-                            f"format_spread_{split}_family": names[0] if names else None})
+            summary.update(
+                {
+                    f"format_spread_{split}": part["spread"],
+                    f"format_spread_{split}_ci95": part["ci95"],
+                    f"format_spread_{split}_family": names[0] if names else None,
+                }
+            )
     if seen is not None:
-        summary.update(split_summary(clean_correct, variants_long, [f.name for f in suite.families], seen, seed=suite.seed))
+        summary.update(
+            split_summary(clean_correct, variants_long, [f.name for f in suite.families], seen, seed=suite.seed)
+        )
     variants = pd.concat(variant_rows, ignore_index=True) if variant_rows else pd.DataFrame()
     return RobustnessResult(families, summary, variants, items_table(clean, variants, seen, items))
 
 
-def split_summary(clean_correct: pd.Series, variants_long: pd.DataFrame, families: list[str], seen: Collection[str], *,
-                  seed: int) -> dict:
+def split_summary(
+    clean_correct: pd.Series, variants_long: pd.DataFrame, families: list[str], seen: Collection[str], *, seed: int
+) -> dict:
     """The item-level metrics over the unseen families alone and over the seen ones alone (each on every item:
     an item no family of the split perturbed counts as its clean answer). NaN for a split with no family."""
     seen = set(seen)
-    out = {"families_seen": [f for f in families if f in seen], "families_unseen": [f for f in families if f not in seen]}
+    out = {
+        "families_seen": [f for f in families if f in seen],
+        "families_unseen": [f for f in families if f not in seen],
+    }
     for split in SPLITS:
         names = out[f"families_{split}"]
         if not names:
@@ -325,36 +404,61 @@ def split_summary(clean_correct: pd.Series, variants_long: pd.DataFrame, familie
         part = variants_long[variants_long["family"].isin(names)][["item_id", "family", "correct"]]
         m = robustness_metrics(clean_correct, part)
         ci = robustness_intervals(clean_correct, part, seed=seed)
-        out.update({f"acc_worst_{split}": m["acc_worst"], f"acc_worst_{split}_ci95": ci["acc_worst_ci95"],
-                    f"pdr_{split}": m["pdr"], f"pdr_{split}_ci95": ci["pdr_ci95"], f"pdr_pooled_{split}": m["pdr_pooled"],
-                    f"acc_var_pert_{split}": m["acc_var"], f"acc_worst_family_min_{split}": m["acc_worst_family_min"],
-                    f"acc_worst_family_{split}": m["acc_worst_family"]})
+        out.update(
+            {
+                f"acc_worst_{split}": m["acc_worst"],
+                f"acc_worst_{split}_ci95": ci["acc_worst_ci95"],
+                f"pdr_{split}": m["pdr"],
+                f"pdr_{split}_ci95": ci["pdr_ci95"],
+                f"pdr_pooled_{split}": m["pdr_pooled"],
+                f"acc_var_pert_{split}": m["acc_var"],
+                f"acc_worst_family_min_{split}": m["acc_worst_family_min"],
+                f"acc_worst_family_{split}": m["acc_worst_family"],
+            }
+        )
     return out
 
 
-def items_table(clean: pd.DataFrame, variants: pd.DataFrame, seen: Collection[str] | None, items: list[Item]) -> pd.DataFrame:
+def items_table(
+    clean: pd.DataFrame, variants: pd.DataFrame, seen: Collection[str] | None, items: list[Item]
+) -> pd.DataFrame:
     """ITEM_COLUMNS from the clean per-item table (indexed by item_id) and the scored variants: one clean row per
     item (family, variant, seen and the perturbed columns null), then one row per variant, numbered per (item,
     family) in the order the suite made them. Predictions are text (a choice index for log-likelihood tasks)."""
+
     def signal(frame, name):
         return frame[name].astype(float).to_numpy() if name in frame else np.full(len(frame), np.nan)
 
     c = clean.reindex([i.id for i in items])
-    base = {"item_id": list(c.index), "clean_correct": c["correct"].astype(bool).to_numpy(),
-            "clean_prediction": c["pred"].astype(str).to_numpy(), **{f"clean_{n}": signal(c, n) for n in ITEM_SIGNALS}}
+    base = {
+        "item_id": list(c.index),
+        "clean_correct": c["correct"].astype(bool).to_numpy(),
+        "clean_prediction": c["pred"].astype(str).to_numpy(),
+        **{f"clean_{n}": signal(c, n) for n in ITEM_SIGNALS},
+    }
     clean_rows = pd.DataFrame({**base, "variant_kind": "clean", "variant_text": [i.question for i in items]})
     parts = [clean_rows]
     if len(variants):
         v = variants.reset_index(drop=True)
         same = clean.loc[v["item_id"]]
-        parts.append(pd.DataFrame({
-            "item_id": v["item_id"].to_numpy(), "family": v["family"].to_numpy(), "operator": v["operator"].to_numpy(),
-            "variant": v.groupby(["family", "item_id"], sort=False).cumcount().to_numpy(),
-            "clean_correct": same["correct"].astype(bool).to_numpy(), "perturbed_correct": v["correct"].astype(bool).to_numpy(),
-            "clean_prediction": same["pred"].astype(str).to_numpy(), "perturbed_prediction": v["pred"].astype(str).to_numpy(),
-            **{f"clean_{n}": signal(same, n) for n in ITEM_SIGNALS}, **{f"perturbed_{n}": signal(v, n) for n in ITEM_SIGNALS},
-            "variant_kind": v["variant_kind"].to_numpy(),
-            "variant_text": v["variant_text"].astype(str).to_numpy()}))
+        parts.append(
+            pd.DataFrame(
+                {
+                    "item_id": v["item_id"].to_numpy(),
+                    "family": v["family"].to_numpy(),
+                    "operator": v["operator"].to_numpy(),
+                    "variant": v.groupby(["family", "item_id"], sort=False).cumcount().to_numpy(),
+                    "clean_correct": same["correct"].astype(bool).to_numpy(),
+                    "perturbed_correct": v["correct"].astype(bool).to_numpy(),
+                    "clean_prediction": same["pred"].astype(str).to_numpy(),
+                    "perturbed_prediction": v["pred"].astype(str).to_numpy(),
+                    **{f"clean_{n}": signal(same, n) for n in ITEM_SIGNALS},
+                    **{f"perturbed_{n}": signal(v, n) for n in ITEM_SIGNALS},
+                    "variant_kind": v["variant_kind"].to_numpy(),
+                    "variant_text": v["variant_text"].astype(str).to_numpy(),
+                }
+            )
+        )
     table = pd.concat(parts, ignore_index=True).reindex(columns=ITEM_COLUMNS)
     table["variant"] = table["variant"].astype("Int64")
     table["perturbed_correct"] = table["perturbed_correct"].astype("boolean")
@@ -406,8 +510,13 @@ class VariantExpander:
     def __call__(self, scorer, prompt: Prompt, items: list[Item]) -> list[tuple[Prompt, list[Item]]]:
         if self._suite is None:
             self._suite, self._similarity = load_suite(self.suite_name), Similarity()
-        context = {"pool": scorer.data.pool, "evaluated": {i.id for i in items}, "distractors": list(self._suite.distractors),
-                   "lm": scorer.lm, "runner": scorer.runner}
+        context = {
+            "pool": scorer.data.pool,
+            "evaluated": {i.id for i in items},
+            "distractors": list(self._suite.distractors),
+            "lm": scorer.lm,
+            "runner": scorer.runner,
+        }
         groups: dict[str, tuple[Prompt, list[Item]]] = {}
         for family in self._suite.families:
             if OPERATORS[family.operator].changes_text:
@@ -418,7 +527,9 @@ class VariantExpander:
                     by_id = {v.item.id: v.item for v in kept}
                     for item in todo:
                         self._memo[key(item)] = by_id.get(item.id)
-                variants = [Variant(prompt, self._memo[key(item)]) for item in items if self._memo[key(item)] is not None]
+                variants = [
+                    Variant(prompt, self._memo[key(item)]) for item in items if self._memo[key(item)] is not None
+                ]
             else:
                 variants, _ = make_variants(self._suite, family, prompt, items, context, self._similarity)
             for variant in variants:

@@ -109,8 +109,15 @@ class TabooLogitsProcessor:
     `logs[row]`. One processor serves one batch of sequences; call `reset()` before reusing it.
     """
 
-    def __init__(self, word_initial: torch.Tensor, rank: int = 1, *, mode: str = "word_initial",
-                 continues: torch.Tensor | None = None, glues: torch.Tensor | None = None) -> None:
+    def __init__(
+        self,
+        word_initial: torch.Tensor,
+        rank: int = 1,
+        *,
+        mode: str = "word_initial",
+        continues: torch.Tensor | None = None,
+        glues: torch.Tensor | None = None,
+    ) -> None:
         """mode "mid_word" needs `continues` (and, to check the previous token, `glues`) from `mid_word_masks`."""
         if rank < 1:
             raise ValueError(f"taboo rank must be >= 1, got {rank}")
@@ -129,7 +136,9 @@ class TabooLogitsProcessor:
         self.logs: list[TabooLog] = []
         self._rows: list[int] | None = None  # batch position -> sequence, once finished rows have left the batch
         self._step = 0
-        self._pending: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # positions, nominal logp, nominal id
+        self._pending: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = (
+            None  # positions, nominal logp, nominal id
+        )
 
     def _settle(self, chosen: torch.Tensor) -> None:
         """Record ΔS for the interventions of the previous step, now that the emitted tokens are known."""

@@ -7,4 +7,13 @@ from promptopt.scoring.cache import CachedScorer, ResultCache
 from promptopt.scoring.factory import ScorerFactory
 from promptopt.scoring.scorer import Scorer, ScoreResult, summarize
 
-__all__ = ["CachedScorer", "CachingScorer", "PromptScorer", "ResultCache", "ScoreResult", "Scorer", "ScorerFactory", "summarize"]
+__all__ = [
+    "CachedScorer",
+    "CachingScorer",
+    "PromptScorer",
+    "ResultCache",
+    "ScoreResult",
+    "Scorer",
+    "ScorerFactory",
+    "summarize",
+]

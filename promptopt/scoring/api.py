@@ -33,18 +33,24 @@ class PromptScorer(Protocol):
         """Raise PromptTooLongError if a rendered prompt exceeds the model's context."""
         ...
 
-    def generate_answers(self, prompt: Prompt, items: list[Item], *, processor_factory=None, temperature: float = 0.0,
-                         seed: int | None = None, keep_hidden: bool = True) -> list:
+    def generate_answers(
+        self,
+        prompt: Prompt,
+        items: list[Item],
+        *,
+        processor_factory=None,
+        temperature: float = 0.0,
+        seed: int | None = None,
+        keep_hidden: bool = True,
+    ) -> list:
         """(generation, judgement) per item, with the task's decoding settings."""
         ...
 
-    def judge(self, item: Item, text: str, prompt: Prompt | None = None):
-        ...
+    def judge(self, item: Item, text: str, prompt: Prompt | None = None): ...
 
 
 @runtime_checkable
 class CachingScorer(PromptScorer, Protocol):
     cache: ResultCache
 
-    def score_table(self, prompt: Prompt, items: list[Item]) -> pd.DataFrame:
-        ...
+    def score_table(self, prompt: Prompt, items: list[Item]) -> pd.DataFrame: ...

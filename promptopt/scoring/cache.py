@@ -78,9 +78,13 @@ class ResultCache:
                 raise CacheError(f"result cache {self.path}: {exc} (another process holds it)") from None
             if "disk is full" in str(exc) or "readonly" in str(exc):  # the disk's problem, not the file's
                 raise CacheError(f"cannot write the result cache {self.path}: {exc}") from None
-            raise CacheError(f"result cache {self.path} is unreadable ({exc}): delete it (it only holds cached scores) and run again") from None
+            raise CacheError(
+                f"result cache {self.path} is unreadable ({exc}): delete it (it only holds cached scores) and run again"
+            ) from None
         except (sqlite3.DatabaseError, json.JSONDecodeError) as exc:
-            raise CacheError(f"result cache {self.path} is corrupt ({exc}): delete it (it only holds cached scores) and run again") from None
+            raise CacheError(
+                f"result cache {self.path} is corrupt ({exc}): delete it (it only holds cached scores) and run again"
+            ) from None
 
     def get_many(self, keys: list[str]) -> dict[str, dict]:
         found: dict[str, dict] = {}
@@ -123,8 +127,18 @@ class CachedScorer:
     def __init__(self, scorer: Scorer, cache: ResultCache) -> None:
         self.scorer, self.cache = scorer, cache
         lm, spec = scorer.lm, scorer.data.spec
-        self._static = [lm.name, str(lm.model.dtype), lm.device.type, spec.name, spec.answer_type, spec.metric,
-                        spec.max_new_tokens, list(spec.stop), spec.extract, scorer.eps]
+        self._static = [
+            lm.name,
+            str(lm.model.dtype),
+            lm.device.type,
+            spec.name,
+            spec.answer_type,
+            spec.metric,
+            spec.max_new_tokens,
+            list(spec.stop),
+            spec.extract,
+            scorer.eps,
+        ]
 
     @property
     def lm(self):
@@ -139,7 +153,9 @@ class CachedScorer:
         return self.scorer.runner
 
     def key(self, prompt: Prompt, item: Item) -> str:
-        blob = json.dumps([KEY_VERSION, self._static, prompt.to_card(), item_content(item)], sort_keys=True, default=_plain)
+        blob = json.dumps(
+            [KEY_VERSION, self._static, prompt.to_card(), item_content(item)], sort_keys=True, default=_plain
+        )
         return hashlib.sha256(blob.encode()).hexdigest()
 
     def score(self, prompt: Prompt, items: list[Item]) -> ScoreResult:

@@ -22,7 +22,9 @@ class ScorerFactory:
     def build(self, data: TaskData | None = None, *, progress: bool = False) -> Scorer | CachedScorer:
         """Load the model (and the task data unless given) and wrap the scorer in the result cache."""
         data = data if data is not None else self.data.load()
-        cache = ResultCache(Path(self.cache_path)) if self.cache_path else None  # a corrupt cache fails before the model loads
+        cache = (
+            ResultCache(Path(self.cache_path)) if self.cache_path else None
+        )  # a corrupt cache fails before the model loads
         scorer = Scorer(self.model.load(), data, batch_size=self.batch_size, progress=progress)
         return CachedScorer(scorer, cache) if cache is not None else scorer
 

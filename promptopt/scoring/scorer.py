@@ -27,6 +27,7 @@ from promptopt.prompts import Prompt
 from promptopt.scoring.tokens import encode_texts
 from promptopt.tasks import Item, TaskData
 from promptopt.tasks.answers import Judgement
+
 _TCB_COLUMNS = ("tcb", "jacobian_norm", "v_eff", "margin", "entropy", "top_prob", "tcb_approx", "tcb_diffuse")
 
 
@@ -39,7 +40,9 @@ class ScoreResult:
 class Scorer:
     """Scores prompts of one task on one model; holds the runner so prefix caches survive across calls."""
 
-    def __init__(self, lm: LoadedModel, data: TaskData, *, batch_size: int = 16, progress: bool = False, eps: float = 1.0):
+    def __init__(
+        self, lm: LoadedModel, data: TaskData, *, batch_size: int = 16, progress: bool = False, eps: float = 1.0
+    ):
         self.lm, self.data, self.eps = lm, data, eps
         self.runner = Runner(lm, batch_size=batch_size, progress=progress)
 
@@ -83,7 +86,9 @@ class Scorer:
             raise UserError(f"task {self.data.spec.name}: no items to score")
         leaked = {ex.id for ex in prompt.exemplars} & {it.id for it in items}
         if leaked:
-            raise UserError(f"exemplar {sorted(leaked)[0]} is also an evaluated item (exemplars must come from the pool)")
+            raise UserError(
+                f"exemplar {sorted(leaked)[0]} is also an evaluated item (exemplars must come from the pool)"
+            )
         if self.data.spec.answer.has_choices and prompt.template.label_words:
             prompt.choice_texts(items[0].choices)  # raises if the label words do not fit
 
@@ -148,7 +153,9 @@ class Scorer:
             gold_pairs, gold_res = pairs[cursor + item.gold], results[cursor + item.gold]
             critical.append(results[cursor].tcb)
             pred, pred_norm = int(lls.argmax()), int((lls / lengths).argmax())
-            pred, pred_norm = (-1 if conts[cursor : cursor + n].count(conts[cursor + p]) > 1 else p for p in (pred, pred_norm))  # a tie between equal choices (allowed by the task) is wrong
+            pred, pred_norm = (
+                -1 if conts[cursor : cursor + n].count(conts[cursor + p]) > 1 else p for p in (pred, pred_norm)
+            )  # a tie between equal choices (allowed by the task) is wrong
             gold_tokens = len(gold_pairs[1])
             rows.append(
                 {
@@ -169,8 +176,16 @@ class Scorer:
             table[name] = values
         return table
 
-    def generate_answers(self, prompt: Prompt, items: list[Item], *, processor_factory=None, temperature: float = 0.0,
-                         seed: int | None = None, keep_hidden: bool = True) -> list[tuple[GenerationResult, Judgement]]:
+    def generate_answers(
+        self,
+        prompt: Prompt,
+        items: list[Item],
+        *,
+        processor_factory=None,
+        temperature: float = 0.0,
+        seed: int | None = None,
+        keep_hidden: bool = True,
+    ) -> list[tuple[GenerationResult, Judgement]]:
         """Generate each item's answer with the task's decoding settings and judge it (`keep_hidden=False`:
         without the per-token hidden states, which only δ_TCB scoring reads)."""
         spec, tok = self.data.spec, self.lm.tokenizer
@@ -178,9 +193,15 @@ class Scorer:
         ctx_ids = self._encode(contexts, prompt)
         for ids, item in zip(ctx_ids, items):
             self._check_length(len(ids) + spec.max_new_tokens, item.id)
-        gens = self.runner.generate(ctx_ids, max_new_tokens=spec.max_new_tokens, stop=spec.stop,
-                                    processor_factory=processor_factory, temperature=temperature, seed=seed,
-                                    keep_hidden=keep_hidden)
+        gens = self.runner.generate(
+            ctx_ids,
+            max_new_tokens=spec.max_new_tokens,
+            stop=spec.stop,
+            processor_factory=processor_factory,
+            temperature=temperature,
+            seed=seed,
+            keep_hidden=keep_hidden,
+        )
         return [(gen, self.judge(item, gen.text, prompt)) for item, gen in zip(items, gens)]
 
     def _score_generative(self, prompt: Prompt, items: list[Item]) -> pd.DataFrame:
@@ -191,14 +212,21 @@ class Scorer:
         golds = [prompt.continuation(spec.answer.gold_continuation(prompt, item)) for item in items]
         gold_pairs = self._pairs(contexts, golds, prompt, ids)
         spans = [spec.answer.answer_span(prompt, item) for item in items]
-        span_pairs = self._pairs([c + prompt.continuation(pre) if pre else c for c, (pre, _) in zip(contexts, spans)],
-                                 [ans if pre else prompt.continuation(ans) for pre, ans in spans], prompt, ids)
+        span_pairs = self._pairs(
+            [c + prompt.continuation(pre) if pre else c for c, (pre, _) in zip(contexts, spans)],
+            [ans if pre else prompt.continuation(ans) for pre, ans in spans],
+            prompt,
+            ids,
+        )
         gold_results = self.runner.loglikelihood(gold_pairs)
         span_results = gold_results if span_pairs == gold_pairs else self.runner.loglikelihood(span_pairs)
         rows, hidden, targets, has_critical = [], [], [], []
         for item, (gen, (answer, start, correct)), gold_pair, gold_res, span_pair, span_res in zip(
-                items, judged, gold_pairs, gold_results, span_pairs, span_results):
-            critical = next((i for i, end in enumerate(gen.token_char_ends) if end > start), None) if start >= 0 else None
+            items, judged, gold_pairs, gold_results, span_pairs, span_results
+        ):
+            critical = (
+                next((i for i, end in enumerate(gen.token_char_ends) if end > start), None) if start >= 0 else None
+            )
             fallback = critical is None and bool(gen.tokens)
             if fallback:
                 critical = 0  # no answer found: read the first generated token, and say so

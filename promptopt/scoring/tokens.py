@@ -27,7 +27,9 @@ def tokenizers_pool_on() -> bool:
     return value is None or value.strip().lower() not in ("", "0", "false", "f", "no", "n", "off")
 
 
-def encode_texts(tokenizer, texts: list[str], *, add_special_tokens: bool, threads: int | None = None) -> list[list[int]]:
+def encode_texts(
+    tokenizer, texts: list[str], *, add_special_tokens: bool, threads: int | None = None
+) -> list[list[int]]:
     """Token ids of each text, as `tokenizer(texts, add_special_tokens=...)["input_ids"]` gives them.
 
     `threads` (default: torch's CPU threads, at most 8) share the batch when each gets 64 texts or more, the
@@ -35,8 +37,12 @@ def encode_texts(tokenizer, texts: list[str], *, add_special_tokens: bool, threa
     tokenizer holds the GIL, and an encoder-decoder one (`_switch_to_input_mode`) sets its post-processor in
     every call, which threads must not do at once."""
     threads = min(threads or torch.get_num_threads(), _MAX_THREADS, len(texts) // _MIN_TEXTS_PER_THREAD)
-    one_call = (threads <= 1 or not getattr(tokenizer, "is_fast", False) or hasattr(tokenizer, "_switch_to_input_mode")
-                or tokenizers_pool_on())
+    one_call = (
+        threads <= 1
+        or not getattr(tokenizer, "is_fast", False)
+        or hasattr(tokenizer, "_switch_to_input_mode")
+        or tokenizers_pool_on()
+    )
 
     def encode(part: list[str]) -> list[list[int]]:
         return list(tokenizer(part, add_special_tokens=add_special_tokens)["input_ids"])

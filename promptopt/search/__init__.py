@@ -14,6 +14,21 @@ from promptopt.search.space import SearchSpace, load_space, parse_space
 from promptopt.search.strategies import STRATEGIES, Strategy, get_strategy, register_strategy, stability
 from promptopt.search.study import may_run, run_search, study_exists
 
-__all__ = ["STRATEGIES", "SearchConfig", "SearchResult", "SearchSpace", "Strategy", "StudyConfig", "check_search",
-           "decode_params", "get_strategy", "load_space", "may_run", "parse_space", "register_strategy", "run_search", "stability",
-           "study_exists"]
+__all__ = [
+    "STRATEGIES",
+    "SearchConfig",
+    "SearchResult",
+    "SearchSpace",
+    "Strategy",
+    "StudyConfig",
+    "check_search",
+    "decode_params",
+    "get_strategy",
+    "load_space",
+    "may_run",
+    "parse_space",
+    "register_strategy",
+    "run_search",
+    "stability",
+    "study_exists",
+]

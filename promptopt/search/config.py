@@ -143,7 +143,7 @@ def default_storage_url(run_dir: str | Path) -> str:
 def sqlite_path(url: str) -> Path | None:
     """The database file of an SQLite storage URL (sqlite:///PATH), else None."""
     prefix = "sqlite:///"
-    return Path(url[len(prefix):]) if url.startswith(prefix) else None
+    return Path(url[len(prefix) :]) if url.startswith(prefix) else None
 
 
 def redact(url: str) -> str:

@@ -53,14 +53,18 @@ def build_context(config: SearchConfig, data, expand=None) -> SearchContext:
     strategy = get_strategy(config.study.strategy)
     space = load_space(config.study.space or data.spec.name)
     candidates = space.check_against(data, pool_draw=config.study.pool_draw)
-    return SearchContext(config, strategy, space, data, candidates, config.data.dev(data), config.data.test(data), expand)
+    return SearchContext(
+        config, strategy, space, data, candidates, config.data.dev(data), config.data.test(data), expand
+    )
 
 
 def require_variants(ctx: SearchContext) -> None:
     """A strategy that scores perturbed dev variants cannot run without something that makes them."""
     if ctx.strategy.needs_variants and ctx.expand is None:
-        raise ConfigError(f"strategy '{ctx.strategy.name}' needs perturbed variants of the dev items: run it through the "
-                          "promptopt CLI or pass expand= (promptopt.robustness.VariantExpander)")
+        raise ConfigError(
+            f"strategy '{ctx.strategy.name}' needs perturbed variants of the dev items: run it through the "
+            "promptopt CLI or pass expand= (promptopt.robustness.VariantExpander)"
+        )
 
 
 def check_search(config: SearchConfig, data, expand=None) -> None:
@@ -83,7 +87,9 @@ def check_prompts_fit(ctx: SearchContext, scorer) -> None:
     items = sorted(ctx.dev + ctx.test, key=by_size, reverse=True)[:3]
     for instruction_name, instruction in space.instructions.items():
         for template_name, template in space.templates.items():
-            prompt = Prompt(task=spec.name, instruction=instruction, exemplars=shots, template=space.widest_format(template))
+            prompt = Prompt(
+                task=spec.name, instruction=instruction, exemplars=shots, template=space.widest_format(template)
+            )
             try:
                 scorer.check_fits(prompt, items)
             except PromptTooLongError as exc:

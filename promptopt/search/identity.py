@@ -45,8 +45,13 @@ def identity(ctx: SearchContext) -> dict:
 def _legacy_identity(stored_config: dict) -> dict:
     """The comparable part of a study created before identities were recorded."""
     data, study, model = stored_config.get("data", {}), stored_config.get("study", {}), stored_config.get("model", {})
-    return {"subsets": list(data.get("subsets") or []), "dev_limit": data.get("dev_limit"), "strategy": study.get("strategy"),
-            "model": model.get("spec"), "quantize": model.get("quantize")}
+    return {
+        "subsets": list(data.get("subsets") or []),
+        "dev_limit": data.get("dev_limit"),
+        "strategy": study.get("strategy"),
+        "model": model.get("spec"),
+        "quantize": model.get("quantize"),
+    }
 
 
 # Fields added to the identity after studies were first recorded, and what a study without them meant.
@@ -78,7 +83,9 @@ def check_study(config: SearchConfig, storage, current: dict) -> None:
     stored = stored_study(config, storage)
     where = redact(config.storage_url)
     if stored is not None and not config.study.resume:
-        raise UserError(f"study '{config.name}' already exists in {where}: pass --resume to continue it, or choose another --out / --study-name")
+        raise UserError(
+            f"study '{config.name}' already exists in {where}: pass --resume to continue it, or choose another --out / --study-name"
+        )
     if stored is None and config.study.resume:
         raise UserError(f"--resume: no study '{config.name}' in {where}")
     if stored is not None:
@@ -88,7 +95,11 @@ def check_study(config: SearchConfig, storage, current: dict) -> None:
 def check_same_study(config: SearchConfig, stored, current: dict) -> None:
     """A stored study (summary) means what `current` means, else one UserError naming the first field."""
     attrs = stored.user_attrs
-    then = json.loads(attrs["identity"]) if "identity" in attrs else _legacy_identity(json.loads(attrs.get("config", "{}")))
+    then = (
+        json.loads(attrs["identity"])
+        if "identity" in attrs
+        else _legacy_identity(json.loads(attrs.get("config", "{}")))
+    )
     check_resumable(config.name, then, current)
 
 

@@ -23,12 +23,23 @@ def write_outputs(ctx: SearchContext, study, cached, wall: float, hits_before: i
     from promptopt.scoring import summarize
 
     config, out = ctx.config, Path(ctx.config.out)
-    trials = study.trials_dataframe(attrs=("number", "value" if not ctx.strategy.multi_objective else "values", "state", "params", "user_attrs", "duration"))
+    trials = study.trials_dataframe(
+        attrs=(
+            "number",
+            "value" if not ctx.strategy.multi_objective else "values",
+            "state",
+            "params",
+            "user_attrs",
+            "duration",
+        )
+    )
     write_parquet_and_csv(trials, out / "trials")
     pareto = None
     if ctx.strategy.multi_objective:
         front = study.best_trials
-        pareto = pd.DataFrame([{"number": t.number, "accuracy": t.values[0], "signed_stability": t.values[1], **t.params} for t in front])
+        pareto = pd.DataFrame(
+            [{"number": t.number, "accuracy": t.values[0], "signed_stability": t.values[1], **t.params} for t in front]
+        )
         write_parquet_and_csv(pareto, out / "pareto_front")
     candidates = _candidates(study, ctx.strategy)
     winner, selection = select_winner(ctx.strategy, candidates)
@@ -61,16 +72,39 @@ def write_outputs(ctx: SearchContext, study, cached, wall: float, hits_before: i
     hits, misses = cached.cache.hits - hits_before, cached.cache.misses - misses_before
     hit_rate = hits / (hits + misses) if hits + misses else float("nan")
     duplicates = sum(is_duplicate(t) for t in study.get_trials(deepcopy=False))
-    result = SearchResult(config, trials, best.params, best.number, prompt, dev, test, card_path, wall, hit_rate, pareto,
-                          selection=selection, ranking=_ranking(ctx.strategy, candidates, winner), duplicates_skipped=duplicates,
-                          pairs_scored=pairs_scored)
+    result = SearchResult(
+        config,
+        trials,
+        best.params,
+        best.number,
+        prompt,
+        dev,
+        test,
+        card_path,
+        wall,
+        hit_rate,
+        pareto,
+        selection=selection,
+        ranking=_ranking(ctx.strategy, candidates, winner),
+        duplicates_skipped=duplicates,
+        pairs_scored=pairs_scored,
+    )
     for entry in result.ranking:
         entry["prompt"] = decode(ctx, entry["params"])
-    summary = {"study": config.name, "storage": redact(config.storage_url), "best_trial": best.number, "best_params": best.params,
-               "selection": selection,
-               "dev": dev, "test": test, "wall_seconds": wall, "cache_hit_rate": result.cache_hit_rate,
-               "trials": {s: int((trials["state"] == s).sum()) for s in trials["state"].unique()},
-               "duplicates_skipped": duplicates, "pairs_scored": pairs_scored}
+    summary = {
+        "study": config.name,
+        "storage": redact(config.storage_url),
+        "best_trial": best.number,
+        "best_params": best.params,
+        "selection": selection,
+        "dev": dev,
+        "test": test,
+        "wall_seconds": wall,
+        "cache_hit_rate": result.cache_hit_rate,
+        "trials": {s: int((trials["state"] == s).sum()) for s in trials["state"].unique()},
+        "duplicates_skipped": duplicates,
+        "pairs_scored": pairs_scored,
+    }
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=1, default=str))
     return result
 
@@ -79,13 +113,26 @@ def _candidates(study, strategy) -> list[dict]:
     """Finished trials as the selection rule sees them (the Pareto front for multi-objective studies)."""
     from optuna.trial import TrialState
 
-    trials = study.best_trials if strategy.multi_objective else study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    trials = (
+        study.best_trials
+        if strategy.multi_objective
+        else study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    )
     out = []
     for t in trials:
         metrics = t.user_attrs.get("metrics", {})
-        out.append({"number": t.number, "ordinal": t.user_attrs.get("ordinal", t.number), "params": t.params, "value": t.value if not strategy.multi_objective else None,
-                    "values": t.values, "accuracy": metrics.get("accuracy", float("nan")), "n": metrics.get("n", 0),
-                    "signed_stability": metrics.get("signed_stability", float("-inf"))})
+        out.append(
+            {
+                "number": t.number,
+                "ordinal": t.user_attrs.get("ordinal", t.number),
+                "params": t.params,
+                "value": t.value if not strategy.multi_objective else None,
+                "values": t.values,
+                "accuracy": metrics.get("accuracy", float("nan")),
+                "n": metrics.get("n", 0),
+                "signed_stability": metrics.get("signed_stability", float("-inf")),
+            }
+        )
     return out
 
 

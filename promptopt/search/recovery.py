@@ -208,11 +208,11 @@ def storage_errors(config: SearchConfig):
         if cause is None:
             raise
         if "disk is full" in str(cause):
-            raise StorageError(f"cannot write the storage {redact(config.storage_url)}: database or disk is full; free some "
-                               "space and run again (a study that has finished trials is continued with --resume)") from None
+            raise StorageError(
+                f"cannot write the storage {redact(config.storage_url)}: database or disk is full; free some "
+                "space and run again (a study that has finished trials is continued with --resume)"
+            ) from None
         raise StorageError(
             f"lost the storage {redact(config.storage_url)} ({first_line(getattr(cause, 'orig', None) or cause)}); "
             "a trial left RUNNING is failed and re-run by --resume"
         ) from None
-
-

@@ -76,7 +76,9 @@ class SearchSpace:
         if not data.pool:
             raise DataError(f"{self.where}: the exemplar pool of task {self.task} is empty")
         if self.k_max > len(data.pool):
-            raise ConfigError(f"{self.where}: exemplars.k: k up to {self.k_max} but the pool has only {len(data.pool)} items")
+            raise ConfigError(
+                f"{self.where}: exemplars.k: k up to {self.k_max} but the pool has only {len(data.pool)} items"
+            )
         if self.k_max > self.candidates:
             raise ConfigError(f"{self.where}: exemplars.k: k up to {self.k_max} but only {self.candidates} candidates")
         if self.candidates > len(data.pool):
@@ -109,8 +111,12 @@ class SearchSpace:
         instruction = trial.suggest_categorical("instruction", list(self.instructions))
         template = self.templates[trial.suggest_categorical("template", list(self.templates))]
         if self.formats:
-            template = PromptFormat(**{name: trial.suggest_categorical(f"format_{name}", list(choices))
-                                       for name, choices in self.formats.items()}).apply(template)
+            template = PromptFormat(
+                **{
+                    name: trial.suggest_categorical(f"format_{name}", list(choices))
+                    for name, choices in self.formats.items()
+                }
+            ).apply(template)
         k = trial.suggest_int("k", self.k_min, self.k_max)
         if k == 0:  # no shots: the keys would mean nothing, and sampling them would make duplicate prompts
             return Prompt(task=spec.name, instruction=self.instructions[instruction], template=template)
@@ -120,7 +126,6 @@ class SearchSpace:
             chosen = [chosen[i] for i in _suggest_permutation(trial, k)]
         shots = tuple(candidates[i].as_exemplar() for i in chosen)
         return Prompt(task=spec.name, instruction=self.instructions[instruction], exemplars=shots, template=template)
-
 
 
 def _suggest_permutation(trial, k: int) -> list[int]:
@@ -154,7 +159,11 @@ def parse_space(data: dict, where: str) -> SearchSpace:
     k_range = e.get("k", (list, int))
     if isinstance(k_range, int):
         k_range = [k_range, k_range]
-    if len(k_range) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) for x in k_range) or not 0 <= k_range[0] <= k_range[1]:
+    if (
+        len(k_range) != 2
+        or not all(isinstance(x, int) and not isinstance(x, bool) for x in k_range)
+        or not 0 <= k_range[0] <= k_range[1]
+    ):
         raise e.fail("k", "[min, max] with 0 <= min <= max", k_range)
     candidates = e.get("candidates", int, max(k_range[1], 8))
     if candidates < max(1, k_range[1]):

@@ -34,7 +34,11 @@ def make_storage(config: SearchConfig):
         except OSError as exc:
             raise cannot_write(path.parent, exc) from None
     engine_kwargs = {"creator": lambda: _sqlite_connection(path)} if path is not None else {"pool_pre_ping": True}
-    callback_kw = "heartbeat_stale_trial_callback" if hasattr(storages, "RetryHeartbeatStaleTrialCallback") else "failed_trial_callback"
+    callback_kw = (
+        "heartbeat_stale_trial_callback"
+        if hasattr(storages, "RetryHeartbeatStaleTrialCallback")
+        else "failed_trial_callback"
+    )
     for attempt in (1, 2):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # heartbeat and the retry callback are "experimental" in Optuna
@@ -101,8 +105,10 @@ def claim_sqlite_file(config: SearchConfig) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
     except FileExistsError:
-        raise UserError(f"study '{config.name}' already exists in {redact(config.storage_url)} (another run created it just "
-                        "now): pass --resume to continue it, or choose another --out / --study-name") from None
+        raise UserError(
+            f"study '{config.name}' already exists in {redact(config.storage_url)} (another run created it just "
+            "now): pass --resume to continue it, or choose another --out / --study-name"
+        ) from None
     except OSError as exc:
         raise cannot_write(path, exc) from None
 
@@ -118,7 +124,9 @@ def remove_new_sqlite(config: SearchConfig, storage) -> bool:
         if storage is not None:
             studies = optuna.get_all_study_summaries(storage, include_best_trial=False)
             for summary in studies:
-                trials = storage.get_all_trials(summary._study_id, deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+                trials = storage.get_all_trials(
+                    summary._study_id, deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)
+                )
                 if trials:
                     return False  # finished work: --resume continues from it
             storage.engine.dispose()
@@ -168,7 +176,10 @@ def stored_study(config: SearchConfig, storage):
 
     if storage is None:
         return None
-    return next((s for s in optuna.get_all_study_summaries(storage, include_best_trial=False) if s.study_name == config.name), None)
+    return next(
+        (s for s in optuna.get_all_study_summaries(storage, include_best_trial=False) if s.study_name == config.name),
+        None,
+    )
 
 
 def worker_seed(seed: int, index: int) -> int:
@@ -192,8 +203,11 @@ def sampling_state(study, trial) -> tuple[int, bool]:
     A prompt skipped as a duplicate (`duplicate_of`) counts, and the trial after it samples at random."""
     from optuna.trial import TrialState
 
-    before = [t for t in study.get_trials(deepcopy=False) if t.number < trial.number
-              and (t.state != TrialState.FAIL or "duplicate_of" in t.user_attrs)]
+    before = [
+        t
+        for t in study.get_trials(deepcopy=False)
+        if t.number < trial.number and (t.state != TrialState.FAIL or "duplicate_of" in t.user_attrs)
+    ]
     return len(before), bool(before) and "duplicate_of" in before[-1].user_attrs
 
 
@@ -248,7 +262,9 @@ def sampler(config: SearchConfig, strategy: Strategy, seed: int):
             warnings.simplefilter("ignore")
             if strategy.multi_objective:
                 return NSGAIISampler(seed=trial_seed, population_size=max(4, min(50, trials // 3)))
-            return TPESampler(seed=trial_seed, n_startup_trials=max(1, min(10, trials // 3)), multivariate=True, group=True)
+            return TPESampler(
+                seed=trial_seed, n_startup_trials=max(1, min(10, trials // 3)), multivariate=True, group=True
+            )
 
     return _trial_seeded()(make, seed)
 
@@ -263,19 +279,29 @@ def pruner(config: SearchConfig, strategy: Strategy):
         return WilcoxonPruner(p_threshold=0.1, n_startup_steps=config.study.minibatch)
 
 
-def open_study(config: SearchConfig, strategy: Strategy, storage, *, index: int, create: bool,
-                current: dict | None = None):
+def open_study(
+    config: SearchConfig, strategy: Strategy, storage, *, index: int, create: bool, current: dict | None = None
+):
     """Create the study (recording its public config and identity) or load it, with this worker's sampler."""
     import optuna
 
     the_sampler = sampler(config, strategy, worker_seed(config.study.seed, index))
     if not create:
-        return optuna.load_study(study_name=config.name, storage=storage, sampler=the_sampler, pruner=pruner(config, strategy))
+        return optuna.load_study(
+            study_name=config.name, storage=storage, sampler=the_sampler, pruner=pruner(config, strategy)
+        )
     try:
-        study = optuna.create_study(study_name=config.name, storage=storage, directions=list(strategy.directions),
-                                    sampler=the_sampler, pruner=pruner(config, strategy))
+        study = optuna.create_study(
+            study_name=config.name,
+            storage=storage,
+            directions=list(strategy.directions),
+            sampler=the_sampler,
+            pruner=pruner(config, strategy),
+        )
     except optuna.exceptions.DuplicatedStudyError:
-        raise UserError(f"study '{config.name}' was just created by another process: pass --resume to join it") from None
+        raise UserError(
+            f"study '{config.name}' was just created by another process: pass --resume to join it"
+        ) from None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         study.set_metric_names(["accuracy", "signed_stability"] if strategy.multi_objective else [strategy.name])

@@ -119,8 +119,10 @@ def stable_within_ci(name: str, candidates: list[dict]) -> tuple[dict, str]:
     low, _ = wilson_interval(round(best["accuracy"] * best["n"]), best["n"])
     eligible = [t for t in candidates if t["accuracy"] >= low]
     winner = max(eligible, key=lambda t: (t["signed_stability"], t["accuracy"], -t["number"]))
-    how = (f"most stable (mean signed stability {winner['signed_stability']:.3f}) of {len(eligible)} trials whose dev "
-           f"accuracy is inside the best trial's 95% interval (≥ {low:.3f}; best #{best['number']} at {best['accuracy']:.3f})")
+    how = (
+        f"most stable (mean signed stability {winner['signed_stability']:.3f}) of {len(eligible)} trials whose dev "
+        f"accuracy is inside the best trial's 95% interval (≥ {low:.3f}; best #{best['number']} at {best['accuracy']:.3f})"
+    )
     return winner, how
 
 
@@ -155,7 +157,9 @@ class Strategy:
         if (self.item_values is None) == (self.trial_values is None):
             raise ValueError(f"strategy {self.name!r}: give exactly one of item_values and trial_values")
         if self.multi_fidelity and (not self.needs_variants or self.screen_values is None or self.multi_objective):
-            raise ValueError(f"strategy {self.name!r}: multi_fidelity needs needs_variants, screen_values and item_values")
+            raise ValueError(
+                f"strategy {self.name!r}: multi_fidelity needs needs_variants, screen_values and item_values"
+            )
 
     @property
     def multi_objective(self) -> bool:
@@ -191,18 +195,44 @@ def register_strategy(strategy: Strategy) -> Strategy:
 
 for _strategy in (
     Strategy(name="accuracy", description="dev accuracy only", item_values=accuracy_values),
-    Strategy(name="ppl", description="−NLL per token of the gold final answer (the δ_TCB paper's PPL-guided baseline)",
-             item_values=answer_nll_values),
-    Strategy(name="ppl_solution", description="−NLL per token of the whole reference target", item_values=solution_nll_values),
-    Strategy(name="acc_ppl", description=f"accuracy − {LAMBDA_PPL}·NLL per token of the whole target", item_values=accuracy_ppl_values),
-    Strategy(name="tcb", description="most stable prompt among those as accurate as the best (95% interval)",
-             item_values=accuracy_tcb_values, choose=stable_within_ci),
-    Strategy(name="acc_tcb", description=f"accuracy + {LAMBDA_TCB}·mean signed stability", item_values=accuracy_tcb_values),
-    Strategy(name="pareto", description="Pareto front of (accuracy, mean signed stability)", trial_values=pareto_values,
-             choose=front_best_accuracy),
-    Strategy(name="robust", description="dev accuracy counting an item only if its cheap perturbed variants are right too "
-             "(variants scored only for trials alive under the accuracy pruner that can still win)",
-             item_values=robust_values, needs_variants=True, multi_fidelity=True, screen_values=accuracy_values, version=2),
+    Strategy(
+        name="ppl",
+        description="−NLL per token of the gold final answer (the δ_TCB paper's PPL-guided baseline)",
+        item_values=answer_nll_values,
+    ),
+    Strategy(
+        name="ppl_solution", description="−NLL per token of the whole reference target", item_values=solution_nll_values
+    ),
+    Strategy(
+        name="acc_ppl",
+        description=f"accuracy − {LAMBDA_PPL}·NLL per token of the whole target",
+        item_values=accuracy_ppl_values,
+    ),
+    Strategy(
+        name="tcb",
+        description="most stable prompt among those as accurate as the best (95% interval)",
+        item_values=accuracy_tcb_values,
+        choose=stable_within_ci,
+    ),
+    Strategy(
+        name="acc_tcb", description=f"accuracy + {LAMBDA_TCB}·mean signed stability", item_values=accuracy_tcb_values
+    ),
+    Strategy(
+        name="pareto",
+        description="Pareto front of (accuracy, mean signed stability)",
+        trial_values=pareto_values,
+        choose=front_best_accuracy,
+    ),
+    Strategy(
+        name="robust",
+        description="dev accuracy counting an item only if its cheap perturbed variants are right too "
+        "(variants scored only for trials alive under the accuracy pruner that can still win)",
+        item_values=robust_values,
+        needs_variants=True,
+        multi_fidelity=True,
+        screen_values=accuracy_values,
+        version=2,
+    ),
 ):
     register_strategy(_strategy)
 

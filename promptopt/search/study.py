@@ -19,19 +19,40 @@ from pathlib import Path
 
 from promptopt.errors import ConfigError
 from promptopt.search.config import SearchConfig, sqlite_path
-from promptopt.search.context import SearchContext, SearchResult, build_context, check_prompts_fit, note, require_variants
+from promptopt.search.context import (
+    SearchContext,
+    SearchResult,
+    build_context,
+    check_prompts_fit,
+    note,
+    require_variants,
+)
 from promptopt.search.identity import check_same_study, check_study, identity, scrub_stored_config
 from promptopt.search.outputs import report_leftovers, write_outputs
 from promptopt.search.recovery import counts, fault_point, storage_errors, worker_name
-from promptopt.search.storage import (claim_sqlite_file, existing_storage, make_storage, open_study, quiet_optuna,
-                                      remove_new_sqlite, stored_study)
+from promptopt.search.storage import (
+    claim_sqlite_file,
+    existing_storage,
+    make_storage,
+    open_study,
+    quiet_optuna,
+    remove_new_sqlite,
+    stored_study,
+)
 from promptopt.search.trial import optimize
 from promptopt.search.workers import workers
 from promptopt.yamlio import atomic_write_text, check_output
 
 
-def run_search(config: SearchConfig, *, scorer=None, data=None, expand=None, show_progress: bool = True,
-               enqueue: tuple[dict, ...] = ()) -> SearchResult:
+def run_search(
+    config: SearchConfig,
+    *,
+    scorer=None,
+    data=None,
+    expand=None,
+    show_progress: bool = True,
+    enqueue: tuple[dict, ...] = (),
+) -> SearchResult:
     """Run (or resume) the study of `config` and write its run directory.
 
     `scorer`: a CachedScorer to use (an experiment session passes its own, so the model is loaded once);
@@ -62,11 +83,15 @@ def run_search(config: SearchConfig, *, scorer=None, data=None, expand=None, sho
         check_study(config, storage, current)  # exists iff --resume; a resumed study means the same thing
         exists = storage is not None
     start = time.perf_counter()
-    factory = ScorerFactory(model=config.model, data=config.data, cache_path=str(out / "cache.sqlite"), batch_size=config.batch_size)
+    factory = ScorerFactory(
+        model=config.model, data=config.data, cache_path=str(out / "cache.sqlite"), batch_size=config.batch_size
+    )
     if scorer is None:  # a model or cache that fails to load fails here, before anything is written
         scorer = factory.build(data)
     else:
-        factory = ScorerFactory(model=config.model, data=config.data, cache_path=str(scorer.cache.path), batch_size=config.batch_size)
+        factory = ScorerFactory(
+            model=config.model, data=config.data, cache_path=str(scorer.cache.path), batch_size=config.batch_size
+        )
     check_prompts_fit(ctx, scorer)
     creates = not exists and sqlite_path(config.storage_url) is not None
     fault_point("create-storage")
@@ -114,8 +139,16 @@ def study_exists(config: SearchConfig, data, expand=None) -> bool:
     return stored is not None
 
 
-def _run(ctx: SearchContext, storage, cached, factory, current: dict, start: float, show_progress: bool,
-         enqueue: tuple[dict, ...] = ()) -> SearchResult:
+def _run(
+    ctx: SearchContext,
+    storage,
+    cached,
+    factory,
+    current: dict,
+    start: float,
+    show_progress: bool,
+    enqueue: tuple[dict, ...] = (),
+) -> SearchResult:
     """The study, its workers and the run directory, once everything is validated."""
     from tqdm.auto import tqdm
 
@@ -131,7 +164,9 @@ def _run(ctx: SearchContext, storage, cached, factory, current: dict, start: flo
     atomic_write_text(out / "config.json", json.dumps(config.public_dict(), indent=1))
     atomic_write_text(out / "splits.json", json.dumps(ctx.data.carving(), indent=1))
     budget = config.study.trials
-    bar = tqdm(total=budget, initial=min(counts(study)[0], budget), desc=f"search {config.name}", disable=not show_progress)
+    bar = tqdm(
+        total=budget, initial=min(counts(study)[0], budget), desc=f"search {config.name}", disable=not show_progress
+    )
 
     def progress(study_, trial_):
         bar.n = min(counts(study_)[0], budget)

@@ -183,12 +183,18 @@ def multi_fidelity_value(ctx: SearchContext, cached: CachingScorer, trial, promp
     robust, frames = 0, []
     for start in range(0, n, minibatch):  # rung 2: variants of the clean-correct items, while the trial can win
         batch, table = dev[start : start + minibatch], clean.iloc[start : start + minibatch]
-        groups = ctx.expand(cached, prompt, batch) if table["correct"].astype(bool).any() else []  # whole batch: same variants
+        groups = (
+            ctx.expand(cached, prompt, batch) if table["correct"].astype(bool).any() else []
+        )  # whole batch: same variants
         table = with_robust_correct(table, groups, cached, lazy=True)
         frames.append(table)
         robust += int(table["robust_correct"].sum())
         open_items -= int(table["correct"].astype(bool).sum())
-        if start + minibatch < n and pruning and cannot_win(robust + open_items, incumbent(trial.study, n), trial.number):
+        if (
+            start + minibatch < n
+            and pruning
+            and cannot_win(robust + open_items, incumbent(trial.study, n), trial.number)
+        ):
             raise _prune(trial, clean, "variants", (robust + open_items) / n)
     full = pd.concat(frames, ignore_index=True)
     trial.set_user_attr("metrics", trial_summary(full))
@@ -218,8 +224,10 @@ def optimize(ctx: SearchContext, study, cached: CachingScorer, progress, worker:
             return
         if not waiting and done + running >= budget:
             if waiting_since is None and note is not None:
-                note(f"waiting for {running} trial(s) running elsewhere to finish, or to go stale "
-                     f"(at most {study_config.grace_period}s after their process died) and be re-run here")
+                note(
+                    f"waiting for {running} trial(s) running elsewhere to finish, or to go stale "
+                    f"(at most {study_config.grace_period}s after their process died) and be re-run here"
+                )
             waiting_since = waiting_since or time.monotonic()
             time.sleep(min(2.0, study_config.heartbeat_interval))
             continue
@@ -235,6 +243,8 @@ def optimize(ctx: SearchContext, study, cached: CachingScorer, progress, worker:
         duplicates_in_a_row = duplicates_in_a_row + 1 if last is not None and is_duplicate(last) else 0
         if duplicates_in_a_row >= MAX_DUPLICATES_IN_A_ROW:
             if note is not None:
-                note(f"stopped with {done} of {budget} trials: the last {duplicates_in_a_row} samples all decoded to prompts "
-                     "already evaluated, so the space holds few other prompts the sampler finds")
+                note(
+                    f"stopped with {done} of {budget} trials: the last {duplicates_in_a_row} samples all decoded to prompts "
+                    "already evaluated, so the space holds few other prompts the sampler finds"
+                )
             return

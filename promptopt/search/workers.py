@@ -53,7 +53,10 @@ def workers(config: SearchConfig, factory, expand=None):
     spawn = multiprocessing.get_context("spawn")
     errors = spawn.Queue() if n > 1 else None
     ready = [spawn.Event() for _ in range(1, n)]
-    procs = [spawn.Process(target=worker_main, args=(config.to_dict(), factory, i, ready[i - 1], errors, expand)) for i in range(1, n)]
+    procs = [
+        spawn.Process(target=worker_main, args=(config.to_dict(), factory, i, ready[i - 1], errors, expand))
+        for i in range(1, n)
+    ]
     for proc in procs:
         proc.start()
     ok = False
@@ -72,7 +75,9 @@ def workers(config: SearchConfig, factory, expand=None):
     failed = [proc.exitcode for proc in procs if proc.exitcode]
     if failed:
         message = errors.get(timeout=1) if errors is not None and not errors.empty() else None
-        raise UserError(message or f"{len(failed)} worker process(es) failed (exit codes {failed}); see their output above")
+        raise UserError(
+            message or f"{len(failed)} worker process(es) failed (exit codes {failed}); see their output above"
+        )
 
 
 def _interrupt(procs, grace: float = 5.0) -> None:

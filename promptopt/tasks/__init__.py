@@ -11,10 +11,17 @@ from __future__ import annotations
 import importlib
 
 _LAZY = {
-    "ANSWER_TYPES": "answers", "AnswerType": "answers", "get_answer_type": "answers", "register": "answers",
-    "DataConfig": "data", "TaskData": "data", "load_task_data": "data",
+    "ANSWER_TYPES": "answers",
+    "AnswerType": "answers",
+    "get_answer_type": "answers",
+    "register": "answers",
+    "DataConfig": "data",
+    "TaskData": "data",
+    "load_task_data": "data",
     "Item": "item",
-    "TaskSpec": "spec", "builtin_task_names": "spec", "load_task_spec": "spec",
+    "TaskSpec": "spec",
+    "builtin_task_names": "spec",
+    "load_task_spec": "spec",
 }
 
 
@@ -34,5 +41,17 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'promptopt.tasks' has no attribute {name!r}")
 
 
-__all__ = ["ANSWER_TYPES", "AnswerType", "DataConfig", "Item", "TaskData", "TaskSpec", "builtin_task_names", "get_answer_type",
-           "load_task", "load_task_data", "load_task_spec", "register"]
+__all__ = [
+    "ANSWER_TYPES",
+    "AnswerType",
+    "DataConfig",
+    "Item",
+    "TaskData",
+    "TaskSpec",
+    "builtin_task_names",
+    "get_answer_type",
+    "load_task",
+    "load_task_data",
+    "load_task_spec",
+    "register",
+]

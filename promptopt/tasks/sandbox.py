@@ -124,7 +124,9 @@ def bwrap_available() -> bool:
 # --- running and killing -------------------------------------------------------------------------------
 
 
-def _execute(argv: list[str], *, timeout: float, output_limit: int, mark: bool = True, **popen) -> tuple[int, bytes, str]:
+def _execute(
+    argv: list[str], *, timeout: float, output_limit: int, mark: bool = True, **popen
+) -> tuple[int, bytes, str]:
     """Run argv in its own session; return (exit status, stderr, "" | "timeout" | "output_limit").
 
     Never blocks past the deadline: pipes are read as data comes, the program's exit is watched without
@@ -136,7 +138,11 @@ def _execute(argv: list[str], *, timeout: float, output_limit: int, mark: bool =
         popen["env"] = {**popen.get("env", {}), _TOKEN_ENV: token}
     start = time.monotonic()
     proc = subprocess.Popen(
-        argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
         **popen,
     )
     pipes = {proc.stdout.fileno(): proc.stdout, proc.stderr.fileno(): proc.stderr}
@@ -264,7 +270,9 @@ def _run_local(program: str, *, limit_arg: str, **budget) -> tuple[int, bytes, s
         python = _interpreter()
         return _execute(
             [python, "-I", "-S", "-B", "-c", _LAUNCH, limit_arg, path],
-            cwd=folder, env={"PATH": "/usr/bin:/bin", "HOME": folder, "OPENBLAS_NUM_THREADS": "1"}, **budget,
+            cwd=folder,
+            env={"PATH": "/usr/bin:/bin", "HOME": folder, "OPENBLAS_NUM_THREADS": "1"},
+            **budget,
         )
 
 
@@ -278,17 +286,44 @@ def _run_bwrap(program: str, *, plan: str, limit_arg: str, **budget) -> tuple[in
         if plan == "userns":
             fds.append(_userns_fd())
             popen = {"user": SANDBOX_ID, "group": SANDBOX_ID, "extra_groups": []}
-            namespaces = ["--userns", str(fds[1]), "--unshare-pid", "--unshare-net", "--unshare-ipc",
-                          "--unshare-uts", "--unshare-cgroup-try"]
+            namespaces = [
+                "--userns",
+                str(fds[1]),
+                "--unshare-pid",
+                "--unshare-net",
+                "--unshare-ipc",
+                "--unshare-uts",
+                "--unshare-cgroup-try",
+            ]
         else:
             namespaces = ["--unshare-all", "--unshare-user", "--disable-userns"]
         ids = str(SANDBOX_ID)
         mounts, python, env = _filesystem(_interpreter())
         argv = [
-            shutil.which("bwrap") or "bwrap", *namespaces, "--die-with-parent", "--new-session", "--uid", ids, "--gid", ids,
-            *mounts, "--clearenv", *(arg for name, value in env.items() for arg in ("--setenv", name, value)),
-            "--file", str(fds[0]), f"{WORK}/program.py", "--chdir", WORK,
-            python, "-I", "-S", "-B", "-c", _LAUNCH, limit_arg, f"{WORK}/program.py",
+            shutil.which("bwrap") or "bwrap",
+            *namespaces,
+            "--die-with-parent",
+            "--new-session",
+            "--uid",
+            ids,
+            "--gid",
+            ids,
+            *mounts,
+            "--clearenv",
+            *(arg for name, value in env.items() for arg in ("--setenv", name, value)),
+            "--file",
+            str(fds[0]),
+            f"{WORK}/program.py",
+            "--chdir",
+            WORK,
+            python,
+            "-I",
+            "-S",
+            "-B",
+            "-c",
+            _LAUNCH,
+            limit_arg,
+            f"{WORK}/program.py",
         ]
         # bwrap's own environment is empty too: it is the sandbox's PID 1, readable in /proc/1/environ
         return _execute(argv, cwd="/", env={}, mark=False, pass_fds=fds, **popen, **budget)
@@ -317,7 +352,7 @@ def _filesystem(python: str) -> tuple[list[str], str, dict[str, str]]:
     prefixes = (sys.base_prefix, sys.base_exec_prefix, os.path.dirname(os.path.dirname(python)))
     roots = sorted({os.path.realpath(p) for p in prefixes if not _under(os.path.realpath(p), "/usr")})
     moved = {root: PYTHON_ROOT if len(roots) == 1 else root for root in roots}  # several roots: keep their paths
-    inside = lambda path: next((moved[r] + path[len(r):] for r in roots if _under(path, r)), path)  # noqa: E731
+    inside = lambda path: next((moved[r] + path[len(r) :] for r in roots if _under(path, r)), path)  # noqa: E731
     for root in roots:
         args += ["--ro-bind", root, moved[root]]
     for folder in _site_packages(python):
@@ -349,8 +384,14 @@ def _userns_fd() -> int:
     bwrap joins it (--userns) running as SANDBOX_ID: root-owned files such as an interpreter under /root stay
     bindable, while generated code runs as SANDBOX_ID outside too, so RLIMIT_NPROC applies (root is exempt)."""
     helper = subprocess.Popen(
-        ["unshare", "--user", "/bin/sh", "-c", "echo; read _"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        cwd="/", env={"PATH": "/usr/bin:/bin"}, user=SANDBOX_ID, group=SANDBOX_ID, extra_groups=[],
+        ["unshare", "--user", "/bin/sh", "-c", "echo; read _"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        cwd="/",
+        env={"PATH": "/usr/bin:/bin"},
+        user=SANDBOX_ID,
+        group=SANDBOX_ID,
+        extra_groups=[],
     )
     try:
         if not helper.stdout.readline():
@@ -379,14 +420,19 @@ def _probe() -> str | None:
     errors = []
     for plan in plans:
         try:
-            code, err, reason = _run_bwrap("import json", plan=plan, limit_arg="NPROC=16", timeout=30.0,
-                                           output_limit=OUTPUT_LIMIT)
+            code, err, reason = _run_bwrap(
+                "import json", plan=plan, limit_arg="NPROC=16", timeout=30.0, output_limit=OUTPUT_LIMIT
+            )
         except OSError as exc:
             code, err, reason = -1, str(exc).encode(), ""
         if code == 0 and not reason:
             if plan == "plain" and os.geteuid() == 0:
-                warnings.warn("bubblewrap runs as root without util-linux `unshare`: generated code is isolated but "
-                              "its process count is not limited", RuntimeWarning, stacklevel=4)
+                warnings.warn(
+                    "bubblewrap runs as root without util-linux `unshare`: generated code is isolated but "
+                    "its process count is not limited",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
             return plan
         errors.append(f"{plan}: {reason or _failure(err, code)}")
     warnings.warn(f"{_BWRAP_WARNING} ({'; '.join(errors)})", RuntimeWarning, stacklevel=4)

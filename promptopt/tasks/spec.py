@@ -120,8 +120,21 @@ def _parse_fields(f: Fields, answer: AnswerType) -> dict[str, FieldSpec]:
 
 def parse_task(data: dict, where: str) -> TaskSpec:
     f = Fields(data, where)
-    f.reject_unknown({"name", "description", "source", "fields", "splits", "answer", "generation", "prompt",
-                      *_LM_EVAL_FIELDS, "target_delimiter", "fewshot_delimiter"})
+    f.reject_unknown(
+        {
+            "name",
+            "description",
+            "source",
+            "fields",
+            "splits",
+            "answer",
+            "generation",
+            "prompt",
+            *_LM_EVAL_FIELDS,
+            "target_delimiter",
+            "fewshot_delimiter",
+        }
+    )
     name = f.get("name", str)
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
         raise f.fail("name", "letters, digits, '_', '-' or '.'", name)

@@ -27,7 +27,9 @@ class ApproxResult:
 def approximation_gap(lm, frame: pd.DataFrame, *, eps: float = 1.0) -> ApproxResult:
     head = lm.output_head
     d_sigma2 = head.hidden_size * head.sigma2
-    table = frame[["source", "task", "item_id", "step", "token", "v_eff", "top_prob", "band", "tcb", "tcb_approx", "tcb_diffuse"]].copy()
+    table = frame[
+        ["source", "task", "item_id", "step", "token", "v_eff", "top_prob", "band", "tcb", "tcb_approx", "tcb_diffuse"]
+    ].copy()
     s2, s3 = frame["s2"].to_numpy(dtype=float), frame["s3"].to_numpy(dtype=float)
     expanded = s2 - 2 * s3 + s2**2
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -48,12 +50,16 @@ def summarize(table: pd.DataFrame) -> pd.DataFrame:
             ratio = ratio[np.isfinite(ratio) & (ratio > 0)]
             row = {"band": band, "approximation": "statistical" if name == "approx" else "V_eff limit", "n": len(ratio)}
             if len(ratio):
-                row.update({
-                    "median_ratio": float(np.median(ratio)), "q10": float(np.quantile(ratio, 0.1)), "q90": float(np.quantile(ratio, 0.9)),
-                    "geomean_ratio": float(np.exp(np.log(ratio).mean())),
-                    "within_2x": float(((ratio >= 0.5) & (ratio <= 2)).mean()),
-                    "spearman_vs_exact": spearman(ok[f"tcb_{name}"], ok["tcb"]),
-                })
+                row.update(
+                    {
+                        "median_ratio": float(np.median(ratio)),
+                        "q10": float(np.quantile(ratio, 0.1)),
+                        "q90": float(np.quantile(ratio, 0.9)),
+                        "geomean_ratio": float(np.exp(np.log(ratio).mean())),
+                        "within_2x": float(((ratio >= 0.5) & (ratio <= 2)).mean()),
+                        "spearman_vs_exact": spearman(ok[f"tcb_{name}"], ok["tcb"]),
+                    }
+                )
             if name == "approx":
                 row["expanded_off_gt_0.1pct"] = int((part["expanded_rel_error"] > 1e-3).sum())
             rows.append(row)

@@ -85,16 +85,36 @@ class ClassThresholds:
     how: dict  # threshold name -> how it was set, in words
 
     def table(self) -> pd.DataFrame:
-        rows = [("log_tcb_low", "log_tcb_low", self.log_tcb_low), ("log_tcb_high", "log_tcb_high", self.log_tcb_high),
-                (f"{self.confidence}_low", "conf_low", self.conf_low), (f"{self.confidence}_high", "conf_high", self.conf_high)]
-        return pd.DataFrame([{"threshold": label, "value": value,
-                              "tcb": 10.0 ** value if key.startswith("log_tcb") else float("nan"), "how": self.how[key]}
-                             for label, key, value in rows])
+        rows = [
+            ("log_tcb_low", "log_tcb_low", self.log_tcb_low),
+            ("log_tcb_high", "log_tcb_high", self.log_tcb_high),
+            (f"{self.confidence}_low", "conf_low", self.conf_low),
+            (f"{self.confidence}_high", "conf_high", self.conf_high),
+        ]
+        return pd.DataFrame(
+            [
+                {
+                    "threshold": label,
+                    "value": value,
+                    "tcb": 10.0**value if key.startswith("log_tcb") else float("nan"),
+                    "how": self.how[key],
+                }
+                for label, key, value in rows
+            ]
+        )
 
 
-def class_thresholds(frame: pd.DataFrame, *, confidence: str = "top_prob", low_q: float = 0.25, high_q: float = 0.75,
-                     log_tcb_low: float | None = None, log_tcb_high: float | None = None,
-                     conf_low: float | None = None, conf_high: float | None = None) -> ClassThresholds:
+def class_thresholds(
+    frame: pd.DataFrame,
+    *,
+    confidence: str = "top_prob",
+    low_q: float = 0.25,
+    high_q: float = 0.75,
+    log_tcb_low: float | None = None,
+    log_tcb_high: float | None = None,
+    conf_low: float | None = None,
+    conf_high: float | None = None,
+) -> ClassThresholds:
     """L, H on log10 δ_TCB and C_L, C_H on the confidence signal: given, or the low_q / high_q quantiles of
     the items' values (finite values only)."""
     if confidence not in CONFIDENCE_SIGNALS:
@@ -105,9 +125,12 @@ def class_thresholds(frame: pd.DataFrame, *, confidence: str = "top_prob", low_q
         raise UserError(f"quantiles: expected 0 ≤ low ≤ high ≤ 1, got {low_q}, {high_q}")
     x, c = log10_tcb(frame["tcb"]), frame[confidence].to_numpy(dtype=float)
     how, values = {}, {}
-    for name, given, data, q, what in (("log_tcb_low", log_tcb_low, x, low_q, "log10 δ_TCB"),
-                                       ("log_tcb_high", log_tcb_high, x, high_q, "log10 δ_TCB"),
-                                       ("conf_low", conf_low, c, low_q, confidence), ("conf_high", conf_high, c, high_q, confidence)):
+    for name, given, data, q, what in (
+        ("log_tcb_low", log_tcb_low, x, low_q, "log10 δ_TCB"),
+        ("log_tcb_high", log_tcb_high, x, high_q, "log10 δ_TCB"),
+        ("conf_low", conf_low, c, low_q, confidence),
+        ("conf_high", conf_high, c, high_q, confidence),
+    ):
         if given is None:
             values[name] = _quantile(data, q)
             how[name] = f"q{100 * q:g} of {what} over {int(np.isfinite(data).sum())} items"
@@ -115,10 +138,16 @@ def class_thresholds(frame: pd.DataFrame, *, confidence: str = "top_prob", low_q
             values[name] = float(given)
             how[name] = "given"
     if values["log_tcb_low"] > values["log_tcb_high"]:
-        raise UserError(f"δ_TCB thresholds: low {values['log_tcb_low']:.4g} is above high {values['log_tcb_high']:.4g} (log10 δ_TCB)")
+        raise UserError(
+            f"δ_TCB thresholds: low {values['log_tcb_low']:.4g} is above high {values['log_tcb_high']:.4g} (log10 δ_TCB)"
+        )
     if values["conf_low"] > values["conf_high"]:
-        raise UserError(f"{confidence} thresholds: low {values['conf_low']:.4g} is above high {values['conf_high']:.4g}")
-    return ClassThresholds(values["log_tcb_low"], values["log_tcb_high"], confidence, values["conf_low"], values["conf_high"], how)
+        raise UserError(
+            f"{confidence} thresholds: low {values['conf_low']:.4g} is above high {values['conf_high']:.4g}"
+        )
+    return ClassThresholds(
+        values["log_tcb_low"], values["log_tcb_high"], confidence, values["conf_low"], values["conf_high"], how
+    )
 
 
 def classify_items(frame: pd.DataFrame, th: ClassThresholds) -> pd.DataFrame:
@@ -143,18 +172,24 @@ def classify_items(frame: pd.DataFrame, th: ClassThresholds) -> pd.DataFrame:
     return out
 
 
-_GROUPS = {"accurate_but_unstable": ("correct", "correct & log δ < L"),
-           "inaccurate_but_stable": ("wrong", "wrong & log δ > H"),
-           "confident_but_unstable": ("confident", "confident & log δ < L"),
-           "uncertain_but_stable": ("uncertain", "uncertain & log δ > H")}
+_GROUPS = {
+    "accurate_but_unstable": ("correct", "correct & log δ < L"),
+    "inaccurate_but_stable": ("wrong", "wrong & log δ > H"),
+    "confident_but_unstable": ("confident", "confident & log δ < L"),
+    "uncertain_but_stable": ("uncertain", "uncertain & log δ > H"),
+}
 
 
 def class_summary(items: pd.DataFrame) -> pd.DataFrame:
     """Per class: count, share of all items and share of its group (correct, wrong, confident, uncertain),
     each with a 95% Wilson interval."""
     n = len(items)
-    groups = {"correct": items["correct"].astype(bool), "wrong": ~items["correct"].astype(bool),
-              "confident": items["confident"], "uncertain": items["uncertain"]}
+    groups = {
+        "correct": items["correct"].astype(bool),
+        "wrong": ~items["correct"].astype(bool),
+        "confident": items["confident"],
+        "uncertain": items["uncertain"],
+    }
     rows = []
     for name in CLASSES:
         group, rule = _GROUPS[name]
@@ -162,9 +197,22 @@ def class_summary(items: pd.DataFrame) -> pd.DataFrame:
         n_group = int(groups[group].sum())
         low, high = wilson_interval(count, n)
         g_low, g_high = wilson_interval(count, n_group)
-        rows.append({"class": name, "rule": rule, "n_items": n, "count": count, "share": count / n if n else float("nan"),
-                     "ci_low": low, "ci_high": high, "group": group, "n_group": n_group,
-                     "share_of_group": count / n_group if n_group else float("nan"), "group_ci_low": g_low, "group_ci_high": g_high})
+        rows.append(
+            {
+                "class": name,
+                "rule": rule,
+                "n_items": n,
+                "count": count,
+                "share": count / n if n else float("nan"),
+                "ci_low": low,
+                "ci_high": high,
+                "group": group,
+                "n_group": n_group,
+                "share_of_group": count / n_group if n_group else float("nan"),
+                "group_ci_low": g_low,
+                "group_ci_high": g_high,
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -207,9 +255,16 @@ def characterise(runs: pd.DataFrame) -> pd.DataFrame:
         row = {"item_id": item_id}
         if "split" in part.columns:
             row["split"] = part["split"].iloc[0]
-        row.update({"n_seeds": len(part), "acc_mean": float(acc.mean()), "acc_var": float(acc.var()),
-                    "log_tcb_mean": log_mean, "log_tcb_var": log_var,
-                    "tcb_mean": float(finite.mean()) if len(finite) else float("inf")})
+        row.update(
+            {
+                "n_seeds": len(part),
+                "acc_mean": float(acc.mean()),
+                "acc_var": float(acc.var()),
+                "log_tcb_mean": log_mean,
+                "log_tcb_var": log_var,
+                "tcb_mean": float(finite.mean()) if len(finite) else float("inf"),
+            }
+        )
         for name in extra:
             row[f"{name}_mean"] = float(part[name].mean())
         rows.append(row)
@@ -225,22 +280,59 @@ class SetThresholds:
     how: dict
 
     def table(self) -> pd.DataFrame:
-        rules = {"t_low": "AQ if mean log δ < T_L", "t_high": "VCQ needs mean log δ ≥ T_H",
-                 "v_low": "VCQ needs log δ var ≤ V_L", "v_high": "AQ if log δ var > V_H"}
-        rows = [{"threshold": name, "value": getattr(self, name), "tcb": 10.0 ** getattr(self, name) if name.startswith("t_") else float("nan"),
-                 "rule": rules[name], "how": self.how[name]} for name in ("t_low", "t_high", "v_low", "v_high")]
-        rows += [{"threshold": "vcq_acc", "value": VCQ_ACC_MEAN, "tcb": float("nan"), "rule": "VCQ needs mean acc ≥ 0.9 and acc var ≤ 0.05", "how": "paper"},
-                 {"threshold": "aq_acc", "value": AQ_ACC_MEAN, "tcb": float("nan"), "rule": "AQ if mean acc < 0.6 or acc var > 0.15", "how": "paper"}]
+        rules = {
+            "t_low": "AQ if mean log δ < T_L",
+            "t_high": "VCQ needs mean log δ ≥ T_H",
+            "v_low": "VCQ needs log δ var ≤ V_L",
+            "v_high": "AQ if log δ var > V_H",
+        }
+        rows = [
+            {
+                "threshold": name,
+                "value": getattr(self, name),
+                "tcb": 10.0 ** getattr(self, name) if name.startswith("t_") else float("nan"),
+                "rule": rules[name],
+                "how": self.how[name],
+            }
+            for name in ("t_low", "t_high", "v_low", "v_high")
+        ]
+        rows += [
+            {
+                "threshold": "vcq_acc",
+                "value": VCQ_ACC_MEAN,
+                "tcb": float("nan"),
+                "rule": "VCQ needs mean acc ≥ 0.9 and acc var ≤ 0.05",
+                "how": "paper",
+            },
+            {
+                "threshold": "aq_acc",
+                "value": AQ_ACC_MEAN,
+                "tcb": float("nan"),
+                "rule": "AQ if mean acc < 0.6 or acc var > 0.15",
+                "how": "paper",
+            },
+        ]
         return pd.DataFrame(rows)
 
 
-def set_thresholds(questions: pd.DataFrame, *, reference: str | None = "dev", t_low: float | None = None,
-                   t_high: float | None = None, v_low: float | None = None, v_high: float | None = None,
-                   quantiles: dict | None = None) -> SetThresholds:
+def set_thresholds(
+    questions: pd.DataFrame,
+    *,
+    reference: str | None = "dev",
+    t_low: float | None = None,
+    t_high: float | None = None,
+    v_low: float | None = None,
+    v_high: float | None = None,
+    quantiles: dict | None = None,
+) -> SetThresholds:
     """T_L, T_H, V_L, V_H: given, or quantiles (SET_QUANTILES by default) of the reference questions'
     mean log δ and log δ variance (finite values; `reference` = a split name, or None for all questions)."""
     q = {**SET_QUANTILES, **(quantiles or {})}
-    ref = questions if reference is None or "split" not in questions.columns else questions[questions["split"] == reference]
+    ref = (
+        questions
+        if reference is None or "split" not in questions.columns
+        else questions[questions["split"] == reference]
+    )
     given = {"t_low": t_low, "t_high": t_high, "v_low": v_low, "v_high": v_high}
     values, how = {}, {}
     for name, value in given.items():
@@ -248,13 +340,19 @@ def set_thresholds(questions: pd.DataFrame, *, reference: str | None = "dev", t_
         if value is None:
             data = ref[column].to_numpy(dtype=float)
             values[name] = _quantile(data, q[name])
-            how[name] = f"q{100 * q[name]:g} of {column} over {int(np.isfinite(data).sum())} {reference or 'all'} questions"
+            how[name] = (
+                f"q{100 * q[name]:g} of {column} over {int(np.isfinite(data).sum())} {reference or 'all'} questions"
+            )
         else:
             values[name], how[name] = float(value), "given"
     if values["t_low"] > values["t_high"]:
-        raise UserError(f"T_L {values['t_low']:.4g} is above T_H {values['t_high']:.4g} (mean log10 δ_TCB): a question could be VCQ and AQ")
+        raise UserError(
+            f"T_L {values['t_low']:.4g} is above T_H {values['t_high']:.4g} (mean log10 δ_TCB): a question could be VCQ and AQ"
+        )
     if values["v_low"] > values["v_high"]:
-        raise UserError(f"V_L {values['v_low']:.4g} is above V_H {values['v_high']:.4g} (log10 δ_TCB variance): a question could be VCQ and AQ")
+        raise UserError(
+            f"V_L {values['v_low']:.4g} is above V_H {values['v_high']:.4g} (log10 δ_TCB variance): a question could be VCQ and AQ"
+        )
     return SetThresholds(values["t_low"], values["t_high"], values["v_low"], values["v_high"], how)
 
 
@@ -264,7 +362,12 @@ def label_questions(questions: pd.DataFrame, th: SetThresholds) -> pd.DataFrame:
     acc, acc_var = out["acc_mean"].to_numpy(dtype=float), out["acc_var"].to_numpy(dtype=float)
     mean, var = out["log_tcb_mean"].to_numpy(dtype=float), out["log_tcb_var"].to_numpy(dtype=float)
     out["vcq"] = (acc >= VCQ_ACC_MEAN) & (acc_var <= VCQ_ACC_VAR) & (mean >= th.t_high) & (var <= th.v_low)
-    reasons = {"acc<0.6": acc < AQ_ACC_MEAN, "acc_var>0.15": acc_var > AQ_ACC_VAR, "log_tcb<T_L": mean < th.t_low, "log_tcb_var>V_H": var > th.v_high}
+    reasons = {
+        "acc<0.6": acc < AQ_ACC_MEAN,
+        "acc_var>0.15": acc_var > AQ_ACC_VAR,
+        "log_tcb<T_L": mean < th.t_low,
+        "log_tcb_var>V_H": var > th.v_high,
+    }
     out["aq"] = np.logical_or.reduce(list(reasons.values()))
     out["aq_reasons"] = [";".join(name for name, hit in reasons.items() if hit[i]) for i in range(len(out))]
     out["set"] = np.where(out["vcq"], "VCQ", np.where(out["aq"], "AQ", "neither"))
@@ -281,9 +384,16 @@ def set_summary(questions: pd.DataFrame) -> pd.DataFrame:
         for name in ("VCQ", "AQ", "neither"):
             sub = part[part["set"] == name]
             finite = sub["log_tcb_mean"][np.isfinite(sub["log_tcb_mean"])]
-            rows.append({"split": split, "set": name, "n": len(sub), "share": len(sub) / len(part) if len(part) else float("nan"),
-                         "seeds_acc_mean": float(sub["acc_mean"].mean()) if len(sub) else float("nan"),
-                         "seeds_log_tcb_mean": float(finite.mean()) if len(finite) else float("nan")})
+            rows.append(
+                {
+                    "split": split,
+                    "set": name,
+                    "n": len(sub),
+                    "share": len(sub) / len(part) if len(part) else float("nan"),
+                    "seeds_acc_mean": float(sub["acc_mean"].mean()) if len(sub) else float("nan"),
+                    "seeds_log_tcb_mean": float(finite.mean()) if len(finite) else float("nan"),
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -297,12 +407,20 @@ def table3_row(set_name: str, prompt_name: str, clean: pd.DataFrame, robust: dic
     low, high = wilson_interval(k, n)
     tcb = clean["tcb"].to_numpy(dtype=float)
     finite = tcb[np.isfinite(tcb)]
-    row = {"source": "ours", "set": set_name, "prompt": prompt_name, "n": n, "acc": k / n if n else float("nan"),
-           "acc_ci_low": low, "acc_ci_high": high,
-           "tcb_mean": float(finite.mean()) if len(finite) else float("nan"),
-           "tcb_geomean": float(10 ** log10_tcb(finite).mean()) if len(finite) else float("nan"),
-           "tcb_infinite": int(np.isposinf(tcb).sum()),
-           "v_eff_mean": float(clean["v_eff"].mean()), "margin_mean": float(clean["margin"].mean())}
+    row = {
+        "source": "ours",
+        "set": set_name,
+        "prompt": prompt_name,
+        "n": n,
+        "acc": k / n if n else float("nan"),
+        "acc_ci_low": low,
+        "acc_ci_high": high,
+        "tcb_mean": float(finite.mean()) if len(finite) else float("nan"),
+        "tcb_geomean": float(10 ** log10_tcb(finite).mean()) if len(finite) else float("nan"),
+        "tcb_infinite": int(np.isposinf(tcb).sum()),
+        "v_eff_mean": float(clean["v_eff"].mean()),
+        "margin_mean": float(clean["margin"].mean()),
+    }
     nan2 = [float("nan"), float("nan")]
     r = robust or {}
     for name in ("acc_var_pert", "pdr", "acc_worst"):
@@ -314,8 +432,10 @@ def table3_row(set_name: str, prompt_name: str, clean: pd.DataFrame, robust: dic
 
 def paper_table3_rows() -> list[dict]:
     """The paper's Table 3 as rows of the same table (source 'paper MMLU' / 'paper GSM8K')."""
-    return [{"source": f"paper {bench}", "set": set_name, "prompt": prompt, **dict(zip(PAPER_TABLE3_COLUMNS, values))}
-            for (set_name, bench, prompt), values in PAPER_TABLE3.items()]
+    return [
+        {"source": f"paper {bench}", "set": set_name, "prompt": prompt, **dict(zip(PAPER_TABLE3_COLUMNS, values))}
+        for (set_name, bench, prompt), values in PAPER_TABLE3.items()
+    ]
 
 
 @dataclass
@@ -333,12 +453,17 @@ class ConflictsResult:
 
 
 # --- figure ----------------------------------------------------------------------------------------------------------
-_COLOURS = {"accurate_but_unstable": "tab:orange", "inaccurate_but_stable": "tab:purple",
-            "confident_but_unstable": "tab:red", "uncertain_but_stable": "tab:green"}
+_COLOURS = {
+    "accurate_but_unstable": "tab:orange",
+    "inaccurate_but_stable": "tab:purple",
+    "confident_but_unstable": "tab:red",
+    "uncertain_but_stable": "tab:green",
+}
 
 
-def plot(items: pd.DataFrame, th: ClassThresholds, questions: pd.DataFrame, sets: SetThresholds,
-         table3: pd.DataFrame, path) -> None:
+def plot(
+    items: pd.DataFrame, th: ClassThresholds, questions: pd.DataFrame, sets: SetThresholds, table3: pd.DataFrame, path
+) -> None:
     """Left: log10 δ_TCB vs the confidence signal per item, coloured by class, thresholds drawn. Middle:
     VCQ / AQ — mean accuracy over seeds vs mean log10 δ_TCB per question. Right: Table 3's Acc and
     Acc_worst, baseline vs enhanced, per set (ours)."""
@@ -349,14 +474,32 @@ def plot(items: pd.DataFrame, th: ClassThresholds, questions: pd.DataFrame, sets
     data = items[np.isfinite(items["log10_tcb"])]
     c = data[th.confidence]
     none = data["classes"] == ""
-    ax.scatter(c[none & data["correct"].astype(bool)], data.loc[none & data["correct"].astype(bool), "log10_tcb"], s=14,
-               facecolors="none", edgecolors="grey", label="no conflict (correct)")
-    ax.scatter(c[none & ~data["correct"].astype(bool)], data.loc[none & ~data["correct"].astype(bool), "log10_tcb"], s=14,
-               marker="x", color="grey", label="no conflict (wrong)")
+    ax.scatter(
+        c[none & data["correct"].astype(bool)],
+        data.loc[none & data["correct"].astype(bool), "log10_tcb"],
+        s=14,
+        facecolors="none",
+        edgecolors="grey",
+        label="no conflict (correct)",
+    )
+    ax.scatter(
+        c[none & ~data["correct"].astype(bool)],
+        data.loc[none & ~data["correct"].astype(bool), "log10_tcb"],
+        s=14,
+        marker="x",
+        color="grey",
+        label="no conflict (wrong)",
+    )
     for name in CLASSES:  # later classes are drawn smaller on top, so an item in two shows both colours
         hit = data[name].astype(bool)
         size = 40 if name in CLASSES[:2] else 14
-        ax.scatter(c[hit], data.loc[hit, "log10_tcb"], s=size, color=_COLOURS[name], label=f"{name.replace('_', ' ')} ({int(hit.sum())})")
+        ax.scatter(
+            c[hit],
+            data.loc[hit, "log10_tcb"],
+            s=size,
+            color=_COLOURS[name],
+            label=f"{name.replace('_', ' ')} ({int(hit.sum())})",
+        )
     ax.axhline(th.log_tcb_low, color="black", ls="--", lw=0.8)
     ax.axhline(th.log_tcb_high, color="black", ls="--", lw=0.8)
     ax.axvline(th.conf_low, color="black", ls=":", lw=0.8)
@@ -373,7 +516,15 @@ def plot(items: pd.DataFrame, th: ClassThresholds, questions: pd.DataFrame, sets
         for split, marker in (("dev", "o"), ("test", "^")):
             part = q[(q["set"] == name) & (q["split"] == split)] if "split" in q.columns else q[q["set"] == name]
             if len(part):
-                ax.scatter(part["log_tcb_mean"], part["acc_mean"], s=18, marker=marker, color=colour, alpha=0.7, label=f"{name} {split} ({len(part)})")
+                ax.scatter(
+                    part["log_tcb_mean"],
+                    part["acc_mean"],
+                    s=18,
+                    marker=marker,
+                    color=colour,
+                    alpha=0.7,
+                    label=f"{name} {split} ({len(part)})",
+                )
     ax.axvline(sets.t_low, color="tab:red", ls="--", lw=0.8, label="T_L")
     ax.axvline(sets.t_high, color="tab:blue", ls="--", lw=0.8, label="T_H")
     ax.axhline(VCQ_ACC_MEAN, color="tab:blue", ls=":", lw=0.8)

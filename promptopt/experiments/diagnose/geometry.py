@@ -45,19 +45,27 @@ def geometry_sensitivity(lm, positions, *, k: int = 10, alpha: float = 0.5, beta
     weight = head.weight.double() if head.weight.numel() <= _F64_COPY_ELEMENTS else head.weight
     with torch.inference_mode():
         for start in range(0, positions.hidden.shape[0], _CHUNK):
-            rows.append(_chunk(head, weight, positions.hidden[start : start + _CHUNK].to(head.weight.device), k, alpha, beta))
-    table = positions.frame[["source", "task", "item_id", "step", "token", "v_eff", "top_prob", "margin", "band", "tcb"]].copy()
+            rows.append(
+                _chunk(head, weight, positions.hidden[start : start + _CHUNK].to(head.weight.device), k, alpha, beta)
+            )
+    table = positions.frame[
+        ["source", "task", "item_id", "step", "token", "v_eff", "top_prob", "margin", "band", "tcb"]
+    ].copy()
     for name in rows[0]:
         table[name] = np.concatenate([r[name] for r in rows])
     table["orig_vs_exact_form"] = (table["tcb_orig"] / table["tcb"]).where(np.isfinite(table["tcb"]))
     for variant in ("fixed_o", "recomputed_o"):
-        table[f"held_{variant}"] = (table[f"tcb_cluster_{variant}"] > table["tcb_orig"]) & (table["tcb_orig"] > table[f"tcb_disperse_{variant}"])
+        table[f"held_{variant}"] = (table[f"tcb_cluster_{variant}"] > table["tcb_orig"]) & (
+            table["tcb_orig"] > table[f"tcb_disperse_{variant}"]
+        )
         table[f"cluster_ratio_{variant}"] = table[f"tcb_cluster_{variant}"] / table["tcb_orig"]
         table[f"disperse_ratio_{variant}"] = table[f"tcb_disperse_{variant}"] / table["tcb_orig"]
     return GeometryResult(table, summarize(table))
 
 
-def _chunk(head, weight: torch.Tensor, hidden: torch.Tensor, k: int, alpha: float, beta: float) -> dict[str, np.ndarray]:
+def _chunk(
+    head, weight: torch.Tensor, hidden: torch.Tensor, k: int, alpha: float, beta: float
+) -> dict[str, np.ndarray]:
     z, gain = logits_float64(head, hidden, weight=weight)
     o = torch.log_softmax(z, -1).exp()
     order = o.topk(k + 1, dim=-1).indices
@@ -89,8 +97,12 @@ def summarize(table: pd.DataFrame) -> pd.DataFrame:
             low, high = wilson_interval(held, len(part))
             row[f"held_{variant}"] = held / len(part) if len(part) else float("nan")
             row[f"ci_low_{variant}"], row[f"ci_high_{variant}"] = low, high
-            row[f"median_cluster_ratio_{variant}"] = float(part[f"cluster_ratio_{variant}"].median()) if len(part) else float("nan")
-            row[f"median_disperse_ratio_{variant}"] = float(part[f"disperse_ratio_{variant}"].median()) if len(part) else float("nan")
+            row[f"median_cluster_ratio_{variant}"] = (
+                float(part[f"cluster_ratio_{variant}"].median()) if len(part) else float("nan")
+            )
+            row[f"median_disperse_ratio_{variant}"] = (
+                float(part[f"disperse_ratio_{variant}"].median()) if len(part) else float("nan")
+            )
         row["paper_held"] = PAPER_TABLE2[band]
         rows.append(row)
     return pd.DataFrame(rows)
@@ -104,8 +116,14 @@ def plot(result: GeometryResult, path) -> None:
     ax = axes[0][0]
     s = result.summary
     x = np.arange(len(s))
-    for offset, (column, label) in zip((-0.27, 0.0, 0.27), (("held_fixed_o", "ours, o fixed (paper's)"),
-                                                            ("held_recomputed_o", "ours, o recomputed"), ("paper_held", "paper Table 2"))):
+    for offset, (column, label) in zip(
+        (-0.27, 0.0, 0.27),
+        (
+            ("held_fixed_o", "ours, o fixed (paper's)"),
+            ("held_recomputed_o", "ours, o recomputed"),
+            ("paper_held", "paper Table 2"),
+        ),
+    ):
         values = s[column].to_numpy(dtype=float)
         ax.bar(x + offset, values, width=0.27, label=label)
         if column != "paper_held":

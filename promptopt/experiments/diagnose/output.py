@@ -14,8 +14,11 @@ V_EFF_BANDS = ("<20", "20–100", ">100")  # the δ_TCB paper's Table 2 categori
 
 def v_eff_band(v_eff) -> pd.Series:
     """The paper's V_eff categories: < 20, 20–100, > 100."""
-    return pd.Series(pd.cut(pd.Series(v_eff, dtype=float), [0.0, 20.0, 100.0, float("inf")], right=False,
-                            labels=list(V_EFF_BANDS)).astype(str))
+    return pd.Series(
+        pd.cut(
+            pd.Series(v_eff, dtype=float), [0.0, 20.0, 100.0, float("inf")], right=False, labels=list(V_EFF_BANDS)
+        ).astype(str)
+    )
 
 
 def new_figure(ncols: int = 1, nrows: int = 1, *, size: tuple[float, float] | None = None):

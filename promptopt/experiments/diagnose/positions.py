@@ -35,7 +35,18 @@ TRACE_PROMPTS = (
     "List the numbers from 1 to 30, separated by commas.",
     "What is the capital of Australia? Explain briefly.",
 )
-METRIC_COLUMNS = ("tcb", "jacobian_norm", "v_eff", "margin", "entropy", "top_prob", "tcb_approx", "tcb_diffuse", "s2", "s3")
+METRIC_COLUMNS = (
+    "tcb",
+    "jacobian_norm",
+    "v_eff",
+    "margin",
+    "entropy",
+    "top_prob",
+    "tcb_approx",
+    "tcb_diffuse",
+    "s2",
+    "s3",
+)
 
 
 @dataclass
@@ -72,8 +83,10 @@ def critical_states(scorer, prompt, items) -> torch.Tensor:
     Uses the scorer's own encoding (`_pairs`: trailing context spaces move into the continuation, as in
     lm-eval) and runner, so the states are the ones `Scorer.score` reads δ_TCB from."""
     if scorer.data.spec.answer.generative:
-        raise UserError(f"task {scorer.data.spec.name} is generative: positions come from log-likelihood tasks "
-                        "(and from the trace generations)")
+        raise UserError(
+            f"task {scorer.data.spec.name} is generative: positions come from log-likelihood tasks "
+            "(and from the trace generations)"
+        )
     tok = scorer.lm.tokenizer
     contexts = [prompt.context(item.question, item.choices, tok) for item in items]
     golds = [prompt.continuation(prompt.choice_texts(item.choices)[item.gold]) for item in items]
@@ -99,10 +112,20 @@ def _text_states(lm, task_name: str, items, n: int) -> tuple[torch.Tensor, pd.Da
         if sum(h.shape[0] for h in hidden) >= 4 * n:
             break
     if not hidden:
-        return torch.empty(0, lm.output_head.hidden_size), pd.DataFrame(columns=["source", "task", "item_id", "step", "token"])
+        return torch.empty(0, lm.output_head.hidden_size), pd.DataFrame(
+            columns=["source", "task", "item_id", "step", "token"]
+        )
     every = torch.cat(hidden)
     pick = np.unique(np.linspace(0, every.shape[0] - 1, min(n, every.shape[0])).round().astype(int))
-    frame = pd.DataFrame({"source": "text", "task": task_name, "item_id": np.array(ids_of)[pick], "step": np.array(steps)[pick], "token": ""})
+    frame = pd.DataFrame(
+        {
+            "source": "text",
+            "task": task_name,
+            "item_id": np.array(ids_of)[pick],
+            "step": np.array(steps)[pick],
+            "token": "",
+        }
+    )
     return every[pick], frame
 
 
@@ -136,22 +159,41 @@ def collect_positions(lm, spec: PositionSpec, *, cache_dir: Path | None = None, 
         scorer = Scorer(lm, task, progress=progress)
         hidden = critical_states(scorer, task.default_prompt(), items)
         states.append(hidden)
-        frames.append(pd.DataFrame({"source": "critical", "task": task.spec.name, "item_id": [i.id for i in items],
-                                    "step": -1, "token": ""}))
+        frames.append(
+            pd.DataFrame(
+                {
+                    "source": "critical",
+                    "task": task.spec.name,
+                    "item_id": [i.id for i in items],
+                    "step": -1,
+                    "token": "",
+                }
+            )
+        )
         if spec.text_per_task:
             text_hidden, text_frame = _text_states(lm, task.spec.name, items, spec.text_per_task)
             states.append(text_hidden)
             frames.append(text_frame)
     if spec.trace_prompts and spec.trace_tokens:
         runner = Runner(lm, batch_size=len(spec.trace_prompts), progress=progress)
-        gens = runner.generate([encode_prompt(lm, text) for text in spec.trace_prompts], max_new_tokens=spec.trace_tokens)
+        gens = runner.generate(
+            [encode_prompt(lm, text) for text in spec.trace_prompts], max_new_tokens=spec.trace_tokens
+        )
         for index, gen in enumerate(gens):
             if not gen.tokens:
                 continue
             states.append(gen.hidden.float())
-            frames.append(pd.DataFrame({"source": "trace", "task": "", "item_id": f"trace-{index}",
-                                        "step": np.arange(len(gen.tokens)),
-                                        "token": [lm.tokenizer.decode([t]) for t in gen.tokens]}))
+            frames.append(
+                pd.DataFrame(
+                    {
+                        "source": "trace",
+                        "task": "",
+                        "item_id": f"trace-{index}",
+                        "step": np.arange(len(gen.tokens)),
+                        "token": [lm.tokenizer.decode([t]) for t in gen.tokens],
+                    }
+                )
+            )
     hidden = torch.cat(states).float()
     frame = pd.concat(frames, ignore_index=True)
     for name, values in _metrics(lm, hidden).items():

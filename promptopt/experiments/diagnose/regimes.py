@@ -49,15 +49,23 @@ def regime_correlations(frame: pd.DataFrame, *, low_v_eff: float = 2.0) -> Regim
             lx = np.log10(x) if x_name in _LOG else x
             ly = np.log10(y) if y_name in _LOG else y
             r_log = pearson(lx, ly)
-            rows.append({
-                "subset": subset, "pair": f"{x_name}~{y_name}", "n": n,
-                "pearson": r, "pearson_ci_low": correlation_interval(r, n)[0], "pearson_ci_high": correlation_interval(r, n)[1],
-                "spearman": rho, "spearman_ci_low": correlation_interval(rho, n, method="spearman")[0],
-                "spearman_ci_high": correlation_interval(rho, n, method="spearman")[1],
-                "pearson_log": r_log, "pearson_log_ci_low": correlation_interval(r_log, n)[0],
-                "pearson_log_ci_high": correlation_interval(r_log, n)[1],
-                "paper_pearson": PAPER_TABLE1[subset][(x_name, y_name)],
-            })
+            rows.append(
+                {
+                    "subset": subset,
+                    "pair": f"{x_name}~{y_name}",
+                    "n": n,
+                    "pearson": r,
+                    "pearson_ci_low": correlation_interval(r, n)[0],
+                    "pearson_ci_high": correlation_interval(r, n)[1],
+                    "spearman": rho,
+                    "spearman_ci_low": correlation_interval(rho, n, method="spearman")[0],
+                    "spearman_ci_high": correlation_interval(rho, n, method="spearman")[1],
+                    "pearson_log": r_log,
+                    "pearson_log_ci_low": correlation_interval(r_log, n)[0],
+                    "pearson_log_ci_high": correlation_interval(r_log, n)[1],
+                    "paper_pearson": PAPER_TABLE1[subset][(x_name, y_name)],
+                }
+            )
     return RegimesResult(pd.DataFrame(rows), int((~finite).sum()), low_v_eff)
 
 
@@ -70,15 +78,20 @@ def plot(frame: pd.DataFrame, result: RegimesResult, path) -> None:
     fig, axes = new_figure(3, size=(14.0, 4.2))
     for ax, (x_name, y_name) in zip(axes[0], PAIRS):
         ax.scatter(data.loc[~low, x_name], data.loc[~low, y_name], s=8, label=f"V_eff ≥ {result.low_v_eff:g}")
-        ax.scatter(data.loc[low, x_name], data.loc[low, y_name], s=8, color="tab:red", label=f"V_eff < {result.low_v_eff:g}")
+        ax.scatter(
+            data.loc[low, x_name], data.loc[low, y_name], s=8, color="tab:red", label=f"V_eff < {result.low_v_eff:g}"
+        )
         if x_name in _LOG:
             ax.set_xscale("log")
         if y_name in _LOG:
             ax.set_yscale("log")
         rows = result.table[result.table["pair"] == f"{x_name}~{y_name}"].set_index("subset")
-        ax.set_title(f"Pearson r: all {rows.loc['all', 'pearson']:+.2f}, low {rows.loc['low_v_eff', 'pearson']:+.2f}, "
-                     f"rest {rows.loc['high_v_eff', 'pearson']:+.2f}\n"
-                     f"paper: DPD {rows.loc['all', 'paper_pearson']:+.2f}, LVD {rows.loc['low_v_eff', 'paper_pearson']:+.2f}", fontsize=9)
+        ax.set_title(
+            f"Pearson r: all {rows.loc['all', 'pearson']:+.2f}, low {rows.loc['low_v_eff', 'pearson']:+.2f}, "
+            f"rest {rows.loc['high_v_eff', 'pearson']:+.2f}\n"
+            f"paper: DPD {rows.loc['all', 'paper_pearson']:+.2f}, LVD {rows.loc['low_v_eff', 'paper_pearson']:+.2f}",
+            fontsize=9,
+        )
         ax.set_xlabel(x_name)
         ax.set_ylabel(y_name)
         ax.legend(fontsize=7)

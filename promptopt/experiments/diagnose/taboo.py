@@ -20,8 +20,19 @@ import pandas as pd
 from promptopt.metrics.stats import fit_log
 from promptopt.robustness import taboo_stress
 
-SUMMARY_COLUMNS = ["rank", "n", "accuracy", "retention", "retention_ci_low", "retention_ci_high", "marginal_retention",
-                   "mean_surprisal_per_intervention", "surprisal_total_per_item", "interventions_per_item", "length_expansion"]
+SUMMARY_COLUMNS = [
+    "rank",
+    "n",
+    "accuracy",
+    "retention",
+    "retention_ci_low",
+    "retention_ci_high",
+    "marginal_retention",
+    "mean_surprisal_per_intervention",
+    "surprisal_total_per_item",
+    "interventions_per_item",
+    "length_expansion",
+]
 
 
 @dataclass
@@ -34,8 +45,17 @@ class TabooSweep:
     items: pd.DataFrame  # every item of every run, with run labels
 
 
-def taboo_sweep(scorer, prompt, items, *, ranks=(1, 2, 4, 8), mid_word_ranks=(2,), temperature: float = 0.7,
-                seeds=(0, 1, 2), sampled_ranks=(1,)) -> TabooSweep:
+def taboo_sweep(
+    scorer,
+    prompt,
+    items,
+    *,
+    ranks=(1, 2, 4, 8),
+    mid_word_ranks=(2,),
+    temperature: float = 0.7,
+    seeds=(0, 1, 2),
+    sampled_ranks=(1,),
+) -> TabooSweep:
     frames = []
     greedy = taboo_stress(scorer, prompt, items, ranks=tuple(ranks))
     frames.append(greedy.items.assign(run="greedy", mode="word_initial", seed=-1))
@@ -49,7 +69,9 @@ def taboo_sweep(scorer, prompt, items, *, ranks=(1, 2, 4, 8), mid_word_ranks=(2,
         frames.append(mid.items.assign(run="greedy", mode="mid_word", seed=-1))
         initial = greedy.summary.set_index("rank")
         if not set(mid_word_ranks) <= set(initial.index):  # matched ranks the dose sweep did not run
-            extra = taboo_stress(scorer, prompt, items, ranks=tuple(r for r in mid_word_ranks if r not in initial.index))
+            extra = taboo_stress(
+                scorer, prompt, items, ranks=tuple(r for r in mid_word_ranks if r not in initial.index)
+            )
             initial = pd.concat([initial, extra.summary.set_index("rank").drop(index=0)])
         rows = []
         for _, m in mid.summary[mid.summary["rank"] > 0].iterrows():
@@ -61,10 +83,14 @@ def taboo_sweep(scorer, prompt, items, *, ranks=(1, 2, 4, 8), mid_word_ranks=(2,
     sampled_rows = []
     if temperature > 0 and seeds:
         for seed in seeds:
-            run = taboo_stress(scorer, prompt, items, ranks=tuple(sampled_ranks), temperature=temperature, seed=int(seed))
+            run = taboo_stress(
+                scorer, prompt, items, ranks=tuple(sampled_ranks), temperature=temperature, seed=int(seed)
+            )
             frames.append(run.items.assign(run=f"t={temperature:g}", mode="word_initial", seed=int(seed)))
             for _, r in run.summary.iterrows():
-                sampled_rows.append({"seed": int(seed), "temperature": temperature, **{c: r[c] for c in SUMMARY_COLUMNS}})
+                sampled_rows.append(
+                    {"seed": int(seed), "temperature": temperature, **{c: r[c] for c in SUMMARY_COLUMNS}}
+                )
     sampled = pd.DataFrame(sampled_rows)
     return TabooSweep(dose, fit, ablation, sampled, _seed_summary(sampled), pd.concat(frames, ignore_index=True))
 
@@ -93,20 +119,32 @@ def plot(sweep: TabooSweep, path) -> None:
     ax.plot(d["rank"], d["mean_surprisal_per_intervention"], "o", label="measured")
     if np.isfinite(sweep.fit["b"]):
         grid = np.linspace(d["rank"].min(), d["rank"].max(), 50)
-        ax.plot(grid, sweep.fit["a"] + sweep.fit["b"] * np.log(grid), "-",
-                label=f"{sweep.fit['a']:.2f} + {sweep.fit['b']:.2f}·ln i (R² = {sweep.fit['r2']:.2f})")
+        ax.plot(
+            grid,
+            sweep.fit["a"] + sweep.fit["b"] * np.log(grid),
+            "-",
+            label=f"{sweep.fit['a']:.2f} + {sweep.fit['b']:.2f}·ln i (R² = {sweep.fit['r2']:.2f})",
+        )
     ax.set_xscale("log", base=2)
     ax.set_xlabel("taboo rank i")
     ax.set_ylabel("mean ΔS per intervention (bits)")
     ax.legend(fontsize=8)
     ax = axes[0][1]
     ret = d["retention"].to_numpy(dtype=float)
-    yerr = np.clip([ret - d["retention_ci_low"].to_numpy(dtype=float), d["retention_ci_high"].to_numpy(dtype=float) - ret], 0, None)
+    yerr = np.clip(
+        [ret - d["retention_ci_low"].to_numpy(dtype=float), d["retention_ci_high"].to_numpy(dtype=float) - ret], 0, None
+    )
     ax.errorbar(d["rank"], ret, yerr=yerr, fmt="o-", capsize=3, label="greedy: conditional retention (Wilson 95%)")
     if not sweep.sampled_summary.empty:
         s = sweep.sampled_summary
-        ax.errorbar(s["rank"], s["marginal_retention_mean"], yerr=s["marginal_retention_sd"], fmt="s", capsize=3,
-                    label="sampled: marginal retention (mean ± seed SD)")
+        ax.errorbar(
+            s["rank"],
+            s["marginal_retention_mean"],
+            yerr=s["marginal_retention_sd"],
+            fmt="s",
+            capsize=3,
+            label="sampled: marginal retention (mean ± seed SD)",
+        )
     ax.set_xscale("log", base=2)
     ax.set_ylim(-0.05, 1.3)
     ax.set_xlabel("taboo rank i")

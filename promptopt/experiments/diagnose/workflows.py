@@ -27,12 +27,15 @@ def _positions(lm, spec: PositionSpec, out: Path, progress: bool) -> Positions:
     return collect_positions(lm, spec, cache_dir=out, progress=progress)
 
 
-def run_geometry(lm, spec: PositionSpec, out: Path, *, k: int = 10, alpha: float = 0.5, beta: float = 0.5,
-                 progress: bool = False) -> Report:
+def run_geometry(
+    lm, spec: PositionSpec, out: Path, *, k: int = 10, alpha: float = 0.5, beta: float = 0.5, progress: bool = False
+) -> Report:
     start = time.perf_counter()
     positions = _positions(lm, spec, out, progress)
     result = geometry.geometry_sensitivity(lm, positions, k=k, alpha=alpha, beta=beta)
-    written = save_table(result.positions, out / "geometry_positions") + save_table(result.summary, out / "geometry_summary")
+    written = save_table(result.positions, out / "geometry_positions") + save_table(
+        result.summary, out / "geometry_summary"
+    )
     geometry.plot(result, out / "geometry.png")
     return Report(result, [*written, out / "geometry.png"], time.perf_counter() - start, positions)
 
@@ -50,13 +53,26 @@ def run_approx(lm, spec: PositionSpec, out: Path, *, progress: bool = False) -> 
     start = time.perf_counter()
     positions = _positions(lm, spec, out, progress)
     result = approx.approximation_gap(lm, positions.frame)
-    written = save_table(result.positions, out / "approx_positions") + save_table(result.summary, out / "approx_summary")
+    written = save_table(result.positions, out / "approx_positions") + save_table(
+        result.summary, out / "approx_summary"
+    )
     approx.plot(result, out / "approx.png")
     return Report(result, [*written, out / "approx.png"], time.perf_counter() - start, positions)
 
 
-def run_taboo(session, out: Path, *, split: str = "test", limit: int | None = 16, card=None, ranks=(1, 2, 4, 8),
-              mid_word_ranks=(2,), temperature: float = 0.7, seeds=(0, 1, 2), sampled_ranks=(1,)) -> Report:
+def run_taboo(
+    session,
+    out: Path,
+    *,
+    split: str = "test",
+    limit: int | None = 16,
+    card=None,
+    ranks=(1, 2, 4, 8),
+    mid_word_ranks=(2,),
+    temperature: float = 0.7,
+    seeds=(0, 1, 2),
+    sampled_ranks=(1,),
+) -> Report:
     from promptopt.experiments.diagnose import taboo
 
     from promptopt.experiments.commands import check_generative
@@ -64,14 +80,24 @@ def run_taboo(session, out: Path, *, split: str = "test", limit: int | None = 16
     check_generative(session, "diagnose taboo")
     start = time.perf_counter()
     prompt, items = session.prompt(card), session.items(split, limit)
-    sweep = taboo.taboo_sweep(session.scorer, prompt, items, ranks=ranks, mid_word_ranks=mid_word_ranks,
-                              temperature=temperature, seeds=seeds, sampled_ranks=sampled_ranks)
+    sweep = taboo.taboo_sweep(
+        session.scorer,
+        prompt,
+        items,
+        ranks=ranks,
+        mid_word_ranks=mid_word_ranks,
+        temperature=temperature,
+        seeds=seeds,
+        sampled_ranks=sampled_ranks,
+    )
     fit = {"fit_a": sweep.fit["a"], "fit_b": sweep.fit["b"], "fit_r2": sweep.fit["r2"], "fit_ranks": sweep.fit["n"]}
     written = save_table(sweep.dose.assign(**fit), out / "taboo_dose") + save_table(sweep.items, out / "taboo_items")
     if not sweep.ablation.empty:
         written += save_table(sweep.ablation, out / "taboo_ablation")
     if not sweep.sampled.empty:
-        written += save_table(sweep.sampled, out / "taboo_sampled") + save_table(sweep.sampled_summary, out / "taboo_sampled_summary")
+        written += save_table(sweep.sampled, out / "taboo_sampled") + save_table(
+            sweep.sampled_summary, out / "taboo_sampled_summary"
+        )
     taboo.plot(sweep, out / "taboo.png")
     return Report(sweep, [*written, out / "taboo.png"], time.perf_counter() - start)
 
@@ -87,10 +113,23 @@ def _study_exists(config) -> bool:
     return config.name in optuna.get_all_study_names(storage=url)
 
 
-def run_conflicts(session, out: Path, *, limit: int | None = 12, seeds: int = 3, seed: int = 0, card=None,
-                  strategy: str = "tcb", trials: int = 5, suite: str = "quick",
-                  confidence: str = "top_prob", class_thresholds: dict | None = None, set_thresholds: dict | None = None,
-                  min_aq_dev: int = 4, progress: bool = False) -> Report:
+def run_conflicts(
+    session,
+    out: Path,
+    *,
+    limit: int | None = 12,
+    seeds: int = 3,
+    seed: int = 0,
+    card=None,
+    strategy: str = "tcb",
+    trials: int = 5,
+    suite: str = "quick",
+    confidence: str = "top_prob",
+    class_thresholds: dict | None = None,
+    set_thresholds: dict | None = None,
+    min_aq_dev: int = 4,
+    progress: bool = False,
+) -> Report:
     """Conflict classes of the prompt's items; VCQ / AQ from `seeds` baseline prompts (exemplars redrawn
     per seed from one generator seeded with `seed`, which also seeds the search's sampler) on dev and test items; a `strategy` search on the AQ dev items only; then the baseline and
     the enhanced prompt on the held-out AQ and VCQ test items, unperturbed and under `suite` (Table 3).
@@ -139,20 +178,33 @@ def run_conflicts(session, out: Path, *, limit: int | None = 12, seeds: int = 3,
 
     # 2. VCQ / AQ over the baseline seeds
     if not prompt.exemplars:
-        notes.append("the prompt has no exemplars: every seed is the same prompt, so accuracy and δ_TCB variances are 0")
+        notes.append(
+            "the prompt has no exemplars: every seed is the same prompt, so accuracy and δ_TCB variances are 0"
+        )
     runs = []
     for s, seeded in enumerate(conflicts.baseline_prompts(prompt, pool, seeds, seed=seed)):
         table = scorer.score(seeded, dev + test).table
-        runs.append(table.assign(seed=s, split=table["item_id"].map(split_of), exemplars=",".join(e.id for e in seeded.exemplars)))
+        runs.append(
+            table.assign(
+                seed=s, split=table["item_id"].map(split_of), exemplars=",".join(e.id for e in seeded.exemplars)
+            )
+        )
     runs = pd.concat(runs, ignore_index=True)
     per_question = conflicts.characterise(runs)
     sth = conflicts.set_thresholds(per_question, reference="dev", **(set_thresholds or {}))
     questions = conflicts.label_questions(per_question, sth)
     sets = conflicts.set_summary(questions)
-    thresholds = pd.concat([cth.table().assign(used_for="classes"), sth.table().assign(used_for="vcq_aq")], ignore_index=True)
-    written = (save_table(items, out / "conflicts_items") + save_table(classes, out / "conflicts_classes")
-               + save_table(thresholds, out / "conflicts_thresholds") + save_table(runs, out / "conflicts_runs")
-               + save_table(questions, out / "conflicts_questions") + save_table(sets, out / "conflicts_sets"))
+    thresholds = pd.concat(
+        [cth.table().assign(used_for="classes"), sth.table().assign(used_for="vcq_aq")], ignore_index=True
+    )
+    written = (
+        save_table(items, out / "conflicts_items")
+        + save_table(classes, out / "conflicts_classes")
+        + save_table(thresholds, out / "conflicts_thresholds")
+        + save_table(runs, out / "conflicts_runs")
+        + save_table(questions, out / "conflicts_questions")
+        + save_table(sets, out / "conflicts_sets")
+    )
 
     def members(pool_items, split, name):
         chosen = set(questions.loc[(questions["split"] == split) & (questions["set"] == name), "item_id"])
@@ -160,25 +212,52 @@ def run_conflicts(session, out: Path, *, limit: int | None = 12, seeds: int = 3,
 
     aq_dev, aq_test, vcq_test = members(dev, "dev", "AQ"), members(test, "test", "AQ"), members(test, "test", "VCQ")
     if len(aq_dev) < min_aq_dev:
-        raise UserError(f"only {len(aq_dev)} AQ dev item(s) of {len(dev)}: the targeted search needs at least {min_aq_dev}; "
-                        f"raise --limit (the characterisation tables are in {out})")
+        raise UserError(
+            f"only {len(aq_dev)} AQ dev item(s) of {len(dev)}: the targeted search needs at least {min_aq_dev}; "
+            f"raise --limit (the characterisation tables are in {out})"
+        )
     if not aq_test:
-        raise UserError(f"no AQ test item among {len(test)}: nothing held out to evaluate the enhancement on; raise --limit "
-                        f"(the characterisation tables are in {out})")
+        raise UserError(
+            f"no AQ test item among {len(test)}: nothing held out to evaluate the enhancement on; raise --limit "
+            f"(the characterisation tables are in {out})"
+        )
 
     # 3. targeted search on the AQ dev items only (test items: the held-out AQ ones, scored only after selection)
     spec = session.data.spec
-    digest = hashlib.sha256(json.dumps([[i.id for i in aq_dev], session.model_config.spec, session.model_config.resolved_dtype(),
-                                        session.model_config.quantize, list(session.data_config.subsets or [])]).encode()).hexdigest()[:10]
-    config = SearchConfig(model=session.model_config, data=dataclasses.replace(session.data_config, dev_limit=None, test_limit=None),
-                          study=StudyConfig(strategy=strategy, trials=trials, seed=seed,
-                                            study_name=re.sub(r"[^A-Za-z0-9_.:-]", "_", f"{spec.name}-conflicts-{strategy}-{digest}")),
-                          out=str(out / "conflicts_search"), batch_size=session.factory.batch_size)
+    digest = hashlib.sha256(
+        json.dumps(
+            [
+                [i.id for i in aq_dev],
+                session.model_config.spec,
+                session.model_config.resolved_dtype(),
+                session.model_config.quantize,
+                list(session.data_config.subsets or []),
+            ]
+        ).encode()
+    ).hexdigest()[:10]
+    config = SearchConfig(
+        model=session.model_config,
+        data=dataclasses.replace(session.data_config, dev_limit=None, test_limit=None),
+        study=StudyConfig(
+            strategy=strategy,
+            trials=trials,
+            seed=seed,
+            study_name=re.sub(r"[^A-Za-z0-9_.:-]", "_", f"{spec.name}-conflicts-{strategy}-{digest}"),
+        ),
+        out=str(out / "conflicts_search"),
+        batch_size=session.factory.batch_size,
+    )
     resume = _study_exists(config)
     if resume:
-        notes.append(f"study '{config.name}' (same AQ dev items and model) already in {config.out}: resumed to {trials} finished trials")
-    search = run_search(config.replace(resume=resume), scorer=scorer, data=dataclasses.replace(session.data, dev=aq_dev, test=aq_test),
-                        show_progress=progress)
+        notes.append(
+            f"study '{config.name}' (same AQ dev items and model) already in {config.out}: resumed to {trials} finished trials"
+        )
+    search = run_search(
+        config.replace(resume=resume),
+        scorer=scorer,
+        data=dataclasses.replace(session.data, dev=aq_dev, test=aq_test),
+        show_progress=progress,
+    )
 
     # 4. Table 3 on the held-out test items
     if not vcq_test:
@@ -189,9 +268,17 @@ def run_conflicts(session, out: Path, *, limit: int | None = 12, seeds: int = 3,
             if not set_items:
                 continue
             clean = scorer.score(p, set_items).table
-            robust = evaluate_robustness(scorer, p, set_items, the_suite, pool=pool, similarity=similarity,
-                                         paraphrases=session.paraphrases, progress=progress,
-                                         desc=f"{set_name} {name}").summary
+            robust = evaluate_robustness(
+                scorer,
+                p,
+                set_items,
+                the_suite,
+                pool=pool,
+                similarity=similarity,
+                paraphrases=session.paraphrases,
+                progress=progress,
+                desc=f"{set_name} {name}",
+            ).summary
             rows.append(conflicts.table3_row(set_name, name, clean, robust))
     table3 = pd.DataFrame(rows + conflicts.paper_table3_rows())
     written += save_table(table3, out / "conflicts_table3")

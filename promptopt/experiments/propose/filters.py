@@ -25,8 +25,21 @@ from promptopt.tasks.item import Item
 MIN_WORDS, MAX_WORDS = 3, 80
 QUOTE_WORDS = 6
 DUPLICATE_COSINE = 0.9
-MARKERS = ("{", "}", "<|", "|>", "<start_of_turn>", "<end_of_turn>", "[INST]", "[/INST]", "<<SYS>>", "<s>", "</s>",
-           "<bos>", "<eos>")
+MARKERS = (
+    "{",
+    "}",
+    "<|",
+    "|>",
+    "<start_of_turn>",
+    "<end_of_turn>",
+    "[INST]",
+    "[/INST]",
+    "<<SYS>>",
+    "<s>",
+    "</s>",
+    "<bos>",
+    "<eos>",
+)
 _JOINERS = {"or", "and", "a", "an", "the", "is", "it", "either", "one", "of"}
 _WORD = re.compile(r"[\w']+")
 
@@ -39,7 +52,9 @@ def gold_strings(items: list[Item]) -> set[str]:
             out.add(item.choices[item.gold])
         elif isinstance(item.gold, (tuple, list)):
             out.update(str(g) for g in item.gold)
-        elif isinstance(item.gold, str) and item.meta.get("entry_point") is None:  # code tasks: the gold is a test program
+        elif (
+            isinstance(item.gold, str) and item.meta.get("entry_point") is None
+        ):  # code tasks: the gold is a test program
             out.add(item.gold)
     return {" ".join(s.lower().split()) for s in out if s and s.strip()}
 
@@ -73,8 +88,13 @@ class ProposalFilter:
         self.kept = [t for t in self.existing if t.strip()]
         self._label_tokens = {t for label in self.labels for t in _WORD.findall(label)}
         testable = {g for g in self.golds - self.labels if len(g) > 1}
-        self._leak = re.compile(r"(?<![\w])(?:" + "|".join(re.escape(g) for g in sorted(testable, key=len, reverse=True)) + r")(?![\w])") \
-            if testable else None
+        self._leak = (
+            re.compile(
+                r"(?<![\w])(?:" + "|".join(re.escape(g) for g in sorted(testable, key=len, reverse=True)) + r")(?![\w])"
+            )
+            if testable
+            else None
+        )
 
     def reason(self, text: str) -> str | None:
         """Why `text` is rejected, or None when it may enter the space."""

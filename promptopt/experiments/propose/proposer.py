@@ -73,13 +73,26 @@ class Proposals:
     task_summary: str | None = None  # grounded: what the proposer wrote about the task first
 
     def to_json(self) -> dict:
-        return {"key": self.key, "accepted": [asdict(p) for p in self.accepted], "rejected": self.rejected,
-                "drops": self.drops, "attempts": self.attempts, "task_summary": self.task_summary}
+        return {
+            "key": self.key,
+            "accepted": [asdict(p) for p in self.accepted],
+            "rejected": self.rejected,
+            "drops": self.drops,
+            "attempts": self.attempts,
+            "task_summary": self.task_summary,
+        }
 
     @classmethod
     def from_json(cls, data: dict) -> Proposals:
-        return cls([Proposal(**p) for p in data["accepted"]], data["rejected"], data["drops"], data["attempts"], data["key"],
-                   reused=True, task_summary=data.get("task_summary"))
+        return cls(
+            [Proposal(**p) for p in data["accepted"]],
+            data["rejected"],
+            data["drops"],
+            data["attempts"],
+            data["key"],
+            reused=True,
+            task_summary=data.get("task_summary"),
+        )
 
 
 @dataclass
@@ -95,19 +108,35 @@ class _Proposer:
     def __post_init__(self) -> None:
         self.chat = self.lm.has_chat_template
 
-    def write(self, request: requests.Request, *, seed: int | None, completion: bool = False, override=None,
-              max_new_tokens: int = MAX_NEW_TOKENS) -> str:
+    def write(
+        self,
+        request: requests.Request,
+        *,
+        seed: int | None,
+        completion: bool = False,
+        override=None,
+        max_new_tokens: int = MAX_NEW_TOKENS,
+    ) -> str:
         """One reply: sampled with `seed`, greedy with None. `completion` forces the plain-text form; `override`
         replaces the default stop (the end of the paragraph in chat, of the line in a completion)."""
         tok = self.lm.tokenizer
         if self.chat and not completion:
-            text = tok.apply_chat_template([{"role": "user", "content": request.chat}], tokenize=False, add_generation_prompt=True)
+            text = tok.apply_chat_template(
+                [{"role": "user", "content": request.chat}], tokenize=False, add_generation_prompt=True
+            )
             ids, stop = tok(text, add_special_tokens=False)["input_ids"], ["\n\n"]
         else:
             ids, stop = tok(request.completion)["input_ids"], ["\n"]
         sampled = seed is not None
-        gen = self.runner.generate([ids], max_new_tokens=max_new_tokens, stop=stop if override is None else override, keep_hidden=False,
-                                   temperature=TEMPERATURE if sampled else 0.0, top_p=TOP_P, seed=seed)[0]
+        gen = self.runner.generate(
+            [ids],
+            max_new_tokens=max_new_tokens,
+            stop=stop if override is None else override,
+            keep_hidden=False,
+            temperature=TEMPERATURE if sampled else 0.0,
+            top_p=TOP_P,
+            seed=seed,
+        )[0]
         return gen.text
 
 
@@ -124,8 +153,13 @@ class ProposerModel:
         return self.config.spec
 
     def key(self) -> dict:
-        return {"proposer": self.spec, "proposer_sha256": self.sha256, "dtype": self.config.resolved_dtype(),
-                "quantize": self.config.quantize, "device": self.config.resolved_device_type()}
+        return {
+            "proposer": self.spec,
+            "proposer_sha256": self.sha256,
+            "dtype": self.config.resolved_dtype(),
+            "quantize": self.config.quantize,
+            "device": self.config.resolved_device_type(),
+        }
 
 
 def proposer_model(session, spec: str | None) -> ProposerModel:
@@ -151,32 +185,58 @@ def load_proposer(session, model: ProposerModel) -> _Proposer:
     return _Proposer(lm, Runner(lm, batch_size=session.factory.batch_size), model.spec, model.sha256)
 
 
-def request_key(request: ProposeRequest, model: ProposerModel, session, instructions: dict, label_words, history: list | None) -> str:
+def request_key(
+    request: ProposeRequest, model: ProposerModel, session, instructions: dict, label_words, history: list | None
+) -> str:
     """The hash of everything the proposals depend on (the cache key)."""
     data = session.data
-    inputs = {"version": VERSION, "mode": request.mode, "n": request.n, "seed": request.seed, "round": request.round,
-              **model.key(), "task": data.spec.name, "pool": items_sha256(data.pool), "dev": items_sha256(session.items("dev")),
-              "test": items_sha256(session.items("test")), "instructions": sorted(instructions.values()),
-              "label_words": sorted(label_words), "history": history}
+    inputs = {
+        "version": VERSION,
+        "mode": request.mode,
+        "n": request.n,
+        "seed": request.seed,
+        "round": request.round,
+        **model.key(),
+        "task": data.spec.name,
+        "pool": items_sha256(data.pool),
+        "dev": items_sha256(session.items("dev")),
+        "test": items_sha256(session.items("test")),
+        "instructions": sorted(instructions.values()),
+        "label_words": sorted(label_words),
+        "history": history,
+    }
     if request.mode == "reflect":  # the flips come from the task's model on its default prompt
         from promptopt.robustness.suite import load_suite, suite_sha256
 
         task_model = session.model_config
         inputs["search_suite"] = suite_sha256(load_suite(request.search_suite))
-        inputs["task_model"] = {"spec": task_model.spec, "dtype": task_model.resolved_dtype(), "quantize": task_model.quantize,
-                                "device": task_model.resolved_device_type()}
+        inputs["task_model"] = {
+            "spec": task_model.spec,
+            "dtype": task_model.resolved_dtype(),
+            "quantize": task_model.quantize,
+            "device": task_model.resolved_device_type(),
+        }
         inputs["reflect_prompt"] = data.default_prompt().to_card()
     return sha256_json(inputs)
 
 
-def propose(request: ProposeRequest, *, session, instructions: dict[str, str], template_label_words=(),
-            history: list[tuple[str, str, float]] | None = None, cache_dir: Path | None = None) -> Proposals:
+def propose(
+    request: ProposeRequest,
+    *,
+    session,
+    instructions: dict[str, str],
+    template_label_words=(),
+    history: list[tuple[str, str, float]] | None = None,
+    cache_dir: Path | None = None,
+) -> Proposals:
     """`n` new instructions for the session's task, beside `instructions` (the space's, name -> text).
 
     `history`: (name, text, dev accuracy) of scored instructions, for the `history` mode (required there).
     `cache_dir`: where proposals are remembered by content hash (None: not remembered)."""
     if request.mode == "history" and not history:
-        raise UserError("--propose-mode history: needs scored instructions (search --rounds, or propose scores the space's own)")
+        raise UserError(
+            "--propose-mode history: needs scored instructions (search --rounds, or propose scores the space's own)"
+        )
     model = proposer_model(session, request.proposer)
     key = request_key(request, model, session, instructions, template_label_words, history)
     cached = Path(cache_dir) / f"{key[:24]}.json" if cache_dir is not None else None
@@ -184,7 +244,9 @@ def propose(request: ProposeRequest, *, session, instructions: dict[str, str], t
         found = Proposals.from_json(json.loads(cached.read_text(encoding="utf-8")))
         if found.key == key:
             return found  # the proposer is never loaded
-    result = _generate(request, load_proposer(session, model), session, instructions, template_label_words, history, key)
+    result = _generate(
+        request, load_proposer(session, model), session, instructions, template_label_words, history, key
+    )
     if cached is not None:
         cached.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(cached, json.dumps(result.to_json(), indent=1, ensure_ascii=False))
@@ -199,27 +261,45 @@ def _generate(request, proposer: _Proposer, session, instructions, template_labe
     if not pool:
         raise UserError(f"task {data.spec.name}: the exemplar pool is empty; proposals are grounded on pool rows")
     evaluated = [*session.items("dev"), *session.items("test")]
-    screen = ProposalFilter(existing=list(instructions.values()), golds=gold_strings(evaluated),
-                            labels=label_words([*pool, *evaluated], template_label_words), similarity=Similarity(),
-                            quoted=shingles(i.question for i in evaluated))
+    screen = ProposalFilter(
+        existing=list(instructions.values()),
+        golds=gold_strings(evaluated),
+        labels=label_words([*pool, *evaluated], template_label_words),
+        similarity=Similarity(),
+        quoted=shingles(i.question for i in evaluated),
+    )
     mode_index = MODES.index(request.mode)
     task_summary, flips = None, []
     if request.mode == "grounded":
         rng = np.random.default_rng([request.seed, mode_index, request.round, 10**6])
         rows = _rows(rng, pool, SUMMARY_ROWS)
-        task_summary = requests.first_sentences(proposer.write(requests.summary(rows), seed=None, override=[], max_new_tokens=SUMMARY_TOKENS)) or "(no summary)"
+        task_summary = (
+            requests.first_sentences(
+                proposer.write(requests.summary(rows), seed=None, override=[], max_new_tokens=SUMMARY_TOKENS)
+            )
+            or "(no summary)"
+        )
     if request.mode == "reflect":
         flips = find_flips(session, request.search_suite)
         if not flips:
-            raise UserError(f"--propose-mode reflect: no dev item of task {data.spec.name} changed its answer under search suite "
-                            f"'{request.search_suite}' with the default prompt; nothing to reflect on (try another mode)")
+            raise UserError(
+                f"--propose-mode reflect: no dev item of task {data.spec.name} changed its answer under search suite "
+                f"'{request.search_suite}' with the default prompt; nothing to reflect on (try another mode)"
+            )
     accepted, rejected, attempt = [], [], 0
     limit = 4 * request.n + 8
     while len(accepted) < request.n and attempt < limit:
         rng = np.random.default_rng([request.seed, mode_index, request.round, attempt])
         seed = int(rng.integers(2**31 - 1))
-        provenance = {"mode": request.mode, "proposer": proposer.spec, "proposer_sha256": proposer.sha256,
-                      "seed": request.seed, "attempt": attempt, "round": request.round, "parents": []}
+        provenance = {
+            "mode": request.mode,
+            "proposer": proposer.spec,
+            "proposer_sha256": proposer.sha256,
+            "seed": request.seed,
+            "attempt": attempt,
+            "round": request.round,
+            "parents": [],
+        }
         if request.mode == "induce":
             rows = _rows(rng, pool, INDUCE_ROWS)
             reply = proposer.write(requests.induce(rows), seed=seed, completion=True)
@@ -233,7 +313,9 @@ def _generate(request, proposer: _Proposer, session, instructions, template_labe
             provenance["parents"] = [name for name, _, _ in shown]
             reply = proposer.write(requests.history([(text, value) for _, text, value in shown], rows), seed=seed)
         else:
-            picked = [flips[i] for i in sorted(rng.choice(len(flips), size=min(FLIPS_SHOWN, len(flips)), replace=False))]
+            picked = [
+                flips[i] for i in sorted(rng.choice(len(flips), size=min(FLIPS_SHOWN, len(flips)), replace=False))
+            ]
             rows = [f.item for f in picked]
             provenance["perturbed_families"] = sorted({f.family for f in picked})
             reply = proposer.write(requests.reflect(picked), seed=seed)
@@ -282,8 +364,14 @@ def _find_flips(session, suite_spec: str, limit: int) -> list[Flip]:
     prompt, dev = session.data.default_prompt(), session.items("dev")[:limit]
     by_id = {item.id: item for item in dev}
     clean = scorer.score(prompt, dev).table.set_index("item_id")
-    context = {"pool": session.data.pool, "evaluated": set(by_id), "distractors": list(suite.distractors), "lm": scorer.lm,
-               "runner": scorer.runner, "paraphrases": session.paraphrases}
+    context = {
+        "pool": session.data.pool,
+        "evaluated": set(by_id),
+        "distractors": list(suite.distractors),
+        "lm": scorer.lm,
+        "runner": scorer.runner,
+        "paraphrases": session.paraphrases,
+    }
     similarity, flips = Similarity(), []
     for family in suite.families:
         if not OPERATORS[family.operator].changes_text:  # reflect shows text against text

@@ -71,24 +71,32 @@ class Request:
 
 
 def induce(rows: list[Item]) -> Request:
-    text = ("I gave a friend an instruction and some inputs. The friend read the instruction and wrote an output for "
-            f"every one of the inputs. Here are the input-output pairs:\n\n{rows_text(rows)}\n\nThe instruction was to")
+    text = (
+        "I gave a friend an instruction and some inputs. The friend read the instruction and wrote an output for "
+        f"every one of the inputs. Here are the input-output pairs:\n\n{rows_text(rows)}\n\nThe instruction was to"
+    )
     return Request(chat=text, completion=text)
 
 
 def summary(rows: list[Item]) -> Request:
     ask = "Describe in two sentences what task these examples come from and what a correct output looks like."
-    return Request(chat=f"Here are examples of a task, each an input and its correct output.\n\n{rows_text(rows)}\n\n{ask}",
-                   completion=f"Examples of a task, each an input and its correct output.\n\n{rows_text(rows)}\n\n"
-                              "What the task is, in two sentences:")
+    return Request(
+        chat=f"Here are examples of a task, each an input and its correct output.\n\n{rows_text(rows)}\n\n{ask}",
+        completion=f"Examples of a task, each an input and its correct output.\n\n{rows_text(rows)}\n\n"
+        "What the task is, in two sentences:",
+    )
 
 
 def grounded(task_summary: str, rows: list[Item], tip: str) -> Request:
     return Request(
-        chat=(f"Task: {task_summary}\n\nExamples:\n\n{rows_text(rows)}\n\nWrite one instruction that tells an assistant how to "
-              f"do this task. {TIPS[tip]} Reply with the instruction only, in one or two sentences."),
-        completion=(f"Task: {task_summary}\n\nExamples:\n\n{rows_text(rows)}\n\nAdvice: {TIPS[tip]}\n"
-                    "An instruction for this task, in one or two sentences:"),
+        chat=(
+            f"Task: {task_summary}\n\nExamples:\n\n{rows_text(rows)}\n\nWrite one instruction that tells an assistant how to "
+            f"do this task. {TIPS[tip]} Reply with the instruction only, in one or two sentences."
+        ),
+        completion=(
+            f"Task: {task_summary}\n\nExamples:\n\n{rows_text(rows)}\n\nAdvice: {TIPS[tip]}\n"
+            "An instruction for this task, in one or two sentences:"
+        ),
     )
 
 
@@ -96,24 +104,34 @@ def history(scored: list[tuple[str, float]], rows: list[Item]) -> Request:
     """`scored`: (instruction, dev accuracy), listed worst first as OPRO does (the best sits nearest the ask)."""
     listed = "\n\n".join(f"Instruction: {text or '(none)'}\nAccuracy: {value:.2f}" for text, value in scored)
     return Request(
-        chat=(f"Here are instructions for a task, each with its accuracy on held-out examples, from worst to best:\n\n{listed}\n\n"
-              f"Examples of the task:\n\n{rows_text(rows)}\n\nWrite a new instruction that differs from all of the above and "
-              "reaches a higher accuracy. Reply with the instruction only, in one or two sentences."),
-        completion=(f"Instructions for a task with their accuracy on held-out examples, from worst to best:\n\n{listed}\n\n"
-                    f"Examples of the task:\n\n{rows_text(rows)}\n\nA new instruction with a higher accuracy:"),
+        chat=(
+            f"Here are instructions for a task, each with its accuracy on held-out examples, from worst to best:\n\n{listed}\n\n"
+            f"Examples of the task:\n\n{rows_text(rows)}\n\nWrite a new instruction that differs from all of the above and "
+            "reaches a higher accuracy. Reply with the instruction only, in one or two sentences."
+        ),
+        completion=(
+            f"Instructions for a task with their accuracy on held-out examples, from worst to best:\n\n{listed}\n\n"
+            f"Examples of the task:\n\n{rows_text(rows)}\n\nA new instruction with a higher accuracy:"
+        ),
     )
 
 
 def reflect(flips: list[Flip]) -> Request:
     shown = "\n\n".join(
         f"Original: {_one_line(f.item.question)}\nAnswer: {f.answer}\nReworded ({f.family}): {_one_line(f.perturbed.question)}\n"
-        f"Answer: {f.perturbed_answer}" for f in flips)
+        f"Answer: {f.perturbed_answer}"
+        for f in flips
+    )
     return Request(
-        chat=(f"A model answered these examples differently after a harmless change of wording:\n\n{shown}\n\nThe correct answer "
-              "does not depend on the wording. Write one instruction for this task under which such rewording does not change "
-              "the answer. Reply with the instruction only, in one or two sentences."),
-        completion=(f"Examples answered differently after a harmless change of wording:\n\n{shown}\n\n"
-                    "An instruction for this task under which rewording does not change the answer:"),
+        chat=(
+            f"A model answered these examples differently after a harmless change of wording:\n\n{shown}\n\nThe correct answer "
+            "does not depend on the wording. Write one instruction for this task under which such rewording does not change "
+            "the answer. Reply with the instruction only, in one or two sentences."
+        ),
+        completion=(
+            f"Examples answered differently after a harmless change of wording:\n\n{shown}\n\n"
+            "An instruction for this task under which rewording does not change the answer:"
+        ),
     )
 
 

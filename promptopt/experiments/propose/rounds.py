@@ -47,11 +47,15 @@ class RoundsResult:
 def search_with_proposals(config, request: ProposeRequest, *, expand=None, show_progress: bool = True):
     """One study over the space plus `request.n` proposals -> (SearchResult, Proposals)."""
     if request.mode == "history":
-        raise ConfigError("--propose-mode history proposes from a search's scored history: use search --rounds R (R ≥ 2)")
+        raise ConfigError(
+            "--propose-mode history proposes from a search's scored history: use search --rounds R (R ≥ 2)"
+        )
     out = Path(config.out)
     check_output(out, folder=True, what="--out")
     session = Session(model=config.model, data=config.data, out=out, batch_size=config.batch_size)
-    proposed = propose_space(session, request, space=config.study.space, out=_new_dir(out) / PENDING, cache_dir=out / PROPOSALS_DIR)
+    proposed = propose_space(
+        session, request, space=config.study.space, out=_new_dir(out) / PENDING, cache_dir=out / PROPOSALS_DIR
+    )
     config = settle_space(proposed.path, out / SPACE_FILE, config, session.data, expand)
     result = run_search(config, scorer=session.scorer, expand=expand, show_progress=show_progress)
     return result, proposed.proposals
@@ -85,7 +89,9 @@ def history_of(result, space) -> list[tuple[str, str, float]]:
     return [(name, space.instructions[name], value) for name, value in best.items() if name in space.instructions]
 
 
-def search_rounds(config, request: ProposeRequest, *, rounds: int, expand=None, show_progress: bool = True) -> RoundsResult:
+def search_rounds(
+    config, request: ProposeRequest, *, rounds: int, expand=None, show_progress: bool = True
+) -> RoundsResult:
     """`rounds` studies, each over the previous round's space plus `request.n` history proposals."""
     if rounds < 2:
         raise ConfigError(f"--rounds: expected at least 2 (one round is a plain search), got {rounds}")
@@ -96,40 +102,77 @@ def search_rounds(config, request: ProposeRequest, *, rounds: int, expand=None, 
     space, results, proposals = config.study.space, [], []
     for r in range(rounds):
         run_dir = out / f"round{r}"
-        round_config = config.replace(out=str(run_dir), storage=storage, study_name=f"{config.name}-round{r}", space=space)
+        round_config = config.replace(
+            out=str(run_dir), storage=storage, study_name=f"{config.name}-round{r}", space=space
+        )
         made = None
         if r == 0 and request.mode != "history":
-            made = propose_space(session, dataclasses.replace(request, round=0), space=space, out=_new_dir(run_dir) / PENDING,
-                                 cache_dir=out / PROPOSALS_DIR)
+            made = propose_space(
+                session,
+                dataclasses.replace(request, round=0),
+                space=space,
+                out=_new_dir(run_dir) / PENDING,
+                cache_dir=out / PROPOSALS_DIR,
+            )
         elif r > 0:
             history = history_of(results[-1], load_space(space or session.data.spec.name))
             if not history:
-                raise UserError(f"search --rounds: round {r - 1} completed no trial, so round {r} has no scored instruction to "
-                                "propose from (more --trials, or --no-pruning)")
-            made = propose_space(session, dataclasses.replace(request, mode="history", round=r), space=space,
-                                 out=_new_dir(run_dir) / PENDING, cache_dir=out / PROPOSALS_DIR, history=history)
+                raise UserError(
+                    f"search --rounds: round {r - 1} completed no trial, so round {r} has no scored instruction to "
+                    "propose from (more --trials, or --no-pruning)"
+                )
+            made = propose_space(
+                session,
+                dataclasses.replace(request, mode="history", round=r),
+                space=space,
+                out=_new_dir(run_dir) / PENDING,
+                cache_dir=out / PROPOSALS_DIR,
+                history=history,
+            )
         if made is not None:
-            round_config = settle_space(made.path, run_dir / SPACE_FILE, round_config, session.data, expand, may_create=r > 0)
+            round_config = settle_space(
+                made.path, run_dir / SPACE_FILE, round_config, session.data, expand, may_create=r > 0
+            )
             space = round_config.study.space
         else:
             exists = study_exists(round_config, session.data, expand)
             round_config = round_config.replace(resume=bool(config.study.resume and exists))
         proposals.append(made.proposals if made is not None else None)
         warm = (results[-1].best_params,) if results else ()
-        results.append(run_search(round_config, scorer=session.scorer, expand=expand, show_progress=show_progress, enqueue=warm))
+        results.append(
+            run_search(round_config, scorer=session.scorer, expand=expand, show_progress=show_progress, enqueue=warm)
+        )
     trials = pd.concat([res.trials.assign(round=r) for r, res in enumerate(results)], ignore_index=True)
     write_parquet_and_csv(trials, out / "trials")
     card = out / "best_card.yaml"
     atomic_write_text(card, results[-1].card_path.read_text(encoding="utf-8"))
-    summary = [{"round": r, "study": res.config.name, "space": res.config.study.space, "best_trial": res.best_number,
-                "best_instruction": res.best_params.get("instruction"), "dev_accuracy": res.dev["accuracy"],
-                "test_accuracy": res.test["accuracy"], "search_seconds": res.wall_seconds,
-                "proposed": [{"name": p.name, "text": p.text} for p in (made.accepted if made else [])],
-                "drops": made.drops if made else {}}
-               for r, (res, made) in enumerate(zip(results, proposals))]
-    atomic_write_text(out / "rounds.json", json.dumps({"study": config.name, "rounds": summary,
-                                                       "selection": "the last round's winner (each round starts from the "
-                                                                    "previous best; dev numbers only)"}, indent=1, default=str))
+    summary = [
+        {
+            "round": r,
+            "study": res.config.name,
+            "space": res.config.study.space,
+            "best_trial": res.best_number,
+            "best_instruction": res.best_params.get("instruction"),
+            "dev_accuracy": res.dev["accuracy"],
+            "test_accuracy": res.test["accuracy"],
+            "search_seconds": res.wall_seconds,
+            "proposed": [{"name": p.name, "text": p.text} for p in (made.accepted if made else [])],
+            "drops": made.drops if made else {},
+        }
+        for r, (res, made) in enumerate(zip(results, proposals))
+    ]
+    atomic_write_text(
+        out / "rounds.json",
+        json.dumps(
+            {
+                "study": config.name,
+                "rounds": summary,
+                "selection": "the last round's winner (each round starts from the previous best; dev numbers only)",
+            },
+            indent=1,
+            default=str,
+        ),
+    )
     return RoundsResult(results, proposals, trials, card)
 
 

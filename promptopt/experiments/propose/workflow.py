@@ -30,8 +30,15 @@ def scored_instructions(session, space: SearchSpace) -> list[tuple[str, str, flo
     return out
 
 
-def propose_space(session, request: ProposeRequest, *, space: str | None, out: str | Path, cache_dir: str | Path | None,
-                  history: list[tuple[str, str, float]] | None = None) -> ProposedSpace:
+def propose_space(
+    session,
+    request: ProposeRequest,
+    *,
+    space: str | None,
+    out: str | Path,
+    cache_dir: str | Path | None,
+    history: list[tuple[str, str, float]] | None = None,
+) -> ProposedSpace:
     """Propose `request.n` instructions beside those of `space` (default: the task's built-in space) and write
     the extended space to `out`. The space is checked against the task first, so a wrong space fails before
     anything is generated."""
@@ -40,9 +47,17 @@ def propose_space(session, request: ProposeRequest, *, space: str | None, out: s
     if request.mode == "history" and history is None:
         history = scored_instructions(session, base)
     label_words = [w for t in base.templates.values() for w in (t.label_words or ())]
-    proposals = propose(request, session=session, instructions=base.instructions, template_label_words=label_words,
-                        history=history, cache_dir=cache_dir)
-    note = (f"Plus {len(proposals.accepted)} instructions proposed by {request.mode} (round {request.round}, seed {request.seed}; "
-            "promptopt propose).")
+    proposals = propose(
+        request,
+        session=session,
+        instructions=base.instructions,
+        template_label_words=label_words,
+        history=history,
+        cache_dir=cache_dir,
+    )
+    note = (
+        f"Plus {len(proposals.accepted)} instructions proposed by {request.mode} (round {request.round}, seed {request.seed}; "
+        "promptopt propose)."
+    )
     written = write_space(with_proposals(raw, proposals, note), out)
     return ProposedSpace(Path(out), written, proposals)

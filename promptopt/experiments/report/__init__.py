@@ -18,7 +18,13 @@ from promptopt.errors import UserError
 from promptopt.experiments.report.card import card_section, chosen_card
 from promptopt.experiments.report.numbers import esc, note, table, td, tr, cell_estimate, sig
 from promptopt.experiments.report.sections import (
-    evaluate_sentence, proxy_section, robustness_section, rounds_sentence, search_section, search_sentence, sweep_section,
+    evaluate_sentence,
+    proxy_section,
+    robustness_section,
+    rounds_sentence,
+    search_section,
+    search_sentence,
+    sweep_section,
     sweep_sentence,
 )
 from promptopt.experiments.report.source import Source, read_source
@@ -66,8 +72,11 @@ def _verdict(source: Source) -> str:
         return f'<p class="headline">{esc(sweep_sentence(source.sweep))}</p>'
     if source.kind == "evaluate":
         sentences = [evaluate_sentence(side) for _, _, side in source.families if side]
-        return (f'<p class="headline">Robustness of one prompt (evaluate). {esc(" ".join(sentences))}</p>' if sentences else
-                '<p class="headline">Robustness of one prompt (evaluate): per-family numbers below.</p>')
+        return (
+            f'<p class="headline">Robustness of one prompt (evaluate). {esc(" ".join(sentences))}</p>'
+            if sentences
+            else '<p class="headline">Robustness of one prompt (evaluate): per-family numbers below.</p>'
+        )
     return '<p class="headline">diagnose proxy tables: is a cheap signal a proxy for robustness here? See below.</p>'
 
 
@@ -78,14 +87,27 @@ def _search_table(source: Source) -> str:
     for split in ("dev", "test"):
         s = summary.get(split) or {}
         low, high = (s.get("accuracy_ci95") or [None, None])[:2]
-        rows.append(tr([td(split, left=True), td(str(s.get("n"))), cell_estimate(s.get("accuracy"), low, high, col="accuracy"),
-                        td(sig(s.get("tcb_mean"))), td(sig(s.get("tcb_geomean"))), td(sig(s.get("ppl_mean")))]))
+        rows.append(
+            tr(
+                [
+                    td(split, left=True),
+                    td(str(s.get("n"))),
+                    cell_estimate(s.get("accuracy"), low, high, col="accuracy"),
+                    td(sig(s.get("tcb_mean"))),
+                    td(sig(s.get("tcb_geomean"))),
+                    td(sig(s.get("ppl_mean"))),
+                ]
+            )
+        )
     how = summary.get("selection")
-    return (table(["Items", "n", "Accuracy", "mean δ_TCB", "geomean δ_TCB", "mean PPL"], rows, table_id="strategies-table")
-            + (note(f"Winner chosen by: {esc(how)}") if how else ""))
+    return table(
+        ["Items", "n", "Accuracy", "mean δ_TCB", "geomean δ_TCB", "mean PPL"], rows, table_id="strategies-table"
+    ) + (note(f"Winner chosen by: {esc(how)}") if how else "")
 
 
-def build_report(run_dir: str | Path, *, card: Path | None = None, robustness: list[Path] = (), taboo: list[Path] = ()) -> str:
+def build_report(
+    run_dir: str | Path, *, card: Path | None = None, robustness: list[Path] = (), taboo: list[Path] = ()
+) -> str:
     from plotly.offline import get_plotlyjs
 
     source = read_source(run_dir, robustness=[Path(p) for p in robustness], taboo=[Path(p) for p in taboo])
@@ -94,10 +116,22 @@ def build_report(run_dir: str | Path, *, card: Path | None = None, robustness: l
     task, model = _title(source)
     sections = [
         ("verdict", "Verdict", _verdict(source)),
-        ("paired", "Paired differences", paired_section(source.paired, source.summary) if source.kind == "compare"
-         else note("Nothing paired: this is not a compare directory.")),
-        ("strategies", "Strategies", strategy_section(source.compare, source.candidates, source.summary) if source.kind == "compare"
-         else _search_table(source) if source.kind in ("search", "rounds") else note("No search strategy here.")),
+        (
+            "paired",
+            "Paired differences",
+            paired_section(source.paired, source.summary)
+            if source.kind == "compare"
+            else note("Nothing paired: this is not a compare directory."),
+        ),
+        (
+            "strategies",
+            "Strategies",
+            strategy_section(source.compare, source.candidates, source.summary)
+            if source.kind == "compare"
+            else _search_table(source)
+            if source.kind in ("search", "rounds")
+            else note("No search strategy here."),
+        ),
         ("robustness", "Robustness per family and strategy", robustness_section(source, chosen, winners)),
         ("card", "The chosen card", card_section(chosen, source.root, source.strategies)),
         ("search", "Search", search_section(source)),
@@ -105,17 +139,29 @@ def build_report(run_dir: str | Path, *, card: Path | None = None, robustness: l
         ("sweep", "Stress sweep (taboo paper, Figures 1, 3, 8)", sweep_section(source)),
     ]
     nav = "".join(f'<a href="#{ident}">{esc(title.split(" (")[0])}</a>' for ident, title, _ in sections)
-    body = "".join(f'<section id="{ident}"><h2>{esc(title)}</h2>{content}</section>' for ident, title, content in sections)
-    head = (f"<h1>promptopt report · {esc(task)} · {esc(model)}</h1>"
-            f'<p class="note">{esc(source.root)} · a {esc(source.kind)} directory · written '
-            f'{time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}</p><nav>{nav}</nav>')
-    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>promptopt report · {esc(task)}</title>'
-            f'<meta name="viewport" content="width=device-width, initial-scale=1"><style>{_CSS}</style>'
-            f'<script type="text/javascript">{get_plotlyjs()}</script></head><body>{head}{body}</body></html>\n')
+    body = "".join(
+        f'<section id="{ident}"><h2>{esc(title)}</h2>{content}</section>' for ident, title, content in sections
+    )
+    head = (
+        f"<h1>promptopt report · {esc(task)} · {esc(model)}</h1>"
+        f'<p class="note">{esc(source.root)} · a {esc(source.kind)} directory · written '
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}</p><nav>{nav}</nav>"
+    )
+    return (
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>promptopt report · {esc(task)}</title>'
+        f'<meta name="viewport" content="width=device-width, initial-scale=1"><style>{_CSS}</style>'
+        f'<script type="text/javascript">{get_plotlyjs()}</script></head><body>{head}{body}</body></html>\n'
+    )
 
 
-def write_report(run_dir: str | Path, *, out: str | Path | None = None, card: Path | None = None,
-                 robustness: list[Path] = (), taboo: list[Path] = ()) -> Path:
+def write_report(
+    run_dir: str | Path,
+    *,
+    out: str | Path | None = None,
+    card: Path | None = None,
+    robustness: list[Path] = (),
+    taboo: list[Path] = (),
+) -> Path:
     """Build the whole page in memory, then write it atomically."""
     out = Path(out) if out is not None else Path(run_dir) / "report.html"
     if out.is_dir():

@@ -17,7 +17,14 @@ ALIASES = {
     "clean": ("clean_correct", "correct_clean"),
     "perturbed": ("perturbed_correct", "correct_perturbed", "correct"),
     "clean_pred": ("clean_prediction", "prediction_clean", "clean_pred", "pred_clean"),
-    "perturbed_pred": ("perturbed_prediction", "prediction_perturbed", "perturbed_pred", "pred_perturbed", "prediction", "pred"),
+    "perturbed_pred": (
+        "perturbed_prediction",
+        "prediction_perturbed",
+        "perturbed_pred",
+        "pred_perturbed",
+        "prediction",
+        "pred",
+    ),
     "text": ("variant_text", "perturbed_text", "text", "question"),
     "group": ("perturbations", "seen_unseen", "suite_role", "seen"),
 }
@@ -29,8 +36,11 @@ def column(frame: pd.DataFrame, role: str) -> str | None:
 
 
 def usable(frame: pd.DataFrame | None) -> bool:
-    return (frame is not None and all(column(frame, r) for r in ("item", "family", "clean", "perturbed"))
-            and len(variant_rows(frame)) > 0)
+    return (
+        frame is not None
+        and all(column(frame, r) for r in ("item", "family", "clean", "perturbed"))
+        and len(variant_rows(frame)) > 0
+    )
 
 
 def variant_rows(items: pd.DataFrame) -> pd.DataFrame:
@@ -53,14 +63,17 @@ def family_table(items: pd.DataFrame, *, n_boot: int = 500, seed: int = 0) -> pd
     """One row per (strategy, group, family): n items, n variants, clean/perturbed accuracy, PDR, intervals."""
     items = variant_rows(items)
     item, family = column(items, "item"), column(items, "family")
-    frame = pd.DataFrame({
-        "strategy": items["strategy"].astype(str) if "strategy" in items else "",
-        "group": group_labels(items),
-        "family": items[family].astype(str),
-        "key": (items["seed"].astype(str) + ":" if "seed" in items else "") + items[item].astype(str),  # (seed, item)
-        "clean": items[column(items, "clean")].astype(bool).astype(float),
-        "perturbed": items[column(items, "perturbed")].astype(bool).astype(float),
-    })
+    frame = pd.DataFrame(
+        {
+            "strategy": items["strategy"].astype(str) if "strategy" in items else "",
+            "group": group_labels(items),
+            "family": items[family].astype(str),
+            "key": (items["seed"].astype(str) + ":" if "seed" in items else "")
+            + items[item].astype(str),  # (seed, item)
+            "clean": items[column(items, "clean")].astype(bool).astype(float),
+            "perturbed": items[column(items, "perturbed")].astype(bool).astype(float),
+        }
+    )
     rows = []
     for (strategy, group, fam), part in frame.groupby(["strategy", "group", "family"], sort=False):
         per_item = part.groupby("key", sort=False)[["clean", "perturbed"]].agg(["sum", "count"])
@@ -70,10 +83,21 @@ def family_table(items: pd.DataFrame, *, n_boot: int = 500, seed: int = 0) -> pd
         acc_clean, acc_pert = clean_sum.sum() / n, pert_sum.sum() / n
 
         low, high = _pdr_interval(clean_sum, pert_sum, count, n_boot=n_boot, seed=seed)
-        rows.append({"strategy": strategy, "group": group, "family": fam, "n_items": len(count), "n_variants": n,
-                     "acc_clean": acc_clean, "acc_clean_ci": wilson_interval(int(clean_sum.sum()), n),
-                     "acc_perturbed": acc_pert, "acc_perturbed_ci": wilson_interval(int(pert_sum.sum()), n),
-                     "pdr": performance_drop_rate(acc_clean, acc_pert), "pdr_ci": (low, high)})
+        rows.append(
+            {
+                "strategy": strategy,
+                "group": group,
+                "family": fam,
+                "n_items": len(count),
+                "n_variants": n,
+                "acc_clean": acc_clean,
+                "acc_clean_ci": wilson_interval(int(clean_sum.sum()), n),
+                "acc_perturbed": acc_pert,
+                "acc_perturbed_ci": wilson_interval(int(pert_sum.sum()), n),
+                "pdr": performance_drop_rate(acc_clean, acc_pert),
+                "pdr_ci": (low, high),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -101,13 +125,24 @@ def flips(items: pd.DataFrame) -> pd.DataFrame:
     for (i, fam), part in frame.groupby([item, family], sort=False):
         lines = []
         for _, r in part.head(4).iterrows():
-            answer = (f"{r[clean_pred]} → {r[pert_pred]}" if clean_pred and pert_pred else
-                      f"{r[pert_pred]}" if pert_pred else "")
+            answer = (
+                f"{r[clean_pred]} → {r[pert_pred]}"
+                if clean_pred and pert_pred
+                else f"{r[pert_pred]}"
+                if pert_pred
+                else ""
+            )
             variant_text = str(r[text])[:220] + ("…" if len(str(r[text])) > 220 else "") if text else ""
             lines.append(f"{FLIPS[int(r['_code'])]}: {answer}<br>{_wrap(variant_text)}")
         more = f"<br>(+{len(part) - 4} more variants)" if len(part) > 4 else ""
-        rows.append({"item": str(i), "family": str(fam), "code": int(part["_code"].max()),
-                     "hover": f"item {i} · {fam} · {len(part)} variant(s)<br>" + "<br>".join(lines) + more})
+        rows.append(
+            {
+                "item": str(i),
+                "family": str(fam),
+                "code": int(part["_code"].max()),
+                "hover": f"item {i} · {fam} · {len(part)} variant(s)<br>" + "<br>".join(lines) + more,
+            }
+        )
     return pd.DataFrame(rows)
 
 

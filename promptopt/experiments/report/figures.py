@@ -23,9 +23,13 @@ def embed(fig, name: str, height: int = 420) -> str:
 
 def _bars(values, lows, highs) -> dict:
     """Asymmetric error bars from interval bounds (0 where a bound is missing)."""
-    return {"type": "data", "symmetric": False, "visible": True,
-            "array": [h - v if finite(h) and finite(v) else 0 for v, h in zip(values, highs)],
-            "arrayminus": [v - lo if finite(lo) and finite(v) else 0 for v, lo in zip(values, lows)]}
+    return {
+        "type": "data",
+        "symmetric": False,
+        "visible": True,
+        "array": [h - v if finite(h) and finite(v) else 0 for v, h in zip(values, highs)],
+        "arrayminus": [v - lo if finite(lo) and finite(v) else 0 for v, lo in zip(values, lows)],
+    }
 
 
 def forest(rows: list[dict], metrics: list[tuple[str, str]]):
@@ -34,8 +38,13 @@ def forest(rows: list[dict], metrics: list[tuple[str, str]]):
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    fig = make_subplots(rows=1, cols=len(metrics), shared_yaxes=True, horizontal_spacing=0.04,
-                        subplot_titles=[f"Δ {label}" for _, label in metrics])
+    fig = make_subplots(
+        rows=1,
+        cols=len(metrics),
+        shared_yaxes=True,
+        horizontal_spacing=0.04,
+        subplot_titles=[f"Δ {label}" for _, label in metrics],
+    )
     labels = [r["label"] for r in rows]
     shown = set()
     for j, (col, label) in enumerate(metrics, 1):
@@ -45,16 +54,28 @@ def forest(rows: list[dict], metrics: list[tuple[str, str]]):
                 continue
             values = [r[col][0] for r in picked]
             name = "significant" if significant else "not significant"
-            fig.add_trace(go.Scatter(
-                x=values, y=[r["label"] for r in picked], mode="markers", name=name, legendgroup=name,
-                showlegend=name not in shown, marker={"size": 10, "color": SIGNIFICANT if significant else PLAIN},
-                error_x=_bars(values, [r[col][1] for r in picked], [r[col][2] for r in picked]),
-                hovertemplate="%{y}<br>Δ " + label + " %{x:.3f}<extra></extra>"), row=1, col=j)
+            fig.add_trace(
+                go.Scatter(
+                    x=values,
+                    y=[r["label"] for r in picked],
+                    mode="markers",
+                    name=name,
+                    legendgroup=name,
+                    showlegend=name not in shown,
+                    marker={"size": 10, "color": SIGNIFICANT if significant else PLAIN},
+                    error_x=_bars(values, [r[col][1] for r in picked], [r[col][2] for r in picked]),
+                    hovertemplate="%{y}<br>Δ " + label + " %{x:.3f}<extra></extra>",
+                ),
+                row=1,
+                col=j,
+            )
             shown.add(name)
         fig.add_vline(x=0, line_dash="dot", line_color="#888", row=1, col=j)
     fig.update_yaxes(categoryorder="array", categoryarray=labels[::-1], type="category")
-    fig.update_layout(title="Paired differences (first − second) on the same items, 95% intervals",
-                      legend={"orientation": "h", "y": -0.12})
+    fig.update_layout(
+        title="Paired differences (first − second) on the same items, 95% intervals",
+        legend={"orientation": "h", "y": -0.12},
+    )
     return fig
 
 
@@ -64,15 +85,34 @@ def strategy_robustness(winners: pd.DataFrame, columns: list[tuple[str, str]]):
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    fig = make_subplots(rows=1, cols=len(columns), subplot_titles=[
-        label + (" (lower = more robust)" if key.startswith(("pdr", "format")) else " (higher = more robust)") for key, label in columns])
+    fig = make_subplots(
+        rows=1,
+        cols=len(columns),
+        subplot_titles=[
+            label + (" (lower = more robust)" if key.startswith(("pdr", "format")) else " (higher = more robust)")
+            for key, label in columns
+        ],
+    )
     labels = winners["label"].tolist()
     for j, (key, label) in enumerate(columns, 1):
         values = winners[key].tolist()
-        low, high = (winners[f"{key}_ci_{end}"] if f"{key}_ci_{end}" in winners else [None] * len(values) for end in ("low", "high"))
-        fig.add_trace(go.Scatter(x=labels, y=values, mode="markers", marker={"size": 11, "color": PLAIN}, showlegend=False,
-                                 error_y=_bars(values, low, high), hovertemplate="%{x}<br>" + label + " %{y:.3f}<extra></extra>"),
-                      row=1, col=j)
+        low, high = (
+            winners[f"{key}_ci_{end}"] if f"{key}_ci_{end}" in winners else [None] * len(values)
+            for end in ("low", "high")
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=labels,
+                y=values,
+                mode="markers",
+                marker={"size": 11, "color": PLAIN},
+                showlegend=False,
+                error_y=_bars(values, low, high),
+                hovertemplate="%{x}<br>" + label + " %{y:.3f}<extra></extra>",
+            ),
+            row=1,
+            col=j,
+        )
     fig.update_layout(title="Robustness of each winner on the robustness items (95% intervals)")
     return fig
 
@@ -82,8 +122,16 @@ def family_dots(table: pd.DataFrame, title: str):
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.1,
-                        subplot_titles=["accuracy on the items each family perturbed: clean ○, perturbed ●", "PDR (1 − perturbed / clean)"])
+    fig = make_subplots(
+        rows=2,
+        cols=1,
+        shared_xaxes=True,
+        vertical_spacing=0.1,
+        subplot_titles=[
+            "accuracy on the items each family perturbed: clean ○, perturbed ●",
+            "PDR (1 − perturbed / clean)",
+        ],
+    )
     x = [f"{f} ({g})" if g else f for f, g in zip(table["family"], table["group"])]
     table = table.assign(x=x)
     for k, (strategy, part) in enumerate(table.groupby("strategy", sort=False)):
@@ -91,17 +139,41 @@ def family_dots(table: pd.DataFrame, title: str):
         for key, symbol, filled in (("acc_clean", "circle-open", False), ("acc_perturbed", "circle", True)):
             values = part[key].tolist()
             lows, highs = zip(*part[f"{key}_ci"]) if len(part) else ((), ())
-            fig.add_trace(go.Scatter(
-                x=part["x"], y=values, mode="markers", name=name, legendgroup=name, showlegend=filled, offsetgroup=name,
-                marker={"size": 10, "symbol": symbol, "color": colour, "line": {"width": 2, "color": colour}},
-                error_y=_bars(values, lows, highs), customdata=part["n_variants"],
-                hovertemplate=f"{name} · %{{x}}<br>{'perturbed' if filled else 'clean'} accuracy %{{y:.3f}} on %{{customdata}} variants<extra></extra>"),
-                row=1, col=1)
+            fig.add_trace(
+                go.Scatter(
+                    x=part["x"],
+                    y=values,
+                    mode="markers",
+                    name=name,
+                    legendgroup=name,
+                    showlegend=filled,
+                    offsetgroup=name,
+                    marker={"size": 10, "symbol": symbol, "color": colour, "line": {"width": 2, "color": colour}},
+                    error_y=_bars(values, lows, highs),
+                    customdata=part["n_variants"],
+                    hovertemplate=f"{name} · %{{x}}<br>{'perturbed' if filled else 'clean'} accuracy %{{y:.3f}} on %{{customdata}} variants<extra></extra>",
+                ),
+                row=1,
+                col=1,
+            )
         values = part["pdr"].tolist()
         lows, highs = zip(*part["pdr_ci"]) if len(part) else ((), ())
-        fig.add_trace(go.Scatter(x=part["x"], y=values, mode="markers", name=name, legendgroup=name, showlegend=False, offsetgroup=name,
-                                 marker={"size": 10, "symbol": "diamond", "color": colour}, error_y=_bars(values, lows, highs),
-                                 hovertemplate=f"{name} · %{{x}}<br>PDR %{{y:.3f}}<extra></extra>"), row=2, col=1)
+        fig.add_trace(
+            go.Scatter(
+                x=part["x"],
+                y=values,
+                mode="markers",
+                name=name,
+                legendgroup=name,
+                showlegend=False,
+                offsetgroup=name,
+                marker={"size": 10, "symbol": "diamond", "color": colour},
+                error_y=_bars(values, lows, highs),
+                hovertemplate=f"{name} · %{{x}}<br>PDR %{{y:.3f}}<extra></extra>",
+            ),
+            row=2,
+            col=1,
+        )
     fig.update_layout(title=title, scattermode="group", scattergap=0.5)
     fig.update_yaxes(range=[-0.05, 1.05], row=1, col=1)
     return fig
@@ -123,11 +195,24 @@ def flip_map(cells: pd.DataFrame, title: str):
     scale = []
     for k, colour in enumerate(FLIP_COLOURS):
         scale += [[k / 4, colour], [(k + 1) / 4, colour]]
-    fig = go.Figure(go.Heatmap(
-        z=z.to_numpy().tolist(), x=families, y=items, customdata=hover.to_numpy().tolist(), zmin=-0.5, zmax=3.5,
-        colorscale=scale, xgap=1, ygap=1, hovertemplate="%{customdata}<extra></extra>",
-        colorbar={"tickvals": [0, 1, 2, 3], "ticktext": list(FLIPS), "title": "answer"}))
-    fig.update_layout(title=title, xaxis={"side": "top"}, yaxis={"title": "item", "autorange": "reversed", "type": "category"})
+    fig = go.Figure(
+        go.Heatmap(
+            z=z.to_numpy().tolist(),
+            x=families,
+            y=items,
+            customdata=hover.to_numpy().tolist(),
+            zmin=-0.5,
+            zmax=3.5,
+            colorscale=scale,
+            xgap=1,
+            ygap=1,
+            hovertemplate="%{customdata}<extra></extra>",
+            colorbar={"tickvals": [0, 1, 2, 3], "ticktext": list(FLIPS), "title": "answer"},
+        )
+    )
+    fig.update_layout(
+        title=title, xaxis={"side": "top"}, yaxis={"title": "item", "autorange": "reversed", "type": "category"}
+    )
     return fig
 
 
@@ -137,9 +222,14 @@ def history(studies: list, strategy: str):
 
     multi = len(studies[0].directions) > 1
     target = (lambda t: t.values[0]) if multi else None
-    fig = vis.plot_optimization_history(studies if len(studies) > 1 else studies[0], target=target,
-                                        target_name="accuracy" if multi else f"objective ({strategy})")
-    fig.update_layout(title=f"{strategy}: optimization history" + (f" ({len(studies)} seeds)" if len(studies) > 1 else ""))
+    fig = vis.plot_optimization_history(
+        studies if len(studies) > 1 else studies[0],
+        target=target,
+        target_name="accuracy" if multi else f"objective ({strategy})",
+    )
+    fig.update_layout(
+        title=f"{strategy}: optimization history" + (f" ({len(studies)} seeds)" if len(studies) > 1 else "")
+    )
     return fig
 
 
@@ -159,7 +249,7 @@ def _nudge(x: list[float], y: list[float]) -> tuple[list[float], list[float]]:
         key = (round(math.log10(a), 3), round(b, 3))
         k = seen.get(key, 0)
         seen[key] = k + 1
-        out_x.append(a * 1.02 ** k)
+        out_x.append(a * 1.02**k)
         out_y.append(b + (0.012 * ((k + 1) // 2) * (1 if k % 2 else -1) if k else 0))
     return out_x, out_y
 
@@ -173,10 +263,18 @@ def trials_scatter(trials: pd.DataFrame):
     trials = trials[trials["accuracy"].map(finite) & trials["tcb_mean"].map(finite)]
     trials = trials[trials["tcb_mean"] > 0]
     strategies = list(dict.fromkeys(trials["strategy"]))
-    states = [("COMPLETE", "finished")] + ([("PRUNED", "pruned: partial dev items")] if (trials["state"] == "PRUNED").any() else [])
-    fig = make_subplots(rows=len(states), cols=max(1, len(strategies)), shared_yaxes=True, shared_xaxes=True,
-                        horizontal_spacing=0.03, vertical_spacing=0.14,
-                        subplot_titles=[f"{s} · {label}" for _, label in states for s in strategies])
+    states = [("COMPLETE", "finished")] + (
+        [("PRUNED", "pruned: partial dev items")] if (trials["state"] == "PRUNED").any() else []
+    )
+    fig = make_subplots(
+        rows=len(states),
+        cols=max(1, len(strategies)),
+        shared_yaxes=True,
+        shared_xaxes=True,
+        horizontal_spacing=0.03,
+        vertical_spacing=0.14,
+        subplot_titles=[f"{s} · {label}" for _, label in states for s in strategies],
+    )
     seeds = sorted(set(trials["seed"]))
     for i, (state, _) in enumerate(states, 1):
         for j, strategy in enumerate(strategies, 1):
@@ -186,14 +284,39 @@ def trials_scatter(trials: pd.DataFrame):
                     continue
                 x, y = _nudge(part["tcb_mean"].astype(float).tolist(), part["accuracy"].astype(float).tolist())
                 name = f"seed {seed}" if len(seeds) > 1 else "trial"
-                fig.add_trace(go.Scatter(
-                    x=x, y=y, mode="markers", name=name, legendgroup=name, showlegend=(i == 1 and j == 1),
-                    marker={"size": 9, "color": PALETTE[seeds.index(seed) % len(PALETTE)],
-                            "symbol": "circle" if state == "COMPLETE" else "x-thin-open", "line": {"width": 2}},
-                    customdata=list(zip(part["trial"], part["tcb_mean"], part["accuracy"], part["n_dev"], part["template"], part["k"])),
-                    hovertemplate=(f"{strategy} · trial %{{customdata[0]}} ({state.lower()})<br>δ_TCB %{{customdata[1]:.4g}} · "
-                                   "accuracy %{customdata[2]:.3f} on %{customdata[3]} dev items<br>template %{customdata[4]}, "
-                                   "k=%{customdata[5]}<extra></extra>")), row=i, col=j)
+                fig.add_trace(
+                    go.Scatter(
+                        x=x,
+                        y=y,
+                        mode="markers",
+                        name=name,
+                        legendgroup=name,
+                        showlegend=(i == 1 and j == 1),
+                        marker={
+                            "size": 9,
+                            "color": PALETTE[seeds.index(seed) % len(PALETTE)],
+                            "symbol": "circle" if state == "COMPLETE" else "x-thin-open",
+                            "line": {"width": 2},
+                        },
+                        customdata=list(
+                            zip(
+                                part["trial"],
+                                part["tcb_mean"],
+                                part["accuracy"],
+                                part["n_dev"],
+                                part["template"],
+                                part["k"],
+                            )
+                        ),
+                        hovertemplate=(
+                            f"{strategy} · trial %{{customdata[0]}} ({state.lower()})<br>δ_TCB %{{customdata[1]:.4g}} · "
+                            "accuracy %{customdata[2]:.3f} on %{customdata[3]} dev items<br>template %{customdata[4]}, "
+                            "k=%{customdata[5]}<extra></extra>"
+                        ),
+                    ),
+                    row=i,
+                    col=j,
+                )
     fig.update_xaxes(type="log")
     fig.update_yaxes(title_text="dev accuracy", row=1, col=1)
     if len(states) > 1:
@@ -207,10 +330,20 @@ def taboo(frame: pd.DataFrame, title: str):
 
     frame = frame[frame["rank"] > 0]
     values = frame["retention"].tolist()
-    fig = go.Figure(go.Scatter(x=frame["rank"], y=values, mode="lines+markers", name="retention",
-                               error_y=_bars(values, frame["retention_ci_low"], frame["retention_ci_high"])))
-    fig.update_layout(title=title + " (95% Wilson intervals)", xaxis={"title": "taboo rank i (top-i masked)", "type": "log"},
-                      yaxis={"title": "conditional retention", "range": [0, 1.05]})
+    fig = go.Figure(
+        go.Scatter(
+            x=frame["rank"],
+            y=values,
+            mode="lines+markers",
+            name="retention",
+            error_y=_bars(values, frame["retention_ci_low"], frame["retention_ci_high"]),
+        )
+    )
+    fig.update_layout(
+        title=title + " (95% Wilson intervals)",
+        xaxis={"title": "taboo rank i (top-i masked)", "type": "log"},
+        yaxis={"title": "conditional retention", "range": [0, 1.05]},
+    )
     return fig
 
 
@@ -225,10 +358,25 @@ def proxy(correlations: pd.DataFrame):
         part = correlations[correlations["target"] == target]
         values = part["spearman"].tolist()
         colours = [SIGNIFICANT if bool(e) else PLAIN for e in part["interval_excludes_0"]]
-        fig.add_trace(go.Scatter(x=values, y=part["signal"], mode="markers", marker={"size": 10, "color": colours}, showlegend=False,
-                                 error_x={**_bars(values, part["ci_low"], part["ci_high"]), "color": PLAIN},  # one colour: bars take no list
-                                 hovertemplate="%{y}: ρ %{x:.2f}<extra></extra>"), row=1, col=j)
+        fig.add_trace(
+            go.Scatter(
+                x=values,
+                y=part["signal"],
+                mode="markers",
+                marker={"size": 10, "color": colours},
+                showlegend=False,
+                error_x={
+                    **_bars(values, part["ci_low"], part["ci_high"]),
+                    "color": PLAIN,
+                },  # one colour: bars take no list
+                hovertemplate="%{y}: ρ %{x:.2f}<extra></extra>",
+            ),
+            row=1,
+            col=j,
+        )
         fig.add_vline(x=0, line_dash="dot", line_color="#888", row=1, col=j)
     fig.update_xaxes(range=[-1.05, 1.05])
-    fig.update_layout(title="Is the signal a proxy for robustness here? Spearman ρ over prompts (red: interval excludes 0)")
+    fig.update_layout(
+        title="Is the signal a proxy for robustness here? Spearman ρ over prompts (red: interval excludes 0)"
+    )
     return fig

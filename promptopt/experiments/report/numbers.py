@@ -69,8 +69,17 @@ def _exact(value) -> str:
     return repr(float(value)) if finite(value) else "nan"
 
 
-def td(text: str = "", *, value=None, low=None, high=None, left: bool = False, raw: bool = False, col: str | None = None,
-       title: str | None = None) -> str:
+def td(
+    text: str = "",
+    *,
+    value=None,
+    low=None,
+    high=None,
+    left: bool = False,
+    raw: bool = False,
+    col: str | None = None,
+    title: str | None = None,
+) -> str:
     """One cell: `text` escaped (unless `raw`); the exact value and interval in data-v / data-low / data-high,
     its column in data-col."""
     attrs = ' class="l"' if left else ""
@@ -84,12 +93,18 @@ def td(text: str = "", *, value=None, low=None, high=None, left: bool = False, r
     return f"<td{attrs}>{text if raw else html.escape(str(text))}</td>"
 
 
-def cell_estimate(value, low=None, high=None, *, signed: bool = False, col: str | None = None, sd=None, mark: bool = False) -> str:
+def cell_estimate(
+    value, low=None, high=None, *, signed: bool = False, col: str | None = None, sd=None, mark: bool = False
+) -> str:
     """An estimate with its interval on a second line (and ± sd over seeds when given); `mark`: significant."""
     digits = decimals(low, high) if finite(low) or not finite(sd) else decimals(-sd, sd)
     main = num(value, digits, signed=signed) + (f" ± {num(sd, digits)}" if finite(sd) else "")
     bounds = interval(low, high, digits)
-    body = html.escape(main) + (" *" if mark else "") + (f'<br><span class="ci">{html.escape(bounds)}</span>' if bounds else "")
+    body = (
+        html.escape(main)
+        + (" *" if mark else "")
+        + (f'<br><span class="ci">{html.escape(bounds)}</span>' if bounds else "")
+    )
     body = f'<span class="sig">{body}</span>' if mark else body
     return td(body, value=value, low=low if bounds else None, high=high if bounds else None, raw=True, col=col)
 

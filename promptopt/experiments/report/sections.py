@@ -43,12 +43,24 @@ def robustness_section(source, chosen, winners: pd.DataFrame | None) -> str:
         else:
             names = _suite_families(suite)
             n = source.summary.get("n_robust")
-            out.append(_families_line(names, f"Families measured by compare (suite {esc(suite)}, on the first {n} test items)")
-                       if names else note(f"Suite {esc(suite)} on the first {n} test items: not a built-in suite, and compare "
-                                          "records only its name, so its families cannot be listed here."))
-            out.append(note("Per-family numbers are not written by compare today (compare_runs.csv keeps only each prompt's "
-                            "worst family): <code>promptopt evaluate --prompt CARD --suite " + esc(suite) + " --out "
-                            + esc(source.root) + "/robustness</code> writes them, and this section then plots them."))
+            out.append(
+                _families_line(names, f"Families measured by compare (suite {esc(suite)}, on the first {n} test items)")
+                if names
+                else note(
+                    f"Suite {esc(suite)} on the first {n} test items: not a built-in suite, and compare "
+                    "records only its name, so its families cannot be listed here."
+                )
+            )
+            out.append(
+                note(
+                    "Per-family numbers are not written by compare today (compare_runs.csv keeps only each prompt's "
+                    "worst family): <code>promptopt evaluate --prompt CARD --suite "
+                    + esc(suite)
+                    + " --out "
+                    + esc(source.root)
+                    + "/robustness</code> writes them, and this section then plots them."
+                )
+            )
             columns = robust_columns(winners)
             if columns:
                 out.append(figures.embed(figures.strategy_robustness(winners, columns), "robustness-winners", 380))
@@ -57,7 +69,11 @@ def robustness_section(source, chosen, winners: pd.DataFrame | None) -> str:
     for path, frame in source.taboo:
         out.append(figures.embed(figures.taboo(frame, f"Taboo retention vs rank · {path.name}"), "taboo", 360))
     if not out:
-        out.append(note("Nothing measured: no perturbation suite ran here (compare with --suite, or <code>promptopt evaluate --out</code>)."))
+        out.append(
+            note(
+                "Nothing measured: no perturbation suite ran here (compare with --suite, or <code>promptopt evaluate --out</code>)."
+            )
+        )
     return "".join(out)
 
 
@@ -65,7 +81,13 @@ def _from_items(items: pd.DataFrame, chosen) -> str:
     table_ = family_table(items)
     out = [_families_line(list(dict.fromkeys(table_["family"])), "Families measured (robustness_items.parquet)")]
     height = 560 + 10 * table_["family"].nunique()
-    out.append(figures.embed(figures.family_dots(table_, "Per family and strategy, on the same items (95% intervals)"), "families", height))
+    out.append(
+        figures.embed(
+            figures.family_dots(table_, "Per family and strategy, on the same items (95% intervals)"),
+            "families",
+            height,
+        )
+    )
     mine = items
     if chosen is not None and chosen.strategy and "strategy" in items and (items["strategy"] == chosen.strategy).any():
         mine = items[items["strategy"] == chosen.strategy]
@@ -75,9 +97,18 @@ def _from_items(items: pd.DataFrame, chosen) -> str:
     who = f"{chosen.strategy}, seed {chosen.seed}" if chosen is not None and chosen.strategy else "the prompt"
     n_items = cells["item"].nunique()
     broken = int((cells["code"] == 3).sum())
-    out.append(figures.embed(figures.flip_map(cells, f"Which answers changed: the chosen prompt ({who}), items × families"),
-                             "flips", min(1600, 200 + 16 * n_items)))
-    out.append(note(f"{broken} of {len(cells)} (item, family) cells have a variant whose answer broke. Hover a cell for its variants."))
+    out.append(
+        figures.embed(
+            figures.flip_map(cells, f"Which answers changed: the chosen prompt ({who}), items × families"),
+            "flips",
+            min(1600, 200 + 16 * n_items),
+        )
+    )
+    out.append(
+        note(
+            f"{broken} of {len(cells)} (item, family) cells have a variant whose answer broke. Hover a cell for its variants."
+        )
+    )
     return "".join(out)
 
 
@@ -89,16 +120,43 @@ def _evaluate_table(path, frame: pd.DataFrame, side: dict) -> str:
     rows = []
     for r in frame.itertuples():
         n = int(r.n_variants) if "n_variants" in frame and finite(r.n_variants) else 0
-        ci = (lambda p: wilson_interval(round(p * n), n) if n and finite(p) else (math.nan, math.nan))
-        rows.append({"strategy": "", "group": "", "family": r.family, "n_variants": n, "acc_clean": r.acc_clean_same_items,
-                     "acc_clean_ci": ci(r.acc_clean_same_items), "acc_perturbed": r.acc_perturbed, "acc_perturbed_ci": ci(r.acc_perturbed),
-                     "pdr": getattr(r, "pdr", math.nan), "pdr_ci": (math.nan, math.nan)})
+        ci = lambda p: wilson_interval(round(p * n), n) if n and finite(p) else (math.nan, math.nan)
+        rows.append(
+            {
+                "strategy": "",
+                "group": "",
+                "family": r.family,
+                "n_variants": n,
+                "acc_clean": r.acc_clean_same_items,
+                "acc_clean_ci": ci(r.acc_clean_same_items),
+                "acc_perturbed": r.acc_perturbed,
+                "acc_perturbed_ci": ci(r.acc_perturbed),
+                "pdr": getattr(r, "pdr", math.nan),
+                "pdr_ci": (math.nan, math.nan),
+            }
+        )
     dots = pd.DataFrame(rows)
-    out = [_families_line([str(f) for f in frame["family"]], f"Families measured ({esc(path.name)})"),
-           figures.embed(figures.family_dots(dots, f"Perturbation families · {path.name} (Wilson 95% on each family's variants)"), "families", 560)]
+    out = [
+        _families_line([str(f) for f in frame["family"]], f"Families measured ({esc(path.name)})"),
+        figures.embed(
+            figures.family_dots(dots, f"Perturbation families · {path.name} (Wilson 95% on each family's variants)"),
+            "families",
+            560,
+        ),
+    ]
     headers = ["Family", "Variants", "Clean accuracy (same items)", "Perturbed accuracy", "PDR"]
-    body = [tr([td(r["family"], left=True), td(str(r["n_variants"])), cell_estimate(r["acc_clean"], *r["acc_clean_ci"]),
-                cell_estimate(r["acc_perturbed"], *r["acc_perturbed_ci"]), td(num(r["pdr"], 3), value=r["pdr"])]) for r in rows]
+    body = [
+        tr(
+            [
+                td(r["family"], left=True),
+                td(str(r["n_variants"])),
+                cell_estimate(r["acc_clean"], *r["acc_clean_ci"]),
+                cell_estimate(r["acc_perturbed"], *r["acc_perturbed_ci"]),
+                td(num(r["pdr"], 3), value=r["pdr"]),
+            ]
+        )
+        for r in rows
+    ]
     out.append(table(headers, body))
     if side:
         out.append(note(esc(evaluate_sentence(side))))
@@ -111,8 +169,12 @@ def evaluate_sentence(side: dict) -> str:
         low, high = (side.get(f"{key}_ci95") or [None, None])[:2]
         parts.append(f"{label} {estimate(side.get(key), low, high)}")
     worst = side.get("acc_worst_family")
-    return (f"Suite {side.get('suite')} on {side.get('n_items')} items: " + "; ".join(parts)
-            + (f"; worst family {worst}" if worst else "") + ".")
+    return (
+        f"Suite {side.get('suite')} on {side.get('n_items')} items: "
+        + "; ".join(parts)
+        + (f"; worst family {worst}" if worst else "")
+        + "."
+    )
 
 
 # --- the search ----------------------------------------------------------------------------------------------
@@ -123,16 +185,30 @@ def trials_frame(source) -> pd.DataFrame:
     for s in source.studies:
         for t in s.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
             m = t.user_attrs.get("metrics", {})
-            rows.append({"strategy": s.strategy, "seed": s.seed, "trial": t.number, "state": t.state.name,
-                         "accuracy": m.get("accuracy"), "tcb_mean": m.get("tcb_mean"), "n_dev": m.get("n"),
-                         "template": t.params.get("template"), "k": t.params.get("k")})
-    return pd.DataFrame(rows, columns=["strategy", "seed", "trial", "state", "accuracy", "tcb_mean", "n_dev", "template", "k"])
+            rows.append(
+                {
+                    "strategy": s.strategy,
+                    "seed": s.seed,
+                    "trial": t.number,
+                    "state": t.state.name,
+                    "accuracy": m.get("accuracy"),
+                    "tcb_mean": m.get("tcb_mean"),
+                    "n_dev": m.get("n"),
+                    "template": t.params.get("template"),
+                    "k": t.params.get("k"),
+                }
+            )
+    return pd.DataFrame(
+        rows, columns=["strategy", "seed", "trial", "state", "accuracy", "tcb_mean", "n_dev", "template", "k"]
+    )
 
 
 def search_section(source) -> str:
     if not source.studies:
         return note("No search in this directory.")
-    out = [note("Optimization history drawn by optuna.visualization, one plot per strategy (every seed's study in it).")]
+    out = [
+        note("Optimization history drawn by optuna.visualization, one plot per strategy (every seed's study in it).")
+    ]
     for strategy in source.strategies:
         studies = [s.study for s in source.studies if s.strategy == strategy]
         out.append(figures.embed(figures.history(studies, strategy), f"history-{strategy}", 340))
@@ -144,9 +220,17 @@ def search_section(source) -> str:
     if trials[["accuracy", "tcb_mean"]].map(finite).all(axis=1).any():
         rows = 2 if pruned else 1
         out.append(figures.embed(figures.trials_scatter(trials), "scatter", 200 + 260 * rows))
-        out.append(note(f"{len(trials) - pruned} finished trials (all dev items) in the top row"
-                        + (f"; {pruned} pruned trials below, their accuracy is on the dev items scored before pruning "
-                           "and is not comparable." if pruned else "; no trial was pruned.")))
+        out.append(
+            note(
+                f"{len(trials) - pruned} finished trials (all dev items) in the top row"
+                + (
+                    f"; {pruned} pruned trials below, their accuracy is on the dev items scored before pruning "
+                    "and is not comparable."
+                    if pruned
+                    else "; no trial was pruned."
+                )
+            )
+        )
     else:
         out.append(note("No trial recorded accuracy and δ_TCB."))
     return "".join(out)
@@ -158,33 +242,91 @@ def proxy_section(source) -> str:
     if source.proxy is not None and len(source.proxy):
         c = source.proxy
         out.append(figures.embed(figures.proxy(c), "proxy", 160 + 34 * c["signal"].nunique()))
-        rows = [tr([td(r["signal"], left=True), td(r["target"], left=True), td(str(r["n_prompts"])),
-                    cell_estimate(r["spearman"], r["ci_low"], r["ci_high"], signed=True, col="spearman",
-                                  mark=str(r["interval_excludes_0"]).lower() == "true")]) for _, r in c.iterrows()]
-        out.append(table(["Signal", "Robustness target", "Prompts", "Spearman ρ [95% CI]"], rows, table_id="proxy-table"))
+        rows = [
+            tr(
+                [
+                    td(r["signal"], left=True),
+                    td(r["target"], left=True),
+                    td(str(r["n_prompts"])),
+                    cell_estimate(
+                        r["spearman"],
+                        r["ci_low"],
+                        r["ci_high"],
+                        signed=True,
+                        col="spearman",
+                        mark=str(r["interval_excludes_0"]).lower() == "true",
+                    ),
+                ]
+            )
+            for _, r in c.iterrows()
+        ]
+        out.append(
+            table(["Signal", "Robustness target", "Prompts", "Spearman ρ [95% CI]"], rows, table_id="proxy-table")
+        )
     if source.auroc is not None and len(source.auroc):
         a = source.auroc
-        out.append("<h3>Item-level AUROC</h3>" + table(list(map(str, a.columns)),
-                   [tr([td(v if isinstance(v, str) else sig(v), left=isinstance(v, str), value=None if isinstance(v, str) else v)
-                        for v in row]) for row in a.itertuples(index=False)], table_id="auroc-table"))
+        out.append(
+            "<h3>Item-level AUROC</h3>"
+            + table(
+                list(map(str, a.columns)),
+                [
+                    tr(
+                        [
+                            td(
+                                v if isinstance(v, str) else sig(v),
+                                left=isinstance(v, str),
+                                value=None if isinstance(v, str) else v,
+                            )
+                            for v in row
+                        ]
+                    )
+                    for row in a.itertuples(index=False)
+                ],
+                table_id="auroc-table",
+            )
+        )
     if not out:
-        return note("Not measured: no diagnose proxy tables here (<code>promptopt diagnose proxy RUN_DIR/*</code> writes them).")
+        return note(
+            "Not measured: no diagnose proxy tables here (<code>promptopt diagnose proxy RUN_DIR/*</code> writes them)."
+        )
     return "".join(out)
 
 
 def sweep_section(source) -> str:
     if source.sweep is None:
-        return note("Not measured: no stress sweep here (<code>promptopt stress --models … --tasks … --out DIR</code>).")
+        return note(
+            "Not measured: no stress sweep here (<code>promptopt stress --models … --tasks … --out DIR</code>)."
+        )
     s = source.sweep
-    rows = [tr([td(r["model"], left=True), td(r["task"], left=True), td("baseline" if r["rank"] == 0 else f"i={int(r['rank'])}"),
-                td(str(int(r["n"])) if finite(r.get("n")) else "—"), td(num(r.get("accuracy"), 3), value=r.get("accuracy")),
-                cell_estimate(r.get("retention"), r.get("retention_ci_low"), r.get("retention_ci_high"), col="retention"),
-                td(sig(r.get("length_expansion")), value=r.get("length_expansion"))]) for _, r in s.iterrows()]
-    out = [table(["Model", "Task", "Condition", "n", "Accuracy", "Retention [95% Wilson]", "Length × baseline"], rows, table_id="sweep-table")]
+    rows = [
+        tr(
+            [
+                td(r["model"], left=True),
+                td(r["task"], left=True),
+                td("baseline" if r["rank"] == 0 else f"i={int(r['rank'])}"),
+                td(str(int(r["n"])) if finite(r.get("n")) else "—"),
+                td(num(r.get("accuracy"), 3), value=r.get("accuracy")),
+                cell_estimate(
+                    r.get("retention"), r.get("retention_ci_low"), r.get("retention_ci_high"), col="retention"
+                ),
+                td(sig(r.get("length_expansion")), value=r.get("length_expansion")),
+            ]
+        )
+        for _, r in s.iterrows()
+    ]
+    out = [
+        table(
+            ["Model", "Task", "Condition", "n", "Accuracy", "Retention [95% Wilson]", "Length × baseline"],
+            rows,
+            table_id="sweep-table",
+        )
+    ]
     for path in source.sweep_figures:
         data = base64.b64encode(path.read_bytes()).decode("ascii")
-        out.append(f'<figure><img alt="{esc(path.name)}" src="data:image/png;base64,{data}" style="max-width:100%">'
-                   f"<figcaption>{esc(path.name)}</figcaption></figure>")
+        out.append(
+            f'<figure><img alt="{esc(path.name)}" src="data:image/png;base64,{data}" style="max-width:100%">'
+            f"<figcaption>{esc(path.name)}</figcaption></figure>"
+        )
     return "".join(out)
 
 
@@ -194,8 +336,10 @@ def sweep_sentence(sweep: pd.DataFrame) -> str:
         ranked = part[part["rank"] > 0].sort_values("rank")
         if len(ranked):
             r = ranked.iloc[0]
-            parts.append(f"{str(model).rstrip('/').split('/')[-1]} on {task}: retention at i={int(r['rank'])} "
-                         f"{estimate(r['retention'], r['retention_ci_low'], r['retention_ci_high'])}")
+            parts.append(
+                f"{str(model).rstrip('/').split('/')[-1]} on {task}: retention at i={int(r['rank'])} "
+                f"{estimate(r['retention'], r['retention_ci_low'], r['retention_ci_high'])}"
+            )
     return "Taboo stress sweep: " + "; ".join(parts) + "." if parts else "Taboo stress sweep with no ranked condition."
 
 
@@ -206,10 +350,12 @@ def rounds_sentence(source) -> str:
     added = sum(len(r.get("proposed") or []) for r in rounds)
     last = source.studies[-1].run.summary
     test = last.get("test") or {}
-    sentence = (f"{len(rounds)} rounds of {source.studies[-1].run.config.study.strategy} search over a space that grew by {added} "
-                f"proposed instructions; each round's winner on dev: {path} (each round starts from the previous best). The last "
-                f"round's winner scores {estimate(test.get('accuracy'), *(test.get('accuracy_ci95') or [None, None])[:2])} on "
-                f"{test.get('n')} test items.")
+    sentence = (
+        f"{len(rounds)} rounds of {source.studies[-1].run.config.study.strategy} search over a space that grew by {added} "
+        f"proposed instructions; each round's winner on dev: {path} (each round starts from the previous best). The last "
+        f"round's winner scores {estimate(test.get('accuracy'), *(test.get('accuracy_ci95') or [None, None])[:2])} on "
+        f"{test.get('n')} test items."
+    )
     return esc(sentence)
 
 
@@ -218,7 +364,12 @@ def search_sentence(source) -> str:
     summary = s.run.summary
     test, dev = summary.get("test") or {}, summary.get("dev") or {}
     n_trials = len(s.study.trials)
-    sentence = (f"A single {s.strategy} search ({n_trials} trials): the winner, trial #{summary.get('best_trial')}, scores "
-                f"{estimate(test.get('accuracy'), *(test.get('accuracy_ci95') or [None, None])[:2])} on {test.get('n')} test items "
-                f"and {estimate(dev.get('accuracy'), *(dev.get('accuracy_ci95') or [None, None])[:2])} on {dev.get('n')} dev items.")
-    return esc(sentence) + " Nothing to compare it with here: <code>promptopt compare</code> answers whether one strategy beats another."
+    sentence = (
+        f"A single {s.strategy} search ({n_trials} trials): the winner, trial #{summary.get('best_trial')}, scores "
+        f"{estimate(test.get('accuracy'), *(test.get('accuracy_ci95') or [None, None])[:2])} on {test.get('n')} test items "
+        f"and {estimate(dev.get('accuracy'), *(dev.get('accuracy_ci95') or [None, None])[:2])} on {dev.get('n')} dev items."
+    )
+    return (
+        esc(sentence)
+        + " Nothing to compare it with here: <code>promptopt compare</code> answers whether one strategy beats another."
+    )

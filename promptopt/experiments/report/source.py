@@ -22,8 +22,16 @@ from promptopt.experiments.export import Run, load_study, open_run
 FAMILY_COLUMNS = {"family", "acc_clean_same_items", "acc_perturbed"}
 TABOO_COLUMNS = {"rank", "retention", "retention_ci_low", "retention_ci_high"}
 ITEMS_FILE = "robustness_items.parquet"
-_OWN_TABLES = {"compare.csv", "compare_runs.csv", "compare_paired.csv", "trials.csv", "best_test_items.csv",
-               "proxy_prompts.csv", "proxy_correlations.csv", "sweep_summary.csv"}
+_OWN_TABLES = {
+    "compare.csv",
+    "compare_runs.csv",
+    "compare_paired.csv",
+    "trials.csv",
+    "best_test_items.csv",
+    "proxy_prompts.csv",
+    "proxy_correlations.csv",
+    "sweep_summary.csv",
+}
 
 
 @dataclass
@@ -76,8 +84,11 @@ def _searches(root: Path, strategies: list[str]) -> list[Study]:
     studies = []
     for name in strategies:
         folder = root / name
-        folders = [folder] if (folder / "config.json").is_file() else sorted(
-            (d for d in folder.glob("seed*") if (d / "config.json").is_file()), key=_seed_of)
+        folders = (
+            [folder]
+            if (folder / "config.json").is_file()
+            else sorted((d for d in folder.glob("seed*") if (d / "config.json").is_file()), key=_seed_of)
+        )
         if not folders:
             raise UserError(f"{folder}: no search run for strategy {name} (config.json missing)")
         for path in folders:
@@ -100,7 +111,9 @@ def _read_given(path: Path, needed: set[str], flag: str) -> pd.DataFrame:
     missing = needed - set(frame.columns)
     if missing:
         command = "evaluate" if flag == "--robustness" else "stress"
-        raise UserError(f"{flag} {path}: missing column {sorted(missing)[0]} (expected the table `promptopt {command} --out` writes)")
+        raise UserError(
+            f"{flag} {path}: missing column {sorted(missing)[0]} (expected the table `promptopt {command} --out` writes)"
+        )
     return frame
 
 
@@ -118,9 +131,13 @@ def read_source(run_dir: str | Path, *, robustness: list[Path] = (), taboo: list
     if not root.is_dir():
         raise UserError(f"{root}: no such run directory")
     source = _by_kind(root)
-    folders = list(dict.fromkeys([root, *(s.run.path for s in source.studies), *(s.run.path.parent for s in source.studies)]))
+    folders = list(
+        dict.fromkeys([root, *(s.run.path for s in source.studies), *(s.run.path.parent for s in source.studies)])
+    )
     given = {Path(p).resolve() for p in (*robustness, *taboo)}
-    source.families = [(Path(p), _read_given(Path(p), FAMILY_COLUMNS, "--robustness"), _sidecar(Path(p))) for p in robustness]
+    source.families = [
+        (Path(p), _read_given(Path(p), FAMILY_COLUMNS, "--robustness"), _sidecar(Path(p))) for p in robustness
+    ]
     source.taboo = [(Path(p), _read_given(Path(p), TABOO_COLUMNS, "--taboo")) for p in taboo]
     for folder in folders:
         for path in sorted(folder.glob("*.csv")):
@@ -147,11 +164,20 @@ def _by_kind(root: Path) -> Source:
     if (root / "compare.csv").is_file():
         compare = pd.read_csv(root / "compare.csv")
         strategies = [s for s in compare["strategy"] if s != "baseline"]
-        summary = json.loads((root / "summary.json").read_text(encoding="utf-8")) if (root / "summary.json").is_file() else {}
+        summary = (
+            json.loads((root / "summary.json").read_text(encoding="utf-8")) if (root / "summary.json").is_file() else {}
+        )
         paired = pd.read_csv(root / "compare_paired.csv") if (root / "compare_paired.csv").is_file() else None
         candidates = pd.read_csv(root / "compare_runs.csv") if (root / "compare_runs.csv").is_file() else None
-        return Source(root, "compare", _searches(root, strategies), compare=compare, paired=paired,
-                      candidates=candidates, summary=summary)
+        return Source(
+            root,
+            "compare",
+            _searches(root, strategies),
+            compare=compare,
+            paired=paired,
+            candidates=candidates,
+            summary=summary,
+        )
     if (root / "rounds.json").is_file():  # search --rounds: one study per round, each its own run directory
         rounds = json.loads((root / "rounds.json").read_text(encoding="utf-8"))
         studies = []
@@ -168,5 +194,7 @@ def _by_kind(root: Path) -> Source:
         return Source(root, "evaluate")
     if (root / "proxy_correlations.csv").is_file():
         return Source(root, "proxy")
-    raise UserError(f"{root}: not a run directory (no config.json), a compare directory (no compare.csv), "
-                    "an `evaluate --out` folder (no family table) nor a `stress` sweep (no sweep_summary.csv)")
+    raise UserError(
+        f"{root}: not a run directory (no config.json), a compare directory (no compare.csv), "
+        "an `evaluate --out` folder (no family table) nor a `stress` sweep (no sweep_summary.csv)"
+    )

@@ -12,15 +12,27 @@ import pandas as pd
 
 from promptopt.experiments.report import figures
 from promptopt.experiments.report.numbers import (
-    cell_estimate, esc, estimate, excludes_zero, finite, note, num, sig, table, td, tr,
+    cell_estimate,
+    esc,
+    estimate,
+    excludes_zero,
+    finite,
+    note,
+    num,
+    sig,
+    table,
+    td,
+    tr,
 )
 
 _METRIC = re.compile(r"^delta_(acc_worst|format_spread|pdr|acc)(?:_(seen|unseen))?$")
 _LABELS = {"acc": "accuracy", "acc_worst": "Acc_worst", "pdr": "PDR", "format_spread": "format spread"}
 _HIGHER_IS_BETTER = {"acc": True, "acc_worst": True, "pdr": False, "format_spread": False}
-RULE = ("Δ = first − second on the same test items (pooled over seeds), 95% paired-bootstrap intervals that resample "
-        "items. Accuracy is called significant when compare flags it: exact McNemar p < 0.05 and the interval excludes 0. "
-        "Acc_worst, PDR and other robustness differences are called significant when their interval excludes 0.")
+RULE = (
+    "Δ = first − second on the same test items (pooled over seeds), 95% paired-bootstrap intervals that resample "
+    "items. Accuracy is called significant when compare flags it: exact McNemar p < 0.05 and the interval excludes 0. "
+    "Acc_worst, PDR and other robustness differences are called significant when their interval excludes 0."
+)
 
 
 _ROBUST = re.compile(r"^(acc_worst|pdr|format_spread)(?:_(seen|unseen))?$")
@@ -107,8 +119,10 @@ def clause(row, metric: Metric) -> str:
 def sentence(row, metrics: list[Metric], n_label: str) -> str:
     head = f"<b>{esc(row['a'])} vs {esc(row['b'])}</b>"
     if _identical(row, metrics):
-        return (f"{head}: no difference: right and wrong on exactly the same of the {n_label}, every Δ exactly 0 "
-                "(not significant).")
+        return (
+            f"{head}: no difference: right and wrong on exactly the same of the {n_label}, every Δ exactly 0 "
+            "(not significant)."
+        )
     return f"{head}: " + "; ".join(esc(clause(row, m)) for m in metrics) + "."
 
 
@@ -135,20 +149,36 @@ def verdict_compare(paired: pd.DataFrame | None, summary: dict) -> str:
     differing = [r for r in searched if any(significant(r, m) for m in metrics)]
     out = []
     if searched:
-        names = "; ".join(f"{r['a']} vs {r['b']} ({', '.join(m.label for m in metrics if significant(r, m))})" for r in differing)
-        out.append(f'<p class="headline">{len(differing)} of {len(searched)} pair{"s" if len(searched) > 1 else ""} of strategies '
-                   f"differ{'s' if len(searched) == 1 else ''} significantly on at least one measure" + (f": {esc(names)}." if differing else ".") + "</p>")
-    for title, rows in (("Strategy against strategy", searched), ("Against the task's default prompt (baseline)", baseline)):
+        names = "; ".join(
+            f"{r['a']} vs {r['b']} ({', '.join(m.label for m in metrics if significant(r, m))})" for r in differing
+        )
+        out.append(
+            f'<p class="headline">{len(differing)} of {len(searched)} pair{"s" if len(searched) > 1 else ""} of strategies '
+            f"differ{'s' if len(searched) == 1 else ''} significantly on at least one measure"
+            + (f": {esc(names)}." if differing else ".")
+            + "</p>"
+        )
+    for title, rows in (
+        ("Strategy against strategy", searched),
+        ("Against the task's default prompt (baseline)", baseline),
+    ):
         if rows:
-            items = "".join(f'<li class="verdict" data-a="{esc(r["a"])}" data-b="{esc(r["b"])}">{sentence(r, metrics, _n_label(r, seeds))}</li>'
-                            for r in rows)
+            items = "".join(
+                f'<li class="verdict" data-a="{esc(r["a"])}" data-b="{esc(r["b"])}">{sentence(r, metrics, _n_label(r, seeds))}</li>'
+                for r in rows
+            )
             out.append(f"<h3>{title}</h3><ul>{items}</ul>")
     robust_n = summary.get("n_robust")
-    where = (f" Robustness (Acc_worst, PDR) is measured on the first {robust_n} test items under suite {esc(summary.get('suite'))}."
-             if robust_n else "")
+    where = (
+        f" Robustness (Acc_worst, PDR) is measured on the first {robust_n} test items under suite {esc(summary.get('suite'))}."
+        if robust_n
+        else ""
+    )
     if robust_n and "families_unseen" in summary:
-        where += (f" Unseen families (no search looked at them): {esc(', '.join(summary['families_unseen']) or 'none')}; seen (search "
-                  f"suite {esc(summary.get('search_suite') or 'none')}, same name or operator): {esc(', '.join(summary.get('families_seen') or []) or 'none')}.")
+        where += (
+            f" Unseen families (no search looked at them): {esc(', '.join(summary['families_unseen']) or 'none')}; seen (search "
+            f"suite {esc(summary.get('search_suite') or 'none')}, same name or operator): {esc(', '.join(summary.get('families_seen') or []) or 'none')}."
+        )
     out.append(note(esc(RULE) + where))
     return "".join(out)
 
@@ -158,23 +188,46 @@ def paired_section(paired: pd.DataFrame | None, summary: dict) -> str:
         return note("No paired table (compare_paired.csv) in this run.")
     metrics = metrics_of(paired)
     searched, baseline = _ordered(paired)
-    headers = ["Pair (first − second)", "n"] + [f"Δ {m.label}" for m in metrics] + ["McNemar p", "only first / only second right"]
+    headers = (
+        ["Pair (first − second)", "n"]
+        + [f"Δ {m.label}" for m in metrics]
+        + ["McNemar p", "only first / only second right"]
+    )
     rows = []
     for r in searched + baseline:
-        cells = [td(f"{r['a']} vs {r['b']}", left=True), td(str(int(r["n_pairs"])) if finite(r.get("n_pairs")) else "—", value=r.get("n_pairs"), col="n_pairs")]
+        cells = [
+            td(f"{r['a']} vs {r['b']}", left=True),
+            td(str(int(r["n_pairs"])) if finite(r.get("n_pairs")) else "—", value=r.get("n_pairs"), col="n_pairs"),
+        ]
         for m in metrics:
-            cells.append(cell_estimate(r[m.col], r[f"{m.col}_ci_low"], r[f"{m.col}_ci_high"], signed=True, col=m.col, mark=significant(r, m)))
+            cells.append(
+                cell_estimate(
+                    r[m.col],
+                    r[f"{m.col}_ci_low"],
+                    r[f"{m.col}_ci_high"],
+                    signed=True,
+                    col=m.col,
+                    mark=significant(r, m),
+                )
+            )
         p = r.get("mcnemar_p")
         cells.append(td(pvalue(p), value=p, col="mcnemar_p"))
-        counts = (f"{int(r['only_a_correct'])} / {int(r['only_b_correct'])}" if finite(r.get("only_a_correct")) else "—")
+        counts = f"{int(r['only_a_correct'])} / {int(r['only_b_correct'])}" if finite(r.get("only_a_correct")) else "—"
         cells.append(td(counts))
         rows.append(tr(cells, a=r["a"], b=r["b"]))
-    forest_rows = [{"label": f"{r['a']} vs {r['b']}",
-                    **{m.col: (r[m.col], r[f"{m.col}_ci_low"], r[f"{m.col}_ci_high"], significant(r, m)) for m in metrics}}
-                   for r in searched + baseline]
+    forest_rows = [
+        {
+            "label": f"{r['a']} vs {r['b']}",
+            **{m.col: (r[m.col], r[f"{m.col}_ci_low"], r[f"{m.col}_ci_high"], significant(r, m)) for m in metrics},
+        }
+        for r in searched + baseline
+    ]
     height = 160 + 34 * len(forest_rows)
-    return (table(headers, rows, table_id="paired-table") + note("* significant (rule above). Intervals under each Δ.")
-            + figures.embed(figures.forest(forest_rows, [(m.col, m.label) for m in metrics]), "forest", max(300, height)))
+    return (
+        table(headers, rows, table_id="paired-table")
+        + note("* significant (rule above). Intervals under each Δ.")
+        + figures.embed(figures.forest(forest_rows, [(m.col, m.label) for m in metrics]), "forest", max(300, height))
+    )
 
 
 # --- per strategy ----------------------------------------------------------------------------------------
@@ -187,33 +240,69 @@ def strategy_section(compare: pd.DataFrame, candidates: pd.DataFrame | None, sum
     seeds = int(summary.get("seeds") or 1)
     n_robust = summary.get("n_robust")
     robust = robust_columns(compare)
-    headers = (["Strategy", "Seeds", "Test items", "Accuracy"] + (["Robust items"] if robust else []) + [label for _, label in robust]
-               + ["AccVar (pert.)", "Worst family", "mean δ_TCB", "mean PPL", "Search time"])
+    headers = (
+        ["Strategy", "Seeds", "Test items", "Accuracy"]
+        + (["Robust items"] if robust else [])
+        + [label for _, label in robust]
+        + ["AccVar (pert.)", "Worst family", "mean δ_TCB", "mean PPL", "Search time"]
+    )
     rows = []
     for _, r in compare.iterrows():
         many = seeds > 1 and r["strategy"] != "baseline"
-        cells = [td(r["strategy"], left=True), td(str(int(r["n_seeds"])) if finite(r.get("n_seeds")) else "1"),
-                 td(str(int(r["n_test"])), value=r["n_test"], col="n_test"),
-                 cell_estimate(r["avg_acc"], r.get("acc_ci_low"), r.get("acc_ci_high"), col="avg_acc", sd=r.get("avg_acc_sd") if many else None),
-                 *([td(str(n_robust) if n_robust else "—")] if robust else []),
-                 *[cell_estimate(r.get(key), r.get(f"{key}_ci_low"), r.get(f"{key}_ci_high"), col=key, sd=r.get(f"{key}_sd") if many else None)
-                   for key, _ in robust],
-                 td(sig(r.get("acc_var_pert")), value=r.get("acc_var_pert")),
-                 td(str(r.get("acc_worst_family")) if isinstance(r.get("acc_worst_family"), str) else "—", left=True),
-                 td(sig(r.get("avg_tcb")), value=r.get("avg_tcb")), td(sig(r.get("avg_ppl")), value=r.get("avg_ppl")),
-                 td(f"{sig(r.get('wall_seconds'))} s" if finite(r.get("wall_seconds")) else "—")]
+        cells = [
+            td(r["strategy"], left=True),
+            td(str(int(r["n_seeds"])) if finite(r.get("n_seeds")) else "1"),
+            td(str(int(r["n_test"])), value=r["n_test"], col="n_test"),
+            cell_estimate(
+                r["avg_acc"],
+                r.get("acc_ci_low"),
+                r.get("acc_ci_high"),
+                col="avg_acc",
+                sd=r.get("avg_acc_sd") if many else None,
+            ),
+            *([td(str(n_robust) if n_robust else "—")] if robust else []),
+            *[
+                cell_estimate(
+                    r.get(key),
+                    r.get(f"{key}_ci_low"),
+                    r.get(f"{key}_ci_high"),
+                    col=key,
+                    sd=r.get(f"{key}_sd") if many else None,
+                )
+                for key, _ in robust
+            ],
+            td(sig(r.get("acc_var_pert")), value=r.get("acc_var_pert")),
+            td(str(r.get("acc_worst_family")) if isinstance(r.get("acc_worst_family"), str) else "—", left=True),
+            td(sig(r.get("avg_tcb")), value=r.get("avg_tcb")),
+            td(sig(r.get("avg_ppl")), value=r.get("avg_ppl")),
+            td(f"{sig(r.get('wall_seconds'))} s" if finite(r.get("wall_seconds")) else "—"),
+        ]
         rows.append(tr(cells, strategy=r["strategy"]))
     out = [table(headers, rows, table_id="strategies-table")]
     if seeds > 1:
-        out.append(note(f"Mean ± sd over {seeds} seeds. The accuracy interval is the Wilson interval of all seeds' answers pooled; "
-                        "compare writes no pooled interval for Acc_worst and PDR (each seed's own is below)."))
+        out.append(
+            note(
+                f"Mean ± sd over {seeds} seeds. The accuracy interval is the Wilson interval of all seeds' answers pooled; "
+                "compare writes no pooled interval for Acc_worst and PDR (each seed's own is below)."
+            )
+        )
     else:
-        out.append(note("Accuracy: Wilson 95% interval on the test items. Acc_worst, PDR: compare's bootstrap intervals on the robustness items."))
-    chosen = [(r["strategy"], r["selected_by"]) for _, r in compare.iterrows()
-              if r["strategy"] != "baseline" and isinstance(r.get("selected_by"), str)]
+        out.append(
+            note(
+                "Accuracy: Wilson 95% interval on the test items. Acc_worst, PDR: compare's bootstrap intervals on the robustness items."
+            )
+        )
+    chosen = [
+        (r["strategy"], r["selected_by"])
+        for _, r in compare.iterrows()
+        if r["strategy"] != "baseline" and isinstance(r.get("selected_by"), str)
+    ]
     if chosen:
-        out.append("<p>How each search picked its winner:</p><ul class=\"small\">"
-                   + "".join(f"<li><b>{esc(s)}</b>: {esc(how)}</li>" for s, how in chosen) + "</ul>")
+        out.append(
+            '<p>How each search picked its winner:</p><ul class="small">'
+            + "".join(f"<li><b>{esc(s)}</b>: {esc(how)}</li>" for s, how in chosen)
+            + "</ul>"
+        )
     if candidates is not None and len(candidates):
         out.append(_candidates(candidates, seeds))
     return "".join(out)
@@ -222,19 +311,37 @@ def strategy_section(compare: pd.DataFrame, candidates: pd.DataFrame | None, sum
 def _candidates(candidates: pd.DataFrame, seeds: int) -> str:
     """Each search's evaluated candidates (winner marked), one row per (strategy, seed, rank), folded away."""
     robust = robust_columns(candidates)
-    headers = ["Strategy", "Seed", "Rank", "Winner", "Trial", "Dev accuracy", "Test accuracy"] + [label for _, label in robust]
+    headers = ["Strategy", "Seed", "Rank", "Winner", "Trial", "Dev accuracy", "Test accuracy"] + [
+        label for _, label in robust
+    ]
     rows = []
     for _, r in candidates.iterrows():
         trial = r.get("trial")
-        rows.append(tr([td(r["strategy"], left=True), td(str(int(r["seed"])) if finite(r.get("seed")) else "0"),
-                        td(str(int(r["rank"])) if finite(r.get("rank")) else "0"), td("✓" if str(r.get("winner")).lower() == "true" else ""),
-                        td(str(int(trial)) if finite(trial) else "—"), td(num(r.get("dev_accuracy"), 3)),
-                        cell_estimate(r["avg_acc"], r.get("acc_ci_low"), r.get("acc_ci_high"), col="avg_acc"),
-                        *[cell_estimate(r.get(key), r.get(f"{key}_ci_low"), r.get(f"{key}_ci_high"), col=key) for key, _ in robust]],
-                       strategy=r["strategy"], seed=r.get("seed", 0)))
+        rows.append(
+            tr(
+                [
+                    td(r["strategy"], left=True),
+                    td(str(int(r["seed"])) if finite(r.get("seed")) else "0"),
+                    td(str(int(r["rank"])) if finite(r.get("rank")) else "0"),
+                    td("✓" if str(r.get("winner")).lower() == "true" else ""),
+                    td(str(int(trial)) if finite(trial) else "—"),
+                    td(num(r.get("dev_accuracy"), 3)),
+                    cell_estimate(r["avg_acc"], r.get("acc_ci_low"), r.get("acc_ci_high"), col="avg_acc"),
+                    *[
+                        cell_estimate(r.get(key), r.get(f"{key}_ci_low"), r.get(f"{key}_ci_high"), col=key)
+                        for key, _ in robust
+                    ],
+                ],
+                strategy=r["strategy"],
+                seed=r.get("seed", 0),
+            )
+        )
     what = "one row per seed and evaluated candidate" if seeds > 1 else "every evaluated top-N candidate"
-    return (f'<details id="per-seed"><summary>{len(rows)} rows: {what} (winner ✓)</summary>'
-            + table(headers, rows, table_id="candidates-table") + "</details>")
+    return (
+        f'<details id="per-seed"><summary>{len(rows)} rows: {what} (winner ✓)</summary>'
+        + table(headers, rows, table_id="candidates-table")
+        + "</details>"
+    )
 
 
 def winners_of(candidates: pd.DataFrame | None, compare: pd.DataFrame) -> pd.DataFrame:
@@ -242,6 +349,9 @@ def winners_of(candidates: pd.DataFrame | None, compare: pd.DataFrame) -> pd.Dat
     if candidates is not None and "winner" in candidates:
         chosen = candidates[candidates["winner"].astype(str).str.lower() == "true"].copy()
         many = chosen["seed"].nunique() > 1 if "seed" in chosen else False
-        chosen["label"] = [f"{s} · seed {int(d)}" if many and s != "baseline" else s for s, d in zip(chosen["strategy"], chosen.get("seed", 0))]
+        chosen["label"] = [
+            f"{s} · seed {int(d)}" if many and s != "baseline" else s
+            for s, d in zip(chosen["strategy"], chosen.get("seed", 0))
+        ]
         return chosen
     return compare.assign(label=compare["strategy"])
