@@ -26,13 +26,11 @@ def main() -> None:
 
     lm = load_model("smollm2-135m-instruct", device="cpu")
     head = lm.output_head
-    print(
-        "output head (vocab × d = %d × %d), float32 logits for N hidden states:" % (head.vocab_size, head.hidden_size)
-    )
+    print(f"output head (vocab × d = {head.vocab_size} × {head.hidden_size}), float32 logits for N hidden states:")
     for rows in (1, 16, 64, 256):
         h = torch.randn(rows, head.hidden_size)
-        old = best_of(lambda: h @ head.weight.T)
-        new = best_of(lambda: (head.weight @ h.T).T)
+        old = best_of(lambda h=h: h @ head.weight.T)
+        new = best_of(lambda h=h: (head.weight @ h.T).T)
         diff = float(((head.weight @ h.T).T - h @ head.weight.T).abs().max())
         print(
             f"  N={rows:4d}: h·Wᵀ {old * 1e3:7.1f} ms  W·hᵀ {new * 1e3:7.1f} ms  speed-up {old / new:4.2f}×  max |Δ| {diff:.1e}"

@@ -111,9 +111,9 @@ def first_call(lm, task, items, prompt):
     the prefix cache is recorded (padded suffix ids, mask, positions), and every request it scores, to count the
     real suffix tokens as the runner feeds them (context + continuation minus its last token); its minor page
     faults are counted."""
-    from promptopt.scoring import Scorer
-
     import resource
+
+    from promptopt.scoring import Scorer
 
     batches, requests = [], []
 

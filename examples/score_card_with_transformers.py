@@ -37,10 +37,10 @@ def continuation_logprob(model, tokenizer, context: str, continuation: str, add_
 
 
 def main() -> int:
+    from promptopt.models import load_model
     from promptopt.models.load import model_folder
     from promptopt.prompts import load_card
     from promptopt.scoring import Scorer
-    from promptopt.models import load_model
     from promptopt.tasks import load_task
     from promptopt.yamlio import load_yaml
 

@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 
 from promptopt.scoring import CachedScorer, ResultCache, Scorer
-from promptopt.tasks.item import NOT_SCORED
 from promptopt.tasks import Item, load_task
+from promptopt.tasks.item import NOT_SCORED
 
 # For each Item field, a value different from the sample item's; a new field must be added here (or to
 # NOT_SCORED when it cannot change a scored row), so it cannot be left out of the key unnoticed.

@@ -6,6 +6,7 @@ import json
 
 import pandas as pd
 import pytest
+
 from tests.clirun import assert_one_line_error
 from tests.clirun import promptopt as run
 

@@ -11,7 +11,6 @@ import pandas as pd
 import pytest
 
 from promptopt.errors import UserError
-
 from promptopt.experiments import run_compare
 from promptopt.experiments.compare import Evaluated, _choose, _paired_table
 from promptopt.metrics.stats import mcnemar_exact
@@ -184,9 +183,7 @@ def test_robust_search_runs_with_cached_variants(tiny_llama_dir, tmp_path):
     with pytest.raises(ConfigError, match="needs perturbed variants"):
         run_search(config, show_progress=False)
     result = run_search(config, expand=VariantExpander("cheap"), show_progress=False)
-    metrics = [
-        m for m in result.trials.loc[result.trials["state"] == "COMPLETE", "user_attrs_metrics"]
-    ]  # multi-fidelity:
+    metrics = list(result.trials.loc[result.trials["state"] == "COMPLETE", "user_attrs_metrics"])  # multi-fidelity:
     assert metrics and all(
         m["robust_accuracy"] <= m["accuracy"] for m in metrics
     )  # a pruned trial may have no variants

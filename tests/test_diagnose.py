@@ -238,15 +238,15 @@ def test_taboo_sweep_tables_on_a_tiny_model(tiny_lm):
 
 # --- LM paraphrase without a chat template -------------------------------------------------------------------------
 def test_lm_paraphrase_on_a_model_without_chat_template(tiny_llama_dir):
+    import copy
+    import dataclasses
+
     from promptopt.errors import ConfigError
     from promptopt.models import Runner, load_model
     from promptopt.prompts import Prompt, PromptTemplate
     from promptopt.robustness.perturb import LMParaphraseOperator
     from promptopt.robustness.suite import Similarity, make_variants, parse_suite
     from promptopt.tasks import Item
-
-    import copy
-    import dataclasses
 
     loaded = load_model(str(tiny_llama_dir), device="cpu")
     lm = dataclasses.replace(loaded, tokenizer=copy.deepcopy(loaded.tokenizer))  # the loaded model is shared (conftest)

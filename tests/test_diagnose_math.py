@@ -18,8 +18,8 @@ from promptopt.metrics import (
     tcb_from_probs,
     token_constraint_bound,
 )
-from promptopt.metrics.tcb_fixed_probs import logits_float64
 from promptopt.metrics.stats import correlation_interval, fit_log, pearson, spearman
+from promptopt.metrics.tcb_fixed_probs import logits_float64
 
 
 def _mp_probs(h: torch.Tensor, w: torch.Tensor, softcap: float | None = None, scale: float | None = None):

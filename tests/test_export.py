@@ -325,7 +325,6 @@ def test_verify_without_the_recorded_model_is_one_error(tiny_card, tmp_path):
 def test_a_hand_broken_card_is_one_error_naming_file_and_field(tiny_card, tmp_path, change, fragments):
     from promptopt.errors import ConfigError
     from promptopt.production import load_prompt
-
     from promptopt.prompts import load_card
 
     path = edit_card(tiny_card, tmp_path / "broken.yaml", change)

@@ -29,6 +29,7 @@ import optuna
 import pandas as pd
 import pytest
 import yaml
+
 from tests.clirun import Result, promptopt
 from tests.forked import ForkedProcess
 

@@ -75,7 +75,7 @@ def test_batched_generation_matches_single_and_hf_generate(tiny_lm):
         with torch.no_grad():
             ref = tiny_lm.model.generate(torch.tensor([ctx]), max_new_tokens=8, do_sample=False, pad_token_id=2)
         ref_tokens = ref[0, len(ctx) :].tolist()
-        assert got.tokens == [t for t in ref_tokens[: len(got.tokens)]]
+        assert got.tokens == list(ref_tokens[: len(got.tokens)])
         assert got.hidden.shape == (len(got.tokens), tiny_lm.output_head.hidden_size)
 
 

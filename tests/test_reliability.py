@@ -18,6 +18,7 @@ from pathlib import Path
 import optuna
 import pandas as pd
 import pytest
+
 from tests.clirun import promptopt
 from tests.test_faults import Run, assert_ok, assert_run_dir_parses, cli, kill_at, snapshot
 

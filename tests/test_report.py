@@ -533,8 +533,8 @@ def test_scatter_draws_pruned_trials_apart_and_nudges_overlaps():
         for t, state, n in ((0, "COMPLETE", 8), (1, "COMPLETE", 8), (2, "PRUNED", 3))
     ]
     fig = trials_scatter(pd.DataFrame(rows))
-    finished = [t for t in fig.data if "finished" in fig.layout.annotations[int((t.xaxis[1:] or 1)) - 1].text]
-    pruned = [t for t in fig.data if "pruned" in fig.layout.annotations[int((t.xaxis[1:] or 1)) - 1].text]
+    finished = [t for t in fig.data if "finished" in fig.layout.annotations[int(t.xaxis[1:] or 1) - 1].text]
+    pruned = [t for t in fig.data if "pruned" in fig.layout.annotations[int(t.xaxis[1:] or 1) - 1].text]
     assert len(finished) == 2 and len(pruned) == 2  # one facet per strategy, pruned trials in a row of their own
     assert all(tr.marker.symbol != "circle" for tr in pruned)
     for trace in finished:

@@ -138,7 +138,7 @@ def test_search_writes_run_directory_and_is_reproducible(config, tmp_path):
         assert (out / name).is_file(), name
     prompt, provenance = load_card(out / "best_card.yaml")
     assert provenance["trial"] == first.best_number and provenance["strategy"] == "tcb"
-    assert set(ex.id for ex in prompt.exemplars) <= {i.id for i in load_task("sst2").pool}
+    assert {ex.id for ex in prompt.exemplars} <= {i.id for i in load_task("sst2").pool}
     done = first.trials[first.trials["state"].isin(["COMPLETE", "PRUNED"])]
     assert len(done) == 5
     # study.db is in WAL mode (no fsync per Optuna commit); a finished run folds the log back into the file,

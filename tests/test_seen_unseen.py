@@ -421,8 +421,8 @@ def test_a_suites_hash_is_its_content_wherever_its_file_lies(tmp_path):
     """The same suite from two places (another clone, another worker's install) is one suite: a robust study's
     identity (the expander's fingerprint) and the compare's search-suite marker agree (the marker's hash is the one
     the evaluation keys use); a changed option does not."""
-    from promptopt.experiments.compare import _SEARCH_SUITE_FILE, _search_suite_marker
     from promptopt.errors import UserError
+    from promptopt.experiments.compare import _SEARCH_SUITE_FILE, _search_suite_marker
     from promptopt.robustness.suite import VariantExpander, suite_sha256
 
     cheap = Path(load_suite("cheap").where).read_text(encoding="utf-8")

@@ -183,7 +183,7 @@ def test_spearman_interval_is_the_bootstrap_of_spearman_all_at_once():
     y = np.array([1.0, 2.0, 2.0, 5.0, 1.0, 3.0, 4.0, 4.0, 2.0, 3.0, 6.0, 3.0])
     rare = np.array([0.0, 0.0, 0.0, 0.0, 0.0, 1.0])  # most resamples of 6 miss the 1: a constant side, NaN, dropped
     for a, b in ((x, y), (rare, np.arange(6.0)), (y, x[::-1])):
-        loop = bootstrap_interval(lambda idx: spearman(a[idx], b[idx]), len(a), n_boot=400, seed=3)
+        loop = bootstrap_interval(lambda idx, a=a, b=b: spearman(a[idx], b[idx]), len(a), n_boot=400, seed=3)
         assert spearman_interval(a, b, n_boot=400, seed=3) == pytest.approx(loop, abs=1e-12)
     assert spearman_interval(x, y, n_boot=400, seed=3)[0] > 0.5  # strongly and positively related
     assert all(math.isnan(v) for v in spearman_interval([2.0, 2.0, 2.0], [1.0, 2.0, 3.0]))

@@ -10,12 +10,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tests.clirun import assert_one_line_error, promptopt
 from promptopt.errors import ConfigError, UserError
 from promptopt.models.runner import cut_at_stop
 from promptopt.robustness.protocol import load_protocol
 from promptopt.tasks import DataConfig
 from promptopt.tasks.extract import answer_line
+from tests.clirun import assert_one_line_error, promptopt
 
 
 # --- extraction ------------------------------------------------------------------------------------

@@ -6,8 +6,8 @@ prints. `app` holds the commands; each module below registers one group of them:
 - options.py: options shared by several commands · render.py: every table the CLI prints
 """
 
+from promptopt.cli import cards, diagnose, info, robustness, score, search  # noqa: E402,F401  (register commands)
 from promptopt.cli.app import app, diagnose_app, main
-from promptopt.cli import score, search, robustness, diagnose, info, cards  # noqa: E402,F401  (register commands)
 
 app.add_typer(diagnose_app, name="diagnose")
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -18,7 +17,7 @@ def export_command(
     out: Path = typer.Option(
         ..., "--out", help="the file to write (lm-eval: the task YAML; its items go beside it as .jsonl)"
     ),
-    strategy: Optional[str] = typer.Option(
+    strategy: str | None = typer.Option(
         None,
         "--strategy",
         help="compare directories: this strategy's winner (default: the highest dev accuracy among the searches' winners)",
@@ -28,11 +27,11 @@ def export_command(
         "--select",
         help="compare directories: dev (the winner with the highest dev accuracy) or robust (best dev Acc_worst among the evaluated candidates as accurate as the best on dev); test items never choose",
     ),
-    trial: Optional[int] = typer.Option(None, "--trial", help="this trial number instead of the winner"),
+    trial: int | None = typer.Option(None, "--trial", help="this trial number instead of the winner"),
     fmt: str = typer.Option(
         "card", "--format", help="card (YAML, version 2), messages (chat JSON), text, or lm-eval (task YAML)"
     ),
-    device: Optional[str] = typer.Option(
+    device: str | None = typer.Option(
         None, "--device", help="override the run's device (fingerprints and the token-id hash need the model)"
     ),
 ) -> None:
@@ -46,8 +45,8 @@ def export_command(
 @app.command("verify")
 def verify_command(
     card: Path = typer.Argument(..., help="a card written by `promptopt export`"),
-    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="re-score only the first N recorded test items"),
-    model: Optional[str] = typer.Option(
+    limit: int | None = typer.Option(None, "--limit", min=1, help="re-score only the first N recorded test items"),
+    model: str | None = typer.Option(
         None,
         "--model",
         help="score with this model instead of the recorded one (its fingerprint difference fails the check)",
@@ -70,14 +69,14 @@ def report_command(
     run_dir: Path = typer.Argument(
         ..., help="a compare or search directory, an `evaluate --out` folder or a `stress` sweep"
     ),
-    out: Optional[Path] = typer.Option(None, "--out", help="the HTML file (default: RUN_DIR/report.html)"),
-    card: Optional[Path] = typer.Option(
+    out: Path | None = typer.Option(None, "--out", help="the HTML file (default: RUN_DIR/report.html)"),
+    card: Path | None = typer.Option(
         None, "--card", help="an exported card to show (default: the card `export RUN_DIR` writes, built in memory)"
     ),
-    robustness: Optional[list[Path]] = typer.Option(
+    robustness: list[Path] | None = typer.Option(
         None, "--robustness", help="`evaluate --out` family tables (.csv) to plot; repeatable"
     ),
-    taboo: Optional[list[Path]] = typer.Option(
+    taboo: list[Path] | None = typer.Option(
         None, "--taboo", help="`stress --out` rank tables (.csv) to plot; repeatable"
     ),
 ) -> None:

@@ -4,7 +4,6 @@ of a run (proxy)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -59,7 +58,7 @@ def diagnose_proxy(
     trials: int = typer.Option(
         8, "--trials", min=3, help="distinct prompts (spread over each study's values) to stress"
     ),
-    limit: Optional[int] = typer.Option(40, "--limit", min=1, help="dev items per prompt"),
+    limit: int | None = typer.Option(40, "--limit", min=1, help="dev items per prompt"),
     suite: str = typer.Option(
         "unseen",
         "--suite",
@@ -67,7 +66,7 @@ def diagnose_proxy(
     ),
     search_suite: str = SearchSuiteOpt,
     seed: int = typer.Option(0, "--seed", help="bootstrap seed"),
-    out: Optional[Path] = typer.Option(
+    out: Path | None = typer.Option(
         None,
         "--out",
         help="folder for proxy_prompts.csv, proxy_correlations.csv, proxy_items.parquet and proxy_item_auroc.csv (default: the run directory, or the runs' common parent)",
@@ -102,7 +101,7 @@ def diagnose_geometry(
     out: Path = DiagnoseOutOpt,
     model: str = ModelOpt,
     device: str = DeviceOpt,
-    dtype: Optional[str] = DtypeOpt,
+    dtype: str | None = DtypeOpt,
 ) -> None:
     """δ_TCB paper Table 2: share of positions with δ_cluster > δ_orig > δ_disperse (h and o fixed; and o recomputed)."""
     from promptopt.experiments.diagnose.workflows import run_geometry
@@ -121,7 +120,7 @@ def diagnose_regimes(
     out: Path = DiagnoseOutOpt,
     model: str = ModelOpt,
     device: str = DeviceOpt,
-    dtype: Optional[str] = DtypeOpt,
+    dtype: str | None = DtypeOpt,
 ) -> None:
     """δ_TCB paper Table 1: Pearson and Spearman Corr(δ, V_eff), Corr(δ, margin), Corr(margin, V_eff), all and low V_eff."""
     from promptopt.experiments.diagnose.workflows import run_regimes
@@ -139,7 +138,7 @@ def diagnose_approx(
     out: Path = DiagnoseOutOpt,
     model: str = ModelOpt,
     device: str = DeviceOpt,
-    dtype: Optional[str] = DtypeOpt,
+    dtype: str | None = DtypeOpt,
 ) -> None:
     """The statistical approximation and its V_eff limit vs exact δ_TCB: ratio distribution per V_eff band."""
     from promptopt.experiments.diagnose.workflows import run_approx
@@ -153,7 +152,7 @@ def diagnose_taboo(
     task: str = typer.Option(
         "triviaqa", "--task", help="a generative task (gsm8k is the paper's main one; slow on CPU)"
     ),
-    prompt: Optional[Path] = CardOpt,
+    prompt: Path | None = CardOpt,
     ranks: str = typer.Option("1,2,4,8", "--ranks", help="taboo ranks of the greedy dose sweep"),
     mid_word_ranks: str = typer.Option(
         "2", "--mid-word-ranks", help="ranks where mid-word and word-initial are compared ('' = skip)"
@@ -162,15 +161,15 @@ def diagnose_taboo(
     seeds: int = typer.Option(3, "--seeds", min=0, help="sampled runs: seeds 0..N-1"),
     sampled_ranks: str = typer.Option("1", "--sampled-ranks", help="ranks of the sampled runs"),
     split: str = typer.Option("test", "--split"),
-    limit: Optional[int] = typer.Option(
+    limit: int | None = typer.Option(
         16, "--limit", min=1, help="items (one generation batch at the default batch size)"
     ),
     out: Path = DiagnoseOutOpt,
     model: str = ModelOpt,
-    subsets: Optional[str] = SubsetsOpt,
+    subsets: str | None = SubsetsOpt,
     device: str = DeviceOpt,
-    dtype: Optional[str] = DtypeOpt,
-    quantize: Optional[str] = QuantizeOpt,
+    dtype: str | None = DtypeOpt,
+    quantize: str | None = QuantizeOpt,
 ) -> None:
     """Taboo paper: ΔS per intervention vs rank (a + b·ln i, R²), mid-word vs word-initial, temperature seeds."""
     from promptopt.experiments.diagnose.workflows import run_taboo
@@ -197,49 +196,49 @@ def diagnose_taboo(
 @diagnose_app.command("conflicts")
 def diagnose_conflicts(
     task: str = typer.Option("sst2", "--task", help="built-in task name or task YAML"),
-    prompt: Optional[Path] = CardOpt,
+    prompt: Path | None = CardOpt,
     seeds: int = typer.Option(
         3, "--seeds", help="baseline prompts (exemplars redrawn from the pool per seed) for VCQ / AQ; at least 2"
     ),
     seed: int = typer.Option(0, "--seed", help="seeds the exemplar redraws and the search's sampler"),
-    limit: Optional[int] = typer.Option(12, "--limit", min=1, help="dev items and test items (each) to characterise"),
+    limit: int | None = typer.Option(12, "--limit", min=1, help="dev items and test items (each) to characterise"),
     trials: int = typer.Option(5, "--trials", help="finished trials of the targeted search on the AQ dev items"),
     strategy: str = typer.Option("tcb", "--strategy", help="search strategy (README: Search)"),
     suite: str = typer.Option("quick", "--suite", help="perturbation suite for Table 3's perturbed columns"),
     confidence: str = typer.Option(
         "top_prob", "--confidence", help="confidence signal of the classes: top_prob (P(top1)), margin or v_eff"
     ),
-    log_tcb_low: Optional[float] = typer.Option(
+    log_tcb_low: float | None = typer.Option(
         None, "--log-tcb-low", help="L on log10 δ_TCB (default: its 25th percentile over the items)"
     ),
-    log_tcb_high: Optional[float] = typer.Option(
+    log_tcb_high: float | None = typer.Option(
         None, "--log-tcb-high", help="H on log10 δ_TCB (default: 75th percentile)"
     ),
-    conf_low: Optional[float] = typer.Option(
+    conf_low: float | None = typer.Option(
         None, "--conf-low", help="C_L on the confidence signal (default: 25th percentile)"
     ),
-    conf_high: Optional[float] = typer.Option(
+    conf_high: float | None = typer.Option(
         None, "--conf-high", help="C_H on the confidence signal (default: 75th percentile)"
     ),
-    t_low: Optional[float] = typer.Option(
+    t_low: float | None = typer.Option(
         None, "--t-low", help="T_L on mean log10 δ_TCB (default: 25th percentile over dev questions)"
     ),
-    t_high: Optional[float] = typer.Option(
+    t_high: float | None = typer.Option(
         None, "--t-high", help="T_H on mean log10 δ_TCB (default: median over dev questions)"
     ),
-    v_low: Optional[float] = typer.Option(
+    v_low: float | None = typer.Option(
         None, "--v-low", help="V_L on the log10 δ_TCB variance (default: its 75th percentile over dev questions, = V_H)"
     ),
-    v_high: Optional[float] = typer.Option(
+    v_high: float | None = typer.Option(
         None, "--v-high", help="V_H on the log10 δ_TCB variance (default: 75th percentile)"
     ),
     out: Path = DiagnoseOutOpt,
     model: str = ModelOpt,
-    subsets: Optional[str] = SubsetsOpt,
+    subsets: str | None = SubsetsOpt,
     batch_size: int = BatchOpt,
     device: str = DeviceOpt,
-    dtype: Optional[str] = DtypeOpt,
-    quantize: Optional[str] = QuantizeOpt,
+    dtype: str | None = DtypeOpt,
+    quantize: str | None = QuantizeOpt,
 ) -> None:
     """δ_TCB paper §4.3 / Table 3: accuracy–stability conflict classes, VCQ / AQ over seeds, a search on the AQ dev
     items, and baseline vs enhanced prompt on the held-out AQ and VCQ test items."""

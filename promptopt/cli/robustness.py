@@ -4,7 +4,6 @@ taboo paper's sweep over models and tasks)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -30,21 +29,21 @@ from promptopt.errors import UserError
 @app.command()
 def evaluate(
     task: str = TaskOpt,
-    prompt: Optional[Path] = CardOpt,
+    prompt: Path | None = CardOpt,
     suite: str = typer.Option(
         "default", "--suite", help="built-in suite name (default, quick, unseen, cheap) or a suite YAML"
     ),
     search_suite: str = SearchSuiteOpt,
     model: str = ModelOpt,
     split: str = typer.Option("test", "--split", help="dev or test"),
-    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="only the first N items"),
-    out: Optional[Path] = typer.Option(
+    limit: int | None = typer.Option(None, "--limit", min=1, help="only the first N items"),
+    out: Path | None = typer.Option(
         None, "--out", help="OUT: write families (OUT.csv), a summary (OUT.json) and every answer (OUT_items.parquet)"
     ),
-    subsets: Optional[str] = SubsetsOpt,
+    subsets: str | None = SubsetsOpt,
     device: str = DeviceOpt,
-    dtype: Optional[str] = DtypeOpt,
-    quantize: Optional[str] = QuantizeOpt,
+    dtype: str | None = DtypeOpt,
+    quantize: str | None = QuantizeOpt,
 ) -> None:
     """Robustness of a prompt under a perturbation suite: per-family accuracy, PDR, AccVar, Acc_worst, each family
     labelled seen or unseen by --search-suite."""
@@ -65,44 +64,44 @@ def evaluate(
 
 @app.command()
 def stress(
-    task: Optional[str] = typer.Option(
+    task: str | None = typer.Option(
         None, "--task", help="a generative task (number, alias_match, multiple_choice_gen or code answers)"
     ),
-    tasks: Optional[str] = typer.Option(
+    tasks: str | None = typer.Option(
         None, "--tasks", help="sweep: comma-separated generative tasks (with --models and --out)"
     ),
-    prompt: Optional[Path] = CardOpt,
-    protocol: Optional[str] = typer.Option(
+    prompt: Path | None = CardOpt,
+    protocol: str | None = typer.Option(
         None,
         "--protocol",
         help="a stress protocol: taboo-paper (the paper's 2-shot CoT, 512 tokens, Answer: lines) or a YAML path",
     ),
-    ranks: Optional[str] = typer.Option(
+    ranks: str | None = typer.Option(
         None, "--ranks", help="taboo ranks i (top-i masked); default 1,2,4,8 or the protocol's"
     ),
     mid_word: bool = typer.Option(False, "--mid-word", help="ablation: mask only where the nominal token is mid-word"),
     temperature: float = typer.Option(0.0, "--temperature", min=0.0, help="0 = greedy; > 0 samples with --seed"),
     seed: int = typer.Option(0, "--seed"),
     model: str = ModelOpt,
-    models: Optional[str] = typer.Option(
+    models: str | None = typer.Option(
         None, "--models", help="sweep: comma-separated models (hub ids, folders, .gguf, embedded names)"
     ),
-    split: Optional[str] = typer.Option(
+    split: str | None = typer.Option(
         None, "--split", help="pool, dev or test (default test; a protocol names its own)"
     ),
-    limit: Optional[int] = typer.Option(
+    limit: int | None = typer.Option(
         None, "--limit", min=1, help="the first N items (of the protocol's subsample, with --protocol)"
     ),
     batch_size: int = BatchOpt,
-    out: Optional[Path] = typer.Option(
+    out: Path | None = typer.Option(
         None,
         "--out",
         help="one task: write the per-rank table (.csv) and per-item rows (.parquet); sweep: the sweep folder",
     ),
-    subsets: Optional[str] = SubsetsOpt,
+    subsets: str | None = SubsetsOpt,
     device: str = DeviceOpt,
-    dtype: Optional[str] = DtypeOpt,
-    quantize: Optional[str] = QuantizeOpt,
+    dtype: str | None = DtypeOpt,
+    quantize: str | None = QuantizeOpt,
 ) -> None:
     """Decoding-level taboo stress: retention (95% Wilson CI), injected surprisal and length expansion per rank;
     with --models/--tasks, the paper's sweep (Figures 1, 3 and 8), resumable."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -15,19 +14,19 @@ from promptopt.cli.render import console, print_score, print_trace
 @app.command()
 def score(
     task: str = TaskOpt,
-    prompt: Optional[Path] = CardOpt,
+    prompt: Path | None = CardOpt,
     model: str = ModelOpt,
-    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="score only the first N items of the split"),
+    limit: int | None = typer.Option(None, "--limit", min=1, help="score only the first N items of the split"),
     split: str = typer.Option("test", "--split", help="pool, dev or test"),
-    subsets: Optional[str] = SubsetsOpt,
+    subsets: str | None = SubsetsOpt,
     batch_size: int = BatchOpt,
-    out: Optional[Path] = typer.Option(
+    out: Path | None = typer.Option(
         None, "--out", help="write the per-item table (.parquet or .csv) and a .json summary"
     ),
     rows: int = typer.Option(20, "--rows", min=0, help="how many item rows to print"),
     device: str = DeviceOpt,
-    dtype: Optional[str] = DtypeOpt,
-    quantize: Optional[str] = QuantizeOpt,
+    dtype: str | None = DtypeOpt,
+    quantize: str | None = QuantizeOpt,
 ) -> None:
     """Score a prompt on a task: per-item correctness, δ_TCB, V_eff, margin and PPL, then a summary."""
     from promptopt.experiments import commands
@@ -47,17 +46,17 @@ def trace(
     text: str = typer.Argument(..., help="the prompt to continue"),
     max_new_tokens: int = typer.Option(48, "--max-new-tokens", min=1),
     model: str = ModelOpt,
-    chat: Optional[bool] = typer.Option(
+    chat: bool | None = typer.Option(
         None, "--chat/--plain", help="wrap TEXT in the chat template (default: if the model has one)"
     ),
     dip_ratio: float = typer.Option(
         0.5, "--dip-ratio", help="flag a token whose δ_TCB falls below this fraction of the running median"
     ),
     window: int = typer.Option(8, "--window", min=2, help="tokens in the running median"),
-    out: Optional[Path] = typer.Option(None, "--out", help="write the per-token table (.parquet or .csv)"),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="write the paper's Fig. 4 panels (.png or .svg)"),
+    out: Path | None = typer.Option(None, "--out", help="write the per-token table (.parquet or .csv)"),
+    plot: Path | None = typer.Option(None, "--plot", help="write the paper's Fig. 4 panels (.png or .svg)"),
     device: str = DeviceOpt,
-    dtype: Optional[str] = DtypeOpt,
+    dtype: str | None = DtypeOpt,
 ) -> None:
     """Generate greedily and print δ_TCB, V_eff, margin, P(2nd best), −log p and running PPL of every token, flagging δ_TCB dips."""
     from promptopt.experiments import commands

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
 from promptopt.cli.app import app, quiet_libraries, split_subsets
 from promptopt.cli.options import (
     BatchOpt,
-    DevLimitOpt,
     DeviceOpt,
+    DevLimitOpt,
     DtypeOpt,
     MinibatchOpt,
     ModelOpt,
@@ -53,25 +52,25 @@ def search(
     ),
     trials: int = typer.Option(20, "--trials", help="finished (complete or pruned) trials to reach"),
     model: str = ModelOpt,
-    storage: Optional[str] = StorageOpt,
+    storage: str | None = StorageOpt,
     seed: int = SeedOpt,
     out: Path = typer.Option(Path("runs/search"), "--out", help="run directory"),
-    space: Optional[str] = SpaceOpt,
-    study_name: Optional[str] = typer.Option(None, "--study-name", help="default: <task>-<strategy>"),
+    space: str | None = SpaceOpt,
+    study_name: str | None = typer.Option(None, "--study-name", help="default: <task>-<strategy>"),
     resume: bool = ResumeOpt,
     n_workers: int = WorkersOpt,
     minibatch: int = MinibatchOpt,
     pruning: bool = PruningOpt,
-    dev_limit: Optional[int] = DevLimitOpt,
-    test_limit: Optional[int] = TestLimitOpt,
-    subsets: Optional[str] = SubsetsOpt,
+    dev_limit: int | None = DevLimitOpt,
+    test_limit: int | None = TestLimitOpt,
+    subsets: str | None = SubsetsOpt,
     batch_size: int = BatchOpt,
     device: str = DeviceOpt,
-    dtype: Optional[str] = DtypeOpt,
-    quantize: Optional[str] = QuantizeOpt,
-    propose: Optional[int] = ProposeOpt,
+    dtype: str | None = DtypeOpt,
+    quantize: str | None = QuantizeOpt,
+    propose: int | None = ProposeOpt,
     propose_mode: str = ProposeModeOpt,
-    proposer: Optional[str] = ProposerOpt,
+    proposer: str | None = ProposerOpt,
     rounds: int = typer.Option(
         1,
         "--rounds",
@@ -127,17 +126,17 @@ def compare(
     trials: int = typer.Option(20, "--trials", help="the same budget for every strategy"),
     strategies: str = typer.Option("ppl,tcb,accuracy", "--strategies", help="comma-separated strategies"),
     model: str = ModelOpt,
-    storage: Optional[str] = StorageOpt,
+    storage: str | None = StorageOpt,
     seed: int = SeedOpt,
     out: Path = typer.Option(Path("runs/compare"), "--out", help="run directory"),
-    space: Optional[str] = SpaceOpt,
+    space: str | None = SpaceOpt,
     resume: bool = ResumeOpt,
     n_workers: int = WorkersOpt,
     minibatch: int = MinibatchOpt,
     pruning: bool = PruningOpt,
-    dev_limit: Optional[int] = DevLimitOpt,
-    test_limit: Optional[int] = TestLimitOpt,
-    subsets: Optional[str] = SubsetsOpt,
+    dev_limit: int | None = DevLimitOpt,
+    test_limit: int | None = TestLimitOpt,
+    subsets: str | None = SubsetsOpt,
     batch_size: int = BatchOpt,
     suite: str = typer.Option(
         "unseen",
@@ -145,7 +144,7 @@ def compare(
         help="perturbation suite the winners are judged on (default: the families no search looks at), or 'none'",
     ),
     search_suite: str = SearchSuiteOpt,
-    robust_limit: Optional[int] = typer.Option(
+    robust_limit: int | None = typer.Option(
         None, "--robust-limit", min=1, help="test items used for robustness (default: all)"
     ),
     seeds: int = typer.Option(
@@ -160,11 +159,11 @@ def compare(
         help="strategy: each strategy's own winner; robust: best dev Acc_worst (under --search-suite) among the top-N inside the best dev accuracy's interval",
     ),
     device: str = DeviceOpt,
-    dtype: Optional[str] = DtypeOpt,
-    quantize: Optional[str] = QuantizeOpt,
-    propose: Optional[int] = ProposeOpt,
+    dtype: str | None = DtypeOpt,
+    quantize: str | None = QuantizeOpt,
+    propose: int | None = ProposeOpt,
     propose_mode: str = ProposeModeOpt,
-    proposer: Optional[str] = ProposerOpt,
+    proposer: str | None = ProposerOpt,
 ) -> None:
     """Run several strategies with the same budget and items; compare their winners on held-out test items
     with intervals and paired tests."""
@@ -221,28 +220,28 @@ def propose_command(
     task: str = TaskOpt,
     n: int = typer.Option(12, "--n", min=1, help="instructions to add"),
     out: Path = typer.Option(..., "--out", help="the space file to write (YAML)"),
-    space: Optional[str] = SpaceOpt,
+    space: str | None = SpaceOpt,
     mode: str = typer.Option(
         "grounded",
         "--mode",
         help="induce, grounded, history (from the space's own instructions scored on dev) or reflect",
     ),
-    proposer: Optional[str] = ProposerOpt,
+    proposer: str | None = ProposerOpt,
     model: str = ModelOpt,
     seed: int = typer.Option(0, "--seed", help="same seed, same proposals"),
     search_suite: str = typer.Option(
         "cheap", "--search-suite", help="reflect: the families whose answer changes it shows"
     ),
-    dev_limit: Optional[int] = DevLimitOpt,
-    test_limit: Optional[int] = TestLimitOpt,
-    subsets: Optional[str] = SubsetsOpt,
-    cache: Optional[Path] = typer.Option(
+    dev_limit: int | None = DevLimitOpt,
+    test_limit: int | None = TestLimitOpt,
+    subsets: str | None = SubsetsOpt,
+    cache: Path | None = typer.Option(
         None, "--cache", help="where proposals are remembered by content hash (default: $PROMPTOPT_CACHE/proposals)"
     ),
     batch_size: int = BatchOpt,
     device: str = DeviceOpt,
-    dtype: Optional[str] = DtypeOpt,
-    quantize: Optional[str] = QuantizeOpt,
+    dtype: str | None = DtypeOpt,
+    quantize: str | None = QuantizeOpt,
 ) -> None:
     """Write a search space: the given one plus N instructions a model proposes, filtered, with provenance."""
     from promptopt.experiments import commands
@@ -271,7 +270,7 @@ def propose_command(
 def pair_command(
     run_a: Path = typer.Argument(..., help="a finished compare directory"),
     run_b: Path = typer.Argument(..., help="another one, on the same task, model, test items and judged families"),
-    out: Optional[Path] = typer.Option(None, "--out", help="write the paired table (.csv or .parquet)"),
+    out: Path | None = typer.Option(None, "--out", help="write the paired table (.csv or .parquet)"),
 ) -> None:
     """Pair two compares strategy by strategy, seed by seed and item by item (a − b): e.g. a space grown by
     --propose against the hand-written one."""

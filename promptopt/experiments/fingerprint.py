@@ -135,7 +135,7 @@ def _data_paths(spec, subsets) -> list[Path] | None:
     subsets = list(subsets) if subsets else list(spec.source.subsets or [None])
     paths: list[Path] = []
     for subset in subsets:
-        sub = (lambda text: text.replace("{subset}", subset)) if subset else (lambda text: text)
+        sub = (lambda text, subset=subset: text.replace("{subset}", subset)) if subset else (lambda text: text)
         for split in sorted({s.source_split for s in spec.splits.values()}):
             if split in spec.source.files:
                 path = Path(sub(spec.source.files[split])).expanduser()

@@ -111,11 +111,9 @@ def proxy_correlations(
 
     from promptopt.experiments.session import Session
     from promptopt.robustness.suite import Similarity, evaluate_robustness, load_suite, seen_families
-    from promptopt.search import SearchConfig
+    from promptopt.search import SearchConfig, decode_params
     from promptopt.search.storage import read_study
     from promptopt.search.strategies import signed_stability
-    from promptopt.search import decode_params
-
     from promptopt.yamlio import check_output
 
     if out is not None:

@@ -29,8 +29,8 @@ import pandas as pd
 
 from promptopt.errors import UserError
 from promptopt.experiments.diagnose.output import new_figure, save_figure
-from promptopt.yamlio import write_parquet_and_csv as save_table
 from promptopt.yamlio import atomic_write_bytes_via, atomic_write_text
+from promptopt.yamlio import write_parquet_and_csv as save_table
 
 
 @dataclass(frozen=True, kw_only=True)

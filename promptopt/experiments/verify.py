@@ -95,7 +95,6 @@ def verify_card(
     import time
 
     from promptopt.errors import ModelNotFoundError
-    from promptopt.experiments.session import Session
     from promptopt.experiments.fingerprint import (
         chat_template_sha256,
         data_sha256,
@@ -104,6 +103,7 @@ def verify_card(
         task_sha256,
         tokenizer_sha256,
     )
+    from promptopt.experiments.session import Session
     from promptopt.metrics.stats import wilson_interval
     from promptopt.models.load import ModelConfig
     from promptopt.production import card_prompt

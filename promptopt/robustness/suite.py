@@ -205,7 +205,7 @@ def make_variants(
                 candidates.append((variant, item))
         if operator.changes_text and candidates:
             scores = similarity([o.question for _, o in candidates], [v.item.question for v, _ in candidates])
-            for (variant, item), score in zip(candidates, scores):
+            for (variant, _item), score in zip(candidates, scores):
                 if score >= suite.similarity_threshold:
                     kept.append(variant)
                 else:

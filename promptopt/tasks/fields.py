@@ -131,7 +131,6 @@ class FieldSpec:
             raise ConfigError(f"{where}: {key}: expected a column name, a template or a list, got {type(raw).__name__}")
         if _JINJA_MARK.search(raw):
             import jinja2
-
             from jinja2 import meta
 
             env = _jinja_env()

@@ -370,7 +370,7 @@ def _under(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _site_packages(python: str) -> tuple[str, ...]:
     """The base interpreter's site-packages/dist-packages folders (third-party code such as psycopg2)."""
     probe = "import site, sys\nprint('\\n'.join(site.getsitepackages() + [p for p in sys.path if 'packages' in p]))"
@@ -409,7 +409,7 @@ def _userns_fd() -> int:
 _plan_lock = threading.Lock()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _probe() -> str | None:
     """How bwrap works here, tried once per process with a tiny program: "userns" (as root, see _userns_fd),
     "plain" (bwrap makes its own user namespace), or None (warned once; "bwrap" mode falls back to "rlimit")."""

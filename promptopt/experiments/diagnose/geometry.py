@@ -22,8 +22,8 @@ import torch
 
 from promptopt.errors import UserError
 from promptopt.experiments.diagnose.output import V_EFF_BANDS
-from promptopt.metrics.tcb_fixed_probs import logits_float64, move_toward, tcb_from_probs
 from promptopt.metrics.stats import wilson_interval
+from promptopt.metrics.tcb_fixed_probs import logits_float64, move_toward, tcb_from_probs
 
 PAPER_TABLE2 = {"<20": 0.95, "20–100": 0.92, ">100": 0.80, "overall": 0.90}
 _CHUNK = 128

@@ -11,8 +11,8 @@ from pathlib import Path
 import pandas as pd
 
 from promptopt.experiments.diagnose import approx, geometry, regimes
-from promptopt.yamlio import write_parquet_and_csv as save_table
 from promptopt.experiments.diagnose.positions import Positions, PositionSpec, collect_positions
+from promptopt.yamlio import write_parquet_and_csv as save_table
 
 
 @dataclass
@@ -73,9 +73,8 @@ def run_taboo(
     seeds=(0, 1, 2),
     sampled_ranks=(1,),
 ) -> Report:
-    from promptopt.experiments.diagnose import taboo
-
     from promptopt.experiments.commands import check_generative
+    from promptopt.experiments.diagnose import taboo
 
     check_generative(session, "diagnose taboo")
     start = time.perf_counter()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from promptopt.errors import UserError
 from promptopt.experiments.report.card import card_section, chosen_card
-from promptopt.experiments.report.numbers import esc, note, table, td, tr, cell_estimate, sig
+from promptopt.experiments.report.numbers import cell_estimate, esc, note, sig, table, td, tr
 from promptopt.experiments.report.sections import (
     evaluate_sentence,
     proxy_section,

@@ -120,7 +120,10 @@ def _evaluate_table(path, frame: pd.DataFrame, side: dict) -> str:
     rows = []
     for r in frame.itertuples():
         n = int(r.n_variants) if "n_variants" in frame and finite(r.n_variants) else 0
-        ci = lambda p: wilson_interval(round(p * n), n) if n and finite(p) else (math.nan, math.nan)
+
+        def ci(p, n=n):
+            return wilson_interval(round(p * n), n) if n and finite(p) else (math.nan, math.nan)
+
         rows.append(
             {
                 "strategy": "",
