@@ -259,3 +259,64 @@ def test_given_logits_give_the_numbers_of_its_own(monkeypatch, head):
     assert not torch.equal(shifted.nll, own.nll)  # the given logits are the ones read
     with pytest.raises(ValueError, match="logits have shape"):
         geometry(h, logits=geometry.logits_and_gain(h[:10]))
+
+
+def _dense(tokens: torch.Tensor, values: torch.Tensor, vocab: int) -> torch.Tensor:
+    """The sparse (tokens, values) shift as a dense float64 (N, V) matrix, a token listed twice getting both."""
+    dense = torch.zeros(tokens.shape[0], vocab, dtype=torch.float64)
+    return dense.scatter_add_(1, tokens, values.double())
+
+
+@pytest.mark.parametrize("scale, softcap", [(0.5, None), (4.0, None), (30.0, None), (4.0, 8.0), (120.0, None)])
+def test_a_label_bias_matches_the_float64_reference(scale, softcap):
+    """A calibrated decision shifts a few logits by constants (metrics/tcb.py): δ_TCB on the shifted distribution,
+    against the explicit float64 Jacobian of the shifted logits, to 1e-6 relative (flat to very peaked)."""
+    from promptopt.metrics import approximation_reference
+
+    gen = torch.Generator().manual_seed(int(scale * 10))
+    w = torch.randn(3000, 48, generator=gen) * 0.4
+    h = torch.randn(16, 48, generator=gen) * scale
+    plain = w @ h.T
+    top2 = plain.T.topk(2).indices  # shift the two most likely tokens and a third, listed twice: its shifts add up
+    tokens = torch.cat([top2, torch.full((16, 2), 7)], dim=1)
+    values = torch.randn(16, 4, generator=gen, dtype=torch.float64) * 3.0
+    geometry = OutputGeometry(w, logit_softcap=softcap)
+    ours = geometry(h, shift_tokens=tokens, shift_values=values)
+    dense = _dense(tokens, values, w.shape[0])
+    ref = jacobian_frobenius_reference(h, w, logit_softcap=softcap, logit_shift=dense)
+    assert torch.allclose(ours.jacobian_norm, ref, rtol=1e-6, atol=0)
+    assert torch.allclose(
+        ours.tcb_approx, approximation_reference(h, w, logit_softcap=softcap, logit_shift=dense), rtol=1e-6
+    )
+    s64 = h.double() @ w.double().T
+    shifted = (s64 if softcap is None else softcap * torch.tanh(s64 / softcap)) + dense  # float64 logits + shift
+    assert torch.equal(ours.top_token, shifted.argmax(-1))  # the companions read the shifted distribution too
+    assert torch.allclose(ours.top_prob, torch.softmax(shifted, -1).amax(-1), rtol=1e-6)
+    unshifted = geometry(h)
+    assert not torch.allclose(unshifted.jacobian_norm, ours.jacobian_norm, rtol=1e-3)  # the shift matters
+    # the same shift given with precomputed logits (the runner's path) leaves those logits untouched
+    logits = geometry.logits_and_gain(h)
+    before = logits[0].clone()
+    again = geometry(h, logits=logits, shift_tokens=tokens, shift_values=values)
+    assert torch.equal(logits[0], before) and torch.allclose(again.jacobian_norm, ours.jacobian_norm, rtol=1e-12)
+
+
+def test_a_shift_that_makes_a_state_peaked_stays_exact():
+    """A bias that pushes one label far ahead (o' → 1): the anchored sum holds there too, +inf only where the
+    reference's norm is 0."""
+    gen = torch.Generator().manual_seed(11)
+    w = torch.randn(500, 16, generator=gen)
+    h = torch.randn(6, 16, generator=gen)
+    tokens = torch.tensor([[3], [3], [3], [9], [9], [9]])
+    values = torch.tensor([[10.0], [20.0], [30.0], [10.0], [25.0], [35.0]], dtype=torch.float64)
+    ours = token_constraint_bound(h, w, shift_tokens=tokens, shift_values=values)
+    ref = jacobian_frobenius_reference(h, w, logit_shift=_dense(tokens, values, 500))
+    finite = ref > 0
+    assert torch.allclose(ours.jacobian_norm[finite], ref[finite], rtol=1e-6, atol=0)
+    assert torch.equal(torch.isinf(ours.tcb), ~finite)
+
+
+def test_shift_arguments_are_checked():
+    w, h = torch.randn(50, 4), torch.randn(2, 4)
+    with pytest.raises(ValueError, match="go together"):
+        token_constraint_bound(h, w, shift_tokens=torch.zeros(2, 1, dtype=torch.long))

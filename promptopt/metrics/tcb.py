@@ -206,9 +206,16 @@ class OutputGeometry:
         eps: float = 1.0,
         target: torch.Tensor | None = None,
         logits: tuple[torch.Tensor, torch.Tensor | None] | None = None,
+        shift_tokens: torch.Tensor | None = None,
+        shift_values: torch.Tensor | None = None,
     ) -> TCBResult:
         """δ_TCB and its companions at each position of `hidden` (..., d). `logits`: `logits_and_gain(hidden)`
-        when the caller has it already (rows flattened like `hidden`), so that W·h is not computed twice."""
+        when the caller has it already (rows flattened like `hidden`), so that W·h is not computed twice.
+
+        `shift_tokens` / `shift_values` (..., L): a constant added to the final logit of each listed token (after
+        bias, scale and soft-cap; a token listed twice gets both), e.g. a calibrated decision's label bias. A
+        constant shift leaves the Jacobian's form unchanged, J = (diag(o') − o' o'ᵀ) W', so every number here is
+        then that of the shifted distribution o' = softmax(z + shift): the distribution the decision reads."""
         if hidden.shape[-1] != self.hidden_size:
             raise ValueError(f"hidden has size {hidden.shape[-1]} but weight has d={self.hidden_size}")
         lead = hidden.shape[:-1]
@@ -216,6 +223,7 @@ class OutputGeometry:
         tgt = None if target is None else target.reshape(-1).to(h.device)
         if tgt is not None and tgt.shape[0] != h.shape[0]:
             raise ValueError(f"target has {tgt.shape[0]} entries for {h.shape[0]} positions")
+        shift = _flat_shift(shift_tokens, shift_values, h.shape[0])
         if logits is not None and tuple(logits[0].shape) != (h.shape[0], self.vocab_size):
             raise ValueError(
                 f"logits have shape {tuple(logits[0].shape)} for {h.shape[0]} positions and V={self.vocab_size}"
@@ -229,6 +237,9 @@ class OutputGeometry:
                 z, gain = self.logits_and_gain(h[b : b + block])
             else:
                 z, gain = logits[0][b : b + block], None if logits[1] is None else logits[1][b : b + block]
+            if shift is not None:  # on a copy: the caller's logits stay the plain ones
+                ids, values = shift[0][b : b + block].to(z.device), shift[1][b : b + block].to(z.device)
+                z = z.clone().scatter_add_(1, ids, values.float())
             for g in range(b, min(b + block, h.shape[0]), group):
                 coef = torch.empty(min(group, h.shape[0] - g), 2, self.vocab_size, dtype=torch.float32, device=h.device)
                 steps = []
@@ -236,8 +247,11 @@ class OutputGeometry:
                     rows = slice(i - b, i - b + step)
                     step_logits = z[rows], None if gain is None else gain[rows]
                     target_i = None if tgt is None else tgt[i : i + step]
+                    shift_i = None if shift is None else (shift[0][i : i + step], shift[1][i : i + step])
                     steps.append(
-                        self._before_product(h[i : i + step], target_i, eps, step_logits, coef[i - g : i - g + step])
+                        self._before_product(
+                            h[i : i + step], target_i, eps, step_logits, coef[i - g : i - g + step], shift_i
+                        )
                     )
                 m = self._weighted_rows(coef).to(torch.float64)  # one product for the group: Σ o w, Σ o² w of the tails
                 for i, (companions, jacobian) in zip(range(0, coef.shape[0], step), steps):
@@ -248,7 +262,7 @@ class OutputGeometry:
         return TCBResult(**{k: torch.cat([p[k] for p in parts]).reshape(lead) for k in parts[0]})
 
     def _before_product(
-        self, h: torch.Tensor, target: torch.Tensor | None, eps: float, logits, coef: torch.Tensor
+        self, h: torch.Tensor, target: torch.Tensor | None, eps: float, logits, coef: torch.Tensor, shift=None
     ) -> tuple[dict, dict]:
         """Everything that reads the (positions × V) logits, for a step of positions: the tail's coefficients for
         the product with W, written into `coef` (n, 2, V); the companions; and what `_after_product` needs besides
@@ -268,6 +282,9 @@ class OutputGeometry:
         if self.bias is not None:
             s_top = s_top + self.bias[top_idx].to(f64)
         z_top, g_top = self._transform(s_top)
+        if shift is not None:  # the same constants, added exactly: Σ over the listed tokens equal to each top token
+            ids, values = shift[0].to(h.device), shift[1].to(device=h.device, dtype=f64)
+            z_top = z_top + ((top_idx[:, :, None] == ids[:, None, :]) * values[:, None, :]).sum(-1)
         order = z_top.argsort(dim=-1, descending=True)  # re-rank inside K in exact arithmetic
         top_idx, z_top = top_idx.gather(1, order), z_top.gather(1, order)
         w_top = w_top.gather(1, order[..., None].expand(-1, -1, self.hidden_size))
@@ -388,6 +405,16 @@ class OutputGeometry:
         return out
 
 
+def _flat_shift(tokens, values, n: int):
+    """(tokens, values) reshaped to (n, L), checked; None when no shift is given."""
+    if tokens is None and values is None:
+        return None
+    if tokens is None or values is None or tokens.shape != values.shape:
+        raise ValueError("shift_tokens and shift_values go together and need the same shape")
+    tokens, values = tokens.reshape(n, -1).long(), values.reshape(n, -1).double()
+    return tokens, values
+
+
 def token_constraint_bound(
     hidden: torch.Tensor,
     weight: torch.Tensor,
@@ -397,6 +424,8 @@ def token_constraint_bound(
     logit_softcap: float | None = None,
     bias: torch.Tensor | None = None,
     target: torch.Tensor | None = None,
+    shift_tokens: torch.Tensor | None = None,
+    shift_values: torch.Tensor | None = None,
 ) -> TCBResult:
     """δ_TCB and its companions for every position of `hidden` (..., d), given the output matrix W (V×d).
 
@@ -404,91 +433,8 @@ def token_constraint_bound(
     without it, the predicted token's. For repeated calls on one model, build an `OutputGeometry` once.
     """
     geometry = OutputGeometry(weight, bias=bias, logit_scale=logit_scale, logit_softcap=logit_softcap)
-    return geometry(hidden, eps=eps, target=target)
+    return geometry(hidden, eps=eps, target=target, shift_tokens=shift_tokens, shift_values=shift_values)
 
 
-def _reference_logits(w, h, bias, logit_scale, logit_softcap):
-    """float64 logits s, each logit's chain-rule gain ds/dz, and o = softmax(s): shared by both references."""
-    s = w @ h
-    if bias is not None:
-        s = s + bias.detach().double()
-    gain = torch.ones_like(s)
-    if logit_scale is not None:
-        s = s * logit_scale
-        gain = gain * logit_scale
-    if logit_softcap is not None:
-        x = s / logit_softcap
-        gain = gain / torch.cosh(x).pow(2)
-        s = logit_softcap * torch.tanh(x)
-    return s, gain, torch.log_softmax(s, dim=-1).exp()
-
-
-def jacobian_frobenius_reference(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    *,
-    logit_scale: float | None = None,
-    logit_softcap: float | None = None,
-    bias: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """‖J‖_F from the explicit V×d Jacobian in float64, one position at a time: the slow yardstick.
-
-    Rows are J_i = o_i (w'_i − μ). μ is formed as w'_t + Σ_{j≠t} o_j (w'_j − w'_t): written as Wᵀo it
-    rounds to w'_t once 1 − o_t < 1e-16 and the reference itself would be wrong in the peaked regime.
-    """
-    w = weight.detach().double()
-    bias = None if bias is None else bias.detach()
-    out = []
-    for h in hidden.detach().reshape(-1, w.shape[1]).double():
-        s, gain, o = _reference_logits(w, h, bias, logit_scale, logit_softcap)
-        w_eff = w * gain[:, None]
-        t = int(s.argmax())
-        diff = w_eff - w_eff[t]  # w'_i − w'_t
-        o_rest = o.clone()
-        o_rest[t] = 0.0
-        mu_minus_wt = o_rest @ diff
-        jac = o[:, None] * (diff - mu_minus_wt[None, :])  # (diag(o) − o oᵀ) W', row by row
-        out.append(torch.linalg.matrix_norm(jac))
-    if not out:
-        return torch.empty(hidden.shape[:-1], dtype=torch.float64)
-    return torch.stack(out).reshape(hidden.shape[:-1])
-
-
-def approximation_reference(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    *,
-    eps: float = 1.0,
-    logit_scale: float | None = None,
-    logit_softcap: float | None = None,
-    bias: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """The statistical approximation ε / sqrt(dσ² ‖M G‖²_F) in float64 from M = diag(o) − o oᵀ column by
-    column, one position at a time: the slow yardstick for `tcb_approx`.
-
-    Column j of M G has the diagonal entry g_j o_j (1 − o_j) and the off-diagonal entries −g_j o_i o_j, so its
-    squared norm is g_j² (o_j² (1 − o_j)² + o_j² Σ_{i≠j} o_i²). Only the top token t needs care: 1 − o_t is
-    taken as Σ_{j≠t} o_j and Σ_{i≠t} o_i² is summed directly (as floats, 1 − o_t is 0 once it is < 1e-16).
-    Memory is O(V): a V×V matrix would not fit for real vocabularies.
-    """
-    w = weight.detach().double()
-    sigma2 = float(w.var(unbiased=False))
-    out = []
-    for h in hidden.detach().reshape(-1, w.shape[1]).double():
-        s, gain, o = _reference_logits(w, h, bias, logit_scale, logit_softcap)
-        t = int(s.argmax())
-        others = torch.cat([o[:t], o[t + 1 :]])
-        one_minus = 1 - o
-        one_minus[t] = others.sum()
-        off_diag = o.pow(2).sum() - o.pow(2)  # Σ_{i≠j} o_i²
-        off_diag[t] = others.pow(2).sum()
-        column_sq = gain.pow(2) * (o.pow(2) * one_minus.pow(2) + o.pow(2) * off_diag)
-        norm_sq = column_sq.sum()
-        out.append(
-            eps / (w.shape[1] * sigma2 * norm_sq).sqrt()
-            if norm_sq > 0
-            else torch.tensor(float("inf"), dtype=torch.float64)
-        )
-    if not out:
-        return torch.empty(hidden.shape[:-1], dtype=torch.float64)
-    return torch.stack(out).reshape(hidden.shape[:-1])
+# The slow float64 references live beside this module (tcb_reference.py); re-exported here, where they were.
+from promptopt.metrics.tcb_reference import approximation_reference, jacobian_frobenius_reference  # noqa: E402
