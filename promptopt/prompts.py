@@ -104,6 +104,9 @@ class Prompt:
     instruction: str = ""
     exemplars: tuple[Exemplar, ...] = ()
     template: PromptTemplate = field(default_factory=PromptTemplate)
+    # how a choice task's answer is decided from its label log-probabilities (promptopt/decision.py): argmax, or
+    # a calibrated rule's name, whose parameters are fit on dev items (an exported card holds them)
+    decision: str = "argmax"
 
     # --- pieces --------------------------------------------------------------------------------
     def choice_texts(self, choices: tuple[str, ...] | None) -> list[str]:
@@ -186,6 +189,8 @@ class Prompt:
         for ex in card["exemplars"]:
             if "choices" in ex:
                 ex["choices"] = list(ex["choices"])
+        if self.decision != "argmax":  # argmax prompts keep the cards (and hashes) they always had
+            card["decision"] = self.decision
         if provenance:
             card["provenance"] = provenance
         return card
@@ -214,7 +219,7 @@ def load_card(path: str | Path) -> tuple[Prompt, dict]:
 
         validate_card(data, where)
         return prompt_from_card(data, where), v1_view(data)
-    f.reject_unknown({"promptopt_card", "task", "instruction", "template", "exemplars", "provenance"})
+    f.reject_unknown({"promptopt_card", "task", "instruction", "template", "exemplars", "decision", "provenance"})
     if version != CARD_VERSION:
         raise f.fail("promptopt_card", f"card version {CARD_VERSION} or 2", version)
     return prompt_from_card(data, where), f.get("provenance", dict, {})
@@ -246,4 +251,18 @@ def prompt_from_card(data: dict, where: str) -> Prompt:
         instruction=f.get("instruction", str, ""),
         exemplars=tuple(exemplars),
         template=template,
+        decision=_decision_name(data.get("decision"), where),
     )
+
+
+def _decision_name(value, where: str) -> str:
+    """A card's decision: a rule's name (search cards) or its fitted mapping (exported cards) -> the name."""
+    from promptopt.decision import parse_rule, rule_from_card
+
+    if value is None:
+        return "argmax"
+    if isinstance(value, str):
+        parse_rule(value)  # a typo fails here, naming the rule
+        return value
+    rule = rule_from_card(value, f"{where}: decision")
+    return f"{rule.name}:{rule.reading}" if rule.calibrated else "argmax"

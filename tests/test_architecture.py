@@ -16,6 +16,7 @@ LAYERS = {
     "yamlio": 0,
     "metrics": 1,
     "models": 2,
+    "decision": 2,
     "prompts": 3,
     "card": 3,
     "prompt_formats": 3,

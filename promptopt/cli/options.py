@@ -48,6 +48,12 @@ ResumeOpt = typer.Option(False, "--resume", help="continue (or join) an existing
 WorkersOpt = typer.Option(1, "--n-workers", help="worker processes sharing the study")
 MinibatchOpt = typer.Option(16, "--minibatch", help="dev items per pruning step")
 PruningOpt = typer.Option(True, "--pruning/--no-pruning", help="Wilcoxon paired pruning on dev items")
+DecisionOpt = typer.Option(
+    None,
+    "--decision",
+    help="decide every trial's answers by one rule: argmax, contextual, batch, batch-adaptive or affine "
+    "(optionally :acc or :acc_norm); default: the space's decision: dimension, else argmax (docs: Decision rules)",
+)
 DevLimitOpt = typer.Option(None, "--dev-limit", min=1, help="use only the first N dev items")
 TestLimitOpt = typer.Option(None, "--test-limit", min=1, help="use only the first N test items")
 

@@ -9,6 +9,7 @@ import typer
 from promptopt.cli.app import app, quiet_libraries, split_subsets
 from promptopt.cli.options import (
     BatchOpt,
+    DecisionOpt,
     DeviceOpt,
     DevLimitOpt,
     DtypeOpt,
@@ -61,6 +62,7 @@ def search(
     n_workers: int = WorkersOpt,
     minibatch: int = MinibatchOpt,
     pruning: bool = PruningOpt,
+    decision: str | None = DecisionOpt,
     dev_limit: int | None = DevLimitOpt,
     test_limit: int | None = TestLimitOpt,
     subsets: str | None = SubsetsOpt,
@@ -101,6 +103,7 @@ def search(
         n_workers=n_workers,
         minibatch=minibatch,
         pruning=pruning,
+        decision=decision,
         dev_limit=dev_limit,
         test_limit=test_limit,
         subsets=subsets,

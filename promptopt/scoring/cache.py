@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import torch
 
 from promptopt.errors import CacheError
 from promptopt.prompts import Prompt
@@ -24,9 +25,9 @@ from promptopt.tasks import Item
 from promptopt.tasks.item import item_content
 
 # Bump when the key's layout changes or a scored row's meaning does (2: every scored Item field in the key,
-# and acc_norm divides by the choice's own length as lm-eval does): rows cached under an older version are
-# then never read.
-KEY_VERSION = 2
+# and acc_norm divides by the choice's own length as lm-eval does; 3: log-likelihood rows carry every choice's
+# log-probabilities and both argmax decisions): rows cached under an older version are then never read.
+KEY_VERSION = 3
 
 
 def _plain(value):
@@ -61,6 +62,8 @@ class ResultCache:
                     conn.execute("PRAGMA journal_mode=WAL")
                     conn.execute("PRAGMA synchronous=NORMAL")  # no fsync per write: see search/storage.py
                     conn.execute("CREATE TABLE IF NOT EXISTS results (key TEXT PRIMARY KEY, row TEXT NOT NULL)")
+                    # critical hidden states (float32 little-endian bytes, never pickled), kept only when asked for
+                    conn.execute("CREATE TABLE IF NOT EXISTS hidden (key TEXT PRIMARY KEY, state BLOB NOT NULL)")
             except CacheError:  # e.g. a full disk: a cache that could not be set up leaves no file
                 for suffix in ("", "-wal", "-shm", "-journal") if new else ():
                     Path(f"{self.path}{suffix}").unlink(missing_ok=True)
@@ -106,6 +109,27 @@ class ResultCache:
         with self._errors():
             self._db.executemany("INSERT OR REPLACE INTO results (key, row) VALUES (?, ?)", data)
 
+    def get_hidden(self, keys: list[str]) -> dict[str, np.ndarray]:
+        """The stored critical hidden states of `keys` that have one (float32 vectors)."""
+        found: dict[str, np.ndarray] = {}
+        if not keys or (self._conn is None and not self.path.exists()):
+            return found
+        with self._errors():
+            if not self._db.execute("SELECT 1 FROM sqlite_master WHERE name = 'hidden'").fetchone():
+                return found  # a cache written before hidden states were kept
+            for start in range(0, len(keys), 500):
+                chunk = keys[start : start + 500]
+                marks = ",".join("?" * len(chunk))
+                for key, state in self._db.execute(f"SELECT key, state FROM hidden WHERE key IN ({marks})", chunk):
+                    found[key] = np.frombuffer(state, dtype="<f4")
+        return found
+
+    def put_hidden(self, states: dict[str, np.ndarray]) -> None:
+        data = [(key, np.ascontiguousarray(state, dtype="<f4").tobytes()) for key, state in states.items()]
+        with self._errors():
+            self._db.execute("CREATE TABLE IF NOT EXISTS hidden (key TEXT PRIMARY KEY, state BLOB NOT NULL)")
+            self._db.executemany("INSERT OR REPLACE INTO hidden (key, state) VALUES (?, ?)", data)
+
     @property
     def hit_rate(self) -> float:
         total = self.hits + self.misses
@@ -124,8 +148,10 @@ class CachedScorer:
     field (`item_content`, not only its id): a perturbed variant never reuses the clean item's row, and an
     edited reference (`target` feeds the PPL columns of generative tasks) or test program is scored again."""
 
-    def __init__(self, scorer: Scorer, cache: ResultCache) -> None:
-        self.scorer, self.cache = scorer, cache
+    def __init__(self, scorer: Scorer, cache: ResultCache, *, keep_hidden: bool = False) -> None:
+        """keep_hidden: also store each scored row's critical hidden state (d float32 values per row: 2.3 KB on
+        SmolLM2, 32 KB at d = 8192), so calibrated decisions' δ_TCB never needs another forward."""
+        self.scorer, self.cache, self.keep_hidden = scorer, cache, keep_hidden
         lm, spec = scorer.lm, scorer.data.spec
         self._static = [
             lm.name,
@@ -153,15 +179,15 @@ class CachedScorer:
         return self.scorer.runner
 
     def key(self, prompt: Prompt, item: Item) -> str:
-        blob = json.dumps(
-            [KEY_VERSION, self._static, prompt.to_card(), item_content(item)], sort_keys=True, default=_plain
-        )
+        card = prompt.to_card()
+        card.pop("decision", None)  # rows are the scorer's, before any decision rule: every rule reads them
+        blob = json.dumps([KEY_VERSION, self._static, card, item_content(item)], sort_keys=True, default=_plain)
         return hashlib.sha256(blob.encode()).hexdigest()
 
     def score(self, prompt: Prompt, items: list[Item]) -> ScoreResult:
         start = time.perf_counter()
-        table = self.score_table(prompt, items)
-        return ScoreResult(table, summarize(table, wall_seconds=time.perf_counter() - start))
+        table, hidden = self._lookup(prompt, items, hidden=self.keep_hidden)
+        return ScoreResult(table, summarize(table, wall_seconds=time.perf_counter() - start), hidden)
 
     def generate_answers(self, *args, **kwargs):
         return self.scorer.generate_answers(*args, **kwargs)
@@ -173,12 +199,28 @@ class CachedScorer:
         self.scorer.check_fits(prompt, items)
 
     def score_table(self, prompt: Prompt, items: list[Item]) -> pd.DataFrame:
+        return self._lookup(prompt, items, hidden=False)[0]
+
+    def score_with_hidden(self, prompt: Prompt, items: list[Item]) -> tuple[pd.DataFrame, torch.Tensor | None]:
+        """The per-item table and the critical hidden states (None for generative tasks); rows cached without
+        their state are scored again once."""
+        return self._lookup(prompt, items, hidden=True)
+
+    def _lookup(self, prompt: Prompt, items: list[Item], *, hidden: bool) -> tuple[pd.DataFrame, torch.Tensor | None]:
+        hidden = hidden and not self.data.spec.answer.generative
         keys = [self.key(prompt, item) for item in items]
         found = self.cache.get_many(keys)
-        missing = [item for item, key in zip(items, keys) if key not in found]
+        states = self.cache.get_hidden(keys) if hidden else {}
+        missing = [item for item, key in zip(items, keys) if key not in found or (hidden and key not in states)]
         if missing:
-            table = self.scorer.score(prompt, missing).table
-            fresh = {self.key(prompt, item): row for item, row in zip(missing, table.to_dict("records"))}
+            result = self.scorer.score(prompt, missing)
+            fresh_keys = [self.key(prompt, item) for item in missing]
+            fresh = dict(zip(fresh_keys, result.table.to_dict("records")))
             self.cache.put_many(fresh)
             found.update(fresh)
-        return pd.DataFrame([found[key] for key in keys])
+            if result.hidden is not None and (hidden or self.keep_hidden):
+                fresh_states = {key: state.numpy() for key, state in zip(fresh_keys, result.hidden)}
+                self.cache.put_hidden(fresh_states)
+                states.update(fresh_states)
+        table = pd.DataFrame([found[key] for key in keys])
+        return table, (torch.from_numpy(np.stack([states[key] for key in keys])) if hidden else None)

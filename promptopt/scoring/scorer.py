@@ -35,6 +35,9 @@ _TCB_COLUMNS = ("tcb", "jacobian_norm", "v_eff", "margin", "entropy", "top_prob"
 class ScoreResult:
     table: pd.DataFrame  # one row per item
     summary: dict = field(default_factory=dict)
+    # log-likelihood tasks: the final hidden state at each item's critical position (items × d, float32), what a
+    # calibrated decision's δ_TCB is computed from (scoring/calibration.py) without another forward
+    hidden: torch.Tensor | None = None
 
 
 class Scorer:
@@ -113,12 +116,13 @@ class Scorer:
     def score(self, prompt: Prompt, items: list[Item]) -> ScoreResult:
         self._check(prompt, items)
         start = time.perf_counter()
+        hidden = None
         if self.data.spec.answer.generative:
             table = self._score_generative(prompt, items)
         else:
-            table = self._score_choices(prompt, items)
+            table, hidden = self._score_choices(prompt, items)
         wall = time.perf_counter() - start
-        return ScoreResult(table, summarize(table, wall_seconds=wall))
+        return ScoreResult(table, summarize(table, wall_seconds=wall), hidden)
 
     def _tcb(self, hidden: torch.Tensor, targets: list[int]) -> dict[str, np.ndarray]:
         """δ_TCB = ε/‖J‖_F and its companions at the critical states (exact closed form, metrics/tcb.py)."""
@@ -127,7 +131,10 @@ class Scorer:
             res = head(hidden.to(head.weight.device), eps=self.eps, target=torch.tensor(targets))
         return _tcb_columns({name: value.cpu().numpy() for name, value in res.to_dict().items()})
 
-    def _score_choices(self, prompt: Prompt, items: list[Item]) -> pd.DataFrame:
+    def _score_choices(self, prompt: Prompt, items: list[Item]) -> tuple[pd.DataFrame, torch.Tensor]:
+        """Per item: every choice's log-likelihood (summed over its tokens, and per character as lm-eval's
+        acc_norm), both argmax decisions, and δ_TCB and its companions at the critical state (whose hidden
+        state is returned beside the table)."""
         tok = self.lm.tokenizer
         contexts, conts, texts, owners = [], [], [], []
         for idx, item in enumerate(items):
@@ -143,7 +150,7 @@ class Scorer:
         # δ_TCB at the critical state (every choice shares the context), aimed at the gold's first token; the
         # runner reads it from the logits of the log-probs
         results = self.runner.loglikelihood(pairs, tcb_targets=[gold_first[i] for i in owners], eps=self.eps)
-        rows, critical = [], []
+        rows, critical, hidden = [], [], []
         cursor = 0
         for item in items:
             n = len(item.choices)
@@ -152,6 +159,7 @@ class Scorer:
             lengths = np.array([len(t) for t in texts[cursor : cursor + n]], dtype=float)
             gold_pairs, gold_res = pairs[cursor + item.gold], results[cursor + item.gold]
             critical.append(results[cursor].tcb)
+            hidden.append(results[cursor].hidden)  # every choice shares the context, so its critical state
             pred, pred_norm = int(lls.argmax()), int((lls / lengths).argmax())
             pred, pred_norm = (
                 -1 if conts[cursor : cursor + n].count(conts[cursor + p]) > 1 else p for p in (pred, pred_norm)
@@ -162,8 +170,12 @@ class Scorer:
                     "item_id": item.id,
                     "gold": item.gold,
                     "pred": pred,
+                    "pred_norm": pred_norm,
                     "acc": pred == item.gold,
                     "acc_norm": pred_norm == item.gold,
+                    "choice_logprobs": lls.tolist(),
+                    "choice_logprobs_norm": (lls / lengths).tolist(),
+                    "choice_first_tokens": [pair[1][0] for pair in pairs[cursor : cursor + n]],
                     "gold_logprob": gold_res.logprob,
                     "ppl": math.exp(-gold_res.logprob / gold_tokens),
                     "answer_nll": -gold_res.logprob / gold_tokens,
@@ -174,7 +186,7 @@ class Scorer:
         table.insert(1, "correct", table[self.data.spec.metric])
         for name, values in _tcb_columns({name: [tcb[name] for tcb in critical] for name in critical[0]}).items():
             table[name] = values
-        return table
+        return table, torch.stack(hidden).float()
 
     def generate_answers(
         self,

@@ -35,6 +35,9 @@ class StudyConfig:
     n_workers: int = 1
     minibatch: int = 16  # dev items per pruning step
     pruning: bool = True
+    # one decision rule for every trial (promptopt/decision.py: argmax, contextual, batch, batch-adaptive, affine);
+    # None: the space's `decision:` dimension if it has one, else argmax
+    decision: str | None = None
     heartbeat_interval: int = 20
     grace_period: int = 60
 
@@ -44,6 +47,10 @@ class StudyConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name}: expected a positive integer, got {value!r}")
+        if self.decision is not None:
+            from promptopt.decision import parse_rule
+
+            parse_rule(self.decision)  # a typo fails here, naming the rule
         if self.study_name is not None and not re.fullmatch(r"[A-Za-z0-9_.:-]+", self.study_name):
             raise ConfigError(f"study_name: expected letters, digits, '_', '-', '.' or ':', got {self.study_name!r}")
 

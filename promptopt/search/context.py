@@ -53,9 +53,19 @@ def build_context(config: SearchConfig, data, expand=None) -> SearchContext:
     strategy = get_strategy(config.study.strategy)
     space = load_space(config.study.space or data.spec.name)
     candidates = space.check_against(data, pool_draw=config.study.pool_draw)
+    _check_decisions(config.study.decision, space, data)
     return SearchContext(
         config, strategy, space, data, candidates, config.data.dev(data), config.data.test(data), expand
     )
+
+
+def _check_decisions(decision: str | None, space: SearchSpace, data) -> None:
+    """Calibrated rules need the same labels on every item: refused for per-item choices before anything runs."""
+    from promptopt.decision import parse_rule
+    from promptopt.scoring.calibration import need_fixed_labels
+
+    for name in [decision] if decision is not None else space.decisions:
+        need_fixed_labels(parse_rule(name), data.dev + data.test, data.spec.name)
 
 
 def require_variants(ctx: SearchContext) -> None:
@@ -108,7 +118,7 @@ def decode(ctx: SearchContext, params: dict):
     """The Prompt a set of trial parameters stands for."""
     import optuna
 
-    return ctx.space.suggest(optuna.trial.FixedTrial(params), ctx.candidates, ctx.data.spec)
+    return ctx.space.suggest(optuna.trial.FixedTrial(params), ctx.candidates, ctx.data.spec, ctx.config.study.decision)
 
 
 def note(show: bool):

@@ -36,6 +36,8 @@ def identity(ctx: SearchContext) -> dict:
         "space_file_sha256": _file_sha256(ctx.space.where),
         # the suite whose variants a robust trial scores (the expander's own hash: search does not read suites)
         **({"search_suite_sha256": fingerprint()} if ctx.strategy.needs_variants and callable(fingerprint) else {}),
+        # the one rule every trial decides by (a searched `decision:` dimension is in the space file's hash)
+        **({"decision": config.study.decision} if config.study.decision is not None else {}),
         "model": config.model.spec,
         "dtype": config.model.resolved_dtype(),
         "quantize": config.model.quantize,

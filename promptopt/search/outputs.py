@@ -47,8 +47,7 @@ def write_outputs(ctx: SearchContext, study, cached, wall: float, hits_before: i
     prompt = decode(ctx, best.params)
     pairs_scored = cached.cache.misses - misses_before  # the search's own cost, before the winner's test items
     fault_point("rescore")
-    dev_table = cached.score_table(prompt, ctx.dev)
-    test_table = cached.score_table(prompt, ctx.test)
+    dev_table, test_table, rule = _winner_tables(ctx, cached, prompt)
     dev, test = summarize(dev_table), summarize(test_table)
     write_parquet_and_csv(test_table, out / "best_test_items")
     fault_point("card")
@@ -64,6 +63,8 @@ def write_outputs(ctx: SearchContext, study, cached, wall: float, hits_before: i
         "test": {k: test[k] for k in ("n", "accuracy", "tcb_mean", "tcb_geomean", "ppl_mean")},
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+    if rule.calibrated:  # the parameters the test numbers were decided with, fit on the dev items
+        provenance["decision_fitted"] = rule.to_card()
     proposed = ctx.space.proposals.get(str(best.params.get("instruction")))
     if proposed:  # a proposed instruction won: the card says who wrote it, how, and from what
         provenance["instruction_provenance"] = {"name": best.params["instruction"], **proposed}
@@ -107,6 +108,20 @@ def write_outputs(ctx: SearchContext, study, cached, wall: float, hits_before: i
     }
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=1, default=str))
     return result
+
+
+def _winner_tables(ctx: SearchContext, cached, prompt):
+    """The winner's dev and test tables under its decision rule: dev decided as the trial decided it (fit on
+    every dev item; affine cross-fitted), test by the rule fit on the dev items (what a card would ship)."""
+    from promptopt.scoring.calibration import DecidingScorer, RunningDecision, fit_rule
+
+    running = RunningDecision(cached, prompt, hidden=True)
+    running.add(ctx.dev)
+    rule = running.fitted()
+    if not rule.calibrated:
+        return running.decided(), cached.score_table(prompt, ctx.test), rule
+    rule = fit_rule(rule, cached, prompt, ctx.dev) if rule.kind != "contextual" else rule
+    return running.decided(), DecidingScorer(cached, rule).score_table(prompt, ctx.test), rule
 
 
 def _candidates(study, strategy) -> list[dict]:

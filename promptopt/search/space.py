@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from promptopt.errors import ConfigError, DataError
@@ -61,6 +61,7 @@ class SearchSpace:
     search_order: bool
     formats: dict[str, tuple[str, ...]] = field(default_factory=dict)  # dimension -> choices (searched when given)
     proposals: dict[str, dict] = field(default_factory=dict)  # instruction name -> provenance of a proposed one
+    decisions: tuple[str, ...] = ()  # decision rules to search over (promptopt/decision.py); () = not searched
 
     def widest_format(self, template: PromptTemplate) -> PromptTemplate:
         """The template with the longest choice of every searched dimension: what the length check renders."""
@@ -106,8 +107,14 @@ class SearchSpace:
         return pool
 
     # --- trial -> prompt ---------------------------------------------------------------------
-    def suggest(self, trial, candidates: list[Item], spec) -> Prompt:
-        """Ask the trial for every parameter and decode them into a Prompt."""
+    def suggest(self, trial, candidates: list[Item], spec, decision: str | None = None) -> Prompt:
+        """Ask the trial for every parameter and decode them into a Prompt. `decision`: the run's one rule
+        (--decision); without it the space's `decision:` dimension is searched, else the prompt decides by argmax."""
+        if decision is None:
+            decision = trial.suggest_categorical("decision", list(self.decisions)) if self.decisions else "argmax"
+        return replace(self._suggest_prompt(trial, candidates, spec), decision=decision)
+
+    def _suggest_prompt(self, trial, candidates: list[Item], spec) -> Prompt:
         instruction = trial.suggest_categorical("instruction", list(self.instructions))
         template = self.templates[trial.suggest_categorical("template", list(self.templates))]
         if self.formats:
@@ -141,7 +148,9 @@ def _suggest_permutation(trial, k: int) -> list[int]:
 
 def parse_space(data: dict, where: str) -> SearchSpace:
     f = Fields(data, where)
-    f.reject_unknown({"task", "description", "instructions", "exemplars", "templates", "formats", "proposals"})
+    f.reject_unknown(
+        {"task", "description", "instructions", "exemplars", "templates", "formats", "proposals", "decision"}
+    )
     instructions = f.get("instructions", dict)
     if not instructions or not all(isinstance(v, str) for v in instructions.values()):
         raise f.fail("instructions", "a non-empty mapping of name -> text", instructions)
@@ -179,7 +188,24 @@ def parse_space(data: dict, where: str) -> SearchSpace:
         search_order=e.get("search_order", bool, True),
         formats=format_choices(data.get("formats"), where),
         proposals=_proposals(f, instructions),
+        decisions=_decisions(f),
     )
+
+
+def _decisions(f: Fields) -> tuple[str, ...]:
+    """The `decision:` dimension: one rule name or a list of them (promptopt/decision.py)."""
+    from promptopt.decision import parse_rule
+
+    value = f.get("decision", (str, list), [])
+    names = [value] if isinstance(value, str) else value
+    if not all(isinstance(n, str) for n in names) or len(set(names)) != len(names):
+        raise f.fail("decision", "a rule name or a list of distinct rule names", value)
+    for name in names:
+        try:
+            parse_rule(name)
+        except ConfigError as exc:
+            raise f.fail("decision", "argmax, contextual, batch, batch-adaptive or affine", name) from exc
+    return tuple(names)
 
 
 def _proposals(f: Fields, instructions: dict) -> dict[str, dict]:

@@ -152,6 +152,7 @@ class Strategy:
     multi_fidelity: bool = False
     screen_values: Callable[[pd.DataFrame], np.ndarray] | None = None
     version: int = 1  # what a study's trial values mean; bump when that changes (resume refuses other versions)
+    reads_tcb: bool = False  # its values read δ_TCB: a calibrated trial then keeps hidden states to read it calibrated
 
     def __post_init__(self) -> None:
         if (self.item_values is None) == (self.trial_values is None):
@@ -213,15 +214,20 @@ for _strategy in (
         description="most stable prompt among those as accurate as the best (95% interval)",
         item_values=accuracy_tcb_values,
         choose=stable_within_ci,
+        reads_tcb=True,
     ),
     Strategy(
-        name="acc_tcb", description=f"accuracy + {LAMBDA_TCB}·mean signed stability", item_values=accuracy_tcb_values
+        name="acc_tcb",
+        description=f"accuracy + {LAMBDA_TCB}·mean signed stability",
+        item_values=accuracy_tcb_values,
+        reads_tcb=True,
     ),
     Strategy(
         name="pareto",
         description="Pareto front of (accuracy, mean signed stability)",
         trial_values=pareto_values,
         choose=front_best_accuracy,
+        reads_tcb=True,
     ),
     Strategy(
         name="robust",

@@ -15,6 +15,7 @@ import pandas as pd
 
 from promptopt.errors import PromptTooLongError
 from promptopt.scoring.api import CachingScorer
+from promptopt.scoring.calibration import RunningDecision
 from promptopt.search.context import SearchContext, decode
 from promptopt.search.recovery import counts, fault_point, give_back, pid_namespace, recover
 from promptopt.search.storage import sampling_state
@@ -122,14 +123,15 @@ def make_objective(ctx: SearchContext, cached: CachingScorer, worker: str):
         if same is not None:
             trial.set_user_attr("duplicate_of", same)
             raise DuplicatePrompt(f"trial {trial.number} decodes to the prompt of trial {same}")
+        decider = RunningDecision(cached, prompt, hidden=strategy.reads_tcb)
         if strategy.multi_fidelity:
-            return multi_fidelity_value(ctx, cached, trial, prompt)
+            return multi_fidelity_value(ctx, cached, trial, prompt, decider)
         frames = []
         for start in range(0, len(ctx.dev), minibatch):
             batch = ctx.dev[start : start + minibatch]
-            table = cached.score_table(prompt, batch)
+            table = decider.add(batch)
             if strategy.needs_variants:
-                table = with_robust_correct(table, ctx.expand(cached, prompt, batch), cached)
+                table = with_robust_correct(table, ctx.expand(cached, prompt, batch), decider.scorer_for_variants())
             frames.append(table)
             if start == 0:
                 fault_point("trial")
@@ -138,11 +140,11 @@ def make_objective(ctx: SearchContext, cached: CachingScorer, worker: str):
             for offset, value in enumerate(strategy.item_values(table)):
                 trial.report(float(value), step=start + offset)  # one step per dev item: paired pruning
             if start + minibatch < len(ctx.dev) and trial.should_prune():
-                partial = pd.concat(frames, ignore_index=True)
+                partial = pd.concat(frames, ignore_index=True) if strategy.needs_variants else decider.decided()
                 trial.set_user_attr("metrics", trial_summary(partial))
                 trial.set_user_attr("partial_value", float(strategy.item_values(partial).mean()))
                 raise optuna.TrialPruned()  # Optuna keeps the last per-item report as the value; see partial_value
-        full = pd.concat(frames, ignore_index=True)
+        full = pd.concat(frames, ignore_index=True) if strategy.needs_variants else decider.decided()
         trial.set_user_attr("metrics", trial_summary(full))
         values = strategy.values(full)
         return values if strategy.multi_objective else values[0]
@@ -160,14 +162,14 @@ def _prune(trial, table: pd.DataFrame, rung: str, upper: float):
     return optuna.TrialPruned()
 
 
-def multi_fidelity_value(ctx: SearchContext, cached: CachingScorer, trial, prompt) -> float:
+def multi_fidelity_value(ctx: SearchContext, cached: CachingScorer, trial, prompt, decider: RunningDecision) -> float:
     """A multi-fidelity trial (module docstring): clean rung under the pruner, then the variants while the
     trial can still beat the incumbent. Returns the strategy's value on every dev item, or raises TrialPruned."""
     strategy, dev, minibatch = ctx.strategy, ctx.dev, ctx.config.study.minibatch
     n, pruning = len(dev), ctx.config.study.pruning
     frames = []
     for start in range(0, n, minibatch):  # rung 1: the clean prompt, per-item screen values to the paired pruner
-        table = cached.score_table(prompt, dev[start : start + minibatch])
+        table = decider.add(dev[start : start + minibatch])
         frames.append(table)
         if start == 0:
             fault_point("trial")
@@ -176,7 +178,8 @@ def multi_fidelity_value(ctx: SearchContext, cached: CachingScorer, trial, promp
         if start + minibatch < n and trial.should_prune():
             partial = pd.concat(frames, ignore_index=True)
             raise _prune(trial, partial, "clean", float(strategy.screen_values(partial).mean()))
-    clean = pd.concat(frames, ignore_index=True)
+    clean = decider.decided()
+    variant_scorer = decider.scorer_for_variants()
     open_items = int(clean["correct"].astype(bool).sum())  # clean-correct items whose variants are not scored yet
     if pruning and cannot_win(open_items, incumbent(trial.study, n), trial.number):
         raise _prune(trial, clean, "promotion", open_items / n)
@@ -186,7 +189,7 @@ def multi_fidelity_value(ctx: SearchContext, cached: CachingScorer, trial, promp
         groups = (
             ctx.expand(cached, prompt, batch) if table["correct"].astype(bool).any() else []
         )  # whole batch: same variants
-        table = with_robust_correct(table, groups, cached, lazy=True)
+        table = with_robust_correct(table, groups, variant_scorer, lazy=True)
         frames.append(table)
         robust += int(table["robust_correct"].sum())
         open_items -= int(table["correct"].astype(bool).sum())

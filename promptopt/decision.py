@@ -1,0 +1,244 @@
+"""How a choice task's answer is decided from its per-label log-probabilities: the decision rule of a card.
+
+Plain Python on purpose (no numpy, no torch): production code applies a card's rule through
+`promptopt.load_prompt`, and the scorer applies the very same functions, so both decide alike.
+
+For an item with label log-likelihoods ℓ_k (summed over each label's tokens; per character for acc_norm),
+ñ_k = ℓ_k − logsumexp_j ℓ_j are the label-normalized log-probabilities, and a rule's decision is
+argmax_k s_k with
+
+| rule         | s_k                 | parameters, and where they come from                                    |
+|--------------|---------------------|-------------------------------------------------------------------------|
+| `argmax`     | ℓ_k                 | none                                                                    |
+| `contextual` | ñ_k − b_k           | b = log p̄_cf: mean label probabilities on content-free inputs ("N/A",   |
+|              |                     |   "", "[MASK]") under the same prompt (Zhao et al. 2021)                |
+| `batch`      | ñ_k − b_k           | b = mean of ñ over a batch of unlabeled inputs (Zhou et al. 2024):      |
+|              |                     |   *stored* (the dev items', frozen in the card) or *adaptive* (the      |
+|              |                     |   batch being answered, when it has ≥ `min_batch` inputs)               |
+| `affine`     | a_k ñ_k + b_k       | fit on dev labels (L2-regularized towards a = 1, b = 0)                  |
+
+Biases are centered (Σ_k b_k = 0): a common constant never changes a decision, and centering fixes the
+one constant δ_TCB would otherwise depend on. δ_TCB of a decision (scoring/calibration.py) is read on the
+distribution shifted by `logit_shift` at the label tokens: −b_k for `contextual` and `batch` (exact: a
+constant shift of the logits), and the item's own s_k − ñ_k, centered and held constant, for `affine`
+(exact where a_k = 1; a first-order reading otherwise).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field, replace
+
+from promptopt.errors import ConfigError
+
+RULES = ("argmax", "contextual", "batch", "affine")
+CALIBRATED = ("contextual", "batch", "affine")
+BATCH_MODES = ("stored", "adaptive")
+READINGS = ("acc", "acc_norm")
+CONTENT_FREE = ("N/A", "", "[MASK]")
+MIN_BATCH = 16  # adaptive batch calibration re-estimates its bias only from at least this many inputs
+
+
+def logsumexp(values: list[float]) -> float:
+    top = max(values)
+    if math.isinf(top):
+        return top
+    return top + math.log(sum(math.exp(v - top) for v in values))
+
+
+def normalized(ll: list[float]) -> list[float]:
+    """ñ_k = ℓ_k − logsumexp(ℓ): log-probabilities renormalized over the labels."""
+    total = logsumexp(ll)
+    return [v - total for v in ll]
+
+
+def centered(values: list[float]) -> list[float]:
+    mean = sum(values) / len(values)
+    return [v - mean for v in values]
+
+
+def batch_bias(rows: list[list[float]]) -> list[float]:
+    """Batch calibration's bias: the mean label-normalized log-probability of each label over `rows`, centered."""
+    if not rows:
+        raise ValueError("batch calibration needs at least one input")
+    normal = [normalized(r) for r in rows]
+    return centered([sum(col) / len(normal) for col in zip(*normal)])
+
+
+def argmax(values: list[float]) -> int:
+    """The first index of the largest value (ties go to the lower index, as numpy's argmax)."""
+    best = 0
+    for i, v in enumerate(values):
+        if v > values[best]:
+            best = i
+    return best
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecisionRule:
+    """A decision rule with everything it needs to decide: its parameters and the items they came from."""
+
+    kind: str = "argmax"
+    reading: str = "acc"  # which log-probabilities it reads: summed (acc) or per character (acc_norm); "" = the task's
+    mode: str = "stored"  # batch only: stored (bias frozen from fit items) or adaptive (re-estimated per batch)
+    labels: tuple[str, ...] | None = None  # the fixed labels the parameters belong to, in order
+    bias: tuple[float, ...] | None = None
+    scale: tuple[float, ...] | None = None  # affine only
+    content_free: tuple[str, ...] = ()  # contextual only: the inputs b came from
+    min_batch: int = MIN_BATCH
+    fitted_on: dict = field(default_factory=dict)  # {split, n, ids_sha256, ids}: what the parameters came from
+
+    def __post_init__(self) -> None:
+        if self.kind not in RULES:
+            raise ConfigError(f"decision: unknown rule {self.kind!r} (use one of {', '.join(RULES)})")
+        if self.reading not in (*READINGS, ""):
+            raise ConfigError(f"decision.reading: expected one of {', '.join(READINGS)}, got {self.reading!r}")
+        if self.mode not in BATCH_MODES:
+            raise ConfigError(f"decision.mode: expected one of {', '.join(BATCH_MODES)}, got {self.mode!r}")
+
+    @property
+    def calibrated(self) -> bool:
+        return self.kind in CALIBRATED
+
+    @property
+    def fitted(self) -> bool:
+        return not self.calibrated or self.bias is not None
+
+    @property
+    def name(self) -> str:
+        """How tables and messages name it: argmax, contextual, batch (stored), batch-adaptive, affine."""
+        return "batch-adaptive" if self.kind == "batch" and self.mode == "adaptive" else self.kind
+
+    def column(self) -> str:
+        """The per-item table column of the log-probabilities this rule reads."""
+        return "choice_logprobs" if self.reading == "acc" else "choice_logprobs_norm"
+
+    def _need_fit(self, n_labels: int) -> None:
+        if not self.fitted:
+            raise ConfigError(f"decision {self.name}: the rule has no parameters yet (fit it on dev items first)")
+        if self.bias is not None and len(self.bias) != n_labels:
+            raise ConfigError(f"decision {self.name}: {len(self.bias)} biases for {n_labels} labels")
+
+    def bias_for(self, rows: list[list[float]]) -> list[float] | None:
+        """The bias used for a batch of inputs: adaptive batch calibration re-estimates it from a batch large
+        enough (≥ min_batch), every other rule uses its stored one."""
+        if self.kind == "batch" and self.mode == "adaptive" and len(rows) >= self.min_batch:
+            return batch_bias(rows)
+        return None if self.bias is None else list(self.bias)
+
+    def scores(self, ll: list[float], bias: list[float] | None = None) -> list[float]:
+        """s_k for one item (module table); `bias`: the batch's (from `bias_for`), else the stored one."""
+        if self.kind == "argmax":
+            return list(ll)
+        self._need_fit(len(ll))
+        b = list(self.bias) if bias is None else bias
+        n = normalized(ll)
+        if self.kind == "affine":
+            return [a * v + c for a, v, c in zip(self.scale, n, b)]
+        return [v - c for v, c in zip(n, b)]
+
+    def decide(self, rows: list[list[float]]) -> list[int]:
+        """The chosen label index of every row of a batch (adaptive batch calibration reads the whole batch)."""
+        bias = self.bias_for(rows) if self.calibrated else None
+        return [argmax(self.scores(r, bias)) for r in rows]
+
+    def logit_shift(self, ll: list[float], bias: list[float] | None = None) -> list[float]:
+        """The constant added to each label token's logit that δ_TCB reads (module docstring), centered."""
+        if self.kind == "argmax":
+            return [0.0] * len(ll)
+        s, n = self.scores(ll, bias), normalized(ll)
+        return centered([a - b for a, b in zip(s, n)])
+
+    # --- the card ----------------------------------------------------------------------------------
+    def to_card(self) -> dict:
+        out: dict = {"rule": self.kind, "reading": self.reading}
+        if self.kind == "batch":
+            out["mode"] = self.mode
+            if self.mode == "adaptive":
+                out["min_batch"] = self.min_batch
+        if self.calibrated:
+            out["labels"] = list(self.labels or [])
+            out["bias"] = None if self.bias is None else [float(b) for b in self.bias]
+        if self.kind == "affine":
+            out["scale"] = None if self.scale is None else [float(a) for a in self.scale]
+        if self.kind == "contextual":
+            out["content_free"] = list(self.content_free)
+        if self.fitted_on:
+            out["fitted_on"] = dict(self.fitted_on)
+        return out
+
+    def sha256(self) -> str:
+        return hashlib.sha256(json.dumps(self.to_card(), sort_keys=True).encode()).hexdigest()
+
+    def with_params(self, **changes) -> DecisionRule:
+        return replace(self, **changes)
+
+
+def rule_from_card(section: dict | None, where: str = "decision") -> DecisionRule:
+    """A DecisionRule from a card's `decision` mapping (None or absent: argmax); errors name the field."""
+    if section is None:
+        return DecisionRule()
+    if not isinstance(section, dict):
+        raise ConfigError(f"{where}: expected a mapping, got {section!r}")
+
+    def floats(key):
+        value = section.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, list) or not all(isinstance(v, (int, float)) for v in value):
+            raise ConfigError(f"{where}.{key}: expected a list of numbers, got {value!r}")
+        return tuple(float(v) for v in value)
+
+    rule = DecisionRule(
+        kind=section.get("rule", "argmax"),
+        reading=section.get("reading", "acc"),
+        mode=section.get("mode", "stored"),
+        labels=tuple(section["labels"]) if section.get("labels") else None,
+        bias=floats("bias"),
+        scale=floats("scale"),
+        content_free=tuple(section.get("content_free") or ()),
+        min_batch=int(section.get("min_batch", MIN_BATCH)),
+        fitted_on=dict(section.get("fitted_on") or {}),
+    )
+    if rule.calibrated and rule.bias is None:
+        raise ConfigError(f"{where}.bias: rule {rule.kind} needs its fitted bias")
+    if rule.kind == "affine" and (rule.scale is None or len(rule.scale) != len(rule.bias)):
+        raise ConfigError(f"{where}.scale: rule affine needs one scale per label")
+    if rule.labels is not None and rule.bias is not None and len(rule.labels) != len(rule.bias):
+        raise ConfigError(f"{where}.bias: {len(rule.bias)} values for {len(rule.labels)} labels")
+    return rule
+
+
+def parse_rule(text: str) -> DecisionRule:
+    """A rule as written on a command line or in a space file: argmax, contextual, batch, batch-adaptive,
+    affine, each optionally with :acc or :acc_norm (else it reads the task's metric). Unfitted."""
+    name, _, reading = text.partition(":")
+    kind, mode = ("batch", "adaptive") if name == "batch-adaptive" else (name, "stored")
+    if kind not in RULES:
+        raise ConfigError(
+            f"decision: unknown rule {text!r} (use one of argmax, contextual, batch, batch-adaptive, affine)"
+        )
+    return DecisionRule(kind=kind, mode=mode, reading=reading)
+
+
+def ensemble_scores(member_scores: list[list[float]]) -> list[float]:
+    """An ensemble's label scores: the mean over members of each member's label-normalized decision scores
+    (so members on different scales weigh alike); its answer is their argmax."""
+    normal = [normalized(s) for s in member_scores]
+    return [sum(col) / len(normal) for col in zip(*normal)]
+
+
+__all__ = [
+    "CALIBRATED",
+    "CONTENT_FREE",
+    "DecisionRule",
+    "RULES",
+    "argmax",
+    "batch_bias",
+    "ensemble_scores",
+    "normalized",
+    "parse_rule",
+    "rule_from_card",
+]
