@@ -52,7 +52,7 @@ class Snippet:
 
     @property
     def text(self) -> str:
-        return " ".join(self.words)
+        return shlex.join(self.words)
 
 
 def blocks(text: str) -> list[Block]:
@@ -360,7 +360,8 @@ def card_folder(tmp_path_factory) -> Path:
     from promptopt.models import ModelConfig
     from promptopt.tasks import DataConfig
 
-    session = Session(model=ModelConfig(device="cpu"), data=DataConfig(task="sst2", dev_limit=4, test_limit=4))
+    # ModelConfig() loads as the blocks' load_model("smollm2-135m-instruct") does: one load (tests/conftest.py)
+    session = Session(model=ModelConfig(), data=DataConfig(task="sst2", dev_limit=4, test_limit=4))
     card = build_card(
         session, session.data.default_prompt(), dev_items=session.items("dev"), test_items=session.items("test")
     )
