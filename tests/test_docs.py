@@ -1,0 +1,379 @@
+"""Docs that cannot drift.
+
+- Every `promptopt …` command in README.md, CONTRIBUTING.md and docs/*.md (in shell code blocks, `\\`-continued
+  lines joined, and in inline code; `.venv/bin/promptopt …` too) is checked against the real CLI: the sub-command
+  (and the sub-sub-command, e.g. `diagnose proxy`) exists, and every `--flag` it uses exists on that command,
+  placeholders such as `[--mid-word]` included. An inline span that starts with a sub-command and uses a flag
+  (`compare --seeds 3`) is checked as `promptopt compare --seeds 3`.
+- Every `make TARGET` the docs run is a target of the Makefile; every relative link in README.md and
+  CONTRIBUTING.md resolves (mkdocs build --strict checks the links inside docs/).
+- Every Python block marked `<!-- runnable -->` on the line before its fence runs, on the embedded model, in a
+  folder holding `card.yaml` (a card built for SST-2); a block that cannot run says why with
+  `<!-- not runnable: … -->`. See CONTRIBUTING.md.
+
+The checks are shown to fail: a copy of a doc with one flag or sub-command renamed is reported, naming it.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+DOCS = [REPO / "README.md", REPO / "CONTRIBUTING.md", *sorted((REPO / "docs").rglob("*.md"))]
+SHELL = {"", "bash", "sh", "shell", "console", "text"}
+RUNNABLE = "<!-- runnable -->"
+NOT_RUNNABLE = re.compile(r"<!-- not runnable: .+ -->")
+_FENCE = re.compile(r"^(\s*)(`{3,}|~{3,})\s*([\w+-]*)")
+_SPAN = re.compile(r"(?<!`)`([^`]+)`(?!`)")
+_OPERATORS = {"&&", "||", "|", ";"}
+
+
+@dataclass(frozen=True)
+class Block:
+    """A fenced code block: its language, the 1-based line of its first code line, its code, the marker before it."""
+
+    lang: str
+    line: int
+    code: str
+    marker: str
+
+
+@dataclass(frozen=True)
+class Snippet:
+    """A command line found in a doc: where it is and its words (shell comments removed)."""
+
+    where: str
+    words: tuple[str, ...]
+
+    @property
+    def text(self) -> str:
+        return shlex.join(self.words)
+
+
+def blocks(text: str) -> list[Block]:
+    found, lines, i = [], text.split("\n"), 0
+    while i < len(lines):
+        m = _FENCE.match(lines[i])
+        if not m:
+            i += 1
+            continue
+        indent, fence, lang = m.group(1), m.group(2), m.group(3).lower()
+        marker = next((ln.strip() for ln in reversed(lines[:i]) if ln.strip()), "")
+        j = i + 1
+        while j < len(lines) and not lines[j].strip().startswith(fence):
+            j += 1
+        code = "\n".join(ln[len(indent) :] if ln.startswith(indent) else ln for ln in lines[i + 1 : j])
+        found.append(Block(lang, i + 2, code, marker))
+        i = j + 1
+    return found
+
+
+def _words(text: str) -> list[str]:
+    try:
+        return shlex.split(text, comments=True)
+    except ValueError:  # an apostrophe in prose-like text: plain words, comment cut by hand
+        return text.split(" #")[0].split()
+
+
+def _shell_lines(block: Block) -> list[tuple[int, str]]:
+    """Logical lines of a shell block (a line ending in a backslash continues on the next), with their line."""
+    out, pending, start = [], "", 0
+    for offset, line in enumerate(block.code.split("\n")):
+        if not pending:
+            start = block.line + offset
+        if line.rstrip().endswith("\\"):
+            pending += line.rstrip()[:-1] + " "
+            continue
+        out.append((start, pending + line))
+        pending = ""
+    if pending:
+        out.append((start, pending))
+    return out
+
+
+def _outside_blocks(text: str) -> str:
+    """The text with every fenced block blanked (line numbers kept), for inline code spans."""
+    lines = text.split("\n")
+    for block in blocks(text):
+        for k in range(block.line - 2, block.line - 1 + len(block.code.split("\n")) + 1):
+            if 0 <= k < len(lines):
+                lines[k] = ""
+    return "\n".join(lines)
+
+
+def _is_promptopt(word: str) -> bool:
+    return word == "promptopt" or word.endswith("/promptopt")
+
+
+def _cut(words: list[str]) -> list[str]:
+    """The words of one command: up to the first shell operator or redirection."""
+    for k, word in enumerate(words):
+        if word in _OPERATORS or word.startswith((">", "2>", "<")):
+            return words[:k]
+    return words
+
+
+def commands_in(text: str, source: str, top_level: set[str]) -> tuple[list[Snippet], list[Snippet]]:
+    """(promptopt invocations, make invocations) in a Markdown text: each as the words after the program."""
+    found: list[tuple[str, list[str]]] = []
+    for block in blocks(text):
+        if block.lang in SHELL:
+            found += [(f"{source}:{line}", _words(logical)) for line, logical in _shell_lines(block)]
+    outside = _outside_blocks(text)
+    for m in _SPAN.finditer(outside):
+        line = outside.count("\n", 0, m.start()) + 1
+        words = _words(" ".join(m.group(1).split()))
+        if words and words[0] in top_level and any(w.lstrip("[(").startswith("--") for w in words):
+            words = ["promptopt", *words]  # `compare --seeds 3` in prose
+        found.append((f"{source}:{line}", words))
+    cli, make = [], []
+    for where, words in found:
+        for k, word in enumerate(words):
+            if _is_promptopt(word):
+                cli.append(Snippet(where, tuple(_cut(words[k + 1 :]))))
+                break
+            if word == "make" and (k == 0 or words[k - 1] in _OPERATORS):
+                make.append(Snippet(where, tuple(_cut(words[k + 1 :]))))
+                break
+    return cli, make
+
+
+def flags(word: str) -> list[str]:
+    """The option names a word uses: `--a=1` -> --a; `[--mid-word]` -> --mid-word; `--[no-]pruning` -> both;
+    `--log-tcb-low/--log-tcb-high` -> both."""
+    word = word.strip("[](),.;:")
+    if not word.startswith("--"):
+        return []
+    names = []
+    for part in word.split("/"):
+        part = part.strip("[](),.;:").split("=")[0]
+        if "[no-]" in part:
+            names += [part.replace("[no-]", ""), part.replace("[no-]", "no-")]
+        elif part.startswith("--"):
+            names.append(part)
+    return names
+
+
+# Typer ships its own copy of click (typer._click), so commands are told apart by what they have, not by class.
+def _is_group(command) -> bool:
+    return hasattr(command, "commands")
+
+
+def _options(command) -> set[str]:
+    names = {"--help"}
+    for param in command.params:
+        if param.param_type_name == "option":
+            names.update(n for n in (*param.opts, *param.secondary_opts) if n.startswith("--"))
+    return names
+
+
+def check_command(snippet: Snippet, group) -> list[str]:
+    """What is wrong with one documented `promptopt` invocation: [] when the CLI has it as written."""
+    words, command, path = list(snippet.words), group, ["promptopt"]
+    if words[:1] in (["…"], ["..."]):  # `promptopt …`: any command, in prose
+        return []
+    while _is_group(command) and words and not words[0].startswith("-"):
+        name = words.pop(0)
+        if name not in command.commands:
+            return [
+                f"{snippet.where}: `promptopt {snippet.text}`: {' '.join(path)} has no sub-command {name!r} "
+                f"(it has: {', '.join(sorted(command.commands))})"
+            ]
+        command, path = command.commands[name], [*path, name]
+    known = _options(command)
+    return [
+        f"{snippet.where}: `promptopt {snippet.text}`: {' '.join(path)} has no option {flag}"
+        for word in words
+        for flag in flags(word)
+        if flag not in known
+    ]
+
+
+def cli_group():
+    """The real command tree: the Typer app as the click group it runs as."""
+    import typer
+
+    from promptopt.cli import app
+
+    return typer.main.get_command(app)
+
+
+def make_targets() -> set[str]:
+    text = (REPO / "Makefile").read_text()
+    return {m.group(1) for m in re.finditer(r"^([A-Za-z0-9_.-]+)\s*:(?!=)", text, re.M)} - {".PHONY"}
+
+
+def check_docs(paths: list[Path]) -> tuple[list[str], int]:
+    """(every problem found in these docs, how many promptopt commands were checked)."""
+    group, targets = cli_group(), make_targets()
+    problems, checked = [], 0
+    for path in paths:
+        source = path.name if path.parent == REPO else str(path.relative_to(path.parent.parent))
+        cli, make = commands_in(path.read_text(encoding="utf-8"), source, set(group.commands))
+        checked += len(cli)
+        for snippet in cli:
+            problems += check_command(snippet, group)
+        for snippet in make:
+            problems += [
+                f"{snippet.where}: `make {snippet.text}`: the Makefile has no target {word!r}"
+                for word in snippet.words
+                if not word.startswith("-") and "=" not in word and word not in targets
+            ]
+    return problems, checked
+
+
+# --- the CLI commands and make targets the docs use ----------------------------------------------------------
+def test_every_documented_command_and_flag_exists():
+    problems, checked = check_docs(DOCS)
+    assert checked > 80, f"only {checked} promptopt commands found: the extraction is broken"
+    assert not problems, "\n".join(problems)
+
+
+def test_every_cli_command_is_documented():
+    group = cli_group()
+    used = set()
+    for path in DOCS:
+        for snippet in commands_in(path.read_text(encoding="utf-8"), path.name, set(group.commands))[0]:
+            used.add(tuple(w for w in snippet.words[:2] if not w.startswith("-")))
+    missing = []
+    for name, command in group.commands.items():
+        if _is_group(command):
+            missing += [f"{name} {sub}" for sub in command.commands if (name, sub) not in used]
+        elif not any(u[:1] == (name,) for u in used):
+            missing.append(name)
+    assert not missing, f"commands no doc shows: {', '.join(missing)}"
+
+
+@pytest.mark.parametrize(
+    ("doc", "old", "new", "expected"),
+    [
+        # a flag on a plain command line
+        (
+            "docs/getting-started.md",
+            "--max-new-tokens 32",
+            "--max-tokens 32",
+            "promptopt trace has no option --max-tokens",
+        ),
+        # a flag on a `\`-continued line
+        (
+            "docs/results.md",
+            "--top-n 1 --out runs/r18/sst2 ",
+            "--top 1 --out runs/r18/sst2 ",
+            "promptopt compare has no option --top",
+        ),
+        # a placeholder flag
+        ("docs/robustness.md", "[--mid-word]", "[--midword]", "promptopt stress has no option --midword"),
+        # a sub-sub-command
+        ("docs/diagnose.md", "diagnose regimes", "diagnose regime", "promptopt diagnose has no sub-command 'regime'"),
+        # a command in prose
+        ("README.md", "`compare --seeds 3`", "`compare --sedes 3`", "promptopt compare has no option --sedes"),
+        ("docs/search.md", "`compare --resume`", "`compare --resumed`", "promptopt compare has no option --resumed"),
+        # a make target
+        ("CONTRIBUTING.md", "make lint", "make lints", "the Makefile has no target 'lints'"),
+    ],
+)
+def test_a_renamed_flag_or_command_is_reported(tmp_path, doc, old, new, expected):
+    """Break one name in a copy of a doc: the checker names it (and the original is clean)."""
+    text = (REPO / doc).read_text(encoding="utf-8")
+    assert old in text, f"{doc} no longer contains {old!r}: pick another example"
+    (tmp_path / "docs").mkdir()
+    copy = tmp_path / "docs" / Path(doc).name
+    copy.write_text(text.replace(old, new, 1), encoding="utf-8")
+    before, _ = check_docs([REPO / doc])
+    after, _ = check_docs([copy])
+    assert before == []
+    assert len(after) == 1 and expected in after[0], after
+    line = text[: text.index(old)].count("\n") + 1  # a continued command is reported at its first line
+    reported = int(re.match(rf"(?:docs/)?{re.escape(Path(doc).name)}:(\d+): ", after[0]).group(1))
+    assert line - 2 <= reported <= line, after[0]
+
+
+def test_the_extraction_reads_continued_lines_placeholders_and_prose():
+    group = set(cli_group().commands)
+    text = (
+        "```bash\n.venv/bin/promptopt compare --task sst2 \\\n    --seeds 3 [--resume]  # --not-a-flag\n```\n"
+        "Then `evaluate --out OUT`, and `promptopt diagnose\nproxy DIR` (a span over a line break), `pip install x`.\n"
+    )
+    cli, make = commands_in(text, "x.md", group)
+    assert [(s.where, s.words) for s in cli] == [
+        ("x.md:2", ("compare", "--task", "sst2", "--seeds", "3", "[--resume]")),
+        ("x.md:5", ("evaluate", "--out", "OUT")),
+        ("x.md:5", ("diagnose", "proxy", "DIR")),
+    ]
+    assert make == []
+    assert flags("--[no-]pruning") == ["--pruning", "--no-pruning"]
+    assert flags("`--log-tcb-low/--log-tcb-high`".strip("`")) == ["--log-tcb-low", "--log-tcb-high"]
+
+
+def test_links_from_the_front_page_resolve():
+    """README.md and CONTRIBUTING.md are not part of the mkdocs build: their relative links are checked here."""
+    broken = []
+    for doc in (REPO / "README.md", REPO / "CONTRIBUTING.md"):
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", doc.read_text(encoding="utf-8")):
+            if "://" not in target and not (doc.parent / target).exists():
+                broken.append(f"{doc.name}: {target}")
+    assert not broken, broken
+
+
+# --- runnable Python blocks ------------------------------------------------------------------------------
+def python_blocks() -> list[tuple[str, Block]]:
+    found = []
+    for path in DOCS:
+        for block in blocks(path.read_text(encoding="utf-8")):
+            if block.lang in ("python", "py"):
+                found.append((f"{path.relative_to(REPO)}:{block.line}", block))
+    return found
+
+
+def run_block(where: str, block: Block) -> None:
+    """Run a block as a script would (its own globals); a failure names the doc and line it came from."""
+    try:
+        exec(compile(block.code, where, "exec"), {"__name__": "__main__"})
+    except Exception as exc:
+        raise AssertionError(f"{where}: the runnable block fails: {type(exc).__name__}: {exc}") from exc
+
+
+def test_every_python_block_is_marked():
+    unmarked = [where for where, b in python_blocks() if b.marker != RUNNABLE and not NOT_RUNNABLE.fullmatch(b.marker)]
+    assert not unmarked, f"mark these {RUNNABLE} or <!-- not runnable: why -->: {unmarked}"
+    assert sum(b.marker == RUNNABLE for _, b in python_blocks()) >= 5
+
+
+def test_a_broken_block_is_reported_with_its_place():
+    block = blocks("<!-- runnable -->\n```python\nimport promptopt\n\nresult.table\n```\n")[0]
+    assert block.marker == RUNNABLE and block.line == 3
+    with pytest.raises(AssertionError, match=r"docs/x\.md:3: the runnable block fails: NameError: name 'result'"):
+        run_block("docs/x.md:3", block)
+
+
+@pytest.fixture(scope="module")
+def card_folder(tmp_path_factory) -> Path:
+    """A folder holding card.yaml: the SST-2 default prompt as a version-2 card on the embedded model."""
+    from promptopt.experiments import Session
+    from promptopt.experiments.export import build_card
+    from promptopt.experiments.formats import card_yaml
+    from promptopt.models import ModelConfig
+    from promptopt.tasks import DataConfig
+
+    # ModelConfig() loads as the blocks' load_model("smollm2-135m-instruct") does: one load (tests/conftest.py)
+    session = Session(model=ModelConfig(), data=DataConfig(task="sst2", dev_limit=4, test_limit=4))
+    card = build_card(
+        session, session.data.default_prompt(), dev_items=session.items("dev"), test_items=session.items("test")
+    )
+    folder = tmp_path_factory.mktemp("docs-card")
+    (folder / "card.yaml").write_text(card_yaml(card))
+    return folder
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("where", "block"), [pytest.param(w, b, id=w) for w, b in python_blocks() if b.marker == RUNNABLE]
+)
+def test_runnable_block_runs(where, block, card_folder, monkeypatch):
+    monkeypatch.chdir(card_folder)
+    run_block(where, block)
