@@ -70,6 +70,61 @@ class CardPrompt:
     def metrics(self) -> dict:
         return self.card.get("metrics") or {}
 
+    # --- deciding (choice tasks) ----------------------------------------------------------------------
+    @property
+    def decision(self):
+        """The card's decision rule (promptopt.decision.DecisionRule; argmax when the card names none)."""
+        from promptopt.decision import rule_from_card
+
+        return rule_from_card(self.card.get("decision"), f"{self.where}: decision")
+
+    @property
+    def members(self) -> list[CardPrompt]:
+        """The prompts whose answers the card combines: an ensemble card's K members, else [self]."""
+        ensemble = self.card.get("ensemble")
+        if not ensemble:
+            return [self]
+        base = {k: v for k, v in self.card.items() if k != "ensemble"}
+        out = []
+        for i, member in enumerate(ensemble["members"]):
+            data = {**base, **{k: member[k] for k in ("instruction", "template", "exemplars")}}
+            data["decision"] = member.get("decision")
+            out.append(
+                card_prompt({k: v for k, v in data.items() if v is not None}, f"{self.where}: ensemble.members[{i}]")
+            )
+        return out
+
+    def _member_scores(self, member: CardPrompt, rows: list[list[float]], choices) -> list[list[float]]:
+        rule = member.decision
+        if rule.reading == "acc_norm":  # lm-eval's acc_norm: per character of what is scored for each choice
+            lengths = [len(t) for t in member.choice_texts(choices)]
+            rows = [[v / n for v, n in zip(r, lengths)] for r in rows]
+        bias = rule.bias_for(rows) if rule.calibrated else None
+        return [rule.scores(r, bias) for r in rows]
+
+    def decide_batch(self, logprobs: list, choices=None) -> list[int]:
+        """The chosen choice index for each input of a batch, by the card's rule. `logprobs[i]`: input i's
+        log-likelihood of each continuation (summed over its tokens, as `continuations()` gives them) — for an
+        ensemble card, one such list per member (`members`). An adaptive batch rule re-estimates its bias from
+        the batch, as the scorer does."""
+        from promptopt.decision import argmax, ensemble_scores
+
+        members = self.members
+        if len(members) == 1:
+            return [argmax(s) for s in self._member_scores(self, [list(r) for r in logprobs], choices)]
+        if any(len(row) != len(members) for row in logprobs):
+            raise ConfigError(
+                f"{self.where}: an ensemble card needs one log-probability list per member ({len(members)})"
+            )
+        per_member = [
+            self._member_scores(m, [list(row[k]) for row in logprobs], choices) for k, m in enumerate(members)
+        ]
+        return [argmax(ensemble_scores([scores[i] for scores in per_member])) for i in range(len(logprobs))]
+
+    def decide(self, logprobs: list, choices=None) -> int:
+        """One input's chosen choice index (a batch of one: an adaptive rule keeps its stored bias)."""
+        return self.decide_batch([logprobs], choices)[0]
+
     # --- rendering ----------------------------------------------------------------------------------
     def _choices(self, choices) -> tuple[str, ...] | None:
         return tuple(choices) if choices is not None else self.choices
