@@ -12,7 +12,8 @@ import pytest
 
 from promptopt.errors import UserError
 from promptopt.experiments import run_compare
-from promptopt.experiments.compare import Evaluated, _choose, _paired_table
+from promptopt.experiments.compare import Evaluated, paired_table
+from promptopt.experiments.compare.choose import choose_winner
 from promptopt.metrics.stats import mcnemar_exact
 from promptopt.search import SearchConfig
 
@@ -36,7 +37,7 @@ def test_paired_table_against_hand_values():
         ],
         "tcb": [_evaluated(a, clean, pd.DataFrame([("x", "typo", True)], columns=["item_id", "family", "correct"]))],
     }
-    row = _paired_table(winners, seed=0).iloc[0]
+    row = paired_table(winners, seed=0).iloc[0]
     assert (row.a, row.b) == ("baseline", "tcb")
     assert row.delta_acc == pytest.approx(-0.3)
     assert (row.only_a_correct, row.only_b_correct) == (0, 3)
@@ -63,13 +64,13 @@ def test_select_robust_picks_the_more_robust_of_two_candidates():
         {"number": 9, "prompt": "sturdier", "accuracy": 0.40, "n": 50},
     ]  # more robust but far less accurate
     evaluator = _FakeEvaluator({"brittle": 0.50, "sturdy": 0.70, "sturdier": 0.90})
-    chosen, how = _choose("robust", ranked, None, evaluator, dev=[])
+    chosen, how = choose_winner("robust", ranked, None, evaluator, dev=[])
     assert chosen["number"] == 7 and "best dev Acc_worst (0.700)" in how and "2 of the top 3" in how
 
     class _Result:
         selection = "best tcb value on dev"
 
-    assert _choose("strategy", ranked, _Result(), evaluator, dev=[])[0]["number"] == 3
+    assert choose_winner("strategy", ranked, _Result(), evaluator, dev=[])[0]["number"] == 3
 
 
 def test_seeds_top_n_and_outputs(tiny_llama_dir, tmp_path):
@@ -254,7 +255,7 @@ def test_proxy_correlations_on_a_finished_study(tiny_llama_dir, tmp_path):
 
 
 def test_paired_intervals_resample_items_with_all_their_seeds():
-    from promptopt.experiments.compare import Evaluated, _paired_table, cluster_resamples
+    from promptopt.experiments.compare import Evaluated, cluster_resamples, paired_table
     from promptopt.metrics.stats import bootstrap_resamples
 
     # a resample (0, 0, 2) of 3 items with two seeds is positions (0, 0, 2) in seed 0's block and (3, 3, 5) in seed 1's
@@ -263,10 +264,10 @@ def test_paired_intervals_resample_items_with_all_their_seeds():
     rng = np.random.default_rng(0)
     a = Evaluated(pd.DataFrame({"correct": rng.random(40) < 0.7}))
     b = Evaluated(pd.DataFrame({"correct": rng.random(40) < 0.5}))
-    one = _paired_table({"a": [a], "b": [b]}, seed=0).iloc[0]
+    one = paired_table({"a": [a], "b": [b]}, seed=0).iloc[0]
     # the same search repeated three times is no new evidence: the interval must not narrow (a pooled
     # bootstrap over 120 "pairs" would shrink it by about √3)
-    three = _paired_table({"a": [a] * 3, "b": [b] * 3}, seed=0).iloc[0]
+    three = paired_table({"a": [a] * 3, "b": [b] * 3}, seed=0).iloc[0]
     assert three["n_pairs"] == 120 and three["delta_acc"] == one["delta_acc"]
     assert (three["delta_acc_ci_low"], three["delta_acc_ci_high"]) == (
         one["delta_acc_ci_low"],
@@ -278,7 +279,7 @@ def test_several_seeds_give_acc_worst_an_interval_that_resamples_items_with_thei
     """The strategy table's Acc_worst interval over several seeds' winners keeps each item's seeds together, as
     the paired table does: repeating one search narrows nothing, and two seeds that disagree on every item give
     the same pooled Acc_worst (0.5) in every resample of items."""
-    from promptopt.experiments.compare import _pooled_acc_worst_intervals
+    from promptopt.experiments.compare.paired import pooled_acc_worst_intervals
 
     items = [f"i{j}" for j in range(12)]
 
@@ -297,11 +298,11 @@ def test_several_seeds_give_acc_worst_an_interval_that_resamples_items_with_thei
         )
 
     right, wrong = evaluated([True] * 12, [True] * 12), evaluated([False] * 12, [False] * 12)
-    split = _pooled_acc_worst_intervals([right, wrong], seed=0)
+    split = pooled_acc_worst_intervals([right, wrong], seed=0)
     assert split == {f"acc_worst{s}_ci_{end}": 0.5 for s in ("", "_unseen", "_seen") for end in ("low", "high")}
     rng = np.random.default_rng(1)
     mixed = evaluated(list(rng.random(12) < 0.8), list(rng.random(12) < 0.6))
-    one, three = _pooled_acc_worst_intervals([mixed], seed=0), _pooled_acc_worst_intervals([mixed] * 3, seed=0)
+    one, three = pooled_acc_worst_intervals([mixed], seed=0), pooled_acc_worst_intervals([mixed] * 3, seed=0)
     assert one == three and one["acc_worst_ci_low"] < one["acc_worst_ci_high"]
     no_suite = Evaluated(pd.DataFrame({"item_id": items, "correct": [True] * 12}))
-    assert _pooled_acc_worst_intervals([no_suite, no_suite], seed=0) == {}
+    assert pooled_acc_worst_intervals([no_suite, no_suite], seed=0) == {}

@@ -422,7 +422,7 @@ def test_a_suites_hash_is_its_content_wherever_its_file_lies(tmp_path):
     identity (the expander's fingerprint) and the compare's search-suite marker agree (the marker's hash is the one
     the evaluation keys use); a changed option does not."""
     from promptopt.errors import UserError
-    from promptopt.experiments.compare import _SEARCH_SUITE_FILE, _search_suite_marker
+    from promptopt.experiments.compare.plan import SEARCH_SUITE_FILE, search_suite_marker
     from promptopt.robustness.suite import VariantExpander, suite_sha256
 
     cheap = Path(load_suite("cheap").where).read_text(encoding="utf-8")
@@ -437,11 +437,11 @@ def test_a_suites_hash_is_its_content_wherever_its_file_lies(tmp_path):
     assert VariantExpander(str(here)).fingerprint() == VariantExpander(str(there)).fingerprint()
     out = tmp_path / "run"
     out.mkdir()
-    (out / _SEARCH_SUITE_FILE).write_text(json.dumps(_search_suite_marker(out, load_suite(str(here)), resume=False)))
-    _search_suite_marker(out, load_suite(str(there)), resume=True)  # resumes from the other copy
+    (out / SEARCH_SUITE_FILE).write_text(json.dumps(search_suite_marker(out, load_suite(str(here)), resume=False)))
+    search_suite_marker(out, load_suite(str(there)), resume=True)  # resumes from the other copy
     changed = yaml.safe_load(cheap)
     changed["similarity_threshold"] = 0.5
     there.write_text(yaml.safe_dump(changed), encoding="utf-8")
     assert suite_sha256(load_suite(str(there))) != suite_sha256(load_suite(str(here)))
     with pytest.raises(UserError, match="with other content .*resume it with the suite it started with"):
-        _search_suite_marker(out, load_suite(str(there)), resume=True)
+        search_suite_marker(out, load_suite(str(there)), resume=True)

@@ -224,8 +224,7 @@ def test_clustered_auroc_interval_is_the_loop_over_clusters_bit_for_bit(monkeypa
     `bootstrap_interval` over items whose statistic ranks the concatenated answers, with clusters of 1-4 answers,
     tied scores across clusters, a NaN and infinite scores, resamples without a positive, and resample blocks
     split (the block size made small so that several blocks and a partial last one run)."""
-    from promptopt.metrics import stats
-    from promptopt.metrics.stats import auroc, clustered_auroc_interval
+    from promptopt.metrics.stats import auroc, bootstrap_resamples, clustered_auroc_interval, roc
 
     rng = np.random.default_rng(5)
     sizes = rng.integers(1, 5, 23)
@@ -242,10 +241,10 @@ def test_clustered_auroc_interval_is_the_loop_over_clusters_bit_for_bit(monkeypa
         return auroc(scores[rows], labels[rows])
 
     loop = bootstrap_interval(statistic, 23, n_boot=400, seed=3)
-    values = [statistic(idx) for idx in stats.bootstrap_resamples(23, n_boot=400, seed=3)]
+    values = [statistic(idx) for idx in bootstrap_resamples(23, n_boot=400, seed=3)]
     assert any(math.isnan(v) for v in values) and loop[0] < loop[1]  # some resamples have no positive
     assert clustered_auroc_interval(scores, labels, cluster, n_boot=400, seed=3) == loop
-    monkeypatch.setattr(stats, "_AUROC_BLOCK", 7 * len(cluster))  # blocks of 7 resamples, the last of 1
+    monkeypatch.setattr(roc, "_AUROC_BLOCK", 7 * len(cluster))  # blocks of 7 resamples, the last of 1
     assert clustered_auroc_interval(scores, labels, cluster, n_boot=400, seed=3) == loop
     assert all(math.isnan(v) for v in clustered_auroc_interval(scores, np.zeros(len(cluster), dtype=bool), cluster))
     assert all(math.isnan(v) for v in clustered_auroc_interval(np.full(4, np.nan), labels[:4], np.arange(4)))

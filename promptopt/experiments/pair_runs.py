@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from promptopt.errors import UserError
-from promptopt.experiments.compare import ITEMS_FILE, TEST_ITEMS_FILE, Evaluated, _paired_table
+from promptopt.experiments.compare import ITEMS_FILE, TEST_ITEMS_FILE, Evaluated, paired_table
 
 
 def _winners(root: Path) -> tuple[dict[str, list[Evaluated]], dict]:
@@ -105,7 +105,7 @@ def pair_runs(a: str | Path, b: str | Path, *, seed: int = 0) -> pd.DataFrame:
         for ea, eb in zip(wa[name], wb[name]):
             if list(ea.test["item_id"]) != list(eb.test["item_id"]):
                 raise UserError(f"strategy {name}: the runs scored different test items; pairing needs the same ones")
-        paired = _paired_table({"a": wa[name], "b": wb[name]}, seed=seed)
+        paired = paired_table({"a": wa[name], "b": wb[name]}, seed=seed)
         accuracy = {
             run: float(pd.concat([ev.test["correct"] for ev in w[name]]).mean()) for run, w in (("a", wa), ("b", wb))
         }

@@ -1,0 +1,132 @@
+"""Card version 2 for a prompt (promptopt/card_schema.json): everything its score depends on — rendering, answer
+reading, model and data fingerprints, the numbers measured with the session's scorer — and a check that the
+light loader renders the scored text byte for byte."""
+
+from __future__ import annotations
+
+import time
+
+from promptopt.card import prompt_hashes, sha256_json, sha256_text, token_ids_sha256, validate_card
+from promptopt.errors import UserError
+from promptopt.experiments.export.measure import clean, measured
+from promptopt.experiments.session import Session
+from promptopt.prompts import Prompt
+
+
+def render_check(prompt: Prompt, item, tokenizer) -> tuple[str, list[int]]:
+    """The text the scorer renders for an item and its token ids, encoded as the scorer encodes it."""
+    text = prompt.context(item.question, item.choices, tokenizer)
+    return text, list(tokenizer(text, add_special_tokens=prompt.add_special_tokens)["input_ids"])
+
+
+def rendering_section(prompt: Prompt, tokenizer) -> dict:
+    """How the prompt becomes text: plain or chat, with the chat template and what it saw (chat cards)."""
+    from promptopt.experiments.fingerprint import chat_template_sha256
+
+    section = {
+        "mode": "chat" if prompt.template.chat else "plain",
+        "add_special_tokens": prompt.add_special_tokens,
+        "chat_template": None,
+        "chat_template_sha256": chat_template_sha256(tokenizer),
+    }
+    if prompt.template.chat:
+        section["chat_template"] = tokenizer.chat_template
+        section["template_vars"] = {
+            k: (list(v) if isinstance(v, (list, tuple)) else str(v)) for k, v in tokenizer.special_tokens_map.items()
+        }
+    return section
+
+
+def answer_section(spec, items) -> dict:
+    """How answers are read: the task's answer type, metric, and its fixed choices if every item shares them."""
+    choice_sets = {tuple(i.choices) for i in items if i.choices is not None}
+    fixed = (
+        list(next(iter(choice_sets))) if len(choice_sets) == 1 and all(i.choices is not None for i in items) else None
+    )
+    return {"type": spec.answer_type, "metric": spec.metric, "gold_format": spec.gold_format, "choices": fixed}
+
+
+def build_card(
+    session: Session,
+    prompt: Prompt,
+    *,
+    dev_items: list,
+    test_items: list,
+    search: dict | None = None,
+    robustness: dict | None = None,
+    carving: dict | None = None,
+) -> dict:
+    """A validated card version 2 for `prompt`, measured on `dev_items` and `test_items` with the session's
+    (caching) scorer. The light loader must reproduce the scored text byte for byte, or nothing is built."""
+    from promptopt.experiments.fingerprint import (
+        data_sha256,
+        items_sha256,
+        model_fingerprint,
+        task_sha256,
+        tokenizer_sha256,
+        versions,
+    )
+    from promptopt.production import card_prompt
+
+    if not test_items:
+        raise UserError(f"task {prompt.task}: no test items to measure the card on")
+    scorer, data, spec = session.scorer, session.data, session.data.spec
+    lm = scorer.lm
+    table = scorer.score_table if hasattr(scorer, "score_table") else (lambda p, items: scorer.score(p, items).table)
+    metrics = {"test": measured(table(prompt, test_items))}
+    if dev_items:
+        metrics = {"dev": measured(table(prompt, dev_items)), **metrics}
+    metrics["robustness"] = robustness
+    first = test_items[0]
+    text, ids = render_check(prompt, first, lm.tokenizer)
+    base = prompt.to_card()
+    card = {
+        "promptopt_card": 2,
+        **{k: base[k] for k in ("task", "instruction", "template", "exemplars")},
+        "rendering": rendering_section(prompt, lm.tokenizer),
+        "answer": answer_section(spec, [*test_items, *dev_items]),
+        "generation": (
+            {"max_new_tokens": spec.max_new_tokens, "stop": list(spec.stop), "do_sample": False}
+            if spec.generative
+            else None
+        ),
+        "model": {
+            "spec": session.model_config.spec,
+            **model_fingerprint(session.model_config.spec),
+            "tokenizer_sha256": tokenizer_sha256(lm.tokenizer),
+            "dtype": str(lm.model.dtype).removeprefix("torch."),
+            "device": lm.device.type,
+            "context_length": lm.context_length,
+        },
+        "data": {
+            "task": session.data_config.task,
+            "task_sha256": task_sha256(spec),
+            "data_sha256": data_sha256(spec, session.data_config.subsets),
+            "items_sha256": items_sha256(data),
+            "subsets": list(session.data_config.subsets) if session.data_config.subsets else None,
+            "split_seed": spec.seed,
+            "carving_sha256": sha256_json(carving) if carving else None,
+            "dev_ids": [i.id for i in dev_items],
+            "test_ids": [i.id for i in test_items],
+        },
+        "search": search,
+        "metrics": metrics,
+        "versions": versions(),
+        "check": {
+            "item_id": first.id,
+            "text_sha256": sha256_text(text),
+            "token_ids_sha256": token_ids_sha256(ids),
+            "n_tokens": len(ids),
+            "prompt_sha256": prompt_hashes(base),
+        },
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    card = clean(card)
+    validate_card(card, "exported card")
+    light = card_prompt(card, "exported card").render(first.question, first.choices)
+    if light != text:
+        raise UserError(
+            f"task {prompt.task}: the card's prompt renders differently without the tokenizer than the scorer "
+            "rendered it (its chat template uses something promptopt.load_prompt does not reproduce); not exported"
+        )
+    return card

@@ -1,0 +1,59 @@
+"""Which prompt a compare directory exports, by dev numbers alone: its candidates (compare_runs.csv: each search's
+top-N with its dev accuracy) and the dev-accuracy winner. Test numbers are never read."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from promptopt.errors import UserError
+
+SELECTIONS = ("dev", "robust")
+_CANDIDATE_COLUMNS = {"strategy", "seed", "rank", "winner", "trial", "dev_accuracy"}
+
+
+def compare_candidates(root: Path):
+    """Every prompt a compare evaluated for a searched strategy (compare_runs.csv: each search's top-N, with its
+    dev accuracy), in the compare's order. Selection reads the dev columns only."""
+    import pandas as pd
+
+    path = root / "compare_runs.csv"
+    if not path.is_file():
+        raise UserError(f"{root}: compare_runs.csv missing: the compare did not finish (rerun it with --resume)")
+    runs = pd.read_csv(path)
+    missing = _CANDIDATE_COLUMNS - set(runs.columns)
+    if missing:
+        raise UserError(
+            f"{path}: written by an older promptopt (no {', '.join(sorted(missing))} column): rerun the compare"
+        )
+    searched = runs[runs["strategy"] != "baseline"].reset_index(drop=True)
+    if searched.empty:
+        raise UserError(f"{path}: no searched strategy in the comparison")
+    return searched.assign(order=range(len(searched)))
+
+
+def select_by_dev(candidates, strategy: str | None = None):
+    """Among the searches' own winners (of `strategy`, else of every strategy), the highest dev accuracy; ties go
+    to the strategy compared first, then the lower seed. -> (row, how). Test numbers are never read."""
+    winners = candidates[candidates["winner"].astype(bool)]
+    if strategy is not None:
+        winners = winners[winners["strategy"] == strategy]
+    best = winners.sort_values(["dev_accuracy", "order"], ascending=[False, True], kind="stable").iloc[0]
+    among = f"the {len(winners)} {strategy + ' ' if strategy else ''}search winners"
+    return best, (
+        f"highest dev accuracy ({best['dev_accuracy']:.3f}) among {among} (ties: the strategy compared first, "
+        "then the lower seed); no test number was read"
+    )
+
+
+def strategy_rows(candidates, strategy: str | None, root: Path):
+    if strategy is None:
+        return candidates
+    if strategy not in set(candidates["strategy"]):
+        raise UserError(f"--strategy {strategy}: {root} compares {', '.join(dict.fromkeys(candidates['strategy']))}")
+    return candidates[candidates["strategy"] == strategy]
+
+
+def plain_row(row) -> dict:
+    """A compare_runs.csv row as a plain dict, NaN as None (it travels as `pick` to `open_run`)."""
+    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.to_dict().items()}

@@ -1,0 +1,157 @@
+"""`export_run`, top to bottom: pick a trial of a finished run by dev numbers only, build its card and write it in
+the asked format, with the warnings a user should read before trusting it."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from promptopt.errors import UserError
+from promptopt.experiments.export.build import build_card
+from promptopt.experiments.export.measure import clean, robustness_section
+from promptopt.experiments.export.robust import select_robust
+from promptopt.experiments.export.runs import (
+    Run,
+    decode_trial,
+    instruction_provenance,
+    load_study,
+    open_run,
+    pick_trial,
+    winner_number,
+)
+from promptopt.experiments.export.select import SELECTIONS, compare_candidates, strategy_rows
+from promptopt.experiments.session import Session
+from promptopt.prompts import Prompt
+from promptopt.yamlio import check_output
+
+FORMATS = ("card", "messages", "text", "lm-eval")
+
+
+@dataclass
+class Exported:
+    card: dict
+    paths: list[Path]
+    run: Run
+    trial: int
+    warnings: list[str]
+
+
+def export_run(
+    run_dir: str | Path,
+    *,
+    out: str | Path,
+    strategy: str | None = None,
+    trial: int | None = None,
+    fmt: str = "card",
+    device: str | None = None,
+    select: str = "dev",
+) -> Exported:
+    """Pick a trial of a finished run by dev numbers only (`select`: dev accuracy, or robust: dev Acc_worst among the
+    trials as accurate as the best), build its card (measured on the run's dev and test items: the test numbers
+    stay a held-out estimate) and write `out` in format `fmt` (card, messages, text or lm-eval)."""
+    from promptopt.experiments import formats
+
+    if fmt not in FORMATS:
+        raise UserError(f"--format {fmt}: expected one of {', '.join(FORMATS)}")
+    if select not in SELECTIONS:
+        raise UserError(f"--select {select}: expected one of {', '.join(SELECTIONS)}")
+    out = Path(out)
+    if out.is_dir():
+        raise UserError(f"--out {out}: is a directory; give a file name")
+    check_output(out, folder=False, what="--out")  # before the card is measured
+    root, session = Path(run_dir), None
+    if (
+        root / "rounds.json"
+    ).is_file():  # search --rounds: the last round's winner (each round starts from the previous best)
+        last = json.loads((root / "rounds.json").read_text(encoding="utf-8"))["rounds"][-1]["round"]
+        root = root / f"round{last}"
+    if select == "robust":
+        if not (root / "compare.csv").is_file():
+            raise UserError(
+                f"--select robust: {root} is not a compare directory (a search run has one winner; pass --trial to pick another)"
+            )
+        if trial is not None:
+            raise UserError("--select robust chooses the trial itself; drop --trial")
+        pick, session = select_robust(root, strategy_rows(compare_candidates(root), strategy, root), device=device)
+        run = open_run(root, pick=pick)
+    else:
+        run = open_run(root, strategy=strategy)
+    study = load_study(run)
+    chosen = pick_trial(run, study, trial)
+    config = run.config if device is None else run.config.replace(device=device)
+    session = session or Session(model=config.model, data=config.data, out=run.cache_dir, batch_size=config.batch_size)
+    prompt = decode_trial(run, session.data, chosen.params)
+    winner = chosen.number == winner_number(run)
+    selection = run.selection if trial is None else f"trial {trial}, named by the user (--trial)"
+    search = {
+        "run_dir": str(run.path),
+        "strategy": config.study.strategy,
+        "study": config.name,
+        "trial": chosen.number,
+        "seed": config.study.seed,
+        "winner": winner,
+        "selection": selection,
+        "params": clean(dict(chosen.params)),
+    }
+    proposed = instruction_provenance(config, session.data, chosen.params)
+    if proposed:
+        search["instruction_provenance"] = proposed
+    carving = (
+        json.loads((run.path / "splits.json").read_text(encoding="utf-8"))
+        if (run.path / "splits.json").is_file()
+        else None
+    )
+    card = build_card(
+        session,
+        prompt,
+        dev_items=session.items("dev"),
+        test_items=session.items("test"),
+        search=search,
+        robustness=robustness_section(run.compare_row, compare_families(run)) if winner else None,
+        carving=carving,
+    )
+    paths = formats.write(card, fmt, out, items=session.items("test"))
+    return Exported(
+        card=card, paths=paths, run=run, trial=chosen.number, warnings=warnings_for(session, card, run, prompt)
+    )
+
+
+def compare_families(run: Run) -> dict | None:
+    """families_seen / families_unseen of the compare a run belongs to (its summary.json), if any."""
+    path = run.cache_dir / "summary.json"
+    if run.compare_row is None or not path.is_file():
+        return None
+    summary = json.loads(path.read_text(encoding="utf-8"))
+    return {key: summary.get(key) for key in ("families_seen", "families_unseen")}
+
+
+MIN_CLEAN_CORRECT = 20  # fewer clean-correct items than this and a PDR is mostly noise
+
+
+def warnings_for(session: Session, card: dict, run: Run, prompt: Prompt) -> list[str]:
+    """What a user should know before trusting the card (read, never used to choose): it is no better than the
+    task's default prompt on the same test items, or its PDR rests on few clean-correct items."""
+    test_items = session.items("test")
+    table = session.scorer.score(session.data.default_prompt(), test_items).table
+    default, ours = float(table["correct"].mean()), card["metrics"]["test"]["accuracy"]
+    out = []
+    if ours <= default:
+        out.append(
+            f"the exported prompt is not better than the task's default prompt on the same {len(test_items)} test "
+            f"items ({ours:.3f} vs {default:.3f})"
+        )
+    robust = card["metrics"].get("robustness")
+    n_robust = (
+        json.loads((run.cache_dir / "summary.json").read_text()).get("n_robust")
+        if (run.cache_dir / "summary.json").is_file()
+        else None
+    )
+    if robust and robust.get("pdr") is not None and n_robust:
+        clean_correct = int(session.scorer.score(prompt, test_items[:n_robust]).table["correct"].sum())
+        if clean_correct < MIN_CLEAN_CORRECT:
+            out.append(
+                f"its PDR ({robust['pdr']:.3f}) rests on {clean_correct} clean-correct items (fewer than {MIN_CLEAN_CORRECT}): "
+                "read it with its interval"
+            )
+    return out
