@@ -28,6 +28,7 @@ from promptopt.cli.options import (
     TaskOpt,
     TestLimitOpt,
     WorkersOpt,
+    int_list,
     names,
 )
 from promptopt.cli.render import console, print_pairs, print_proposals, print_rounds, print_search_result
@@ -127,7 +128,11 @@ def search(
 def compare(
     task: str = TaskOpt,
     trials: int = typer.Option(20, "--trials", help="the same budget for every strategy"),
-    strategies: str = typer.Option("ppl,tcb,accuracy", "--strategies", help="comma-separated strategies"),
+    strategies: str = typer.Option(
+        "ppl,tcb,accuracy",
+        "--strategies",
+        help="comma-separated strategies, each optionally with a decision rule: accuracy,accuracy@batch,robust@affine",
+    ),
     model: str = ModelOpt,
     storage: str | None = StorageOpt,
     seed: int = SeedOpt,
@@ -167,6 +172,20 @@ def compare(
     propose: int | None = ProposeOpt,
     propose_mode: str = ProposeModeOpt,
     proposer: str | None = ProposerOpt,
+    ensembles: str | None = typer.Option(
+        None,
+        "--ensembles",
+        help="K[,K...]: per search, a K-member ensemble of its trials chosen on dev (greedy forward selection), "
+        "compared beside the winners as <strategy>+ens<K>",
+    ),
+    ensemble_of: str | None = typer.Option(
+        None, "--ensemble-of", help="the strategies whose searches give ensembles (default: every one)"
+    ),
+    ensemble_objective: str = typer.Option(
+        "accuracy",
+        "--ensemble-objective",
+        help="accuracy, or robust (dev items right under every search-suite variant)",
+    ),
 ) -> None:
     """Run several strategies with the same budget and items; compare their winners on held-out test items
     with intervals and paired tests."""
@@ -207,6 +226,9 @@ def compare(
         search_suite=None if search_suite == "none" else search_suite,
         robust_limit=robust_limit,
         propose=request,
+        ensembles=int_list(ensembles, "--ensembles") if ensembles else (),
+        ensemble_of=names(ensemble_of) or None,
+        ensemble_objective=ensemble_objective,
     )
     if result.proposals is not None:
         print_proposals(result.proposals, out / "space.yaml")

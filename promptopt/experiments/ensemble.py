@@ -42,10 +42,7 @@ def combined_decisions(tables: Sequence[pd.DataFrame], keys: Sequence[str] = ("i
             columns={"decision_scores": f"scores_{k}"}
         )
         merged = part if merged is None else merged.merge(part, on=list(keys), how="inner")
-    scores = [
-        ensemble_scores([list(row[f"scores_{k}"]) for k in range(len(tables))])
-        for _, row in merged.iterrows()
-    ]
+    scores = [ensemble_scores([list(row[f"scores_{k}"]) for k in range(len(tables))]) for _, row in merged.iterrows()]
     out = merged[list(keys) + (["gold"] if "gold" in merged else [])].copy()
     out["decision_scores"] = scores
     out["pred"] = [int(np.argmax(s)) for s in scores]
@@ -80,7 +77,9 @@ def objective_of(name: str) -> Callable[[Sequence[Member]], float]:
     return accuracy_objective if name == "accuracy" else robust_objective
 
 
-def greedy_select(candidates: Sequence[Member], k: int, objective: str = "accuracy") -> tuple[list[Member], list[float]]:
+def greedy_select(
+    candidates: Sequence[Member], k: int, objective: str = "accuracy"
+) -> tuple[list[Member], list[float]]:
     """K members by greedy forward selection on dev (module docstring), and the dev objective after each step."""
     if k < 1:
         raise ValueError("an ensemble needs at least one member")
@@ -101,3 +100,104 @@ def greedy_select(candidates: Sequence[Member], k: int, objective: str = "accura
 
 
 __all__ = ["Member", "OBJECTIVES", "combined_decisions", "greedy_select", "objective_of"]
+
+
+# --- an ensemble's answers from its members' ---------------------------------------------------------------------
+def _decide(member_scores: list) -> int:
+    return int(np.argmax(ensemble_scores([list(s) for s in member_scores])))
+
+
+def ensemble_test(tables: Sequence[pd.DataFrame]) -> pd.DataFrame:
+    """The ensemble's test answers from its members' decided test tables (item_id, gold, decision_scores, tcb):
+    `correct`, `pred`, and δ_TCB as the minimum over members (the most fragile member bounds the ensemble)."""
+    combined = combined_decisions(tables)
+    tcb = pd.concat([t.set_index("item_id")["tcb"].rename(k) for k, t in enumerate(tables)], axis=1).min(axis=1)
+    combined["tcb"] = combined["item_id"].map(tcb).to_numpy(dtype=float)
+    combined["ppl"] = np.nan  # a perplexity belongs to one prompt
+    combined["decision"] = f"ensemble of {len(tables)}"
+    return combined
+
+
+def _variant_key(row) -> tuple:
+    """Which perturbation a row is: a changed question is the same text under every member (variants are seeded
+    per item, family and index); a prompt-level one (exemplars, format) is its index, applied to each member."""
+    if row.family is None or (isinstance(row.family, float) and np.isnan(row.family)):
+        return (row.item_id, None, "clean", None)
+    if row.variant_kind == "question":
+        return (row.item_id, row.family, "question", row.variant_text)
+    return (row.item_id, row.family, "prompt", int(row.variant))
+
+
+def ensemble_items(member_items: Sequence[pd.DataFrame]) -> pd.DataFrame:
+    """The ensemble's answers under perturbation (ITEM_COLUMNS) from its members' robustness answers: every
+    perturbation any member was given, each member answering it with its perturbed scores where it was
+    perturbed and with its clean scores where the family left it as it was (e.g. replacing the shots of a
+    0-shot member). δ_TCB and its companions are the minimum over members."""
+    clean_scores, clean_tcb, by_key, meta = [], [], [], {}
+    for items in member_items:
+        clean = items[items["family"].isna()].set_index("item_id")
+        clean_scores.append(clean["clean_scores"])
+        clean_tcb.append(clean["clean_tcb"])
+        keyed = {}
+        for row in items[items["family"].notna()].itertuples(index=False):
+            key = _variant_key(row)
+            keyed[key] = (row.perturbed_scores, row.perturbed_tcb)
+            meta.setdefault(key, row)
+        by_key.append(keyed)
+    gold = member_items[0][member_items[0]["family"].isna()].set_index("item_id")["gold"]
+    rows = []
+    for item_id in gold.index:
+        scores = [c[item_id] for c in clean_scores]
+        pred = _decide(scores)
+        rows.append(
+            {
+                "item_id": item_id,
+                "family": None,
+                "clean_correct": pred == int(gold[item_id]),
+                "clean_prediction": str(pred),
+                "clean_tcb": float(min(t[item_id] for t in clean_tcb)),
+                "gold": int(gold[item_id]),
+                "clean_scores": ensemble_scores([list(s) for s in scores]),
+                "variant_kind": "clean",
+            }
+        )
+    clean_by_item = {r["item_id"]: r for r in rows}
+    for key, first in meta.items():
+        item_id = key[0]
+        scores, tcbs = [], []
+        for k, keyed in enumerate(by_key):
+            s, t = keyed.get(key, (clean_scores[k][item_id], clean_tcb[k][item_id]))
+            scores.append(s)
+            tcbs.append(t)
+        pred = _decide(scores)
+        base = clean_by_item[item_id]
+        rows.append(
+            {
+                "item_id": item_id,
+                "family": first.family,
+                "operator": first.operator,
+                "variant_kind": first.variant_kind,
+                "variant_text": first.variant_text,
+                "clean_correct": base["clean_correct"],
+                "perturbed_correct": pred == base["gold"],
+                "clean_prediction": base["clean_prediction"],
+                "perturbed_prediction": str(pred),
+                "clean_tcb": base["clean_tcb"],
+                "perturbed_tcb": float(np.nanmin(np.asarray(tcbs, dtype=float))),
+                "gold": base["gold"],
+                "clean_scores": base["clean_scores"],
+                "perturbed_scores": ensemble_scores([list(s) for s in scores]),
+                "seen": first.seen,
+            }
+        )
+    table = pd.DataFrame(rows)
+    variant_rows = table["family"].notna()
+    numbered = table[variant_rows].groupby(["family", "item_id"], sort=False).cumcount().to_numpy()
+    index = [k[3] if k[2] == "prompt" else None for k in meta]  # a prompt-level variant keeps its index (format i)
+    table.loc[variant_rows, "variant"] = [i if i is not None else n for i, n in zip(index, numbered)]
+    from promptopt.robustness.suite import ITEM_COLUMNS
+
+    table = table.reindex(columns=ITEM_COLUMNS)
+    table["variant"] = table["variant"].astype("Int64")
+    table["perturbed_correct"] = table["perturbed_correct"].astype("boolean")
+    return table

@@ -28,6 +28,7 @@ class Session:
         out: str | Path | None = None,
         batch_size: int = 16,
         progress: bool = False,
+        keep_hidden: bool = False,
     ) -> None:
         self.out = Path(out) if out is not None else None
         self.factory = ScorerFactory(
@@ -35,6 +36,7 @@ class Session:
             data=data,
             batch_size=batch_size,
             cache_path=str(self.out / "cache.sqlite") if self.out is not None else None,
+            keep_hidden=keep_hidden,
         )
         self.progress = progress
         self.data: TaskData = data.load()

@@ -228,7 +228,7 @@ class DecidingScorer:
         return getattr(inner, "eps", 1.0)
 
     def score(self, prompt: Prompt, items: list[Item]) -> ScoreResult:
-        if hasattr(self.scorer, "score_with_hidden"):
+        if self.rule.calibrated and hasattr(self.scorer, "score_with_hidden"):
             table, hidden = self.scorer.score_with_hidden(prompt, items)
         else:
             raw = self.scorer.score(prompt, items)

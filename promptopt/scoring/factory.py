@@ -18,6 +18,7 @@ class ScorerFactory:
     data: DataConfig
     cache_path: str | None = None  # SQLite result cache shared by every worker on this machine; None: no cache
     batch_size: int = 16
+    keep_hidden: bool = False  # the cache also keeps critical hidden states (calibrated decisions read δ_TCB from them)
 
     def build(self, data: TaskData | None = None, *, progress: bool = False) -> Scorer | CachedScorer:
         """Load the model (and the task data unless given) and wrap the scorer in the result cache."""
@@ -26,7 +27,7 @@ class ScorerFactory:
             ResultCache(Path(self.cache_path)) if self.cache_path else None
         )  # a corrupt cache fails before the model loads
         scorer = Scorer(self.model.load(), data, batch_size=self.batch_size, progress=progress)
-        return CachedScorer(scorer, cache) if cache is not None else scorer
+        return CachedScorer(scorer, cache, keep_hidden=self.keep_hidden) if cache is not None else scorer
 
     def __call__(self) -> Scorer | CachedScorer:
         return self.build()

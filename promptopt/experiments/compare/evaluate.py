@@ -26,6 +26,7 @@ class Evaluated:
     clean: pd.Series | None = None  # item_id -> correct, robustness items
     variants: pd.DataFrame | None = None  # item_id, family, correct (and seen, where the families were labelled)
     items: pd.DataFrame | None = None  # every answer, clean and perturbed (robustness.suite.ITEM_COLUMNS)
+    rule: dict | None = None  # the decision rule its answers were decided by, fit on the dev items (a card's)
 
 
 class EvaluationStore:
@@ -49,7 +50,11 @@ class EvaluationStore:
         if not (folder / "done.json").is_file():
             return None
         done = json.loads((folder / "done.json").read_text(encoding="utf-8"))
-        evaluated = Evaluated(pd.read_parquet(folder / "test.parquet") if done["test"] else None, robust=done["robust"])
+        evaluated = Evaluated(
+            pd.read_parquet(folder / "test.parquet") if done["test"] else None,
+            robust=done["robust"],
+            rule=done.get("rule"),
+        )
         if done["clean"]:
             evaluated.clean = pd.read_parquet(folder / "clean.parquet").set_index("item_id")["correct"]
             evaluated.variants = pd.read_parquet(folder / "variants.parquet")
@@ -71,11 +76,14 @@ class EvaluationStore:
             "clean": evaluated.clean is not None,
             "items": evaluated.items is not None,
             "robust": evaluated.robust,
+            "rule": evaluated.rule,
         }
         atomic_write_text(folder / "done.json", json.dumps(done, indent=1))
 
 
 _TEST_COLUMNS = ["item_id", "correct", "tcb", "ppl"]  # what the tables read of a prompt's test items
+# and, for choice tasks, what an ensemble combines (and how the answer was decided)
+_DECIDED_COLUMNS = ["gold", "pred", "decision", "decision_scores", "tcb_basis"]
 
 
 class Evaluator:
@@ -94,12 +102,14 @@ class Evaluator:
         *,
         search_suite=None,
         seen=frozenset(),
+        dev=(),
     ):
         self.session, self.test, self.suite, self.similarity, self.progress = session, test, suite, similarity, progress
         self.search_suite, self.seen = search_suite, seen
         self.robust_items = test[:robust_limit]
         self.robust_limit = robust_limit
         self.store = store
+        self.dev = list(dev)  # what decision rules are fit on
         self._done: dict[str, Evaluated] = {}
         self.evaluations = self.reused = self.resumed = 0
 
@@ -114,15 +124,31 @@ class Evaluator:
             self.resumed += 1
         else:
             fault_point("compare-test")
-            evaluated = Evaluated(self.session.scorer.score(prompt, self.test).table[_TEST_COLUMNS])
+            scorer, rule = self.scorer_for(prompt)
+            table = scorer.score(prompt, self.test).table
+            evaluated = Evaluated(table[_TEST_COLUMNS + [c for c in _DECIDED_COLUMNS if c in table]])
+            evaluated.rule = None if rule is None else rule.to_card()
             if self.suite is not None:
                 fault_point("compare-robust")
                 evaluated.robust, evaluated.clean, evaluated.variants, evaluated.items = self._stress(
-                    prompt, self.robust_items, self.suite, seen=self.seen, taboo=True
+                    prompt, self.robust_items, self.suite, seen=self.seen, taboo=True, scorer=scorer
                 )
             self.store.save(key, evaluated)
         self._done[key] = evaluated
         return evaluated
+
+    def scorer_for(self, prompt):
+        """(the scorer that answers for `prompt`, its fitted decision rule): on a choice task the session's scorer
+        deciding by the prompt's rule fit on the dev items (argmax included, so every answer keeps its decision
+        scores); a generative task's answers are not decided from label log-probabilities."""
+        from promptopt.decision import parse_rule
+        from promptopt.scoring.calibration import DecidingScorer, fit_rule
+
+        scorer = self.session.scorer
+        if self.session.data.spec.answer.generative:
+            return scorer, None
+        rule = fit_rule(parse_rule(prompt.decision), scorer, prompt, self.dev)
+        return DecidingScorer(scorer, rule), rule
 
     @property
     def search_suite_name(self) -> str | None:
@@ -135,15 +161,18 @@ class Evaluator:
         stored = self.store.load(key)
         if stored is None:
             stored = Evaluated(None)
-            stored.robust, stored.clean, stored.variants, _ = self._stress(prompt, items, self.search_suite)
+            scorer, _ = self.scorer_for(prompt)
+            stored.robust, stored.clean, stored.variants, _ = self._stress(
+                prompt, items, self.search_suite, scorer=scorer
+            )
             self.store.save(key, stored)
         return stored.robust, stored.clean, stored.variants
 
-    def _stress(self, prompt, items, suite, *, seen=None, taboo: bool = False):
+    def _stress(self, prompt, items, suite, *, seen=None, taboo: bool = False, scorer=None):
         from promptopt.robustness import taboo_stress
         from promptopt.robustness.suite import evaluate_robustness
 
-        scorer, data = self.session.scorer, self.session.data
+        scorer, data = scorer or self.session.scorer, self.session.data
         rob = evaluate_robustness(
             scorer,
             prompt,

@@ -14,17 +14,20 @@ from promptopt.search.config import redact
 SEARCH_SUITE_FILE = "search_suite.json"
 
 
-def seed_config(base: SearchConfig, name: str, s: int, seeds: int, out: Path, storage: str) -> SearchConfig:
+def seed_config(base: SearchConfig, entry, s: int, seeds: int, out: Path, storage: str) -> SearchConfig:
     """Seed 0 is the plain run (same study name, sampler seed and candidates as a one-seed compare);
-    later seeds shift the sampler seed and draw other exemplar candidates from the pool."""
+    later seeds shift the sampler seed and draw other exemplar candidates from the pool. An entry with a
+    decision rule (`accuracy@batch`) is a study of its own, named after the entry."""
+    name, task = entry.name, Path(base.data.task).stem
+    decision = {"strategy": entry.strategy, "decision": entry.decision}
     if seeds == 1:
-        return base.replace(strategy=name, out=str(out / name), storage=storage, study_name=None)
-    task = Path(base.data.task).stem
+        study_name = None if entry.decision is None else f"{task}-{entry.study_label}"
+        return base.replace(**decision, out=str(out / name), storage=storage, study_name=study_name)
     return base.replace(
-        strategy=name,
+        **decision,
         out=str(out / name / f"seed{s}"),
         storage=storage,
-        study_name=f"{task}-{name}-seed{s}",
+        study_name=f"{task}-{entry.study_label}-seed{s}",
         seed=base.study.seed + 7919 * s,
         pool_draw=None if s == 0 else base.study.seed + s,
     )

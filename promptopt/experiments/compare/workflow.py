@@ -14,6 +14,8 @@ import pandas as pd
 
 from promptopt.errors import ConfigError
 from promptopt.experiments.compare.choose import SELECTIONS, choose_winner
+from promptopt.experiments.compare.ensembles import build_ensembles
+from promptopt.experiments.compare.entries import ensemble_name
 from promptopt.experiments.compare.evaluate import Evaluated, EvaluationStore, Evaluator
 from promptopt.experiments.compare.paired import paired_table
 from promptopt.experiments.compare.plan import SEARCH_SUITE_FILE, plan_studies, search_suite_marker, seed_config
@@ -48,24 +50,37 @@ def run_compare(
     robust_limit: int | None = None,
     show_progress: bool = True,
     propose=None,
+    ensembles: tuple[int, ...] = (),
+    ensemble_of: list[str] | None = None,
+    ensemble_objective: str = "accuracy",
 ) -> CompareResult:
     """Search every strategy `seeds` times, evaluate each search's top-N prompts, compare the winners.
+    `strategies`: entries `strategy` or `strategy@rule` (every trial decides by the rule, promptopt/decision.py).
     `search_suite`: what searches may look at; `suite`: what the winners are judged on (None: no robustness).
     `propose`: an experiments.propose.ProposeRequest; its proposals join the space (`<out>/space.yaml`) before
-    any study, so every strategy and seed searches the same grown space."""
+    any study, so every strategy and seed searches the same grown space. `ensembles` (K, ...): per seed of each
+    entry of `ensemble_of` (default: every entry), a K-member ensemble of its search's trials chosen on dev
+    (experiments/ensemble.py), evaluated as `<entry>+ens<K>` beside the winners."""
+    from promptopt.experiments.compare.entries import parse_entries
+    from promptopt.experiments.ensemble import objective_of
     from promptopt.robustness.suite import load_suite
 
-    for name in strategies:
-        get_strategy(name)  # fail on a typo before anything runs
-    if len(set(strategies)) != len(strategies) or not strategies:
-        raise ConfigError(f"strategies: expected distinct names, got {strategies}")
+    entries = parse_entries(strategies)  # a typo in a strategy or a rule fails before anything runs
+    unknown = sorted(set(ensemble_of or []) - {e.name for e in entries})
+    if unknown:
+        raise ConfigError(
+            f"--ensemble-of: {unknown[0]} is not one of the compared strategies ({', '.join(strategies)})"
+        )
+    if any(k < 2 for k in ensembles):
+        raise ConfigError(f"--ensembles: an ensemble has at least 2 members, got {list(ensembles)}")
+    objective_of(ensemble_objective)
     if seeds < 1 or top_n < 1:
         raise ConfigError(f"seeds and top_n must be positive, got seeds={seeds}, top_n={top_n}")
     if select not in SELECTIONS:
         raise ConfigError(f"select: expected one of {', '.join(SELECTIONS)}, got {select!r}")
     if select == "robust" and not search_suite:
         raise ConfigError("select='robust' reads dev robustness under the search suite: give a search suite")
-    if not search_suite and any(get_strategy(name).needs_variants for name in strategies):
+    if not search_suite and any(get_strategy(e.strategy).needs_variants for e in entries):
         raise ConfigError(
             f"strategies {', '.join(strategies)}: the robust strategy trains on the search suite: give a search suite"
         )
@@ -77,7 +92,7 @@ def run_compare(
     try:
         return _compare(
             base,
-            strategies,
+            entries,
             out,
             seeds=seeds,
             top_n=top_n,
@@ -88,6 +103,9 @@ def run_compare(
             robust_limit=robust_limit,
             show_progress=show_progress,
             propose=propose,
+            ensembles=tuple(ensembles),
+            ensemble_of=list(ensemble_of) if ensemble_of else [e.name for e in entries],
+            ensemble_objective=ensemble_objective,
         )
     except Exception:  # folders this compare created and left empty go too (finished work stays for --resume)
         if made_out:
@@ -97,7 +115,7 @@ def run_compare(
 
 def _compare(
     base: SearchConfig,
-    strategies: list[str],
+    entries: list,
     out: Path,
     *,
     seeds: int,
@@ -109,11 +127,16 @@ def _compare(
     robust_limit: int | None,
     show_progress: bool,
     propose=None,
+    ensembles: tuple[int, ...] = (),
+    ensemble_of: list[str] = (),
+    ensemble_objective: str = "accuracy",
 ) -> CompareResult:
     from promptopt.robustness.suite import Similarity, seen_families, suite_sha256
 
     storage = base.study.storage or default_storage_url(out)
-    session = Session(model=base.model, data=base.data, out=out, batch_size=base.batch_size)
+    strategies = [e.name for e in entries]
+    calibrated = any(e.decision not in (None, "argmax") for e in entries)
+    session = Session(model=base.model, data=base.data, out=out, batch_size=base.batch_size, keep_hidden=calibrated)
     proposals, pending = None, None
     if propose is not None:  # before the plan: every study's identity hashes the grown space
         from promptopt.experiments.propose.rounds import PENDING, PROPOSALS_DIR
@@ -128,9 +151,9 @@ def _compare(
             session, propose, space=base.study.space, out=out / PENDING, cache_dir=out / PROPOSALS_DIR
         )
         base, proposals, pending = base.replace(space=str(proposed.path)), proposed.proposals, proposed.path
-    configs = {(name, s): seed_config(base, name, s, seeds, out, storage) for name in strategies for s in range(seeds)}
+    configs = {(e.name, s): seed_config(base, e, s, seeds, out, storage) for e in entries for s in range(seeds)}
     expand = None
-    if any(get_strategy(name).needs_variants for name in strategies):
+    if any(get_strategy(e.strategy).needs_variants for e in entries):
         from promptopt.robustness import VariantExpander
 
         expand = VariantExpander(search_suite_spec)
@@ -161,6 +184,8 @@ def _compare(
             "robust_limit": robust_limit,
             "suite": suite_sha256(the_suite) if the_suite else None,
             "search_suite": search_digest,
+            "format": 2,  # evaluations keep decided answers (decision scores, the fitted rule)
+            "dev": items_sha256(dev),  # decision rules are fit on the dev items
         },
     )
     seen = seen_families(the_suite, search_suite) if the_suite else frozenset()
@@ -174,6 +199,7 @@ def _compare(
         store,
         search_suite=search_suite,
         seen=seen,
+        dev=dev,
     )
 
     start = time.perf_counter()
@@ -228,6 +254,13 @@ def _compare(
             )
             if is_winner:
                 winners.setdefault(name, []).append(evaluated)
+        if ensembles and name in ensemble_of:
+            for k, (evaluated, row) in build_ensembles(
+                result, ensembles, evaluator, dev, objective=ensemble_objective, seed=s, entry=name
+            ).items():
+                winners.setdefault(ensemble_name(name, k), []).append(evaluated)
+                walls.setdefault(ensemble_name(name, k), 0.0)
+                runs.append(row)
     runs_table = pd.DataFrame(runs)
     table = strategy_table(runs_table, winners, walls, seed=base.study.seed)
     paired = paired_table(winners, seed=base.study.seed)
@@ -236,6 +269,9 @@ def _compare(
         "task": session.data.spec.name,
         "model": base.model.spec,
         "strategies": strategies,
+        "ensembles": {"sizes": list(ensembles), "of": list(ensemble_of), "objective": ensemble_objective}
+        if ensembles
+        else None,
         "seeds": seeds,
         "top_n": top_n,
         "select": select,

@@ -25,6 +25,9 @@ ITEM_COLUMNS = [
     *(f"{side}_{name}" for name in ITEM_SIGNALS for side in ("clean", "perturbed")),
     "variant_kind",
     "variant_text",
+    "gold",  # choice tasks: the gold index, and each answer's decision scores (an ensemble combines its members')
+    "clean_scores",
+    "perturbed_scores",
 ]
 
 
@@ -38,12 +41,22 @@ def items_table(
     def signal(frame, name):
         return frame[name].astype(float).to_numpy() if name in frame else np.full(len(frame), np.nan)
 
+    def scores(frame):
+        if "decision_scores" not in frame:
+            return [None] * len(frame)
+        return [None if s is None else [float(x) for x in s] for s in frame["decision_scores"]]
+
+    def gold(frame):
+        return frame["gold"].to_numpy() if "gold" in frame and "decision_scores" in frame else [None] * len(frame)
+
     c = clean.reindex([i.id for i in items])
     base = {
         "item_id": list(c.index),
         "clean_correct": c["correct"].astype(bool).to_numpy(),
         "clean_prediction": c["pred"].astype(str).to_numpy(),
         **{f"clean_{n}": signal(c, n) for n in ITEM_SIGNALS},
+        "gold": gold(c),
+        "clean_scores": scores(c),
     }
     clean_rows = pd.DataFrame({**base, "variant_kind": "clean", "variant_text": [i.question for i in items]})
     parts = [clean_rows]
@@ -65,6 +78,9 @@ def items_table(
                     **{f"perturbed_{n}": signal(v, n) for n in ITEM_SIGNALS},
                     "variant_kind": v["variant_kind"].to_numpy(),
                     "variant_text": v["variant_text"].astype(str).to_numpy(),
+                    "gold": gold(same),
+                    "clean_scores": scores(same),
+                    "perturbed_scores": scores(v),
                 }
             )
         )
