@@ -8,9 +8,11 @@ the card's accuracy.
 What production code needs from promptopt is only `load_prompt` (no torch import of its own):
   context  = card.render(question, choices)           # exactly the text that was scored
   encoding = tokenizer(context, add_special_tokens=card.add_special_tokens)
-  multiple choice: argmax over card.continuations(choices) of the summed log-probability
-                   (lm-eval's encoding: trailing context spaces move into the continuation;
-                   acc_norm divides each by len(card.choice_texts(choices)[i]), delimiter excluded)
+  multiple choice: the summed log-probability of each of card.continuations(choices) after the context
+                   (lm-eval's encoding: trailing context spaces move into the continuation), then
+                   card.decide_batch(rows, choices) decides as the scorer did: the card's decision rule
+                   (argmax; acc_norm per character; a calibrated rule's bias; an ensemble card's members,
+                   each rendered by member.render, combined)
   generative:      greedy decoding with card.generation (max_new_tokens, stop strings), then
                    card.parse(output) — the task's own answer extraction.
 The model is the folder `promptopt model-folder --model SPEC` prints; the items' text comes from the task's
@@ -95,18 +97,26 @@ def main() -> int:
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
 
-    correct = 0
-    for item_id in ids:
-        item = by_id[item_id]
-        context = card.render(item.question, item.choices)
-        if card.generation is None:  # log-likelihood multiple choice
-            conts = card.continuations(item.choices)
-            scores = [continuation_logprob(model, tokenizer, context, cont, card.add_special_tokens) for cont in conts]
-            if card.card["answer"]["metric"] == "acc_norm":  # lm-eval's acc_norm: per character of the choice itself
-                scores = [score / len(text) for score, text in zip(scores, card.choice_texts(item.choices))]
-            correct += int(max(range(len(scores)), key=scores.__getitem__) == item.gold)
-        else:
-            correct += int(is_correct(card, item, generate(model, tokenizer, context, card)))
+    items = [by_id[item_id] for item_id in ids]
+    if card.generation is None:  # log-likelihood multiple choice: every member's log-probabilities, then the rule
+        rows = []
+        for item in items:
+            per_member = [
+                [
+                    continuation_logprob(
+                        model, tokenizer, m.render(item.question, item.choices), cont, m.add_special_tokens
+                    )
+                    for cont in m.continuations(item.choices)
+                ]
+                for m in card.members
+            ]
+            rows.append(per_member[0] if len(per_member) == 1 else per_member)
+        decided = card.decide_batch(rows, [item.choices for item in items])
+        correct = sum(int(d == item.gold) for d, item in zip(decided, items))
+    else:
+        correct = sum(
+            int(is_correct(card, i, generate(model, tokenizer, card.render(i.question), card))) for i in items
+        )
     plain = correct / len(ids)
     recorded_flags = card.metrics["test"]["correct"][: len(ids)]
     recorded_acc = recorded_flags.count("1") / len(ids)

@@ -94,21 +94,22 @@ class CardPrompt:
             )
         return out
 
-    def _member_scores(self, member: CardPrompt, rows: list[list[float]], choices) -> list[list[float]]:
+    def _member_scores(self, member: CardPrompt, rows: list[list[float]], choices: list) -> list[list[float]]:
         rule = member.decision
         if rule.reading == "acc_norm":  # lm-eval's acc_norm: per character of what is scored for each choice
-            lengths = [len(t) for t in member.choice_texts(choices)]
-            rows = [[v / n for v, n in zip(r, lengths)] for r in rows]
+            rows = [[v / len(t) for v, t in zip(r, member.choice_texts(c))] for r, c in zip(rows, choices, strict=True)]
         bias = rule.bias_for(rows) if rule.calibrated else None
         return [rule.scores(r, bias) for r in rows]
 
-    def decide_batch(self, logprobs: list, choices=None) -> list[int]:
+    def decide_batch(self, logprobs: list, choices: list | None = None) -> list[int]:
         """The chosen choice index for each input of a batch, by the card's rule. `logprobs[i]`: input i's
         log-likelihood of each continuation (summed over its tokens, as `continuations()` gives them) — for an
-        ensemble card, one such list per member (`members`). An adaptive batch rule re-estimates its bias from
-        the batch, as the scorer does."""
+        ensemble card, one such list per member (`members`, each rendered by its own `render`). `choices[i]`:
+        input i's choices (needed by per-item choice tasks; default: the card's fixed ones). An adaptive batch
+        rule re-estimates its bias from the batch, as the scorer does."""
         from promptopt.decision import argmax, ensemble_scores
 
+        choices = [self._choices(None)] * len(logprobs) if choices is None else [self._choices(c) for c in choices]
         members = self.members
         if len(members) == 1:
             return [argmax(s) for s in self._member_scores(self, [list(r) for r in logprobs], choices)]
@@ -123,7 +124,7 @@ class CardPrompt:
 
     def decide(self, logprobs: list, choices=None) -> int:
         """One input's chosen choice index (a batch of one: an adaptive rule keeps its stored bias)."""
-        return self.decide_batch([logprobs], choices)[0]
+        return self.decide_batch([logprobs], None if choices is None else [choices])[0]
 
     # --- rendering ----------------------------------------------------------------------------------
     def _choices(self, choices) -> tuple[str, ...] | None:

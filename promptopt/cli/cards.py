@@ -34,12 +34,23 @@ def export_command(
     device: str | None = typer.Option(
         None, "--device", help="override the run's device (fingerprints and the token-id hash need the model)"
     ),
+    ensemble: int | None = typer.Option(
+        None,
+        "--ensemble",
+        min=2,
+        help="K: a K-member ensemble card, its members chosen by greedy forward selection on dev among the run's "
+        "finished trials (every search of a compare, or --strategy's); serving it costs K forwards per input",
+    ),
 ) -> None:
     """Export the winner (or a named trial) of a run as a prompt card that records everything its score depends on."""
     from promptopt.experiments.export import export_run
 
     quiet_libraries()
-    print_export(export_run(run_dir, out=out, strategy=strategy, trial=trial, fmt=fmt, device=device, select=select))
+    print_export(
+        export_run(
+            run_dir, out=out, strategy=strategy, trial=trial, fmt=fmt, device=device, select=select, ensemble=ensemble
+        )
+    )
 
 
 @app.command("verify")

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from promptopt.decision import ensemble_scores
+from promptopt.scoring.ensemble import combined_decisions
 
 OBJECTIVES = ("accuracy", "robust")
 
@@ -31,24 +32,6 @@ class Member:
     dev: pd.DataFrame  # decided dev table: item_id, gold, correct, decision_scores
     dev_variants: pd.DataFrame | None = None  # decided dev variants: item_id, family, variant, decision_scores
     extra: dict = field(default_factory=dict)
-
-
-def combined_decisions(tables: Sequence[pd.DataFrame], keys: Sequence[str] = ("item_id",)) -> pd.DataFrame:
-    """The ensemble's answers on rows the member tables share (joined on `keys`): `pred` and, where the tables
-    carry gold, `correct`. Rows a member lacks are left out."""
-    merged = None
-    for k, table in enumerate(tables):
-        part = table[[*keys, "decision_scores", *(["gold"] if "gold" in table and k == 0 else [])]].rename(
-            columns={"decision_scores": f"scores_{k}"}
-        )
-        merged = part if merged is None else merged.merge(part, on=list(keys), how="inner")
-    scores = [ensemble_scores([list(row[f"scores_{k}"]) for k in range(len(tables))]) for _, row in merged.iterrows()]
-    out = merged[list(keys) + (["gold"] if "gold" in merged else [])].copy()
-    out["decision_scores"] = scores
-    out["pred"] = [int(np.argmax(s)) for s in scores]
-    if "gold" in out:
-        out["correct"] = out["pred"].to_numpy() == out["gold"].to_numpy()
-    return out.reset_index(drop=True)
 
 
 def accuracy_objective(members: Sequence[Member]) -> float:
@@ -105,17 +88,6 @@ __all__ = ["Member", "OBJECTIVES", "combined_decisions", "greedy_select", "objec
 # --- an ensemble's answers from its members' ---------------------------------------------------------------------
 def _decide(member_scores: list) -> int:
     return int(np.argmax(ensemble_scores([list(s) for s in member_scores])))
-
-
-def ensemble_test(tables: Sequence[pd.DataFrame]) -> pd.DataFrame:
-    """The ensemble's test answers from its members' decided test tables (item_id, gold, decision_scores, tcb):
-    `correct`, `pred`, and δ_TCB as the minimum over members (the most fragile member bounds the ensemble)."""
-    combined = combined_decisions(tables)
-    tcb = pd.concat([t.set_index("item_id")["tcb"].rename(k) for k, t in enumerate(tables)], axis=1).min(axis=1)
-    combined["tcb"] = combined["item_id"].map(tcb).to_numpy(dtype=float)
-    combined["ppl"] = np.nan  # a perplexity belongs to one prompt
-    combined["decision"] = f"ensemble of {len(tables)}"
-    return combined
 
 
 def _variant_key(row) -> tuple:

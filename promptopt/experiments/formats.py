@@ -240,7 +240,20 @@ _LM_EVAL_HEADER = """\
 
 
 def write(card: dict, fmt: str, out: Path, *, items=None) -> list[Path]:
-    """Render everything first, then write (each file atomically): a failure writes nothing."""
+    """Render everything first, then write (each file atomically): a failure writes nothing. lm-eval's task YAML
+    scores one prompt by argmax: a calibrated decision rule or an ensemble is refused, never silently dropped."""
+    rule = (card.get("decision") or {}).get("rule", "argmax")
+    if fmt == "lm-eval" and (card.get("ensemble") or rule != "argmax"):
+        what = (
+            f"an ensemble of {len(card['ensemble']['members'])} prompts"
+            if card.get("ensemble")
+            else f"its {rule} decision rule"
+        )
+        raise UserError(
+            f"--format lm-eval cannot express {what} (lm-eval decides by argmax over one prompt, so its score would "
+            "differ from the card's): write --format card and serve it with promptopt.load_prompt, or export an "
+            "argmax search's winner"
+        )
     if fmt == "card":
         files = [(out, card_yaml(card))]
     elif fmt == "messages":

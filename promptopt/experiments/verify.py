@@ -195,8 +195,10 @@ def verify_card(
                 f"got {len(ids)} tokens ({_short(now)})",
             )
 
-    # 5. re-score (no result cache) and compare with what was recorded
-    table = session.scorer.score(prompt, items).table
+    # 5. re-score (no result cache), answering as the card answers (its rule; an ensemble's members combined)
+    from promptopt.scoring.card_answers import answer_table, card_members
+
+    table = answer_table(session.scorer, card_members(card, where), items)
     now_correct = [bool(c) for c in table["correct"]]
     recorded_correct = card["metrics"]["test"].get("correct")
     index = {item_id: i for i, item_id in enumerate(card["data"]["test_ids"])}

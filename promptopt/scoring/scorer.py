@@ -302,8 +302,9 @@ def summarize(table: pd.DataFrame, *, wall_seconds: float | None = None) -> dict
         out["tcb_median"] = float(tcb.median()) if len(tcb) else float("nan")
         out["tcb_geomean"] = float(np.exp(np.log(tcb).mean())) if len(tcb) else float("nan")
         out["tcb_infinite"] = int(np.isinf(table["tcb"]).sum())
-        for name in ("v_eff", "margin", "target_nll"):
-            out[f"{name}_mean"] = float(table[name].mean())
+        for name in ("v_eff", "margin", "target_nll"):  # an ensemble's combined table has δ_TCB alone
+            if name in table:
+                out[f"{name}_mean"] = float(table[name].mean())
     out["ppl_mean"] = float(table["ppl"].mean())
     if wall_seconds is not None:
         out["wall_seconds"] = wall_seconds

@@ -8,7 +8,8 @@ import math
 
 from promptopt.experiments.compare.evaluate import Evaluated
 from promptopt.experiments.compare.tables import run_row
-from promptopt.experiments.ensemble import Member, ensemble_items, ensemble_test, greedy_select
+from promptopt.experiments.ensemble import Member, ensemble_items, greedy_select
+from promptopt.scoring.ensemble import ensemble_test
 
 MAX_CANDIDATES = 16  # the search's best distinct trials (in its strategy's order) that may become members
 

@@ -11,6 +11,45 @@ from promptopt.errors import UserError
 from promptopt.experiments.export.measure import clean, measured
 from promptopt.experiments.session import Session
 from promptopt.prompts import Prompt
+from promptopt.scoring.card_answers import CardMember, answer_table
+
+
+def fitted_members(scorer, prompts: list[Prompt], dev_items: list) -> list[CardMember]:
+    """Each prompt with its decision rule fit on the dev items (argmax reads the task's metric; a generative task's
+    prompt decides nothing)."""
+    from promptopt.decision import DecisionRule, parse_rule
+    from promptopt.scoring.calibration import fit_rule
+
+    if scorer.data.spec.answer.generative:
+        return [CardMember(p, DecisionRule()) for p in prompts]
+    return [CardMember(p, fit_rule(parse_rule(p.decision), scorer, p, dev_items)) for p in prompts]
+
+
+def _ensemble_section(scorer, ensemble: dict, members: list[CardMember], test_items: list) -> dict:
+    """The members (prompt, rule, where each came from, its own dev accuracy and test δ_TCB) and how they were
+    chosen; the top-level prompt fields are members[0]'s."""
+    from promptopt.scoring import summarize
+
+    out = []
+    for member, (_, source) in zip(members, ensemble["members"]):
+        card = member.prompt.to_card()
+        table = answer_table(scorer, [member], test_items)
+        out.append(
+            {
+                **{k: card[k] for k in ("instruction", "template", "exemplars")},
+                "decision": member.rule.to_card(),
+                "source": dict(source),
+                "dev_accuracy": source.get("dev_accuracy"),
+                "tcb_mean": summarize(table).get("tcb_mean"),
+            }
+        )
+    return {
+        "members": out,
+        "aggregation": "mean_normalized_scores",
+        "selection": ensemble.get("selection", ""),
+        "objective": ensemble.get("objective", "accuracy"),
+        "forwards_per_input": len(members),
+    }
 
 
 def render_check(prompt: Prompt, item, tokenizer) -> tuple[str, list[int]]:
@@ -55,9 +94,12 @@ def build_card(
     search: dict | None = None,
     robustness: dict | None = None,
     carving: dict | None = None,
+    ensemble: dict | None = None,
 ) -> dict:
     """A validated card version 2 for `prompt`, measured on `dev_items` and `test_items` with the session's
-    (caching) scorer. The light loader must reproduce the scored text byte for byte, or nothing is built."""
+    (caching) scorer, answering as the card answers (scoring/card_answers.py): its decision rule fit on the dev
+    items. `ensemble`: {"members": [(Prompt, source)], "selection": ..., "objective": ...} for an ensemble card
+    (`prompt` is members[0]'s). The light loader must reproduce the scored text byte for byte, or nothing is built."""
     from promptopt.experiments.fingerprint import (
         data_sha256,
         items_sha256,
@@ -72,10 +114,12 @@ def build_card(
         raise UserError(f"task {prompt.task}: no test items to measure the card on")
     scorer, data, spec = session.scorer, session.data, session.data.spec
     lm = scorer.lm
-    table = scorer.score_table if hasattr(scorer, "score_table") else (lambda p, items: scorer.score(p, items).table)
-    metrics = {"test": measured(table(prompt, test_items))}
+    prompts = [prompt] if ensemble is None else [p for p, _ in ensemble["members"]]
+    members = fitted_members(scorer, prompts, dev_items)
+    test_table = answer_table(scorer, members, test_items)
+    metrics = {"test": measured(test_table)}
     if dev_items:
-        metrics = {"dev": measured(table(prompt, dev_items)), **metrics}
+        metrics = {"dev": measured(answer_table(scorer, members, dev_items)), **metrics}
     metrics["robustness"] = robustness
     first = test_items[0]
     text, ids = render_check(prompt, first, lm.tokenizer)
@@ -110,6 +154,8 @@ def build_card(
             "test_ids": [i.id for i in test_items],
         },
         "search": search,
+        **({"decision": members[0].rule.to_card()} if not spec.generative else {}),
+        **({"ensemble": _ensemble_section(scorer, ensemble, members, test_items)} if ensemble else {}),
         "metrics": metrics,
         "versions": versions(),
         "check": {

@@ -26,7 +26,9 @@ def compare_candidates(root: Path):
         raise UserError(
             f"{path}: written by an older promptopt (no {', '.join(sorted(missing))} column): rerun the compare"
         )
-    searched = runs[runs["strategy"] != "baseline"].reset_index(drop=True)
+    # the searches' candidates: not the baseline, nor the ensembles compare built (export them with --ensemble K)
+    is_ensemble = runs["strategy"].astype(str).str.contains(r"\+ens\d+$", regex=True)
+    searched = runs[(runs["strategy"] != "baseline") & ~is_ensemble].reset_index(drop=True)
     if searched.empty:
         raise UserError(f"{path}: no searched strategy in the comparison")
     return searched.assign(order=range(len(searched)))

@@ -46,6 +46,8 @@ def export_run(
     fmt: str = "card",
     device: str | None = None,
     select: str = "dev",
+    ensemble: int | None = None,
+    ensemble_objective: str = "accuracy",
 ) -> Exported:
     """Pick a trial of a finished run by dev numbers only (`select`: dev accuracy, or robust: dev Acc_worst among the
     trials as accurate as the best), build its card (measured on the run's dev and test items: the test numbers
@@ -66,6 +68,8 @@ def export_run(
     ).is_file():  # search --rounds: the last round's winner (each round starts from the previous best)
         last = json.loads((root / "rounds.json").read_text(encoding="utf-8"))["rounds"][-1]["round"]
         root = root / f"round{last}"
+    if ensemble is not None:
+        return _export_ensemble(root, out, ensemble, ensemble_objective, strategy, trial, fmt, device, select)
     if select == "robust":
         if not (root / "compare.csv").is_file():
             raise UserError(
@@ -112,9 +116,48 @@ def export_run(
         carving=carving,
     )
     paths = formats.write(card, fmt, out, items=session.items("test"))
-    return Exported(
-        card=card, paths=paths, run=run, trial=chosen.number, warnings=warnings_for(session, card, run, prompt)
-    )
+    warnings = warnings_for(session, card, run, prompt)
+    rule = card.get("decision", {}).get("rule", "argmax")
+    if fmt in ("messages", "text") and rule != "argmax":
+        warnings.append(
+            f"--format {fmt} holds the prompt only: decide its answers by the card's {rule} rule "
+            "(promptopt.load_prompt(card).decide), else the recorded accuracy does not hold"
+        )
+    return Exported(card=card, paths=paths, run=run, trial=chosen.number, warnings=warnings)
+
+
+def _export_ensemble(root, out, k, objective, strategy, trial, fmt, device, select) -> Exported:
+    """`--ensemble K`: members chosen on dev among the run's finished trials (export/ensemble.py)."""
+    from promptopt.experiments import formats
+    from promptopt.experiments.export.ensemble import choose_ensemble, search_runs
+
+    if k < 2:
+        raise UserError(f"--ensemble {k}: an ensemble has at least 2 members")
+    if trial is not None or select != "dev":
+        raise UserError("--ensemble chooses its members itself on dev: drop --trial / --select")
+    if fmt == "lm-eval":
+        raise UserError(
+            "--format lm-eval cannot express an ensemble (lm-eval scores one prompt per task): export a member "
+            "with --trial, or write --format card"
+        )
+    runs = search_runs(root, strategy)
+    config = runs[0].config if device is None else runs[0].config.replace(device=device)
+    session = Session(model=config.model, data=config.data, out=runs[0].cache_dir, batch_size=config.batch_size)
+    dev_items, test_items = session.items("dev"), session.items("test")
+    chosen = choose_ensemble(runs, session, dev_items, k, objective)
+    first_prompt, first = chosen["members"][0]
+    search = {
+        "run_dir": str(root),
+        "strategy": f"ensemble of {k}",
+        "study": first["study"],
+        "trial": first["trial"],
+        "seed": first["seed"],
+        "winner": False,
+        "selection": chosen["selection"],
+    }
+    card = build_card(session, first_prompt, dev_items=dev_items, test_items=test_items, search=search, ensemble=chosen)
+    paths = formats.write(card, fmt, Path(out), items=test_items)
+    return Exported(card=card, paths=paths, run=runs[0], trial=first["trial"], warnings=[])
 
 
 def compare_families(run: Run) -> dict | None:

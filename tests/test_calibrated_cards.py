@@ -1,0 +1,121 @@
+"""A calibrated card and an ensemble card, round trip on the embedded model and real SST-2 items:
+compare (one argmax search, one batch-calibrated) -> export (a batch card; a 3-member ensemble card chosen on
+dev) -> verify reproduces the recorded score -> load_prompt (torch-free) decides every one of 100 test items as
+the scorer did."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from promptopt.experiments import run_compare
+from promptopt.experiments.export import export_run
+from promptopt.experiments.verify import verify_card
+from promptopt.search import SearchConfig
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def compared(tmp_path_factory):
+    out = tmp_path_factory.mktemp("calibrated") / "cmp"
+    config = SearchConfig.build(
+        task="sst2", trials=3, dev_limit=16, test_limit=100, out=str(out), seed=5, pruning=False, device="cpu"
+    )
+    result = run_compare(config, ["accuracy", "accuracy@batch"], top_n=1, suite=None, show_progress=False)
+    return out, result
+
+
+def _scorer_decisions(card_path):
+    """The per-item decisions of the card as the scorer makes them (scoring/card_answers.py) and the per-member
+    log-probabilities the scorer computed, which production code would compute with its own model."""
+    from promptopt.experiments.session import Session
+    from promptopt.models.load import ModelConfig
+    from promptopt.scoring.card_answers import answer_table, card_members
+    from promptopt.tasks.data import DataConfig
+
+    card = yaml.safe_load(card_path.read_text())
+    session = Session(model=ModelConfig(spec=card["model"]["spec"], device="cpu"), data=DataConfig(task="sst2"))
+    by_id = {i.id: i for role in ("dev", "test") for i in session.data.split(role)}
+    items = [by_id[i] for i in card["data"]["test_ids"]]
+    members = card_members(card)
+    table = answer_table(session.scorer, members, items)
+    logprobs = [session.scorer.score(m.prompt, items).table["choice_logprobs"].tolist() for m in members]
+    return items, table, logprobs
+
+
+def test_a_batch_calibrated_card_round_trips(compared, tmp_path):
+    out, result = compared
+    assert set(result.table["strategy"]) >= {"accuracy", "accuracy@batch"}
+    card_path = tmp_path / "batch.yaml"
+    exported = export_run(out, out=card_path, strategy="accuracy@batch")
+    card = exported.card
+    assert card["decision"]["rule"] == "batch" and card["decision"]["mode"] == "stored"
+    assert card["decision"]["fitted_on"]["split"] == "dev" and card["decision"]["fitted_on"]["n"] == 16
+    assert abs(sum(card["decision"]["bias"])) < 1e-12  # centered
+    assert card["metrics"]["test"]["n"] == 100
+
+    verified = verify_card(card_path, device="cpu")
+    assert verified.ok, verified.lines()
+    assert verified.accuracy == card["metrics"]["test"]["accuracy"] and not verified.flipped
+
+    items, table, logprobs = _scorer_decisions(card_path)
+    import promptopt
+
+    loaded = promptopt.load_prompt(card_path)
+    assert loaded.decision.kind == "batch"
+    decided = loaded.decide_batch(logprobs[0])
+    assert decided == [int(p) for p in table["pred"]]  # 100/100
+    assert "".join("1" if d == i.gold else "0" for d, i in zip(decided, items)) == card["metrics"]["test"]["correct"]
+
+
+def test_an_ensemble_card_round_trips(compared, tmp_path):
+    out, _ = compared
+    card_path = tmp_path / "ensemble.yaml"
+    card = export_run(out, out=card_path, ensemble=3).card
+    members = card["ensemble"]["members"]
+    assert len(members) == 3 and card["ensemble"]["forwards_per_input"] == 3
+    assert "greedy forward selection of 3 members on 16 dev items" in card["ensemble"]["selection"]
+    assert "no test number was read" in card["ensemble"]["selection"]
+    assert {m["decision"]["rule"] for m in members} <= {"argmax", "batch"}
+
+    verified = verify_card(card_path, device="cpu")
+    assert verified.ok, verified.lines()
+    assert verified.accuracy == card["metrics"]["test"]["accuracy"]
+
+    items, table, logprobs = _scorer_decisions(card_path)
+    import promptopt
+
+    loaded = promptopt.load_prompt(card_path)
+    assert len(loaded.members) == 3
+    rows = [[logprobs[k][i] for k in range(3)] for i in range(len(items))]
+    assert loaded.decide_batch(rows) == [int(p) for p in table["pred"]]  # 100/100
+    # the ensemble's δ_TCB is the minimum over its members, item by item
+    assert card["metrics"]["test"]["tcb_mean"] <= min(m["tcb_mean"] for m in members) + 1e-9
+
+
+def test_lm_eval_export_refuses_what_it_cannot_express(compared, tmp_path):
+    out, _ = compared
+    from promptopt.errors import UserError
+
+    with pytest.raises(UserError, match="--format lm-eval cannot express its batch decision rule"):
+        export_run(out, out=tmp_path / "task.yaml", strategy="accuracy@batch", fmt="lm-eval")
+    with pytest.raises(UserError, match="--format lm-eval cannot express an ensemble"):
+        export_run(out, out=tmp_path / "task.yaml", ensemble=2, fmt="lm-eval")
+    assert not (tmp_path / "task.yaml").exists() and not (tmp_path / "task.jsonl").exists()
+
+
+def test_the_production_helper_stays_torch_free(compared, tmp_path):
+    out, _ = compared
+    card_path = tmp_path / "batch.yaml"
+    export_run(out, out=card_path, strategy="accuracy@batch")
+    code = (
+        "import sys, promptopt; c = promptopt.load_prompt(sys.argv[1]); "
+        "print(c.decide([-0.1, -2.0]), c.decide_batch([[-0.1, -2.0], [-3.0, -0.2]]), "
+        "'torch' in sys.modules, 'numpy' in sys.modules)"
+    )
+    printed = subprocess.run([sys.executable, "-c", code, str(card_path)], capture_output=True, text=True, check=True)
+    assert printed.stdout.split()[-2:] == ["False", "False"]
