@@ -65,6 +65,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_taboo.py
 	$(BIN)/python bench/bench_load_prompt.py
 	$(BIN)/python bench/bench_generation.py
+	$(BIN)/python bench/bench_decision.py
 
 clean:
 	rm -rf $(VENV)
