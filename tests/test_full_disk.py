@@ -26,7 +26,6 @@ import yaml
 from promptopt.errors import ModelCacheError, StorageError
 from tests.clirun import promptopt
 from tests.test_faults import assert_nothing_lost_or_double, sampled_sequence
-from tests.test_reliability import assert_one_error_line  # progress bars aside (de-quantizing shows one)
 
 SEARCH = [
     "search",
@@ -46,6 +45,20 @@ SEARCH = [
     "cpu",
 ]
 FILLER = "filler"
+
+
+def assert_one_error_line(run, *fragments: str) -> None:
+    """Exit 2 and one message line on stderr, starting with 'error:' and holding every fragment: progress bars
+    (a search's, or transformers' while de-quantizing a GGUF) and the fault hook's announcements aside."""
+    lines = [
+        line.strip()
+        for line in re.split(r"[\r\n]", re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", run.stderr))
+        if line.strip() and "%|" not in line and not line.startswith("fault-point ")
+    ]
+    assert run.code == 2, run.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: "), run.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
 
 
 # --- a small tmpfs -----------------------------------------------------------------------------------------
@@ -127,15 +140,14 @@ def whole_search(tmp_path_factory, model) -> Path:
     return out
 
 
-def standing_alone(db: Path, elsewhere: Path) -> optuna.Study:
-    """The study in `db` read from a copy of that file alone: no -wal or -shm beside it here or there."""
+def standing_alone(db: Path, elsewhere: Path) -> str:
+    """The storage URL of a copy of `db` alone, checked: no -wal or -shm beside `db`, and the copy is whole."""
     assert sorted(p.name for p in db.parent.glob(db.name + "*")) == [db.name], "a -wal or -shm outlived the run"
     elsewhere.mkdir(parents=True, exist_ok=True)
     copy = shutil.copy(db, elsewhere / db.name)
     with contextlib.closing(sqlite3.connect(copy)) as conn:
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
-    (name,) = [s.study_name for s in optuna.get_all_study_summaries(f"sqlite:///{copy}")]
-    return optuna.load_study(study_name=name, storage=f"sqlite:///{copy}")
+    return f"sqlite:///{copy}"
 
 
 def outcome(out: Path, study: optuna.Study) -> dict:
@@ -158,7 +170,7 @@ def outcome(out: Path, study: optuna.Study) -> dict:
 def assert_the_uninterrupted_search(out: Path, whole: Path, tmp_path: Path) -> None:
     """Every state, parameter, choice and count of the uninterrupted run; floats within 1e-5 relative (a resumed
     run scores some items in other batches, which moves a float32 score in its last digits)."""
-    study = standing_alone(out / "study.db", tmp_path / "alone")
+    study = optuna.load_study(study_name="sst2-tcb", storage=standing_alone(out / "study.db", tmp_path / "alone"))
     assert_nothing_lost_or_double(study, 2)
     expected = outcome(whole, optuna.load_study(study_name="sst2-tcb", storage=f"sqlite:///{whole / 'study.db'}"))
     assert outcome(out, study) == _approx(expected)
