@@ -261,20 +261,38 @@ def test_a_search_on_a_nearly_full_disk_stands_alone_or_is_one_line(disk, model,
 
 
 def test_a_checkpoint_that_fails_is_one_line_and_resume_folds_it(tmp_path, model, whole_search, monkeypatch):
-    """Injection, on any disk: SQLite's checkpoint fails with an I/O error. One line naming study.db and the
-    error, exit 2, no 'wrote'; --resume then ends with a study.db that stands alone and the uninterrupted run's
-    outcome."""
+    """Injection, on any disk: SQLite's checkpoint fails with an I/O error while another connection has the study
+    open (so the run's own close does not fold the log either). One line naming study.db and the error, exit 2,
+    no 'wrote', the newest trials kept in study.db-wal; --resume then ends with a study.db that stands alone and
+    the uninterrupted run's outcome."""
+    import promptopt.search.study as study_module
     from promptopt.search import storage
 
     def failing(path):
         raise sqlite3.OperationalError("disk I/O error")
 
-    out = tmp_path / "run"
+    out, readers = tmp_path / "run", []
+    real = study_module.fault_point
+
+    def fault_point(phase: str) -> None:
+        if phase == "checkpoint":  # a reader that has read (WAL mode: it holds the file open)
+            readers.append(sqlite3.connect(out / "study.db"))
+            assert readers[-1].execute("SELECT count(*) FROM trials").fetchone()[0] == 2
+        real(phase)
+
     with monkeypatch.context() as patch:
         patch.setattr(storage, "_checkpoint", failing)
+        patch.setattr(study_module, "fault_point", fault_point)
         run = promptopt(*SEARCH, "--model", model, "--out", out)
-    assert_one_error_line(run, f"error: cannot fold the write-ahead log into {out / 'study.db'} (disk I/O error): ")
+    assert_one_error_line(
+        run,
+        f"error: cannot fold the write-ahead log into {out / 'study.db'} (disk I/O error): study.db alone is not "
+        "the study yet, study.db-wal holds its newest trials (keep both); once the disk can be written again, run "
+        "again with --resume",
+    )
     assert "wrote" not in run.stdout and "Traceback" not in run.stderr
+    assert (out / "study.db-wal").stat().st_size > 0
+    readers.pop().close()
     resumed = promptopt(*SEARCH, "--model", model, "--out", out, "--resume")
     assert resumed.code == 0, resumed.stderr
     assert_the_uninterrupted_search(out, whole_search, tmp_path)
@@ -304,6 +322,9 @@ def test_fold_wal_folds_waits_for_no_one_and_never_creates_the_file(tmp_path, mo
     db = tmp_path / "run" / "study.db"
     assert fold_wal(config) is True and not db.parent.exists()
     db.parent.mkdir()
+    (db.parent / "study.db").write_bytes(b"")  # no log beside it: nothing to fold, the file is not even opened
+    assert fold_wal(config) is True and sorted(p.name for p in db.parent.iterdir()) == ["study.db"]
+    db.unlink()
     died = subprocess.run([sys.executable, "-c", WRITE_AND_DIE, str(db)], capture_output=True)
     assert died.returncode == -9 and (db.parent / "study.db-wal").stat().st_size > 0
     reader = sqlite3.connect(db, isolation_level=None)
@@ -323,6 +344,9 @@ def test_fold_wal_folds_waits_for_no_one_and_never_creates_the_file(tmp_path, mo
     def failing(path):
         raise sqlite3.OperationalError("database or disk is full")
 
+    db.unlink()
+    died = subprocess.run([sys.executable, "-c", WRITE_AND_DIE, str(db)], capture_output=True)
+    assert died.returncode == -9 and (db.parent / "study.db-wal").stat().st_size > 0
     monkeypatch.setattr(storage, "_checkpoint", failing)
     with pytest.raises(StorageError) as caught:
         fold_wal(config)

@@ -244,12 +244,12 @@ def test_a_prompt_too_long_for_the_model_names_the_items_file_line_and_field(mod
     assert_one_error_line(run)
     line = run.stderr.strip()
     match = re.fullmatch(
-        rf"error: {re.escape(str(data))} line (\d+): fields\.question \(([\d,]+) characters\): item (\S+): prompt is "
-        r"\d+ tokens but model .+ takes 512",
+        rf"error: item (\S+): prompt is \d+ tokens but model .+ takes 512 \({re.escape(str(data))} line (\d+), "
+        r"fields\.question: ([\d,]+) characters\)",
         line,
     )
     assert match, line
-    number, length, item = int(match[1]), int(match[2].replace(",", "")), match[3]
+    item, number, length = match[1], int(match[2]), int(match[3].replace(",", ""))
     assert length == len(rows[number - 1]["text"]) and item.startswith("validation-")
 
 

@@ -98,18 +98,21 @@ def fold_wal(config: SearchConfig) -> bool:
     SQLite tries the same when its last connection closes, but says nothing when it fails (a full disk cannot
     grow the file, an I/O error), and a run that ended that way once reported success over a study.db that
     alone was "malformed". A failure is one StorageError: nothing is lost (the file and its -wal together
-    hold the study, and --resume continues it; keep both). True when folded (or nothing to fold: not SQLite,
-    no file); False when another process still has the study open (it folds the log when it closes)."""
+    hold the study, and --resume continues it; keep both). True when folded, or nothing to fold (not SQLite,
+    no file, no log left: the last connection to close folded it); False when another process still has the
+    study open (it folds the log when it closes)."""
     path = sqlite_path(config.storage_url)
-    if path is None or not path.exists():
+    log = path.with_name(path.name + "-wal") if path is not None else None
+    if path is None or not path.exists() or not log.exists() or log.stat().st_size == 0:
         return True
     try:
         busy = _checkpoint(path)
     except sqlite3.Error as exc:
+        reason = first_line(exc)
+        then = "free some space and" if "full" in reason else "once the disk can be written again,"
         raise StorageError(
-            f"cannot fold the write-ahead log into {path} ({first_line(exc)}): {path.name} alone is not the "
-            f"study yet, {path.name}-wal holds its newest trials (keep both); free some space and run again with "
-            "--resume"
+            f"cannot fold the write-ahead log into {path} ({reason}): {path.name} alone is not the study yet, "
+            f"{log.name} holds its newest trials (keep both); {then} run again with --resume"
         ) from None
     return not busy
 

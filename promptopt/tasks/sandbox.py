@@ -3,9 +3,9 @@
 Generated code never runs in our process. Three modes (keyword `sandbox`, default `$PROMPTOPT_SANDBOX`, else
 "bwrap"):
 
-- "bwrap": bubblewrap namespaces. No nested user namespace (bwrap's --disable-userns, or the same limit,
-  user.max_user_namespaces = 0, set in the namespace it joins as root; see _userns_fd), no inherited
-  descriptor but stdin, stdout and stderr. No network (a new net namespace holds only an idle loopback), its own PID
+- "bwrap": bubblewrap namespaces. No nested user namespace (bwrap's --disable-userns; as root, the same limit,
+  user.max_user_namespaces = 0, set in the namespace bwrap joins: see _userns_fd), no descriptor but stdin,
+  stdout and stderr. No network (a new net namespace holds only an idle loopback), its own PID
   namespace (everything in it dies with it), read-only /usr, /lib* and the interpreter's stdlib only (no
   site-packages, no venv, no home: an interpreter outside /usr is bound at /opt/python; of /etc only
   ld.so.cache), tmpfs /tmp and a tmpfs work folder holding only the program, an empty environment (bwrap's
@@ -429,9 +429,11 @@ def _forbid_nested_userns(namespace: str) -> None:
 # The probe's program: what "bwrap" mode promises, checked where it runs (user namespaces; descriptors are
 # closed by _LAUNCH before any program runs).
 _PROBE = (
-    "import ctypes, os\n"
-    "libc = ctypes.CDLL(None, use_errno=True)\n"
-    "if libc.unshare(0x10000000) == 0:\n"  # CLONE_NEWUSER
+    "try:\n"
+    "    import ctypes\n"
+    "except ImportError:\n"  # an interpreter built without ctypes: nothing to call unshare(2) with here
+    "    raise SystemExit(0)\n"
+    "if ctypes.CDLL(None).unshare(0x10000000) == 0:\n"  # CLONE_NEWUSER
     "    raise SystemExit('a nested user namespace was created')\n"
 )
 
@@ -454,8 +456,8 @@ def _probe() -> str | None:
         if code == 0 and not reason:
             if plan == "plain" and os.geteuid() == 0:
                 warnings.warn(
-                    "bubblewrap runs as root without util-linux `unshare`: generated code is isolated but "
-                    "its process count is not limited",
+                    "bubblewrap runs as root without a user namespace of its own (util-linux `unshare` and "
+                    "`nsenter`): generated code is isolated but its process count is not limited",
                     RuntimeWarning,
                     stacklevel=4,
                 )
