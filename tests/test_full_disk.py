@@ -496,7 +496,10 @@ def test_a_read_only_model_cache_is_one_line(models_loaded_fresh, disk, tiny_ggu
     disk.read_only()
     run = promptopt(*SCORE, "--model", tiny_gguf, "--out", tmp_path / "scores.parquet")
     assert_one_error_line(
-        run, f"error: cannot write the model cache {disk.path / 'cache' / 'models'} (Read-only file system): "
+        run,
+        f"error: cannot write the model cache {disk.path / 'cache' / 'models'} (Read-only file system): de-quantizing "
+        "tiny.gguf needs about ",
+        " MB there; make it writable, or set PROMPTOPT_CACHE to a writable folder with room",
     )
     assert "Traceback" not in run.stderr and disk.left() == []
 

@@ -7,6 +7,7 @@ the cache so later loads take a fraction of a second with identical logits.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import importlib.util
 import inspect
@@ -271,7 +272,7 @@ def _save_into_cache(model, tokenizer, target: Path, filename: str) -> None:
         tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))  # the cache is writable
         free = shutil.disk_usage(tmp).free
         if free < needed:  # not a byte written that would only be removed again
-            raise ModelCacheError(_cache_full(target.parent, filename, needed, "No space left on device", free))
+            raise ModelCacheError(_cannot_cache(target.parent, filename, needed, "No space left on device", free))
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         os.replace(tmp, target)
@@ -284,7 +285,7 @@ def _save_into_cache(model, tokenizer, target: Path, filename: str) -> None:
         free = shutil.disk_usage(target.parent).free if target.parent.is_dir() else None
         if "No space left" in reason or "StorageFull" in reason:
             reason = "No space left on device"
-        raise ModelCacheError(_cache_full(target.parent, filename, needed, reason, free)) from None
+        raise ModelCacheError(_cannot_cache(target.parent, filename, needed, reason, free)) from None
     except BaseException:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -302,11 +303,12 @@ def _saved_bytes(model, tokenizer) -> int:
     return sum(storages.values()) + (len(backend.to_str(pretty=True).encode()) if backend is not None else 0)
 
 
-def _cache_full(folder: Path, filename: str, needed: int, reason: str, free: int | None) -> str:
+def _cannot_cache(folder: Path, filename: str, needed: int, reason: str, free: int | None) -> str:
     room = f", {_megabytes(free)} free" if free is not None else ""
+    fix = "free some space" if reason in ("No space left on device", os.strerror(errno.EDQUOT)) else "make it writable"
     return (
         f"cannot write the model cache {folder} ({reason}): de-quantizing {filename} needs about "
-        f"{_megabytes(needed)} there{room}; free some space, or set PROMPTOPT_CACHE to a writable folder with room"
+        f"{_megabytes(needed)} there{room}; {fix}, or set PROMPTOPT_CACHE to a writable folder with room"
     )
 
 
