@@ -33,3 +33,8 @@ class StorageError(UserError):
 
 class CacheError(UserError):
     """The SQLite result cache is unreadable or corrupt; it only holds cached scores, so deleting it is safe."""
+
+
+class ModelCacheError(UserError):
+    """The model cache ($PROMPTOPT_CACHE) cannot take a de-quantized model: full or unwritable. The message names
+    the folder and the space the model needs; nothing half-written is left in it."""

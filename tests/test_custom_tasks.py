@@ -104,7 +104,8 @@ def test_short_schema_list_of_columns_reads_the_columns(tmp_path):
     [
         (
             {"question": "goal", "choices": "sol1", "answer": "label"},
-            r"data.jsonl line \d+: fields.choices: 'sol1' holds text \('.*'\), not a list of choices",
+            r"data.jsonl line 1: fields.choices: 'sol1' holds text \('.*\), not a list of choices.*"
+            r"\(the same in every row\)$",
         ),
         (
             {"question": "goal", "choices": ["sol_1", "sol2"], "answer": "label"},
@@ -117,7 +118,7 @@ def test_short_schema_list_of_columns_reads_the_columns(tmp_path):
         ),
         (
             {"question": "goal", "choices": "{{ sol1 }}", "answer": "label"},
-            r"fields.choices: template must render a list",
+            r"data.jsonl line 1: fields.choices: template must render a list.*\(the same in every row\)$",
         ),
         (
             {"question": "{{ gaol }}", "choices": ["sol1", "sol2"], "answer": "label"},
@@ -142,6 +143,30 @@ def test_choice_mistakes_are_one_line_data_errors(tmp_path, fields, message):
     rows = _offline_rows("piqa/plain_text/validation", 6)
     with pytest.raises(DataError, match=message):
         load_task(str(_write(tmp_path, rows, {"name": "piqa", "fields": fields})))
+
+
+@pytest.mark.parametrize(
+    ("fields", "mistake"),
+    [
+        ({"question": "goal", "choices": "sol1", "answer": "label"}, "fields.choices: 'sol1' holds text ("),
+        ({"question": "goal", "choices": "{{ sol1 }}", "answer": "label"}, "fields.choices: template must render a"),
+        ({"question": "goal", "choices": "{{ [sol1] }}", "answer": "label"}, "fields.choices: expected a list of at"),
+        ({"question": "goal", "choices": ["sol1", "sol2"], "answer": "goal"}, "fields.answer: answer "),
+        ({"question": "goal", "choices": ["sol1", "sol1"], "answer": "label"}, "fields.choices: choice "),
+        ({"question": "goal", "choices": ["sol1", "sol2"], "answer": "{{ label + 5 }}"}, "fields.answer: answer index"),
+    ],
+)
+def test_a_mistake_every_row_shares_names_the_first_row_and_says_so_when_the_message_quotes_values(
+    tmp_path, fields, mistake
+):
+    """The message quotes the row's own values (its text, its answer), so no two rows' messages are equal; the
+    mistake is still the task file's, shared by every row: it names the file's first row (not the first carved
+    one, say line 37, which would suggest that row alone is wrong) and says '(the same in every row)'."""
+    rows = _offline_rows("piqa/plain_text/validation", 40)
+    with pytest.raises(DataError) as caught:
+        load_task(str(_write(tmp_path, rows, {"name": "piqa", "fields": fields})))
+    text = str(caught.value)
+    assert f"data.jsonl line 1: {mistake}" in text and text.endswith(" (the same in every row)"), text
 
 
 @pytest.mark.parametrize(

@@ -263,6 +263,21 @@ def test_kill_9_during_a_trial_the_rescore_and_the_card_then_resume(run_dir, mod
     assert {t.user_attrs["worker"].rsplit(":", 1)[-1] for t in study.trials} == {"0"}
 
 
+def test_kill_9_before_the_log_is_folded_then_resume_leaves_a_study_db_that_stands_alone(run_dir, model, tmp_path):
+    """Killed after its outputs, before SQLite's write-ahead log is folded into study.db: the newest trial lives
+    in study.db-wal only, and together the two files are the study. The resume folds it: study.db alone then
+    holds every trial, with no -wal or -shm beside it."""
+    search = ["search", *LIMITS, "--model", model, "--out", str(run_dir), "--resume", "--trials", "3"]
+    kill_at(search, "checkpoint")
+    assert (run_dir / "study.db-wal").stat().st_size > 0  # looked at without opening it: a reader would fold it
+    assert_ok(cli(*search))
+    assert sorted(p.name for p in run_dir.glob("study.db*")) == ["study.db"]
+    alone = tmp_path / "alone" / "study.db"
+    alone.parent.mkdir()
+    shutil.copy(run_dir / "study.db", alone)
+    assert_nothing_lost_or_double(load(f"sqlite:///{alone}"), 3)
+
+
 def test_trial_of_a_vanished_host_is_awaited_until_stale_then_rerun(run_dir, model):
     """Another machine's process died a moment ago: its trial still has a fresh heartbeat. When that trial
     alone would meet the budget, resume waits for it to go stale (grace period), fails it and re-runs it."""

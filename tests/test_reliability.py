@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -20,7 +21,8 @@ import pandas as pd
 import pytest
 
 from tests.clirun import promptopt
-from tests.test_faults import Run, assert_ok, assert_run_dir_parses, cli, kill_at, snapshot
+from tests.test_faults import Run, _env, assert_ok, assert_run_dir_parses, cli, kill_at, snapshot
+from tests.test_full_disk import Disk, fill_at_checkpoint, standing_alone, temporaries, tmpfs
 
 PLUMBING_SUITE = str(Path(__file__).parent / "suites" / "plumbing.yaml")  # no WordNet, no LM: processes start fast
 COMPARE = [
@@ -130,6 +132,29 @@ def test_compare_killed_at_every_phase_resumes_to_the_uninterrupted_tables(whole
     assert (runs["trial"] != pd.read_csv(whole / "compare_runs.csv")["trial"]).any()  # the retry shifted a number
 
 
+def test_a_compare_whose_study_cannot_fold_its_log_is_one_line_then_resumes_to_the_tables(whole, model, tmp_path):
+    """The disk fills as the compare's first study is about to fold its write-ahead log into study.db: one line,
+    exit 2, no 'wrote'; with room, --resume ends with the uninterrupted compare's tables and a study.db (all
+    three studies) that stands alone."""
+    with tmpfs(tmp_path / "disk", "16m") as path:
+        disk, out = Disk(path), path / "run"
+        with pytest.MonkeyPatch.context() as patch:
+            fill_at_checkpoint(patch, disk)
+            run = promptopt(*COMPARE, "--model", model, "--out", out)
+        assert_one_error_line(
+            run, f"error: cannot fold the write-ahead log into {out / 'study.db'} (database or disk is full): "
+        )
+        assert "wrote" not in run.stdout and "Traceback" not in run.stderr and temporaries(path) == []
+        assert not (out / "compare.csv").exists()
+        disk.grow()
+        resumed = promptopt(*COMPARE, "--model", model, "--out", out, "--resume")
+        assert resumed.code == 0, resumed.stderr
+        assert "wrote" in resumed.stdout and temporaries(path) == []
+        alone = standing_alone(out / "study.db", tmp_path / "alone")
+        assert len(optuna.get_all_study_summaries(alone)) == 3
+        assert_same_tables(whole, out)
+
+
 def test_finished_compare_rerun_reuses_everything_and_scores_nothing(whole, model, tmp_path):
     """--resume on a finished compare: every study and evaluation reused, no result-cache miss, no
     evaluation file rewritten, the same tables. Without --resume: one line, before any scoring."""
@@ -194,6 +219,38 @@ def test_an_over_long_card_prompt_names_the_card(model, tmp_path):
     for command in (["score", "--limit", "2"], ["evaluate", "--suite", PLUMBING_SUITE, "--limit", "2"]):
         run = promptopt(*command, "--task", "sst2", "--model", model, "--device", "cpu", "--prompt", card)
         assert_one_error_line(run, f"card {card}: item ", "tokens but model")
+
+
+def test_a_prompt_too_long_for_the_model_names_the_items_file_line_and_field(model, tmp_path):
+    """A task whose items do not fit the model: the one line names the data file and line, the field the item's
+    text comes from and its length, and the item."""
+    rows = [{"text": f"review {i}: " + "a long and winding sentence " * 150, "label": i % 2} for i in range(8)]
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    task = {
+        "name": "t",
+        "source": {"files": {"validation": "data.jsonl"}},
+        "splits": {
+            "seed": 3,
+            "pool": {"from": "validation", "size": 2},
+            "dev": {"from": "validation", "size": 2},
+            "test": {"from": "validation"},
+        },
+        "answer": {"type": "multiple_choice"},
+        "fields": {"question": "text", "choices": ["negative", "positive"], "answer": "label"},
+    }
+    (tmp_path / "task.yaml").write_text(json.dumps(task))
+    run = promptopt("score", "--task", tmp_path / "task.yaml", "--model", model, "--device", "cpu", "--limit", "2")
+    assert_one_error_line(run)
+    line = run.stderr.strip()
+    match = re.fullmatch(
+        rf"error: item (\S+): prompt is \d+ tokens but model .+ takes 512 \({re.escape(str(data))} line (\d+), "
+        r"fields\.question: ([\d,]+) characters\)",
+        line,
+    )
+    assert match, line
+    item, number, length = match[1], int(match[2]), int(match[3].replace(",", ""))
+    assert length == len(rows[number - 1]["text"]) and item.startswith("validation-")
 
 
 # --- a full disk, a forbidden folder, two runs at once -----------------------------------------------------
@@ -338,6 +395,68 @@ def _as_nobody(call, expected) -> tuple[str, int]:
     os.close(read)
     _, status = os.waitpid(pid, 0)
     return message, os.waitstatus_to_exitcode(status)
+
+
+READ_ONLY = (
+    "error: study.db is read-only: {db} cannot be written, and a search records its trials there; make it "
+    "writable, or copy the run directory and run --resume on the copy"
+)
+
+
+def test_a_read_only_study_db_in_a_writable_folder_is_one_line_and_leaves_no_file(model, finished_search, tmp_path):
+    """search --resume on a study.db that may not be written (a read-only bind of the file, or chmod a-w as
+    another user) beside files that may: one line, exit 2, and the run directory exactly as it was (SQLite,
+    left to find out at the first trial's write, reported a lost storage and left new -wal / -shm files)."""
+    out = tmp_path / "run"
+    shutil.copytree(finished_search, out)
+    db = out / "study.db"
+    if os.geteuid() != 0:
+        db.chmod(0o444)
+        wrap: list[str] = []
+    else:  # root writes whatever the mode says: a read-only bind mount of the file, in a mount namespace of its own
+        bwrap = shutil.which("bwrap")
+        wrap = [bwrap or "bwrap", "--dev-bind", "/", "/", "--ro-bind", str(db), str(db)]
+        if not bwrap or subprocess.run([*wrap, "true"], capture_output=True).returncode != 0:
+            pytest.skip(
+                "as root, a read-only study.db needs bubblewrap able to bind it read-only (apt-get install bubblewrap)"
+            )
+    before = snapshot(out)
+    search = [*SEARCH, "--model", model, "--out", str(out), "--resume", "--trials", "3"]
+    proc = subprocess.run(
+        [*wrap, sys.executable, "-m", "promptopt", *search],
+        cwd=Path(__file__).resolve().parents[1],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert [line for line in proc.stderr.splitlines() if line.strip()] == [READ_ONLY.format(db=db)]
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in finished_search.iterdir())
+    assert snapshot(out) == before
+
+
+def test_a_study_db_another_user_may_not_write_is_refused_before_sqlite_opens_it():
+    """As a user without write permission on study.db (its folder writable): the storage is refused with the
+    read-only line, and SQLite never opened the file (no -wal / -shm appear)."""
+    from promptopt.errors import StorageError
+    from promptopt.search import SearchConfig
+    from promptopt.search.storage import make_storage
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to become another user")
+    with tempfile.TemporaryDirectory(dir="/tmp") as root:  # pytest's own folder is closed to other users
+        os.chmod(root, 0o755)
+        out = Path(root) / "run"
+        out.mkdir(mode=0o777)
+        out.chmod(0o777)
+        config = SearchConfig.build(task="sst2", out=str(out), device="cpu")
+        optuna.create_study(study_name="s", storage=config.storage_url)  # study.db, owned by root
+        db = out / "study.db"
+        db.chmod(0o644)
+        message, code = _as_nobody(lambda: make_storage(config), StorageError)
+        assert (message, code) == (READ_ONLY.format(db=db).removeprefix("error: "), 2)
+        assert sorted(p.name for p in out.iterdir()) == ["study.db"]
 
 
 def test_two_searches_started_at_once_on_one_out(model, tmp_path):

@@ -8,7 +8,9 @@ from __future__ import annotations
 import ast
 import importlib.util
 import os
+import shutil
 import socket
+import subprocess
 import tempfile
 import threading
 import time
@@ -281,6 +283,73 @@ def test_setsid_survivor_does_not_hold_the_call():
     assert result.passed, result.detail
     time.sleep(0.2)
     assert alive(marker) == []
+
+
+@pytest.fixture(params=["userns", "plain"])
+def plan(request, monkeypatch, bwrap) -> str:
+    """Each way bwrap runs here (as root: joining a user namespace made for SANDBOX_ID, "userns"; bwrap making
+    its own, "plain"), forced for the test; skipped, saying why, where that way cannot run."""
+    code, err, reason = sandbox._try_plan(request.param)
+    if code != 0 or reason:
+        pytest.skip(f"bwrap plan {request.param!r} cannot run here: {reason or sandbox._failure(err, code)}")
+    monkeypatch.setattr(sandbox, "_bwrap_plan", lambda: request.param)
+    return request.param
+
+
+DESCRIPTORS = """
+import os, re, sys
+def links(pid):
+    found = {}
+    for name in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            found[int(name)] = os.readlink(f"/proc/{pid}/fd/{name}")
+        except OSError:  # the descriptor listdir itself used, closed since
+            pass
+    return found
+mine = links("self")
+namespaces = {pid: [link for link in links(pid).values() if re.match(r"[a-z_]+:\\[\\d+\\]$", link)
+              and not link.startswith(("pipe:", "socket:"))]
+              for pid in os.listdir("/proc") if pid.isdigit()}
+if sorted(mine) != [0, 1, 2] or any(namespaces.values()):
+    sys.exit(f"descriptors {mine}, namespace descriptors {namespaces}")
+"""
+
+
+@requires_bwrap
+def test_the_program_inherits_no_descriptor_but_its_pipes(plan):
+    """bwrap hands the program every descriptor it was given (the user namespace it joined, as root, used to
+    be descriptor 4 of the program): the program sees 0, 1 and 2 only, and no process in the sandbox holds a
+    namespace descriptor."""
+    result, _ = isolated(DESCRIPTORS)
+    assert result.passed, result.detail
+
+
+NESTED_USERNS = """
+import ctypes, os, shutil, subprocess, sys
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.unshare(0x10000000) == 0:  # CLONE_NEWUSER
+    sys.exit("unshare(CLONE_NEWUSER) created a user namespace")
+errno = ctypes.get_errno()
+if shutil.which("unshare"):
+    done = subprocess.run(["unshare", "-U", "true"], capture_output=True, text=True)
+    if done.returncode == 0:
+        sys.exit("unshare -U created a user namespace")
+    print(done.stderr.strip(), file=sys.stderr)
+print(os.strerror(errno), file=sys.stderr)
+"""
+
+
+@requires_bwrap
+def test_the_program_cannot_create_a_user_namespace(plan):
+    """Nested user namespaces are refused inside (bwrap's --disable-userns, or the same limit set in the
+    namespace the "userns" plan joins), both by the unshare(2) system call and by `unshare -U`; the same
+    program outside the sandbox, where this machine allows user namespaces, creates one: the check can fail."""
+    result, _ = isolated(NESTED_USERNS)
+    assert result.passed, result.detail
+    outside = subprocess.run(["unshare", "-U", "true"], capture_output=True) if shutil.which("unshare") else None
+    if outside is not None and outside.returncode == 0:
+        leaked = run_python(NESTED_USERNS, sandbox="none")
+        assert not leaked.passed and "created a user namespace" in leaked.detail, leaked
 
 
 def rss_growth(program: str, **kwargs) -> tuple[object, int]:

@@ -7,6 +7,7 @@ the cache so later loads take a fraction of a second with identical logits.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import importlib.util
 import inspect
@@ -16,11 +17,12 @@ import shutil
 import tempfile
 import threading
 from dataclasses import dataclass, field
+from glob import escape as glob_escape
 from pathlib import Path
 
 import torch
 
-from promptopt.errors import ModelNotFoundError, UnsupportedError
+from promptopt.errors import ModelCacheError, ModelNotFoundError, UnsupportedError
 from promptopt.metrics.tcb import OutputGeometry
 
 log = logging.getLogger(__name__)
@@ -249,16 +251,74 @@ def _dequantize(folder: Path, filename: str, target: Path) -> None:
     model.hf_quantizer = None  # save_pretrained refuses a GGUF-loaded model otherwise
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
+    _save_into_cache(model, tokenizer, target, filename)
+
+
+def _save_into_cache(model, tokenizer, target: Path, filename: str) -> None:
+    """Write the de-quantized model into a `<target>.tmp-*` folder beside `target`, then rename it into place.
+
+    Called under the de-quantization lock, so a `<target>.tmp-*` folder that is there already was left by a
+    process killed while writing it: it is removed first. A cache without room for the model (checked before
+    writing) or that cannot be written is one ModelCacheError naming the folder and the space the model needs;
+    the temporary folder is removed, so the next run with room starts clean."""
+    from safetensors import SafetensorError
+
+    needed = _saved_bytes(model, tokenizer)
+    tmp = None
     try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        for stale in target.parent.glob(glob_escape(target.name) + ".tmp-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))  # the cache is writable
+        free = shutil.disk_usage(tmp).free
+        if free < needed:  # not a byte written that would only be removed again
+            raise ModelCacheError(_cannot_cache(target.parent, filename, needed, "No space left on device", free))
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         os.replace(tmp, target)
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not (target / "config.json").is_file():  # a process without the lock (an older promptopt) won the race
-            raise
+    except (OSError, SafetensorError) as exc:  # SafetensorError: the Rust writer's own I/O errors (a full disk)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if (target / "config.json").is_file():  # a process without the lock (an older promptopt) won the race
+            return
+        reason = os.strerror(exc.errno) if isinstance(exc, OSError) and exc.errno else _first_line(exc)
+        free = shutil.disk_usage(target.parent).free if target.parent.is_dir() else None
+        if "No space left" in reason or "StorageFull" in reason:
+            reason = "No space left on device"
+        raise ModelCacheError(_cannot_cache(target.parent, filename, needed, reason, free)) from None
+    except BaseException:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _saved_bytes(model, tokenizer) -> int:
+    """About what save_pretrained writes: the weights (each tensor storage once: tied weights share one) and the
+    tokenizer's JSON (its largest file by far)."""
+    storages = {}
+    for tensor in model.state_dict().values():
+        storage = tensor.untyped_storage()
+        storages[storage.data_ptr()] = storage.nbytes()
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    return sum(storages.values()) + (len(backend.to_str(pretty=True).encode()) if backend is not None else 0)
+
+
+def _cannot_cache(folder: Path, filename: str, needed: int, reason: str, free: int | None) -> str:
+    room = f", {_megabytes(free)} free" if free is not None else ""
+    fix = "free some space" if reason in ("No space left on device", os.strerror(errno.EDQUOT)) else "make it writable"
+    return (
+        f"cannot write the model cache {folder} ({reason}): de-quantizing {filename} needs about "
+        f"{_megabytes(needed)} there{room}; {fix}, or set PROMPTOPT_CACHE to a writable folder with room"
+    )
+
+
+def _megabytes(n: int) -> str:
+    return f"{n / 1e6:,.1f} MB"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def model_folder(spec: str) -> str:

@@ -80,7 +80,17 @@ class Scorer:
         if n_tokens > self.lm.context_length:
             raise PromptTooLongError(
                 f"item {item_id}: prompt is {n_tokens} tokens but model {self.lm.name} takes {self.lm.context_length}"
+                f"{self._item_source(item_id)}"
             )
+
+    def _item_source(self, item_id: str) -> str:
+        """' (<file> line N, <field>: C characters)' for an item of the task's data: where its text came from."""
+        data = self.data
+        item = next((i for i in (*data.pool, *data.dev, *data.test) if i.id == item_id and i.where), None)
+        field = data.spec.fields.get("question")
+        if item is None or field is None:
+            return ""
+        return f" ({item.where}, {field.key}: {len(item.question):,} characters)"
 
     def _check(self, prompt: Prompt, items: list[Item]) -> None:
         if prompt.task != self.data.spec.name:

@@ -34,7 +34,8 @@ def fault_point(phase: str) -> None:
     sampled), trial (after a trial's first minibatch), rescore (before the winner is re-scored), card (after
     the trials table, before the card and summary); compare-search (before a compare's next study),
     compare-test (before a prompt's test scoring), compare-robust (before its robustness evaluation);
-    create-storage (a new run, checked, about to create its study's storage)."""
+    create-storage (a new run, checked, about to create its study's storage); checkpoint (the run's
+    outputs written, its storage about to be closed and SQLite's write-ahead log folded into study.db)."""
     name, _, rest = os.environ.get(FAULT_ENV, "").partition(":")
     if name != phase:
         return

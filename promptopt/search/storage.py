@@ -11,6 +11,7 @@ import os
 import sqlite3
 import threading
 import warnings
+from pathlib import Path
 
 from promptopt.errors import StorageError, UserError
 from promptopt.search.config import SearchConfig, redact, sqlite_path
@@ -19,8 +20,10 @@ from promptopt.search.strategies import Strategy
 from promptopt.yamlio import cannot_write
 
 
-def make_storage(config: SearchConfig):
-    """An RDBStorage with heartbeat and retry of stale trials; unreachable URLs become one clear error."""
+def make_storage(config: SearchConfig, *, write: bool = True):
+    """An RDBStorage with heartbeat and retry of stale trials; unreachable URLs become one clear error.
+    `write`: the caller will write to the study (a search, or the checks before one): an SQLite file that
+    cannot be written is refused before SQLite opens it (see `check_writable`)."""
     import time
 
     from optuna import storages
@@ -29,6 +32,8 @@ def make_storage(config: SearchConfig):
     url = config.storage_url
     path = sqlite_path(url)
     if path is not None:
+        if write:
+            check_writable(path)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -72,6 +77,53 @@ def _sqlite_connection(path):
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=NORMAL")
     return conn
+
+
+def check_writable(path: Path) -> None:
+    """An existing SQLite study file that this process may not write (chmod a-w as another user, a read-only
+    mount) is one StorageError, raised before SQLite opens it: SQLite would open it read-only without a word,
+    leave new -wal / -shm files beside it, and fail at the first trial's write."""
+    if path.exists() and not os.access(path, os.W_OK):
+        raise StorageError(
+            f"{path.name} is read-only: {path} cannot be written, and a search records its trials there; make it "
+            "writable, or copy the run directory and run --resume on the copy"
+        )
+
+
+def fold_wal(config: SearchConfig) -> bool:
+    """Fold an SQLite study's write-ahead log back into its file, once this process has closed its own
+    connections (the storage's engine disposed), and check that it happened: PRAGMA wal_checkpoint(TRUNCATE).
+
+    Until then the newest rows live in `study.db-wal`; `study.db` alone is the whole study only after this.
+    SQLite tries the same when its last connection closes, but says nothing when it fails (a full disk cannot
+    grow the file, an I/O error), and a run that ended that way once reported success over a study.db that
+    alone was "malformed". A failure is one StorageError: nothing is lost (the file and its -wal together
+    hold the study, and --resume continues it; keep both). True when folded, or nothing to fold (not SQLite,
+    no file, no log left: the last connection to close folded it); False when another process still has the
+    study open (it folds the log when it closes)."""
+    path = sqlite_path(config.storage_url)
+    log = path.with_name(path.name + "-wal") if path is not None else None
+    if path is None or not path.exists() or not log.exists() or log.stat().st_size == 0:
+        return True
+    try:
+        busy = _checkpoint(path)
+    except sqlite3.Error as exc:
+        reason = first_line(exc)
+        then = "free some space and" if "full" in reason else "once the disk can be written again,"
+        raise StorageError(
+            f"cannot fold the write-ahead log into {path} ({reason}): {path.name} alone is not the study yet, "
+            f"{log.name} holds its newest trials (keep both); {then} run again with --resume"
+        ) from None
+    return not busy
+
+
+def _checkpoint(path: Path) -> int:
+    """PRAGMA wal_checkpoint(TRUNCATE) on the existing file (never created here) -> its `busy` flag: 1 when
+    another connection kept it from completing. Errors (SQLITE_FULL, SQLITE_IOERR...) are raised."""
+    uri = path.resolve().as_uri() + "?mode=rw"
+    with contextlib.closing(sqlite3.connect(uri, uri=True, timeout=2)) as conn:
+        busy, _, _ = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+    return busy
 
 
 def _begin_immediate(connection) -> None:
@@ -139,12 +191,13 @@ def remove_new_sqlite(config: SearchConfig, storage) -> bool:
 
 
 @contextlib.contextmanager
-def existing_storage(config: SearchConfig):
+def existing_storage(config: SearchConfig, *, write: bool = True):
     """The storage, to look into, if it may hold the study; None for an SQLite file that does not exist yet (it
     is created with the study, so a run that fails validation leaves no empty study.db). Closed afterwards: a
-    look that refuses a resume leaves the run directory as it found it (no -wal / -shm files)."""
+    look that refuses a resume leaves the run directory as it found it (no -wal / -shm files). `write`: the look
+    comes before a run that writes to the study (see `make_storage`)."""
     path = sqlite_path(config.storage_url)
-    storage = None if path is not None and not path.exists() else make_storage(config)
+    storage = None if path is not None and not path.exists() else make_storage(config, write=write)
     try:
         yield storage
     finally:
@@ -159,7 +212,7 @@ def read_study(config: SearchConfig, *, where: str):
     import optuna
 
     quiet_optuna()  # copy_study announces the in-memory study at INFO
-    with existing_storage(config) as storage:
+    with existing_storage(config, write=False) as storage:
         if storage is None:
             raise UserError(f"{where}: study storage {sqlite_path(config.storage_url)} is missing")
         memory = optuna.storages.InMemoryStorage()

@@ -33,6 +33,7 @@ from promptopt.search.recovery import counts, fault_point, storage_errors, worke
 from promptopt.search.storage import (
     claim_sqlite_file,
     existing_storage,
+    fold_wal,
     make_storage,
     open_study,
     quiet_optuna,
@@ -101,14 +102,18 @@ def run_search(
     try:
         with storage_errors(config):
             storage = make_storage(config)
-            return _run(ctx, storage, scorer, factory, current, start, show_progress, enqueue)
+            result = _run(ctx, storage, scorer, factory, current, start, show_progress, enqueue)
+        fault_point("checkpoint")
     except Exception:  # a full disk, a lost storage, any error: a run that finished no trial leaves nothing
         if creates and remove_new_sqlite(config, storage) and made_out:
             shutil.rmtree(out, ignore_errors=True)
         raise
-    finally:  # the last connection to close folds SQLite's write-ahead log into study.db: the file alone is the study
+    finally:
         if storage is not None:
             storage.engine.dispose()
+    # SQLite's write-ahead log folded into study.db, and checked: the file alone is the study, or the run says so
+    fold_wal(config)
+    return result
 
 
 def may_run(config: SearchConfig, data, expand=None, *, may_create: bool = False) -> bool:

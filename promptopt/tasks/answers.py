@@ -130,9 +130,11 @@ def gold_index(value: Any, choices: list[str], labels: list[str] | None, ref: Ro
     elif isinstance(value, str) and value.strip() in [c.strip() for c in choices]:
         index = [c.strip() for c in choices].index(value.strip())
     else:
-        raise ref.fail(key, f"answer {value!r} is not a choice index, label or choice text (choices: {choices})")
+        raise ref.fail(
+            key, f"answer {value!r} is not a choice index, label or choice text (choices: {choices})", "not a choice"
+        )
     if not 0 <= index < len(choices):
-        raise ref.fail(key, f"answer index {index} is out of range for {len(choices)} choices")
+        raise ref.fail(key, f"answer index {index} is out of range for {len(choices)} choices", "out of range")
     return index
 
 
@@ -158,7 +160,7 @@ def check_distinct_choices(spec, ref: RowRef, row: dict, choices: list[str]) -> 
         raise ConfigError(
             f"{spec.where}{f' line {line}' if line else ''}: {field.key}: choice '{dup}' appears twice {choices}; {fix}"
         )
-    raise ref.fail(field.key, f"choice '{dup}' appears twice {choices}; {fix}")
+    raise ref.fail(field.key, f"choice '{dup}' appears twice {choices}; {fix}", "a choice twice")
 
 
 @register

@@ -226,14 +226,16 @@ def _to_items(spec: TaskSpec, rows: list[Row], indices) -> list[Item]:
 
 
 def _every_row(spec: TaskSpec, rows: list[Row], error: RowError) -> DataError:
+    first = None  # the source's first row's error: its message quotes that row's values, if any
     for ref, row in rows:
         try:
             to_item(spec, ref, row)
         except RowError as other:
-            if (other.key, other.message) == (error.key, error.message):
+            if (other.key, other.shared) == (error.key, error.shared):
+                first = first or other
                 continue
         return error  # some row reads differently: the mistake is that row's
-    return DataError(f"{rows[0][0].where}: {error.key}: {error.message} (the same in every row)")
+    return DataError(f"{first.ref.where}: {first.key}: {first.message} (the same in every row)")
 
 
 # --- carving ------------------------------------------------------------------------------------

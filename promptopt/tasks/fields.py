@@ -49,11 +49,14 @@ def _jinja_env():
 
 class RowError(DataError):
     """A field cannot be read from a row; `key` and `message` without the row, so a loader can tell a
-    mistake every row shares (then it names no row) from one row's."""
+    mistake every row shares (then it names the first row and says so) from one row's. `shared`: the mistake
+    without this row's values, when the message quotes them (`'sol1' holds text ('...')`): rows whose
+    messages differ only in their own values share that mistake (default: the message itself)."""
 
-    def __init__(self, ref: RowRef, key: str, message: str) -> None:
+    def __init__(self, ref: RowRef, key: str, message: str, shared: str | None = None) -> None:
         super().__init__(f"{ref.where}: {key}: {message}")
         self.ref, self.key, self.message = ref, key, message
+        self.shared = message if shared is None else shared
 
 
 @dataclass(frozen=True)
@@ -65,8 +68,8 @@ class RowRef:
     where: str
     source: str = ""
 
-    def fail(self, key: str, message: str) -> RowError:
-        return RowError(self, key, message)
+    def fail(self, key: str, message: str, shared: str | None = None) -> RowError:
+        return RowError(self, key, message, shared)
 
 
 def lookup(row: Any, path: str) -> tuple[bool, Any]:
@@ -217,7 +220,7 @@ class FieldSpec:
     def text(self, row: dict, ref: RowRef) -> str:
         value = self.resolve(row, ref)
         if isinstance(value, (list, tuple, dict)):
-            raise ref.fail(self.key, f"expected text, got a {type(value).__name__} ({_short(value)})")
+            raise ref.fail(self.key, f"expected text, got a {type(value).__name__} ({_short(value)})", "expected text")
         if value is None:
             raise ref.fail(self.key, "is empty (null)")
         return str(value)
@@ -230,20 +233,21 @@ class FieldSpec:
                 value = ast.literal_eval(value.strip())
             except (ValueError, SyntaxError):
                 raise ref.fail(
-                    self.key, f"template must render a list such as ['a', 'b'], got {_short(value)}"
+                    self.key, f"template must render a list such as ['a', 'b'], got {_short(value)}", "not a list"
                 ) from None
         if isinstance(value, str):
             raise ref.fail(
                 self.key,
                 f"'{self.raw}' holds text ({_short(value)}), not a list of choices; name several columns as a list, "
                 f"e.g. [{self.raw}, other_column]",
+                "holds text",
             )
         if isinstance(value, dict):
             value = list(value.values())
         if not isinstance(value, (list, tuple)) or len(value) < 2:
-            raise ref.fail(self.key, f"expected a list of at least two choices, got {_short(value)}")
+            raise ref.fail(self.key, f"expected a list of at least two choices, got {_short(value)}", "too few")
         if any(isinstance(v, (list, tuple, dict)) or v is None for v in value):
-            raise ref.fail(self.key, f"every choice must be text, got {_short(value)}")
+            raise ref.fail(self.key, f"every choice must be text, got {_short(value)}", "not text")
         return [str(v) for v in value]
 
     def target(self, row: dict, ref: RowRef) -> Any:

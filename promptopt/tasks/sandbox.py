@@ -3,7 +3,9 @@
 Generated code never runs in our process. Three modes (keyword `sandbox`, default `$PROMPTOPT_SANDBOX`, else
 "bwrap"):
 
-- "bwrap": bubblewrap namespaces. No network (a new net namespace holds only an idle loopback), its own PID
+- "bwrap": bubblewrap namespaces. No nested user namespace (bwrap's --disable-userns; as root, the same limit,
+  user.max_user_namespaces = 0, set in the namespace bwrap joins: see _userns_fd), no descriptor but stdin,
+  stdout and stderr. No network (a new net namespace holds only an idle loopback), its own PID
   namespace (everything in it dies with it), read-only /usr, /lib* and the interpreter's stdlib only (no
   site-packages, no venv, no home: an interpreter outside /usr is bound at /opt/python; of /etc only
   ld.so.cache), tmpfs /tmp and a tmpfs work folder holding only the program, an empty environment (bwrap's
@@ -50,9 +52,11 @@ TMPFS_BYTES = 16 << 20  # each of /tmp, /work and /dev/shm in "bwrap" mode
 GRACE_SECONDS = 0.2  # after the program exits, to drain its pipes before the rest of its tree is killed
 WORK = "/work"
 
-# Runs first inside the sandbox: sets the rlimits, then replaces itself with the program.
+# Runs first inside the sandbox: closes every descriptor but 0, 1, 2 (bwrap passes on those it was given, the
+# user namespace it joined among them), sets the rlimits, then replaces itself with the program.
 _LAUNCH = (
     "import os, resource, sys\n"
+    "os.closerange(3, max(os.sysconf('SC_OPEN_MAX'), 1 << 16))\n"
     "for item in filter(None, sys.argv[1].split(',')):\n"
     "    name, value = item.split('=')\n"
     "    resource.setrlimit(getattr(resource, 'RLIMIT_' + name), (int(value), int(value)))\n"
@@ -399,12 +403,39 @@ def _userns_fd() -> int:
         for name in ("uid_map", "gid_map"):
             with open(f"/proc/{helper.pid}/{name}", "w") as handle:
                 handle.write(f"0 0 1\n{SANDBOX_ID} {SANDBOX_ID} 1\n")
+        _forbid_nested_userns(f"/proc/{helper.pid}/ns/user")
         return os.open(f"/proc/{helper.pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
     finally:
         helper.stdin.close()
         helper.stdout.close()
         helper.wait()
 
+
+def _forbid_nested_userns(namespace: str) -> None:
+    """No user namespace can be created inside `namespace` (its user.max_user_namespaces set to 0): what bwrap's
+    --disable-userns does, which bwrap refuses beside --userns. Root enters the namespace (nsenter) to set it,
+    as root there (uid 0 maps to itself); the sandboxed program, with no capability there, cannot raise it."""
+    done = subprocess.run(
+        ["nsenter", f"--user={namespace}", "/bin/sh", "-c", "echo 0 > /proc/sys/user/max_user_namespaces"],
+        capture_output=True,
+        cwd="/",
+        env={"PATH": "/usr/bin:/bin"},
+        timeout=30,
+    )
+    if done.returncode != 0:
+        raise OSError(f"cannot forbid nested user namespaces: {done.stderr.decode(errors='replace').strip()}")
+
+
+# The probe's program: what "bwrap" mode promises, checked where it runs (user namespaces; descriptors are
+# closed by _LAUNCH before any program runs).
+_PROBE = (
+    "try:\n"
+    "    import ctypes\n"
+    "except ImportError:\n"  # an interpreter built without ctypes: nothing to call unshare(2) with here
+    "    raise SystemExit(0)\n"
+    "if ctypes.CDLL(None).unshare(0x10000000) == 0:\n"  # CLONE_NEWUSER
+    "    raise SystemExit('a nested user namespace was created')\n"
+)
 
 _plan_lock = threading.Lock()
 
@@ -416,20 +447,17 @@ def _probe() -> str | None:
     if shutil.which("bwrap") is None:
         warnings.warn(f"{_BWRAP_WARNING} (no bwrap on PATH; apt-get install bubblewrap)", RuntimeWarning, stacklevel=4)
         return None
-    plans = (["userns"] if os.geteuid() == 0 and shutil.which("unshare") else []) + ["plain"]
+    plans = (["userns"] if os.geteuid() == 0 and shutil.which("unshare") and shutil.which("nsenter") else []) + [
+        "plain"
+    ]
     errors = []
     for plan in plans:
-        try:
-            code, err, reason = _run_bwrap(
-                "import json", plan=plan, limit_arg="NPROC=16", timeout=30.0, output_limit=OUTPUT_LIMIT
-            )
-        except OSError as exc:
-            code, err, reason = -1, str(exc).encode(), ""
+        code, err, reason = _try_plan(plan)
         if code == 0 and not reason:
             if plan == "plain" and os.geteuid() == 0:
                 warnings.warn(
-                    "bubblewrap runs as root without util-linux `unshare`: generated code is isolated but "
-                    "its process count is not limited",
+                    "bubblewrap runs as root without a user namespace of its own (util-linux `unshare` and "
+                    "`nsenter`): generated code is isolated but its process count is not limited",
                     RuntimeWarning,
                     stacklevel=4,
                 )
@@ -437,6 +465,14 @@ def _probe() -> str | None:
         errors.append(f"{plan}: {reason or _failure(err, code)}")
     warnings.warn(f"{_BWRAP_WARNING} ({'; '.join(errors)})", RuntimeWarning, stacklevel=4)
     return None
+
+
+def _try_plan(plan: str) -> tuple[int, bytes, str]:
+    """Run the probe's program under `plan`: (exit status, stderr, reason) as `_execute` returns them."""
+    try:
+        return _run_bwrap(_PROBE, plan=plan, limit_arg="NPROC=16", timeout=30.0, output_limit=OUTPUT_LIMIT)
+    except OSError as exc:
+        return -1, str(exc).encode(), ""
 
 
 def _bwrap_plan() -> str | None:
