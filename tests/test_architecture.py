@@ -137,6 +137,38 @@ def test_the_cli_is_small_modules():
     assert max(sizes.values()) < 450, sizes
 
 
+MAX_MODULE_LINES = 450  # lines as ruff formats them
+# Modules still over the bound, split by the engineers who own them; the lead empties this list (then drop it).
+OVERSIZE_ALLOWED = {
+    "models/runner.py",
+    "metrics/tcb.py",
+}
+
+
+def _module_sizes() -> dict[str, int]:
+    return {
+        p.relative_to(PACKAGE).as_posix(): len(p.read_text(encoding="utf-8").splitlines())
+        for p in sorted(PACKAGE.rglob("*.py"))
+    }
+
+
+def test_no_module_is_over_450_lines():
+    """Small modules with one job each: none in promptopt/ over MAX_MODULE_LINES but the allowed ones, and the
+    allow-list holds only modules that are still over (a split one leaves it)."""
+    sizes = _module_sizes()
+    over = {name: n for name, n in sizes.items() if n > MAX_MODULE_LINES}
+    assert not set(over) - OVERSIZE_ALLOWED, f"modules over {MAX_MODULE_LINES} lines: split them by job: {over}"
+    stale = OVERSIZE_ALLOWED - set(over)
+    assert not stale, f"allowed to be over {MAX_MODULE_LINES} lines but no longer are (or moved): drop {stale}"
+
+
+def test_the_size_check_counts_every_module():
+    """Guard against a vacuous check: nested packages are counted, and the largest allowed module is over."""
+    sizes = _module_sizes()
+    assert {"experiments/compare/workflow.py", "metrics/stats/correlation.py", "robustness/suite/spec.py"} <= set(sizes)
+    assert max(sizes[name] for name in OVERSIZE_ALLOWED) > MAX_MODULE_LINES
+
+
 def test_card_loader_imports_no_torch():
     import subprocess
     import sys

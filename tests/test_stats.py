@@ -270,3 +270,140 @@ def test_median_interval_against_hand_values():
     low, high, coverage = median_interval(values)
     assert (low, high) == (83, 91) and coverage == 1 - 2 * 576 / 32768
     assert median_interval([0.5]) == (0.5, 0.5, 0.0) and all(math.isnan(v) for v in median_interval([]))
+
+
+# --- the numbers scipy now computes: hand values, and promptopt's own pre-scipy outputs pinned ------------------------
+# Pinned: what promptopt's own implementation (exact integer binomial tail, np.corrcoef, Fisher z from r and n) printed
+# on these inputs before scipy took over, as repr. The scipy values must agree to 1e-12 relative (they differ in the
+# last bits only) and to every digit the CLI and the report print (p: .3g; correlations and their intervals: .3f).
+PINNED_MCNEMAR = {  # (only a correct, only b correct) -> p
+    (5, 1): 0.21875,
+    (7, 3): 0.34375,
+    (3, 3): 1.0,
+    (20, 8): 0.03569813817739487,
+    (1, 0): 1.0,
+    (12, 2): 0.012939453125,
+    (130, 95): 0.023197506839685356,
+    (0, 17): 1.52587890625e-05,
+    (40, 41): 1.0,
+}
+X12 = [0.1, 0.4, 0.4, 0.9, 0.2, 0.7, 0.7, 0.7, 0.3, 0.5, 0.8, 0.6]  # ties on both sides
+Y12 = [1.0, 2.0, 2.0, 5.0, 1.0, 3.0, 4.0, 4.0, 2.0, 3.0, 6.0, 3.0]
+U30 = [-1.232, 0.267, -0.007, 0.502, -1.327, 1.108, 0.094, -1.171, -1.358, -1.307, -0.718, 1.186, 0.895, -0.544, -0.547]
+U30 += [1.93, 0.903, -0.803, -0.15, -0.43, 0.152, 0.879, -0.275, 0.369, 0.568, 0.784, -0.63, -0.222, 1.972, -0.186]
+V30 = [-0.586, 0.574, -0.581, -0.139, 1.015, 1.85, -1.056, -0.52, -1.968, -2.185, -0.356, 2.118, 0.366, 1.198, -1.33]
+V30 += [1.101, 0.532, -0.315, 0.918, 0.358, -0.473, -0.912, -0.691, 0.164, -0.267, -1.133, -2.079, 0.7, 1.242, -0.679]
+PINNED_CORRELATIONS = {  # name -> (x, y, pearson, spearman, pearson 95% interval, spearman 95% interval)
+    "ties": (
+        X12,
+        Y12,
+        0.9258200997725516,
+        0.9659276076259363,
+        (0.7508870243318987, 0.9793591566066309),
+        (0.8444393213020417, 0.9929022490908274),
+    ),
+    "noisy": (
+        U30,
+        V30,
+        0.5207517323267024,
+        0.48654060066740823,
+        (0.19754387925367992, 0.7418431516216175),
+        (0.13185213109314156, 0.7307857915827771),
+    ),
+    "small": (
+        [1, 2, 3, 4, 5],
+        [2, 1, 4, 3, 6],
+        0.8219949365267863,
+        0.7999999999999999,
+        (-0.21934335747078146, 0.987852453504985),
+        (-0.4571243888052962, 0.9908429478778042),
+    ),
+}
+
+
+def _paired(only_a: int, only_b: int, both: int = 3, neither: int = 2):
+    a = [True] * only_a + [False] * only_b + [True] * both + [False] * neither
+    b = [False] * only_a + [True] * only_b + [True] * both + [False] * neither
+    return a, b
+
+
+def _same_printed(got: float, pinned: float, fmt: str) -> bool:
+    return format(got, fmt) == format(pinned, fmt) and got == pytest.approx(pinned, rel=1e-12, abs=1e-15)
+
+
+@pytest.mark.parametrize("counts", list(PINNED_MCNEMAR))
+def test_mcnemar_is_todays_number_and_the_exact_binomial_tail(counts):
+    only_a, only_b = counts
+    n, low = only_a + only_b, min(counts)
+    by_hand = min(1.0, 2 * sum(math.comb(n, k) for k in range(low + 1)) / 2**n) if n else 1.0
+    got = mcnemar_exact(*_paired(only_a, only_b))
+    assert got[:2] == counts
+    assert _same_printed(got[2], PINNED_MCNEMAR[counts], ".3g") and got[2] == pytest.approx(by_hand, rel=1e-12)
+
+
+def test_mcnemar_hand_values():
+    # discordant 5 vs 1: 2 · (C(6,0) + C(6,1)) / 2^6 = 14/64; 7 vs 3: 2 · (1 + 10 + 45 + 120) / 2^10 = 352/1024
+    assert mcnemar_exact(*_paired(5, 1))[2] == pytest.approx(14 / 64, rel=1e-14)
+    assert mcnemar_exact(*_paired(7, 3))[2] == pytest.approx(352 / 1024, rel=1e-14)
+    assert mcnemar_exact(*_paired(0, 17))[2] == pytest.approx(2 / 2**17, rel=1e-14)  # all discordant one way
+    assert mcnemar_exact(*_paired(40, 41))[2] == 1.0 and mcnemar_exact(*_paired(3, 3))[2] == 1.0  # a split at n/2
+    assert mcnemar_exact(*_paired(0, 0))[2] == 1.0  # no discordant pair
+
+
+@pytest.mark.parametrize("name", list(PINNED_CORRELATIONS))
+def test_correlations_are_todays_numbers(name):
+    from promptopt.metrics.stats import correlation_interval, pearson, pearson_interval, spearman
+
+    x, y, r, rho, r_ci, rho_ci = PINNED_CORRELATIONS[name]
+    assert _same_printed(pearson(x, y), r, ".3f") and _same_printed(spearman(x, y), rho, ".3f")
+    for got, pinned in zip(pearson_interval(x, y), r_ci):
+        assert _same_printed(got, pinned, ".3f")
+    for got, pinned in zip(correlation_interval(spearman(x, y), len(x), method="spearman"), rho_ci):
+        assert _same_printed(got, pinned, ".3f")
+
+
+def test_correlations_by_hand():
+    from promptopt.metrics.stats import pearson, pearson_interval, spearman
+
+    # x = 1..5, y = 2,1,4,3,6: deviations (−2,−1,0,1,2) and (−1.2,−2.2,0.8,−0.2,2.8): Σdxdy = 10, Σdx² = 10,
+    # Σdy² = 14.8 -> r = 10/√148; ranks of y 2,1,4,3,5: Σd² = 4 -> ρ = 1 − 6·4/(5·24) = 0.8
+    x, y = [1, 2, 3, 4, 5], [2, 1, 4, 3, 6]
+    r = 10 / math.sqrt(148)
+    assert pearson(x, y) == pytest.approx(r, rel=1e-14) and spearman(x, y) == pytest.approx(0.8, rel=1e-14)
+    z, half = math.atanh(r), 1.959963984540054 / math.sqrt(5 - 3)  # Fisher z: atanh r ± z_0.975 / √(n − 3)
+    assert pearson_interval(x, y) == pytest.approx((math.tanh(z - half), math.tanh(z + half)), rel=1e-12)
+
+
+def test_correlations_keep_their_nan_rules():
+    from promptopt.metrics.stats import pearson, pearson_interval, spearman
+
+    nan = float("nan")
+    for f in (pearson, spearman):
+        assert math.isnan(f([1, 1, 1], [1, 2, 3])) and math.isnan(f([1, 2, 3], [4, 4, 4]))  # a constant side
+        assert math.isnan(f([1.0], [2.0])) and math.isnan(f([1, 2, nan], [1, 2, 3]))  # one pair; a NaN
+    assert math.isnan(pearson([1, 2, float("inf")], [1, 2, 3]))  # as np.corrcoef gave
+    assert spearman([1, 2, float("inf")], [1, 2, 3]) == pytest.approx(1.0)  # ranks: +inf is the largest
+    assert all(math.isnan(v) for v in pearson_interval([1, 2, 3], [1, 3, 2]))  # n ≤ 3: no Fisher-z interval
+    assert all(math.isnan(v) for v in pearson_interval([1, 1, 1, 1], [1, 2, 3, 4]))
+    assert pearson([1, 2], [2, 1]) == pytest.approx(-1.0)
+
+
+def test_auroc_is_the_rank_sum_formula_bit_for_bit():
+    """scipy's Mann–Whitney U over n_pos · n_neg is what promptopt computed from its own average ranks before,
+    to the last bit (ranks are halves, their sums exact), ties and left-out non-finite scores included."""
+    from promptopt.metrics.stats import auroc, average_ranks
+
+    rng = np.random.default_rng(12)
+    for _ in range(300):
+        n = int(rng.integers(2, 120))
+        scores = rng.integers(0, int(rng.integers(2, 30)), n) / 7  # many ties
+        scores[rng.random(n) < 0.05] = np.inf
+        labels = rng.random(n) < rng.uniform(0.1, 0.9)
+        keep = np.isfinite(scores)
+        s, lab = scores[keep], labels[keep]
+        n_pos, n_neg = int(lab.sum()), int((~lab).sum())
+        if not n_pos or not n_neg:
+            assert math.isnan(auroc(scores, labels))
+            continue
+        by_ranks = float((average_ranks(s)[lab].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+        assert auroc(scores, labels) == by_ranks

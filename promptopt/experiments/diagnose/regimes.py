@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from promptopt.metrics.stats import correlation_interval, pearson, spearman
+from promptopt.metrics.stats import correlation_interval, pearson, pearson_interval, spearman
 
 PAIRS = (("tcb", "v_eff"), ("tcb", "margin"), ("margin", "v_eff"))
 PAPER_TABLE1 = {  # DPD (N = 309) and LVD (N = 360), Llama-3.1-8B, MMLU zero-shot
@@ -49,20 +49,21 @@ def regime_correlations(frame: pd.DataFrame, *, low_v_eff: float = 2.0) -> Regim
             lx = np.log10(x) if x_name in _LOG else x
             ly = np.log10(y) if y_name in _LOG else y
             r_log = pearson(lx, ly)
+            r_ci, r_log_ci = pearson_interval(x, y), pearson_interval(lx, ly)
             rows.append(
                 {
                     "subset": subset,
                     "pair": f"{x_name}~{y_name}",
                     "n": n,
                     "pearson": r,
-                    "pearson_ci_low": correlation_interval(r, n)[0],
-                    "pearson_ci_high": correlation_interval(r, n)[1],
+                    "pearson_ci_low": r_ci[0],
+                    "pearson_ci_high": r_ci[1],
                     "spearman": rho,
                     "spearman_ci_low": correlation_interval(rho, n, method="spearman")[0],
                     "spearman_ci_high": correlation_interval(rho, n, method="spearman")[1],
                     "pearson_log": r_log,
-                    "pearson_log_ci_low": correlation_interval(r_log, n)[0],
-                    "pearson_log_ci_high": correlation_interval(r_log, n)[1],
+                    "pearson_log_ci_low": r_log_ci[0],
+                    "pearson_log_ci_high": r_log_ci[1],
                     "paper_pearson": PAPER_TABLE1[subset][(x_name, y_name)],
                 }
             )

@@ -42,8 +42,10 @@ def median_interval(values, level: float = 0.95) -> tuple[float, float, float]:
 def mcnemar_exact(a, b) -> tuple[int, int, float]:
     """Exact two-sided McNemar test on paired per-item correctness: (only a correct, only b correct, p).
 
-    Under H0 the discordant items split as Binomial(n, 1/2); p = min(1, 2·P(X ≤ min(n01, n10)))."""
+    Under H0 the discordant items split as Binomial(n, 1/2); p = min(1, 2·P(X ≤ min(n01, n10))), scipy's exact
+    two-sided binomial test (`scipy.stats.binomtest`; for p = ½ its two tails are this doubled tail)."""
     import numpy as np
+    from scipy.stats import binomtest
 
     a, b = np.asarray(a, dtype=bool), np.asarray(b, dtype=bool)
     if a.shape != b.shape:
@@ -52,5 +54,4 @@ def mcnemar_exact(a, b) -> tuple[int, int, float]:
     n = only_a + only_b
     if n == 0:
         return only_a, only_b, 1.0
-    tail = sum(math.comb(n, k) for k in range(min(only_a, only_b) + 1)) / 2**n
-    return only_a, only_b, min(1.0, 2 * tail)
+    return only_a, only_b, min(1.0, float(binomtest(min(only_a, only_b), n, 0.5).pvalue))

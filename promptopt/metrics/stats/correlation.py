@@ -32,16 +32,15 @@ def average_ranks(values):
 
 
 def spearman(x, y) -> float:
-    """Spearman rank correlation (average ranks for ties); NaN when either side is constant or has a NaN."""
+    """Spearman rank correlation (average ranks for ties), `scipy.stats.spearmanr`; NaN when either side is constant
+    or has a NaN, or there are fewer than 2 pairs (infinities are ranked, as the largest or smallest values)."""
     import numpy as np
+    from scipy.stats import spearmanr
 
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
-    if len(x) < 2 or np.isnan(x).any() or np.isnan(y).any():
+    if len(x) < 2 or np.isnan(x).any() or np.isnan(y).any() or _constant(x) or _constant(y):
         return float("nan")
-    rx, ry = average_ranks(x), average_ranks(y)
-    if rx.std() == 0 or ry.std() == 0:
-        return float("nan")
-    return float(np.corrcoef(rx, ry)[0, 1])  # the pandas-ranked version's numbers, bit for bit
+    return float(spearmanr(x, y).statistic)
 
 
 def spearman_interval(x, y, *, n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> tuple[float, float]:
@@ -65,18 +64,47 @@ def spearman_interval(x, y, *, n_boot: int = 2000, seed: int = 0, level: float =
 
 
 def pearson(x, y) -> float:
-    """Pearson correlation; NaN when either side is constant or fewer than 2 pairs."""
+    """Pearson correlation, `scipy.stats.pearsonr`; NaN when either side is constant or not finite, or there are
+    fewer than 2 pairs."""
     import numpy as np
 
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
-    if len(x) < 2 or x.std() == 0 or y.std() == 0:
+    if len(x) < 2 or not (np.isfinite(x).all() and np.isfinite(y).all()) or _constant(x) or _constant(y):
         return float("nan")
-    return float(np.corrcoef(x, y)[0, 1])
+    return float(_pearsonr(x, y).statistic)
+
+
+def pearson_interval(x, y, *, level: float = 0.95) -> tuple[float, float]:
+    """The Fisher-z interval of `pearson(x, y)`, tanh(atanh r ± z/sqrt(n − 3)): scipy's
+    (`pearsonr(x, y).confidence_interval()`). (nan, nan) where `pearson` is NaN or n ≤ 3."""
+    r = pearson(x, y)
+    if len(x) <= 3 or r != r:
+        return float("nan"), float("nan")
+    interval = _pearsonr(x, y).confidence_interval(confidence_level=level)
+    return float(interval.low), float(interval.high)
+
+
+def _pearsonr(x, y):
+    """scipy's Pearson result, quiet about nearly constant data (np.corrcoef, which this replaced, said nothing)."""
+    import warnings
+
+    import numpy as np
+    from scipy.stats import NearConstantInputWarning, pearsonr
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NearConstantInputWarning)
+        return pearsonr(np.asarray(x, dtype=float), np.asarray(y, dtype=float))
+
+
+def _constant(values) -> bool:
+    """All values equal: no correlation is defined (scipy would warn and give NaN)."""
+    return bool((values == values[0]).all())
 
 
 def correlation_interval(r: float, n: int, *, method: str = "pearson", level: float = 0.95) -> tuple[float, float]:
-    """Fisher-z interval for a correlation: tanh(atanh r ± z/sqrt(n − 3)); for Spearman the Bonett–Wright
-    standard error sqrt((1 + r²/2)/(n − 3)). (nan, nan) when n ≤ 3 or r is NaN."""
+    """Fisher-z interval for a correlation from r and n alone: tanh(atanh r ± z/sqrt(n − 3)); for Spearman the
+    Bonett–Wright standard error sqrt((1 + r²/2)/(n − 3)), which scipy does not give. (nan, nan) when n ≤ 3 or r is
+    NaN. With the data at hand, Pearson's is `pearson_interval` (scipy's)."""
     from statistics import NormalDist
 
     if method not in ("pearson", "spearman"):

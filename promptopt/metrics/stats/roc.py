@@ -4,13 +4,14 @@ clusters of answers (an item with all its answers), every resample at once."""
 from __future__ import annotations
 
 from promptopt.metrics.stats.bootstrap import bootstrap_draws, percentile_interval
-from promptopt.metrics.stats.correlation import average_ranks
 
 
 def auroc(scores, labels) -> float:
     """Area under the ROC curve of `scores` for the positive `labels` (Mann–Whitney: the share of (positive,
-    negative) pairs the score orders correctly, ties counting half). NaN when a class is empty."""
+    negative) pairs the score orders correctly, ties counting half): scipy's U statistic of the positives
+    (`scipy.stats.mannwhitneyu`) over n_pos · n_neg. Non-finite scores are left out; NaN when a class is empty."""
     import numpy as np
+    from scipy.stats import mannwhitneyu
 
     scores, labels = np.asarray(scores, dtype=float), np.asarray(labels, dtype=bool)
     keep = np.isfinite(scores)
@@ -18,8 +19,8 @@ def auroc(scores, labels) -> float:
     n_pos, n_neg = int(labels.sum()), int((~labels).sum())
     if n_pos == 0 or n_neg == 0:
         return float("nan")
-    ranks = average_ranks(scores)
-    return float((ranks[labels].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+    u = mannwhitneyu(scores[labels], scores[~labels], method="asymptotic").statistic  # the p-value is not read
+    return float(u / (n_pos * n_neg))
 
 
 _AUROC_BLOCK = 1 << 22  # resamples × answers weighed at once in `clustered_auroc_interval` (~32 MB a matrix)
