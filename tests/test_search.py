@@ -332,3 +332,31 @@ def test_compare_same_budget_seed_and_items(config, tmp_path):
     assert sorted(s.study_name for s in studies) == ["sst2-ppl", "sst2-tcb"]
     with pytest.raises(ConfigError, match="unknown strategy"):
         run_compare(config.replace(out=str(tmp_path / "cmp2")), ["tcb", "nope"], show_progress=False)
+
+
+def test_a_model_without_a_chat_template_searches_the_plain_templates_only(capsys):
+    """Gemma-3-270M base has no chat template: the space's chat templates leave this run (said in a note), and a
+    space of chat templates only is one error line."""
+    import types
+    from dataclasses import replace
+
+    from promptopt.errors import ConfigError
+    from promptopt.search.context import build_context, fit_space_to_model
+    from promptopt.tasks import load_task
+
+    config = SearchConfig.build(task="sst2", trials=1)
+    ctx = build_context(config, load_task("sst2"))
+    chat = {n for n, t in ctx.space.templates.items() if t.chat}
+    assert chat, "the built-in sst2 space has a chat template"
+    plain_tokenizer = types.SimpleNamespace(chat_template=None)
+    notes = []
+    fit_space_to_model(ctx, plain_tokenizer, notes.append)
+    assert not any(t.chat for t in ctx.space.templates.values()) and ctx.space.templates
+    assert notes and all(name in notes[0] for name in chat)
+    only_chat = build_context(config, load_task("sst2"))
+    only_chat.space = replace(only_chat.space, templates={n: t for n, t in only_chat.space.templates.items() if t.chat})
+    with pytest.raises(ConfigError, match="every template is a chat template"):
+        fit_space_to_model(only_chat, plain_tokenizer)
+    chatty = build_context(config, load_task("sst2"))
+    fit_space_to_model(chatty, types.SimpleNamespace(chat_template="{{ messages }}"))
+    assert chat <= set(chatty.space.templates)  # a model with a chat template keeps them

@@ -87,6 +87,27 @@ def _longest_exemplars(candidates: list, k: int) -> tuple:
     return tuple(item.as_exemplar() for item in sorted(candidates, key=size, reverse=True)[:k])
 
 
+def fit_space_to_model(ctx: SearchContext, tokenizer, note=None) -> None:
+    """A model without a chat template (Gemma-3-270M base) cannot render the space's chat templates: they leave the
+    space for this run (said once in a note); a space of chat templates only is refused in one line."""
+    if getattr(tokenizer, "chat_template", None):
+        return
+    space = ctx.space
+    chat = [name for name, template in space.templates.items() if template.chat]
+    if not chat:
+        return
+    if len(chat) == len(space.templates):
+        raise ConfigError(
+            f"{space.where}: templates: every template is a chat template ({', '.join(chat)}) but the model has no "
+            "chat template: add a plain one"
+        )
+    from dataclasses import replace
+
+    ctx.space = replace(space, templates={n: t for n, t in space.templates.items() if not t.chat})
+    if note is not None:
+        note(f"the model has no chat template: the space's chat template(s) {', '.join(chat)} are not searched")
+
+
 def check_prompts_fit(ctx: SearchContext, scorer) -> None:
     """Every prompt the space can produce must fit the model: each instruction × template with the k_max
     longest candidate shots, on the longest dev/test items. Checked before the study exists, so a space

@@ -24,6 +24,7 @@ from promptopt.search.context import (
     SearchResult,
     build_context,
     check_prompts_fit,
+    fit_space_to_model,
     note,
     require_variants,
 )
@@ -93,6 +94,7 @@ def run_search(
         factory = ScorerFactory(
             model=config.model, data=config.data, cache_path=str(scorer.cache.path), batch_size=config.batch_size
         )
+    fit_space_to_model(ctx, scorer.lm.tokenizer, note(show_progress))
     check_prompts_fit(ctx, scorer)
     creates = not exists and sqlite_path(config.storage_url) is not None
     fault_point("create-storage")

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 
 from promptopt.errors import UserError
 from promptopt.search.config import SearchConfig
-from promptopt.search.context import build_context
+from promptopt.search.context import build_context, fit_space_to_model
 from promptopt.search.recovery import storage_errors, worker_name
 from promptopt.search.storage import make_storage, open_study, quiet_optuna
 from promptopt.search.trial import optimize
@@ -31,6 +31,7 @@ def worker_main(config_dict: dict, factory, index: int, ready=None, errors=None,
         with storage_errors(config):
             cached = factory()
             ctx = build_context(config, cached.data, expand)
+            fit_space_to_model(ctx, cached.lm.tokenizer)  # as the parent did: the same templates are searched
             storage = make_storage(config)
             study = open_study(config, ctx.strategy, storage, index=index, create=False)
             if ready is not None:
