@@ -585,7 +585,7 @@ def test_a_prompt_is_evaluated_once_per_study(tmp_path, model):
     that decode to an evaluated prompt are skipped, not counted, and reported; the three finished trials are
     the three prompts. With a budget of five the space runs out and the search stops, with a note."""
     space = yaml.safe_load(SPACE.read_text())
-    space["instructions"] = {"none": ""}
+    space["instructions"] = {"plain": "Classify it."}
     space["templates"] = dict(list(space["templates"].items())[:3])
     space["exemplars"] = {"candidates": 4, "k": [0, 0]}
     path = tmp_path / "three.yaml"
@@ -601,6 +601,7 @@ def test_a_prompt_is_evaluated_once_per_study(tmp_path, model):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["duplicates_skipped"] == len(skipped)
     assert f"{len(skipped)} duplicate prompt{'s' if len(skipped) > 1 else ''} skipped" in run.stdout
+    assert "instruction 'Classify it.' (plain)" in run.stdout  # the instruction's text, beside its key
     low, high = summary["test"]["accuracy_ci95"]  # the printed accuracies carry their Wilson intervals
     assert f"[{low:.3f}, {high:.3f}]" in run.stdout and 0 <= low <= summary["test"]["accuracy"] <= high <= 1
     assert_nothing_lost_or_double(study, 3)

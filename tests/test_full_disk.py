@@ -443,7 +443,7 @@ def assert_scores(run, out: Path, expected: pd.DataFrame) -> None:
     assert run.code == 0, run.stderr
     got = pd.read_parquet(out)
     pd.testing.assert_frame_equal(
-        got.drop(columns="wall_seconds", errors="ignore"), expected.drop(columns="wall_seconds", errors="ignore")
+        got.drop(columns="search_seconds", errors="ignore"), expected.drop(columns="search_seconds", errors="ignore")
     )
 
 

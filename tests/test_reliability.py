@@ -45,7 +45,7 @@ COMPARE = [
     "cpu",
 ]
 TABLES = ("compare.csv", "compare_paired.csv", "compare_runs.csv")
-WALL = ("wall_seconds", "wall_seconds_sd")
+WALL = ("search_seconds", "search_seconds_sd")
 
 
 def assert_one_error_line(run, *fragments: str) -> None:
@@ -176,7 +176,8 @@ def test_finished_compare_rerun_reuses_everything_and_scores_nothing(whole, mode
     assert snapshot(out / "evaluations") == stored
     assert_same_tables(whole, out)
     walls = [
-        pd.read_csv(run / "compare.csv").set_index("strategy")["wall_seconds"].drop("baseline") for run in (whole, out)
+        pd.read_csv(run / "compare.csv").set_index("strategy")["search_seconds"].drop("baseline")
+        for run in (whole, out)
     ]
     assert (walls[1] >= walls[0]).all() and (walls[0] > 0).all()  # a reused study keeps its search's seconds
 

@@ -320,7 +320,7 @@ def test_compare_same_budget_seed_and_items(config, tmp_path):
         "avg_acc",
         "avg_tcb",
         "avg_ppl",
-        "wall_seconds",
+        "search_seconds",
         "acc_var_pert",
         "pdr",
         "acc_worst",

@@ -409,6 +409,8 @@ def test_exported_card_carries_the_seen_and_unseen_numbers(compared, tmp_path):
     runs = pd.read_csv(out / "compare_runs.csv")
     row = runs[(runs["strategy"] == "accuracy") & runs["winner"].astype(bool)].iloc[0]
     assert robust["families_unseen"] == ["distractor"] and robust["families_seen"] == ["typo", "reorder"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert robust["n"] == summary["n_robust"] and robust["n"] > 0  # how many test items were stressed
     for split in ("unseen", "seen"):
         assert robust[f"acc_worst_{split}"] == pytest.approx(row[f"acc_worst_{split}"])
         assert robust[f"acc_worst_{split}_ci95"] == pytest.approx(

@@ -62,9 +62,14 @@ def print_search_result(result) -> None:
     from promptopt.search.storage import dashboard_command
 
     best = result.best_params
+    text = result.prompt.instruction
+    shown = text if len(text) <= 100 else text[:97] + "..."
+    decision = f" decision={result.prompt.decision}" if result.prompt.decision != "argmax" else ""
     console.print(
-        f"best trial #{result.best_number}: instruction={best.get('instruction')!r} template={best.get('template')!r} "
-        f"k={best.get('k')} exemplars={[ex.id for ex in result.prompt.exemplars]}"
+        f"best trial #{result.best_number}: instruction {shown!r} ({best.get('instruction')}) "
+        f"template={best.get('template')!r} k={best.get('k')} exemplars={[ex.id for ex in result.prompt.exemplars]}"
+        f"{decision}",
+        markup=False,
     )
     rows = []
     for split, summary in (("dev", result.dev), ("test", result.test)):

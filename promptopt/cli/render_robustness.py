@@ -23,7 +23,7 @@ def print_compare(result, task: str, model: str) -> None:
     columns = ["strategy", "Acc", "Acc 95% CI", "δ_TCB", "PPL"]
     for split in splits:
         columns += [f"AccVar_pert {split}", f"PDR {split}", f"Acc_worst {split}", f"Acc_worst {split} 95% CI"]
-    columns += ["taboo R(i=1)", "wall s"]
+    columns += ["taboo R(i=1)", "search s"]
     for name in columns:
         table.add_column(name, justify="left" if name == "strategy" else "right")
     for _, r in result.table.iterrows():
@@ -41,7 +41,7 @@ def print_compare(result, task: str, model: str) -> None:
                 pm(_nan(r, f"acc_worst_{split}"), _nan(r, f"acc_worst_{split}_sd")),
                 ci(_nan(r, f"acc_worst_{split}_ci_low"), _nan(r, f"acc_worst_{split}_ci_high")),
             ]
-        table.add_row(*cells, fmt(r.taboo_retention_i1), fmt(r.wall_seconds))
+        table.add_row(*cells, fmt(r.taboo_retention_i1), fmt(r.search_seconds))
     console.print(table)
     if s.get("suite"):
         console.print(

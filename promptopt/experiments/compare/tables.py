@@ -111,6 +111,6 @@ def strategy_table(runs: pd.DataFrame, winners: dict, walls: dict, *, seed: int 
         for key in ("acc_worst_family", *(f"acc_worst_family_{split}" for split in SPLITS)):
             row[key] = group[key].iloc[0]
         row["selected_by"] = group["selected_by"].iloc[0]
-        row["wall_seconds"] = walls.get(name, math.nan)
+        row["search_seconds"] = walls.get(name, math.nan)  # its searches' wall time (NaN: baseline, ensembles)
         rows.append(row)
     return pd.DataFrame(rows)

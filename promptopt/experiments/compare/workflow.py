@@ -217,8 +217,8 @@ def _compare(
         )
     ]
     winners: dict[str, list[Evaluated]] = {"baseline": [baseline] * seeds}
-    baseline_wall = time.perf_counter() - start
-    walls: dict[str, float] = {"baseline": baseline_wall}
+    baseline_seconds = time.perf_counter() - start  # evaluating the default prompt: it is not searched
+    walls: dict[str, float] = {}
     if marker is not None:  # written where the robust studies are about to be: they were searched under it
         atomic_write_text(out / SEARCH_SUITE_FILE, json.dumps(marker, indent=1))
     for (name, s), config in configs.items():
@@ -259,7 +259,6 @@ def _compare(
                 result, ensembles, evaluator, dev, objective=ensemble_objective, seed=s, entry=name
             ).items():
                 winners.setdefault(ensemble_name(name, k), []).append(evaluated)
-                walls.setdefault(ensemble_name(name, k), 0.0)
                 runs.append(row)
     runs_table = pd.DataFrame(runs)
     table = strategy_table(runs_table, winners, walls, seed=base.study.seed)
@@ -281,6 +280,7 @@ def _compare(
         "families_unseen": [f for f in families if f not in seen],
         "seen_rule": "a judged family is seen when the search suite has a family of the same name or operator",
         "n_test": len(test),
+        "baseline_evaluation_seconds": baseline_seconds,
         "n_robust": len(test[:robust_limit]) if the_suite else 0,
         "evaluations": evaluator.evaluations,
         "evaluations_reused": evaluator.reused,

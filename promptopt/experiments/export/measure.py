@@ -57,7 +57,7 @@ def robustness_section(row: dict | None, families: dict | None = None) -> dict |
     if not row or all(row.get(k) is None or (isinstance(row.get(k), float) and math.isnan(row[k])) for k in measured):
         return None  # compared without a suite: the columns exist but hold nothing
     keys = ("pdr", "acc_worst", "acc_worst_family", "acc_var_pert", "taboo_retention_i1")
-    out = {"n": None, **{k: row.get(k) for k in keys}}
+    out = {"n": (families or {}).get("n_robust"), **{k: row.get(k) for k in keys}}
     for key in ("pdr", "acc_worst"):  # intervals, where compare recorded them
         if row.get(f"{key}_ci_low") is not None and row.get(f"{key}_ci_high") is not None:
             out[f"{key}_ci95"] = [row[f"{key}_ci_low"], row[f"{key}_ci_high"]]

@@ -161,12 +161,13 @@ def _export_ensemble(root, out, k, objective, strategy, trial, fmt, device, sele
 
 
 def compare_families(run: Run) -> dict | None:
-    """families_seen / families_unseen of the compare a run belongs to (its summary.json), if any."""
+    """families_seen / families_unseen of the compare a run belongs to (its summary.json), and n_robust: how many
+    test items were stressed, if any."""
     path = run.cache_dir / "summary.json"
     if run.compare_row is None or not path.is_file():
         return None
     summary = json.loads(path.read_text(encoding="utf-8"))
-    return {key: summary.get(key) for key in ("families_seen", "families_unseen")}
+    return {key: summary.get(key) for key in ("families_seen", "families_unseen", "n_robust")}
 
 
 MIN_CLEAN_CORRECT = 20  # fewer clean-correct items than this and a PDR is mostly noise

@@ -275,7 +275,7 @@ def strategy_section(compare: pd.DataFrame, candidates: pd.DataFrame | None, sum
             td(str(r.get("acc_worst_family")) if isinstance(r.get("acc_worst_family"), str) else "—", left=True),
             td(sig(r.get("avg_tcb")), value=r.get("avg_tcb")),
             td(sig(r.get("avg_ppl")), value=r.get("avg_ppl")),
-            td(f"{sig(r.get('wall_seconds'))} s" if finite(r.get("wall_seconds")) else "—"),
+            td(f"{sig(r.get('search_seconds'))} s" if finite(r.get("search_seconds")) else "—"),
         ]
         rows.append(tr(cells, strategy=r["strategy"]))
     out = [table(headers, rows, table_id="strategies-table")]
