@@ -12,6 +12,11 @@ import yaml
 
 from promptopt.errors import ConfigError, UserError
 
+try:
+    import fcntl
+except ImportError:  # not POSIX: temporaries are not locked, and none is ever taken for an orphan
+    fcntl = None
+
 
 def load_yaml(path: str | Path) -> dict:
     """yaml.safe_load a mapping; any problem becomes one ConfigError line naming the file."""
@@ -111,14 +116,65 @@ def cannot_write(path: str | Path, exc: OSError) -> UserError:
     return UserError(f"cannot write {path}: {reason}")
 
 
-def _temp_beside(path: Path, made: list[Path]) -> str:
-    """A temp file in `path`'s folder, creating the folder (the folders created are appended to `made`)."""
+# The atomic writers' temporaries: `<name>.<8 characters of mkstemp>.tmp` beside the file they become. The
+# writer holds an exclusive flock on its temporary until it is renamed or removed, so a temporary that nobody
+# holds was left by a process that died (kill -9, power cut): `remove_orphaned_temporaries` removes those.
+TEMP_PATTERN = re.compile(r"^(?P<name>.+)\.[A-Za-z0-9_]{8}\.tmp$")
+
+
+def _temp_beside(path: Path, made: list[Path], held: list[int]) -> str:
+    """A temp file in `path`'s folder, locked for as long as its descriptor (appended to `held`) stays open;
+    creates the folder (the folders created are appended to `made`)."""
     missing = [p for p in [path.parent, *path.parent.parents] if not p.exists()]
     path.parent.mkdir(parents=True, exist_ok=True)
     made.extend(missing)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    return tmp
+    while True:
+        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+        if fcntl is None:
+            os.close(fd)
+            return tmp
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:  # a file system without locks: no cleaner can lock (and so remove) it either
+            held.append(fd)
+            return tmp
+        try:
+            if os.stat(tmp).st_ino == os.fstat(fd).st_ino:  # not taken for an orphan before it was locked
+                held.append(fd)
+                return tmp
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+
+
+def _release(held: list[int]) -> None:
+    for fd in held:
+        os.close(fd)
+
+
+def remove_orphaned_temporaries(folder: str | Path, *, recursive: bool = False) -> list[Path]:
+    """Remove the atomic writers' temporaries in `folder` (and below, if `recursive`) that no live writer holds:
+    what a process killed while writing left. A writer at work keeps its own. -> the files removed."""
+    folder = Path(folder)
+    if fcntl is None or not folder.is_dir():
+        return []
+    removed = []
+    for path in sorted(folder.rglob("*.tmp") if recursive else folder.glob("*.tmp")):
+        if not TEMP_PATTERN.match(path.name) or not path.is_file() or path.is_symlink():
+            continue
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            path.unlink()
+            removed.append(path)
+        except OSError:  # held by a writer at work (BlockingIOError), or not ours to remove
+            pass
+        finally:
+            os.close(fd)
+    return removed
 
 
 def remove_empty_dirs(folders) -> None:
@@ -140,11 +196,12 @@ def atomic_write_texts(files: list[tuple[str | Path, str]]) -> None:
     written, so a full disk or a forbidden folder leaves neither half a file nor some of the files."""
     written: list[tuple[str, Path]] = []
     made: list[Path] = []
+    held: list[int] = []
     current = None
     try:
         for path, text in files:
             current = Path(path)
-            tmp = _temp_beside(current, made)
+            tmp = _temp_beside(current, made, held)
             written.append((tmp, current))
             with open(tmp, "w", encoding="utf-8") as handle:
                 handle.write(text)
@@ -158,15 +215,16 @@ def atomic_write_texts(files: list[tuple[str | Path, str]]) -> None:
     finally:
         for tmp, _ in written:
             Path(tmp).unlink(missing_ok=True)
+        _release(held)
         remove_empty_dirs(made)
 
 
 def atomic_write_bytes_via(path: str | Path, writer) -> None:
     """Call writer(tmp_path) then rename onto `path` (for pandas to_parquet/to_csv)."""
     path = Path(path)
-    tmp, made = None, []
+    tmp, made, held = None, [], []
     try:
-        tmp = _temp_beside(path, made)
+        tmp = _temp_beside(path, made, held)
         writer(tmp)
         os.chmod(tmp, 0o666 & ~current_umask())
         os.replace(tmp, path)
@@ -176,6 +234,7 @@ def atomic_write_bytes_via(path: str | Path, writer) -> None:
     finally:
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
+        _release(held)
         remove_empty_dirs(made)
 
 
@@ -265,18 +324,24 @@ def write_table(frame, path: str | Path) -> None:
         atomic_write_bytes_via(path, lambda p: frame.to_csv(p, index=False))
 
 
-def write_parquet_and_csv(frame, stem: str | Path) -> list[Path]:
-    """stem.parquet and stem.csv, atomically: run tables are read by programs (Parquet) and people (CSV).
-    Object cells that Parquet cannot hold (lists, dicts) are written as JSON text."""
+def json_cells(frame):
+    """A copy of `frame` whose object cells that Parquet cannot hold (lists, dicts) are JSON text."""
     import json
 
-    stem = Path(stem)
     table = frame.copy()
     for name in table.columns:
         if table[name].dtype == object:
             table[name] = table[name].map(
                 lambda v: v if v is None or isinstance(v, str) else json.dumps(v, default=str)
             )
+    return table
+
+
+def write_parquet_and_csv(frame, stem: str | Path) -> list[Path]:
+    """stem.parquet and stem.csv, atomically: run tables are read by programs (Parquet) and people (CSV).
+    Object cells that Parquet cannot hold (lists, dicts) are written as JSON text."""
+    stem = Path(stem)
+    table = json_cells(frame)
     paths = [stem.with_suffix(".parquet"), stem.with_suffix(".csv")]
     write_table(table, paths[0])
     write_table(table, paths[1])

@@ -158,6 +158,8 @@ FILE_SECONDS = {
     "test_calibrated_cards": 100,
     "test_docs": 50,
     "test_decision": 10,
+    "test_card_integrity": 35,  # busy runs, 2026-12-04
+    "test_table_sets": 25,
     "test_tasks_rte_mrpc": 5,
     "test_propose": 128,
     "test_reliability": 110,

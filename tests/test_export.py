@@ -400,6 +400,7 @@ def test_export_from_a_compare_directory_never_reads_the_test_set(tiny_llama_dir
     card is chosen, and the card says by which rule. Named trials and robust picks after the fact too."""
     from promptopt.experiments import run_compare
     from promptopt.experiments.export import compare_candidates, export_run, open_run
+    from tests.test_table_sets import reseal
 
     config = SearchConfig.build(
         task="sst2",
@@ -443,9 +444,11 @@ def test_export_from_a_compare_directory_never_reads_the_test_set(tiny_llama_dir
         shuffled.loc[searched, test_columns] = runs.loc[np.roll(searched, shift), test_columns].to_numpy()
         shuffled.loc[searched, "avg_acc"] = np.roll(distinct, shift)
         shuffled.to_csv(root / "compare_runs.csv", index=False)
+        reseal(root)  # changed on purpose: sealed again as a complete set
         again = open_run(root)
         assert (again.config.study.strategy, again.winner_trial) == (picked.config.study.strategy, picked.winner_trial)
     runs.to_csv(root / "compare_runs.csv", index=False)
+    reseal(root)
 
     robust = export_run(root, out=tmp_path / "robust.yaml", select="robust")
     assert (

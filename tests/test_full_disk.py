@@ -472,7 +472,7 @@ def test_a_cache_that_fills_while_the_model_is_written_is_one_line_and_removes_i
     a *.tmp-* folder left by a process killed while writing is removed by the next run, which succeeds."""
     from collections import namedtuple
 
-    import promptopt.models.load as load
+    import promptopt.models.gguf_cache as load
 
     monkeypatch.setenv("PROMPTOPT_CACHE", str(disk.path))
     usage = namedtuple("usage", "total used free")

@@ -167,7 +167,7 @@ def test_processes_that_need_one_gguf_at_once_dequantize_it_once(tmp_path, monke
     import threading
     import time
 
-    from promptopt.models import load
+    from promptopt.models import gguf_cache as load
 
     monkeypatch.setenv("PROMPTOPT_CACHE", str(tmp_path / "cache"))
     (tmp_path / "m.gguf").write_bytes(b"GGUF")

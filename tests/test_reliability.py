@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -120,6 +121,7 @@ def test_compare_killed_at_every_phase_resumes_to_the_uninterrupted_tables(whole
     compare = [*COMPARE, "--model", model, "--out", str(out)]
     kill_at(compare, "compare-robust", nth=2)  # the baseline stressed, the first study's winner half-way
     assert (out / "study.db").exists() and not (out / "compare.csv").exists()
+    assert_readers_refuse(out, whole, tmp_path)  # no table yet: a compare all the same, and an interrupted one
     for phase in ("compare-search", "trial", "compare-test"):  # the 2nd study not started; in its trial; its winner
         kill_at([*compare, "--resume"], phase, nth=2 if phase == "compare-search" else 1)
         assert_run_dir_parses(out / "ppl")
@@ -153,6 +155,67 @@ def test_a_compare_whose_study_cannot_fold_its_log_is_one_line_then_resumes_to_t
         alone = standing_alone(out / "study.db", tmp_path / "alone")
         assert len(optuna.get_all_study_summaries(alone)) == 3
         assert_same_tables(whole, out)
+
+
+def assert_readers_refuse(out: Path, whole: Path, tmp_path: Path) -> None:
+    """report, export (the dev winner, --select robust, --ensemble) and pair (either side) each refuse `out`'s
+    incomplete table set in the same one line, and write nothing."""
+    refused = (
+        f"error: {out}: its tables are not a complete set (no tables.json): the compare was interrupted while writing "
+        "them, or wrote them before promptopt kept table sets; finish it with `promptopt compare ... --resume`"
+    )
+    card = tmp_path / "card.yaml"
+    for command in (
+        ["report", out, "--out", tmp_path / "report.html"],
+        ["export", out, "--out", card],
+        ["export", out, "--out", card, "--select", "robust"],
+        ["export", out, "--out", card, "--ensemble", "2"],
+        ["pair", whole, out],
+        ["pair", out, whole],
+    ):
+        run = promptopt(*command)
+        assert_one_error_line(run, refused)
+        assert run.stderr.strip() == refused, (command, run.stderr)
+    assert not card.exists() and not (tmp_path / "report.html").exists()
+
+
+def test_a_compare_stopped_between_its_tables_is_refused_then_resume_completes_the_set(whole, model, tmp_path):
+    """The issue's two cases. kill -9 with compare.parquet's temporary made and nothing in it: compare.csv alone, an
+    empty compare.parquet.*.tmp and no tables.json. The resume, Ctrl-C'd after it rewrote compare.csv: compare.csv
+    alone again (the orphan removed before anything was written). Each time every reader refuses in one line; the
+    next --resume completes the set: the uninterrupted compare's tables, no temporary left."""
+    from promptopt.search.tableset import check_table_set
+    from tests.test_table_sets import temporaries
+
+    out = tmp_path / "run"
+    compare = [*COMPARE, "--model", model, "--out", str(out)]
+    kill_at(compare, "compare-table-write", nth=2)  # compare.csv in place, compare.parquet's temporary just made
+    (orphan,) = out.glob("compare.parquet.*.tmp")
+    assert orphan.stat().st_size == 0 and (out / "compare.csv").is_file()
+    assert not any((out / n).exists() for n in ("compare.parquet", "compare_runs.csv", "summary.json", "tables.json"))
+    assert_readers_refuse(out, whole, tmp_path)
+    stopped = Run(*compare, "--resume", PROMPTOPT_FAULT_SLEEP="compare-tables:120")
+    stopped.wait_for("fault-point compare-tables")
+    stopped.proc.send_signal(signal.SIGINT)
+    stopped.finish()
+    assert stopped.code == 130 and "interrupted" in stopped.stderr, stopped.stderr
+    assert temporaries(out) == [] and (out / "compare.csv").is_file() and not (out / "compare.parquet").exists()
+    assert_readers_refuse(out, whole, tmp_path)
+    assert_ok(cli(*compare, "--resume"))
+    assert temporaries(out) == []
+    files = [f["name"] for f in check_table_set(out, "compare")["files"]]
+    assert files == [
+        "compare.csv",
+        "compare.parquet",
+        "compare_runs.csv",
+        "compare_paired.csv",
+        "robustness_items.parquet",
+        "test_items.parquet",
+        "summary.json",
+    ]
+    assert_same_tables(whole, out)
+    paired = promptopt("pair", whole, out)
+    assert paired.code == 0, paired.stderr
 
 
 def test_finished_compare_rerun_reuses_everything_and_scores_nothing(whole, model, tmp_path):
@@ -502,6 +565,7 @@ def test_pair_reproduces_the_compares_own_paired_numbers(whole, tmp_path):
     0 with p = 1 for a strategy paired with itself."""
     from promptopt.errors import UserError
     from promptopt.experiments.pair_runs import pair_runs
+    from tests.test_table_sets import reseal
 
     swapped, swap = tmp_path / "swapped", {"ppl": "tcb", "tcb": "ppl"}
     shutil.copytree(whole, swapped)
@@ -523,6 +587,7 @@ def test_pair_reproduces_the_compares_own_paired_numbers(whole, tmp_path):
         table.unlink()  # whichever trial won (`--select robust`: not the best)
     swapped_runs = pd.read_csv(swapped / "compare_runs.csv")
     swapped_runs.assign(trial=swapped_runs["trial"] + 1).to_csv(swapped / "compare_runs.csv", index=False)
+    reseal(swapped)  # changed on purpose: sealed again as a complete set
     table = pair_runs(whole, swapped, seed=1234).set_index("strategy")
     own = pd.read_csv(whole / "compare_paired.csv")
     row = own[(own["a"] == "ppl") & (own["b"] == "tcb")].iloc[0]
@@ -549,10 +614,12 @@ def test_pair_reproduces_the_compares_own_paired_numbers(whole, tmp_path):
     old = tmp_path / "old"
     shutil.copytree(whole, old)
     (old / "test_items.parquet").unlink()
+    reseal(old)
     assert pair_runs(whole, old, seed=1234).set_index("strategy").loc["ppl", "delta_acc"] == 0
     runs.assign(trial=runs["trial"].where(runs["strategy"] != "ppl", runs["trial"] + 1)).to_csv(
         old / "compare_runs.csv", index=False
     )
+    reseal(old)
     with pytest.raises(
         UserError,
         match=r"the winner of ppl seed 0 is trial \d+, not its search's best trial .*predates test_items.parquet",

@@ -24,6 +24,7 @@ import pytest
 
 from tests.clirun import assert_one_line_error
 from tests.clirun import promptopt as run_cli
+from tests.test_table_sets import reseal
 
 REPO = Path(__file__).resolve().parent.parent
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
@@ -407,6 +408,7 @@ def test_paired_table_and_verdict_follow_an_edited_csv(compare_dir, tmp_path):
             0.2083,
         )
     paired.to_csv(run / "compare_paired.csv", index=False)
+    reseal(run)  # changed on purpose: sealed again as a complete set
     page = build_report(run)
     assert_page_says(page, pd.read_csv(run / "compare_paired.csv"))
     assert "McNemar p = 0.07, not significant" in page  # compare's flag decides, not the interval alone
@@ -679,6 +681,7 @@ def test_what_only_some_runs_have_is_drawn(compare_dir, tmp_path):
     run = tmp_path / "cmp"
     shutil.copytree(compare_dir, run)
     _items(compare_dir).to_parquet(run / "robustness_items.parquet")
+    reseal(run)  # changed on purpose: sealed again as a complete set
     (run / "robustness.csv").write_text(FAMILIES)
     (run / "tcb" / "taboo.csv").write_text(TABOO)
     prompts = pd.DataFrame(

@@ -69,8 +69,8 @@ def verify_command(
 
     quiet_libraries()
     result = verify_card(card, limit=limit, model=model, device=device)
-    for line in result.lines():
-        console.print(line, markup=False, highlight=False)
+    for line in result.lines():  # whole lines, never wrapped: each names what it checked
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
     if not result.ok:
         raise typer.Exit(1)
 

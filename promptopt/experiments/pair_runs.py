@@ -18,10 +18,15 @@ import pandas as pd
 
 from promptopt.errors import UserError
 from promptopt.experiments.compare import ITEMS_FILE, TEST_ITEMS_FILE, Evaluated, paired_table
+from promptopt.experiments.export.select import is_compare_dir
+from promptopt.search.tableset import check_table_set
 
 
 def _winners(root: Path) -> tuple[dict[str, list[Evaluated]], dict]:
-    """strategy -> its winners' evaluations, seed by seed, rebuilt from a finished compare's files."""
+    """strategy -> its winners' evaluations, seed by seed, rebuilt from a finished compare's files (a complete
+    table set: search/tableset.py)."""
+    if is_compare_dir(root):
+        check_table_set(root, "compare")
     for name in ("compare_runs.csv", "summary.json"):
         if not (root / name).is_file():
             raise UserError(f"{root}: not a finished compare directory (no {name})")

@@ -1,10 +1,14 @@
 """`promptopt verify CARD`: does this card still score what it recorded, here?
 
-Checks, in the order a difference is cheapest to find: the prompt fields are as exported; the model's
+Checks, in the order a difference is cheapest to find: the prompt fields and every other field that decides the
+score (check.fields_sha256: the task, rendering, answer, generation, decision, model, data — test ids included —,
+the recorded test metrics and each ensemble member) are as exported; the model's
 weights, tokenizer and chat template have the recorded fingerprints; the task file, data and carving are
 the recorded ones and hold the recorded items; the first test item renders to the recorded text and token
 ids; re-scored (no result cache) on the recorded test items, the accuracy lies inside the recorded 95%
-interval. Each difference is one line naming what changed (and, for items, which flipped).
+interval. Each difference is one line naming what changed (and, for items, which flipped). A card exported
+before the field hashes existed is verified as before, with a `note` line naming the fields it cannot check;
+an error met on a card whose fields were edited (a recorded model or task that is gone) names the edit too.
 
 A model that differs from the recorded one is never used silently: the recorded model missing is an error
 (exit 2); another model given with `--model` is scored, and its fingerprint difference fails the check.
@@ -15,7 +19,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from promptopt.card import edited_fields, sha256_text, token_ids_sha256, validate_card
+from promptopt.card import (
+    edited_fields,
+    edited_scored_fields,
+    sha256_text,
+    token_ids_sha256,
+    unchecked_fields,
+    validate_card,
+)
 from promptopt.errors import ConfigError, UserError
 from promptopt.yamlio import Fields, load_yaml
 
@@ -25,6 +36,7 @@ class Check:
     name: str
     ok: bool
     detail: str
+    note: bool = False  # nothing to check against (an older card): said, never a failure
 
 
 @dataclass
@@ -42,11 +54,11 @@ class Verification:
     def ok(self) -> bool:
         return all(c.ok for c in self.checks)
 
-    def add(self, name: str, ok: bool, detail: str) -> None:
-        self.checks.append(Check(name, ok, detail))
+    def add(self, name: str, ok: bool, detail: str, *, note: bool = False) -> None:
+        self.checks.append(Check(name, ok, detail, note))
 
     def lines(self) -> list[str]:
-        out = [f"{'ok  ' if c.ok else 'FAIL'}  {c.name}: {c.detail}" for c in self.checks]
+        out = [f"{'note' if c.note else 'ok  ' if c.ok else 'FAIL'}  {c.name}: {c.detail}" for c in self.checks]
         for item_id, before, now in self.flipped:
             out.append(
                 f"      flipped {item_id}: recorded {'correct' if before else 'wrong'}, now {'correct' if now else 'wrong'}"
@@ -94,6 +106,44 @@ def verify_card(
 ) -> Verification:
     import time
 
+    start = time.perf_counter()
+    card = read_card(path)
+    spec = model or card["model"]["spec"]
+    result = Verification(card=Path(path), model=spec)
+
+    # 1. the card is the one exported: its prompt fields, and every other field that decides its score
+    edited = edited_fields(card)
+    result.add("prompt fields", not edited, "as exported" if not edited else f"{', '.join(edited)} edited after export")
+    scored = edited_scored_fields(card)
+    if scored is None:
+        result.add(
+            "card fields",
+            True,
+            f"not checked: exported before promptopt hashed them, so an edit of {unchecked_fields(card)} goes "
+            "unnoticed here (export the card again to cover them)",
+            note=True,
+        )
+    else:
+        result.add(
+            "card fields",
+            not scored,
+            f"as exported ({len(card['check']['fields_sha256'])} fields)"
+            if not scored
+            else f"{', '.join(scored)} edited after export",
+        )
+    try:
+        _verify(card, str(path), result, limit=limit, model=model, device=device)
+    except UserError as exc:  # e.g. a recorded model or task that is gone: when fields were edited, say which
+        changed = edited + (scored or [])
+        if not changed:
+            raise
+        raise type(exc)(f"{exc} ({', '.join(changed)} edited after export)") from None
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def _verify(card: dict, where: str, result: Verification, *, limit: int | None, model: str | None, device: str):
+    """Steps 2-5 of verify_card: the model, the task and items, the rendering, the re-score."""
     from promptopt.errors import ModelNotFoundError
     from promptopt.experiments.fingerprint import (
         chat_template_sha256,
@@ -110,16 +160,7 @@ def verify_card(
     from promptopt.prompts import prompt_from_card
     from promptopt.tasks.data import DataConfig
 
-    start = time.perf_counter()
-    card = read_card(path)
-    where = str(path)
-    recorded_model = card["model"]
-    spec = model or recorded_model["spec"]
-    result = Verification(card=Path(path), model=spec)
-
-    # 1. the prompt is the one exported
-    edited = edited_fields(card)
-    result.add("prompt fields", not edited, "as exported" if not edited else f"{', '.join(edited)} edited after export")
+    recorded_model, spec = card["model"], result.model
 
     # 2. the model (weights) — before anything loads
     try:
@@ -225,8 +266,6 @@ def verify_card(
         if low is not None
         else f"{result.accuracy:.4f}; no recorded interval",
     )
-    result.seconds = time.perf_counter() - start
-    return result
 
 
 __all__ = ["Check", "Verification", "read_card", "verify_card"]

@@ -1,5 +1,6 @@
 """A finished study's run directory: the trials table, the winner re-scored on dev and test, its card, the
-summary, and the strategy's ranking of distinct trials (what `compare --top-n` evaluates)."""
+summary, and the strategy's ranking of distinct trials (what `compare --top-n` evaluates). The files are one
+table set (search/tableset.py): tables.json, written last, tells readers the set is complete."""
 
 from __future__ import annotations
 
@@ -13,12 +14,13 @@ from promptopt.search.config import redact
 from promptopt.search.context import SearchContext, SearchResult, decode, note
 from promptopt.search.recovery import fault_point
 from promptopt.search.strategies import select_winner
+from promptopt.search.tableset import TableSet
 from promptopt.search.trial import is_duplicate
-from promptopt.yamlio import atomic_write_text, write_parquet_and_csv
 
 
 def write_outputs(ctx: SearchContext, study, cached, wall: float, hits_before: int, misses_before: int) -> SearchResult:
-    """trials table, winner re-scored on dev and test, card and summary: each file written atomically."""
+    """trials table, winner re-scored on dev and test, card and summary: each file written atomically, the set
+    sealed by tables.json last."""
     from promptopt.prompts import save_card
     from promptopt.scoring import summarize
 
@@ -33,14 +35,17 @@ def write_outputs(ctx: SearchContext, study, cached, wall: float, hits_before: i
             "duration",
         )
     )
-    write_parquet_and_csv(trials, out / "trials")
+    tables = TableSet(out, "search").begin()
+    tables.frame("trials.parquet", trials)
+    tables.frame("trials.csv", trials)
     pareto = None
     if ctx.strategy.multi_objective:
         front = study.best_trials
         pareto = pd.DataFrame(
             [{"number": t.number, "accuracy": t.values[0], "signed_stability": t.values[1], **t.params} for t in front]
         )
-        write_parquet_and_csv(pareto, out / "pareto_front")
+        tables.frame("pareto_front.parquet", pareto)
+        tables.frame("pareto_front.csv", pareto)
     candidates = _candidates(study, ctx.strategy)
     winner, selection = select_winner(ctx.strategy, candidates)
     best = next(t for t in study.trials if t.number == winner["number"])
@@ -49,7 +54,8 @@ def write_outputs(ctx: SearchContext, study, cached, wall: float, hits_before: i
     fault_point("rescore")
     dev_table, test_table, rule = _winner_tables(ctx, cached, prompt)
     dev, test = summarize(dev_table), summarize(test_table)
-    write_parquet_and_csv(test_table, out / "best_test_items")
+    tables.frame("best_test_items.parquet", test_table)
+    tables.frame("best_test_items.csv", test_table)
     fault_point("card")
     provenance = {
         "task": ctx.data.spec.name,
@@ -70,6 +76,7 @@ def write_outputs(ctx: SearchContext, study, cached, wall: float, hits_before: i
         provenance["instruction_provenance"] = {"name": best.params["instruction"], **proposed}
     card_path = out / "best_card.yaml"
     save_card(prompt, card_path, provenance)
+    tables.add(card_path.name)
     hits, misses = cached.cache.hits - hits_before, cached.cache.misses - misses_before
     hit_rate = hits / (hits + misses) if hits + misses else float("nan")
     duplicates = sum(is_duplicate(t) for t in study.get_trials(deepcopy=False))
@@ -106,7 +113,8 @@ def write_outputs(ctx: SearchContext, study, cached, wall: float, hits_before: i
         "duplicates_skipped": duplicates,
         "pairs_scored": pairs_scored,
     }
-    atomic_write_text(out / "summary.json", json.dumps(summary, indent=1, default=str))
+    tables.text("summary.json", json.dumps(summary, indent=1, default=str))
+    tables.seal()
     return result
 
 

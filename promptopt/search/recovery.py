@@ -35,7 +35,9 @@ def fault_point(phase: str) -> None:
     the trials table, before the card and summary); compare-search (before a compare's next study),
     compare-test (before a prompt's test scoring), compare-robust (before its robustness evaluation);
     create-storage (a new run, checked, about to create its study's storage); checkpoint (the run's
-    outputs written, its storage about to be closed and SQLite's write-ahead log folded into study.db)."""
+    outputs written, its storage about to be closed and SQLite's write-ahead log folded into study.db);
+    search-table-write / compare-table-write (a table's temporary file made, nothing in it yet) and
+    search-tables / compare-tables (after each file of the run's table set is in place: search/tableset.py)."""
     name, _, rest = os.environ.get(FAULT_ENV, "").partition(":")
     if name != phase:
         return

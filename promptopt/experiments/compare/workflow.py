@@ -26,7 +26,7 @@ from promptopt.search import SearchConfig, get_strategy, run_search
 from promptopt.search.config import default_storage_url
 from promptopt.search.recovery import fault_point
 from promptopt.tasks.item import items_sha256
-from promptopt.yamlio import atomic_write_text, check_output, remove_empty_dirs
+from promptopt.yamlio import atomic_write_text, check_output, remove_empty_dirs, remove_orphaned_temporaries
 
 
 @dataclass
@@ -168,6 +168,8 @@ def _compare(
         if pending is not None:
             pending.unlink(missing_ok=True)  # refused: the space file of the earlier run stays as it was
         raise
+    if base.study.resume:  # the temporaries a killed compare left (its studies' folders and evaluations too)
+        remove_orphaned_temporaries(out, recursive=True)
     if pending is not None:  # the plan holds with the proposed space: put it in place, under its final name
         final = out / "space.yaml"
         os.replace(pending, final)

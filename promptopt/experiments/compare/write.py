@@ -1,6 +1,7 @@
 """What a compare writes in its run directory: the strategy table (compare.csv / .parquet), every evaluated
 candidate (compare_runs.csv), the pairs (compare_paired.csv), every winner's answers (test_items.parquet and,
-with a suite, robustness_items.parquet) and summary.json; each file atomically."""
+with a suite, robustness_items.parquet) and summary.json: each file atomically, and the whole as one table set
+(search/tableset.py) sealed by tables.json, so a reader tells a complete set from an interrupted one."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from promptopt.yamlio import atomic_write_bytes_via, atomic_write_text, write_table
+from promptopt.search.tableset import TableSet
 
 ITEMS_FILE = "robustness_items.parquet"
 TEST_ITEMS_FILE = "test_items.parquet"  # every winner's test answers: what `pair` pairs, whichever trial won
@@ -43,13 +44,15 @@ def winner_test_answers(winners: dict) -> pd.DataFrame | None:
 def write_outputs(
     out: Path, table, runs, paired, summary, items: pd.DataFrame | None = None, test_items: pd.DataFrame | None = None
 ) -> None:
-    """Every table of the compare, and summary.json last."""
-    atomic_write_bytes_via(out / "compare.csv", lambda p: table.to_csv(p, index=False))
-    atomic_write_bytes_via(out / "compare.parquet", lambda p: table.to_parquet(p, index=False))
-    atomic_write_bytes_via(out / "compare_runs.csv", lambda p: runs.to_csv(p, index=False))
-    atomic_write_bytes_via(out / "compare_paired.csv", lambda p: paired.to_csv(p, index=False))
+    """Every table of the compare, then summary.json, then tables.json: the set is complete."""
+    tables = TableSet(out, "compare").begin()
+    tables.file("compare.csv", lambda p: table.to_csv(p, index=False))
+    tables.file("compare.parquet", lambda p: table.to_parquet(p, index=False))
+    tables.file("compare_runs.csv", lambda p: runs.to_csv(p, index=False))
+    tables.file("compare_paired.csv", lambda p: paired.to_csv(p, index=False))
     if items is not None:
-        write_table(items, out / ITEMS_FILE)
+        tables.file(ITEMS_FILE, lambda p: items.to_parquet(p, index=False))
     if test_items is not None:
-        write_table(test_items, out / TEST_ITEMS_FILE)
-    atomic_write_text(out / "summary.json", json.dumps(summary, indent=1, default=str))
+        tables.file(TEST_ITEMS_FILE, lambda p: test_items.to_parquet(p, index=False))
+    tables.text("summary.json", json.dumps(summary, indent=1, default=str))
+    tables.seal()

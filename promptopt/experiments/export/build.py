@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from promptopt.card import prompt_hashes, sha256_json, sha256_text, token_ids_sha256, validate_card
+from promptopt.card import field_hashes, prompt_hashes, sha256_json, sha256_text, token_ids_sha256, validate_card
 from promptopt.errors import UserError
 from promptopt.experiments.export.measure import clean, measured
 from promptopt.experiments.session import Session
@@ -168,6 +168,7 @@ def build_card(
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     card = clean(card)
+    card["check"]["fields_sha256"] = field_hashes(card)  # of the values as written: after clean()
     validate_card(card, "exported card")
     light = card_prompt(card, "exported card").render(first.question, first.choices)
     if light != text:

@@ -10,14 +10,17 @@ from pathlib import Path
 from promptopt.errors import UserError
 from promptopt.experiments.ensemble import Member, greedy_select
 from promptopt.experiments.export.runs import Run, decode_trial, load_study, open_run
+from promptopt.experiments.export.select import is_compare_dir
+from promptopt.search.tableset import check_table_set
 
 MAX_CANDIDATES = 32  # the best distinct trials by dev accuracy that may become members
 
 
 def search_runs(root: Path, strategy: str | None) -> list[Run]:
     """The searches of a compare directory (every strategy and seed, or `strategy`'s), or the search run itself."""
-    if not (root / "compare.csv").is_file():
+    if not is_compare_dir(root):
         return [open_run(root, strategy=strategy)]
+    check_table_set(root, "compare")
     summary = (
         json.loads((root / "summary.json").read_text(encoding="utf-8")) if (root / "summary.json").is_file() else {}
     )

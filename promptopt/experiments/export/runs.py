@@ -9,8 +9,15 @@ from pathlib import Path
 
 from promptopt.errors import UserError
 from promptopt.experiments.export.measure import clean
-from promptopt.experiments.export.select import compare_candidates, plain_row, select_by_dev, strategy_rows
+from promptopt.experiments.export.select import (
+    compare_candidates,
+    is_compare_dir,
+    plain_row,
+    select_by_dev,
+    strategy_rows,
+)
 from promptopt.prompts import Prompt
+from promptopt.search.tableset import check_table_set
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,7 +44,7 @@ def open_run(run_dir: str | Path, *, strategy: str | None = None, pick: dict | N
     if not root.is_dir():
         raise UserError(f"{root}: no such run directory")
     compare_row = None
-    if (root / "compare.csv").is_file():
+    if is_compare_dir(root):
         candidates = strategy_rows(compare_candidates(root), strategy, root)
         if pick is None:
             pick, selection = select_by_dev(candidates)
@@ -66,6 +73,7 @@ def open_run(run_dir: str | Path, *, strategy: str | None = None, pick: dict | N
         raise UserError(
             f"{path}: no finished study (summary.json missing): finish it with `promptopt search ... --resume`"
         )
+    check_table_set(path, "search", resume_with="compare" if cache_dir != path else "search")
     summary = json.loads((path / "summary.json").read_text(encoding="utf-8"))
     return Run(
         path=path,

@@ -7,16 +7,23 @@ import math
 from pathlib import Path
 
 from promptopt.errors import UserError
+from promptopt.search.tableset import check_table_set
 
 SELECTIONS = ("dev", "robust")
 _CANDIDATE_COLUMNS = {"strategy", "seed", "rank", "winner", "trial", "dev_accuracy"}
 
 
+def is_compare_dir(root: Path) -> bool:
+    """A compare directory, finished or not: its tables, or the evaluations it stores before any table."""
+    return any((root / n).is_file() for n in ("compare.csv", "compare_runs.csv")) or (root / "evaluations").is_dir()
+
+
 def compare_candidates(root: Path):
     """Every prompt a compare evaluated for a searched strategy (compare_runs.csv: each search's top-N, with its
-    dev accuracy), in the compare's order. Selection reads the dev columns only."""
+    dev accuracy), in the compare's order, from its complete table set. Selection reads the dev columns only."""
     import pandas as pd
 
+    check_table_set(root, "compare")
     path = root / "compare_runs.csv"
     if not path.is_file():
         raise UserError(f"{root}: compare_runs.csv missing: the compare did not finish (rerun it with --resume)")

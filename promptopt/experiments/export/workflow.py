@@ -20,7 +20,7 @@ from promptopt.experiments.export.runs import (
     pick_trial,
     winner_number,
 )
-from promptopt.experiments.export.select import SELECTIONS, compare_candidates, strategy_rows
+from promptopt.experiments.export.select import SELECTIONS, compare_candidates, is_compare_dir, strategy_rows
 from promptopt.experiments.session import Session
 from promptopt.prompts import Prompt
 from promptopt.yamlio import check_output
@@ -71,7 +71,7 @@ def export_run(
     if ensemble is not None:
         return _export_ensemble(root, out, ensemble, ensemble_objective, strategy, trial, fmt, device, select)
     if select == "robust":
-        if not (root / "compare.csv").is_file():
+        if not is_compare_dir(root):
             raise UserError(
                 f"--select robust: {root} is not a compare directory (a search run has one winner; pass --trial to pick another)"
             )

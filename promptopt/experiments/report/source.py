@@ -18,6 +18,8 @@ import pandas as pd
 
 from promptopt.errors import UserError
 from promptopt.experiments.export import Run, load_study, open_run
+from promptopt.experiments.export.select import is_compare_dir
+from promptopt.search.tableset import check_table_set
 
 FAMILY_COLUMNS = {"family", "acc_clean_same_items", "acc_perturbed"}
 TABOO_COLUMNS = {"rank", "retention", "retention_ci_low", "retention_ci_high"}
@@ -161,7 +163,8 @@ def read_source(run_dir: str | Path, *, robustness: list[Path] = (), taboo: list
 
 
 def _by_kind(root: Path) -> Source:
-    if (root / "compare.csv").is_file():
+    if is_compare_dir(root):  # its tables only as a complete set (each search's are checked by open_run)
+        check_table_set(root, "compare")
         compare = pd.read_csv(root / "compare.csv")
         strategies = [s for s in compare["strategy"] if s != "baseline"]
         summary = (
