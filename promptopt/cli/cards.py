@@ -41,6 +41,17 @@ def export_command(
         help="K: a K-member ensemble card, its members chosen by greedy forward selection on dev among the run's "
         "finished trials (every search of a compare, or --strategy's); serving it costs K forwards per input",
     ),
+    flag_rate: float | None = typer.Option(
+        None,
+        "--flag-rate",
+        help="R: record a fragility threshold that flags a share R of the dev answers (e.g. 0.2), with what it meant "
+        "on dev under the search suite: flip rates of flagged and unflagged answers (docs: Serving)",
+    ),
+    flag_signal: str = typer.Option(
+        "auto",
+        "--flag-signal",
+        help="the flag's signal: tcb, margin, top_prob, entropy, or auto (the largest dev flip-rate gap)",
+    ),
 ) -> None:
     """Export the winner (or a named trial) of a run as a prompt card that records everything its score depends on."""
     from promptopt.experiments.export import export_run
@@ -48,7 +59,16 @@ def export_command(
     quiet_libraries()
     print_export(
         export_run(
-            run_dir, out=out, strategy=strategy, trial=trial, fmt=fmt, device=device, select=select, ensemble=ensemble
+            run_dir,
+            out=out,
+            strategy=strategy,
+            trial=trial,
+            fmt=fmt,
+            device=device,
+            select=select,
+            ensemble=ensemble,
+            flag_rate=flag_rate,
+            flag_signal=flag_signal,
         )
     )
 
