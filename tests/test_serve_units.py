@@ -376,3 +376,21 @@ def test_the_risk_coverage_command_writes_its_table_and_plot(tmp_path):
     assert (tmp_path / "out" / "risk_coverage.png").read_bytes()[:4] == b"\x89PNG"
     missing = promptopt("diagnose", "risk-coverage", tmp_path / "nothing")
     assert missing.returncode == 2 and missing.stderr.startswith("error:")
+
+
+def test_the_cards_threshold_is_checked_on_the_compares_test_answers():
+    from promptopt.experiments.export.fragility import check_on_test
+
+    items = _items()  # δ_TCB k+1; the 8 smallest flip under an unseen family
+    seen = items[items["family"].notna()].assign(family="synonym", seen=True, perturbed_prediction="0")
+    items = pd.concat([items, seen], ignore_index=True)  # flips under a seen family do not count
+    section = {
+        "signal": "tcb",
+        "threshold": 4.5,  # flags answers 0..3
+        "signals": {"tcb": {"flagged": {"flip_rate": 1.0}, "unflagged": {"flip_rate": 0.5}}},
+    }
+    test = check_on_test(items, section)
+    assert test["n"] == 40 and test["flagged_share"] == pytest.approx(0.1)
+    assert test["flagged"]["flipped"] == 4 and test["flagged"]["n"] == 4
+    assert test["unflagged"]["flipped"] == 4 and test["unflagged"]["n"] == 36
+    assert test["dev_flip_rate_inside"] == {"flagged": True, "unflagged": False}

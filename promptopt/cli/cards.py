@@ -57,20 +57,42 @@ def export_command(
     from promptopt.experiments.export import export_run
 
     quiet_libraries()
-    print_export(
-        export_run(
-            run_dir,
-            out=out,
-            strategy=strategy,
-            trial=trial,
-            fmt=fmt,
-            device=device,
-            select=select,
-            ensemble=ensemble,
-            flag_rate=flag_rate,
-            flag_signal=flag_signal,
-        )
+    exported = export_run(
+        run_dir,
+        out=out,
+        strategy=strategy,
+        trial=trial,
+        fmt=fmt,
+        device=device,
+        select=select,
+        ensemble=ensemble,
+        flag_rate=flag_rate,
+        flag_signal=flag_signal,
     )
+    print_export(exported)
+    if exported.card.get("fragility"):
+        console.print(_flag_line(exported.card["fragility"]), markup=False, highlight=False)
+
+
+def _flag_line(section: dict) -> str:
+    """One line: the card's flag and what it meant on dev (and on test, where the compare measured it)."""
+
+    def rate(side: dict) -> str:
+        low, high = side["flip_rate_ci95"]
+        value = "—" if side["flip_rate"] is None else f"{side['flip_rate']:.2f}"
+        bounds = "" if low is None else f" [{low:.2f}, {high:.2f}]"
+        return f"{value}{bounds} of {side['n']}"
+
+    chosen = section["signals"][section["signal"]]
+    line = (
+        f"flag: {section['signal']} {'<' if section['direction'] == 'below' else '>'} {section['threshold']:.4g} "
+        f"(flags {chosen['flagged_share']:.0%} of {section['dev']['n']} dev answers); dev flip rate under "
+        f"{section['dev']['suite']}: flagged {rate(chosen['flagged'])}, unflagged {rate(chosen['unflagged'])}"
+    )
+    test = section.get("test")
+    if test:
+        line += f"; test (unseen families): flagged {rate(test['flagged'])}, unflagged {rate(test['unflagged'])}"
+    return line
 
 
 @app.command("verify")

@@ -2,7 +2,8 @@
 fragile, how often do the answers it keeps flip under a perturbation no search saw, and how accurate are they?
 
 From a robustness items table (`robustness_items.parquet` of a compare: its winners' test answers under the judging
-suite), one row per answer (a winner's clean answer to one item) that some family of `split` perturbed; it *flips*
+suite; the baseline's rows, the task's own prompt, are left out unless asked for), one row per answer (a winner's
+clean answer to one item) that some family of `split` perturbed; it *flips*
 when some such variant predicts another answer than the clean one (experiments/item_auroc.py's `answers`). For each
 signal (δ_TCB, margin, max probability, entropy, oriented as the card's flag reads them: serving/signals.py) and
 each coverage c, the ⌈c·n⌉ least fragile answers are kept (ties keep the table's order) and the flip rate and the
@@ -57,12 +58,15 @@ def risk_coverage(
     n_boot: int = 2000,
     seed: int = 0,
     label: str = "",
+    include_baseline: bool = False,
 ) -> pd.DataFrame:
     """One row per (signal, coverage): answers kept, their flip rate and accuracy with 95% intervals, and (cheap
     signals) the flip-rate difference to δ_TCB's at the same coverage with its paired interval."""
     from promptopt.metrics.stats import bootstrap_resamples
     from promptopt.metrics.stats.bootstrap import percentile_interval
 
+    if not include_baseline and "strategy" in items:  # the task's default prompt is no winner a compare exports
+        items = items[items["strategy"] != "baseline"]
     table = _answers(items, split)
     if not len(table):
         raise UserError(f"robustness items table{f' ({label})' if label else ''}: no answer has a {split} variant")

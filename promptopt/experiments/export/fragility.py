@@ -198,11 +198,11 @@ def fragility_section(session, members, dev_items: list, request: FlagRequest, *
         "signals": stats,
     }
     if test is not None and len(test):
-        section["test"] = test_check(test, section)
+        section["test"] = check_on_test(test, section)
     return clean(section)
 
 
-def test_check(items: pd.DataFrame, section: dict) -> dict:
+def check_on_test(items: pd.DataFrame, section: dict) -> dict:
     """The card's τ on the compare's test answers under the families no search saw: flip rates with intervals, and
     whether the dev flip rates sit inside them."""
     sig = signal(section["signal"])
