@@ -159,6 +159,9 @@ FILE_SECONDS = {
     "test_docs": 50,
     "test_decision": 10,
     "test_tasks_rte_mrpc": 5,
+    "test_serve": 145,  # busy runs on 2026-12-04: the embedded model scores 50 + 17 items twice
+    "test_serve_export": 50,
+    "test_serve_units": 10,
     "test_propose": 128,
     "test_reliability": 110,
     "test_faults": 105,

@@ -17,7 +17,7 @@ def tiny_run(tiny_llama_dir, tmp_path_factory):
 
     config = SearchConfig.build(
         task="sst2",
-        trials=2,
+        trials=3,
         model=str(tiny_llama_dir),
         out=str(tmp_path_factory.mktemp("flag") / "run"),
         dev_limit=8,
@@ -99,3 +99,15 @@ def test_an_ensemble_card_is_served_as_answer_table_combines_it(tiny_run, tmp_pa
         np.testing.assert_allclose(answer["tcb"], row["tcb"], rtol=1e-3)
         assert isinstance(answer["label_logprobs"], list) and len(answer["label_logprobs"]) == 2
         np.testing.assert_allclose(list(answer["decision_scores"].values()), row["decision_scores"], atol=1e-4)
+
+
+def test_an_ensemble_cards_threshold_reads_its_most_fragile_member(tiny_run, tmp_path):
+    from promptopt.experiments.export import export_run
+    from promptopt.production import Server
+
+    card = export_run(tiny_run, out=tmp_path / "ens.yaml", ensemble=2, flag_rate=0.25).card
+    section = card["fragility"]
+    assert len(card["ensemble"]["members"]) == 2 and "most fragile member" in section["dev"]["basis"]
+    assert section["dev"]["n"] == 8 and set(section["signals"]) == {"tcb", "margin", "top_prob", "entropy"}
+    (answer,) = Server(tmp_path / "ens.yaml", device="cpu").answer([{"question": "a fine film"}])
+    assert answer["flag"]["signal"] == section["signal"] and isinstance(answer["flagged"], bool)
