@@ -394,3 +394,16 @@ def test_the_cards_threshold_is_checked_on_the_compares_test_answers():
     assert test["flagged"]["flipped"] == 4 and test["flagged"]["n"] == 4
     assert test["unflagged"]["flipped"] == 4 and test["unflagged"]["n"] == 36
     assert test["dev_flip_rate_inside"] == {"flagged": True, "unflagged": False}
+
+
+def test_the_test_check_reads_only_the_cards_own_answers():
+    from promptopt.experiments.export.fragility import answers_match
+
+    items = _items().assign(clean_scores=[[0.1, 0.9]] * 80)
+    table = pd.DataFrame(
+        {"item_id": [f"i{k}" for k in range(40)], "pred": [1] * 40, "decision_scores": [[0.1, 0.9]] * 40}
+    )
+    assert answers_match(items, table)
+    assert not answers_match(items, table.assign(pred=[0] + [1] * 39))  # another prompt's answers
+    assert not answers_match(items, table.assign(decision_scores=[[0.2, 0.8]] * 40))
+    assert not answers_match(None, table) and not answers_match(items, table.assign(item_id="other"))

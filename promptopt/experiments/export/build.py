@@ -52,14 +52,15 @@ def _ensemble_section(scorer, ensemble: dict, members: list[CardMember], test_it
     }
 
 
-def _fragility(session, members, dev_items, flag, flag_test) -> dict:
-    from promptopt.experiments.export.fragility import fragility_section
+def _fragility(session, members, dev_items, flag, flag_test, test_table) -> dict:
+    from promptopt.experiments.export.fragility import answers_match, fragility_section
     from promptopt.robustness.suite import load_suite
 
     if not dev_items:
         raise UserError("--flag-rate: the run has no dev items to choose the threshold on")
     suite = load_suite(flag.suite or "cheap")
-    return fragility_section(session, members, dev_items, flag, suite=suite, test=flag_test)
+    test = flag_test if answers_match(flag_test, test_table) else None  # only this card's own answers
+    return fragility_section(session, members, dev_items, flag, suite=suite, test=test)
 
 
 def render_check(prompt: Prompt, item, tokenizer) -> tuple[str, list[int]]:
@@ -171,7 +172,7 @@ def build_card(
         **({"decision": members[0].rule.to_card()} if not spec.generative else {}),
         **({"ensemble": _ensemble_section(scorer, ensemble, members, test_items)} if ensemble else {}),
         "metrics": metrics,
-        **({"fragility": _fragility(session, members, dev_items, flag, flag_test)} if flag is not None else {}),
+        **({"fragility": _fragility(session, members, dev_items, flag, flag_test, test_table)} if flag else {}),
         "versions": versions(),
         "check": {
             "item_id": first.id,

@@ -240,6 +240,27 @@ def compare_test_items(run) -> pd.DataFrame | None:
     return mine if len(mine) else None
 
 
+def answers_match(items: pd.DataFrame | None, table: pd.DataFrame) -> bool:
+    """Whether the compare's clean test answers are this card's (its measured test table): the same prediction and,
+    where both keep them, the same decision scores on every item both have. Guards the test check against a row of
+    the compare that belongs to another prompt (e.g. a trial `--select robust` chose that compare did not)."""
+    if items is None or not len(items):
+        return False
+    clean = items[items["family"].isna()].drop_duplicates("item_id").set_index("item_id")
+    mine = table.set_index("item_id")
+    shared = [i for i in clean.index if i in mine.index]
+    if not shared:
+        return False
+    if (clean.loc[shared, "clean_prediction"].astype(str) != mine.loc[shared, "pred"].astype(str)).any():
+        return False
+    if "clean_scores" in clean and "decision_scores" in mine:
+        for i in shared:
+            a, b = clean.at[i, "clean_scores"], mine.at[i, "decision_scores"]
+            if a is not None and b is not None and not np.allclose(list(a), list(b), atol=1e-3):
+                return False
+    return True
+
+
 BY_LABEL = {s.name: s.label for s in SIGNALS}
 
 
@@ -247,4 +268,12 @@ def _pct(value) -> str:
     return "n/a" if value is None else f"{value:+.1%}"
 
 
-__all__ = ["AUTO", "FlagRequest", "compare_test_items", "dev_answers", "fragility_section", "place_threshold"]
+__all__ = [
+    "AUTO",
+    "FlagRequest",
+    "answers_match",
+    "compare_test_items",
+    "dev_answers",
+    "fragility_section",
+    "place_threshold",
+]
