@@ -343,8 +343,17 @@ def _items(n=40, seed=1):
             "clean_top_prob": float(rng.uniform(0.3, 1)),
             "clean_entropy": float(rng.uniform(0, 3)),
         }
-        rows.append({**base, "family": None, "seen": None, "perturbed_prediction": None})
-        rows.append({**base, "family": "distractor", "seen": False, "perturbed_prediction": "0" if k < 8 else "1"})
+        flips = k < 8
+        rows.append({**base, "family": None, "seen": None, "perturbed_prediction": None, "perturbed_correct": None})
+        rows.append(
+            {
+                **base,
+                "family": "distractor",
+                "seen": False,
+                "perturbed_prediction": "0" if flips else "1",
+                "perturbed_correct": (k >= 4) != flips,
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -407,3 +416,14 @@ def test_the_test_check_reads_only_the_cards_own_answers():
     assert not answers_match(items, table.assign(pred=[0] + [1] * 39))  # another prompt's answers
     assert not answers_match(items, table.assign(decision_scores=[[0.2, 0.8]] * 40))
     assert not answers_match(None, table) and not answers_match(items, table.assign(item_id="other"))
+
+
+def test_the_report_shows_risk_coverage_where_answers_under_perturbation_exist():
+    from types import SimpleNamespace
+
+    from promptopt.experiments.report.risk import risk_section
+
+    html = risk_section(SimpleNamespace(items=_items()), n_boot=100)
+    assert 'id="risk-coverage-table"' in html and "data:image/png;base64," in html
+    assert html.count('data-signal="tcb"') == 4 and "δ_TCB" in html
+    assert "nothing to flag" in risk_section(SimpleNamespace(items=None))

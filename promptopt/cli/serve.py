@@ -51,6 +51,8 @@ def serve_command(
     from promptopt.serving.launch import Listen, prepare, run
 
     quiet_libraries()
+    if max_inputs > max_batch:
+        raise UserError(f"--max-inputs {max_inputs} exceeds --max-batch {max_batch}: a request must fit one batch")
     try:
         settings = ServeSettings(
             max_batch=max_batch,
@@ -62,7 +64,7 @@ def serve_command(
             limits=Limits(max_inputs=max_inputs, max_chars=max_chars),
         )
     except ValueError as exc:
-        raise UserError(f"--max-inputs {max_inputs}: {exc}") from None
+        raise UserError(str(exc)) from None
     listen = Listen(host=host, port=port)
     the_app, server = prepare(
         card,
