@@ -427,3 +427,15 @@ def test_the_report_shows_risk_coverage_where_answers_under_perturbation_exist()
     assert 'id="risk-coverage-table"' in html and "data:image/png;base64," in html
     assert html.count('data-signal="tcb"') == 4 and "δ_TCB" in html
     assert "nothing to flag" in risk_section(SimpleNamespace(items=None))
+
+
+def test_a_table_without_signals_is_one_error_not_an_empty_table():
+    from types import SimpleNamespace
+
+    from promptopt.experiments.report.risk import risk_section
+    from promptopt.experiments.risk_coverage import risk_coverage
+
+    bare = _items().drop(columns=["clean_tcb", "clean_margin", "clean_top_prob", "clean_entropy"])
+    with pytest.raises(UserError, match="no answer carries a signal"):
+        risk_coverage(bare, n_boot=10)
+    assert "no answer carries a signal" in risk_section(SimpleNamespace(items=bare))

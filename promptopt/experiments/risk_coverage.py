@@ -78,6 +78,11 @@ def risk_coverage(
         values = table[column].to_numpy(dtype=float) if column in table else np.full(len(table), np.nan)
         scores[s.name] = np.array([s.fragility(v) for v in values])
     present = {name: bool(np.isfinite(v).any() or (v == -np.inf).any()) for name, v in scores.items()}
+    if not any(present.values()):
+        raise UserError(
+            f"robustness items table{f' ({label})' if label else ''}: no answer carries a signal "
+            "(clean_tcb, clean_margin, clean_top_prob, clean_entropy)"
+        )
     clusters = pd.factorize(table["item_id"])[0]
     members = [np.flatnonzero(clusters == c) for c in range(clusters.max() + 1)]
     resamples = bootstrap_resamples(len(members), n_boot=n_boot, seed=seed)
