@@ -439,3 +439,16 @@ def test_a_table_without_signals_is_one_error_not_an_empty_table():
     with pytest.raises(UserError, match="no answer carries a signal"):
         risk_coverage(bare, n_boot=10)
     assert "no answer carries a signal" in risk_section(SimpleNamespace(items=bare))
+
+
+def test_the_server_is_exported_lazily_and_loading_a_card_stays_torch_free():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, promptopt.production as p, promptopt.serving; "
+        "print('torch' in sys.modules, 'fastapi' in sys.modules); "
+        "print(p.Server.__module__)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "False", "promptopt.serving.runtime"]
