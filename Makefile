@@ -66,6 +66,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_load_prompt.py
 	$(BIN)/python bench/bench_generation.py
 	$(BIN)/python bench/bench_decision.py
+	$(BIN)/python bench/bench_serve.py
 
 clean:
 	rm -rf $(VENV)

@@ -161,7 +161,8 @@ def edited_fields(card: dict) -> list[str]:
 
 # Every field that decides a card's score or that verify reads, beyond the prompt fields: the task, every key of
 # these sections, and each ensemble member's prompt and rule (check.fields_sha256, one hash per field).
-HASHED_SECTIONS = ("rendering", "answer", "generation", "decision", "model", "data", "metrics.test")
+# every section that decides the card's score, or what serving flags (fragility: the threshold a server applies)
+HASHED_SECTIONS = ("rendering", "answer", "generation", "decision", "fragility", "model", "data", "metrics.test")
 MEMBER_FIELDS = ("instruction", "template", "exemplars", "decision")
 _ABSENT = sha256_json(None)  # a field that is absent reads as null: adding a null key is no edit
 

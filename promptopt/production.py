@@ -279,4 +279,14 @@ def _compile_chat_template(text: str):
         raise ConfigError(f"rendering.chat_template: invalid Jinja (line {exc.lineno}): {exc.message}") from None
 
 
+def __getattr__(name: str):
+    """`promptopt.production.Server`: the runtime that answers with a card on a model (promptopt/serving), imported
+    on first use so that loading a card stays torch-free."""
+    if name == "Server":
+        from promptopt.serving.runtime import Server
+
+        return Server
+    raise AttributeError(f"module 'promptopt.production' has no attribute {name!r}")
+
+
 __all__ = ["CardPrompt", "card_prompt", "load_prompt"]

@@ -161,6 +161,9 @@ FILE_SECONDS = {
     "test_card_integrity": 35,  # busy runs, 2026-12-04
     "test_table_sets": 25,
     "test_tasks_rte_mrpc": 5,
+    "test_serve": 145,  # busy runs on 2026-12-04: the embedded model scores 50 + 17 items twice
+    "test_serve_export": 50,
+    "test_serve_units": 10,
     "test_propose": 128,
     "test_reliability": 110,
     "test_faults": 105,

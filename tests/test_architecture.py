@@ -23,6 +23,7 @@ LAYERS = {
     "tasks": 4,
     "scoring": 5,
     "production": 5,
+    "serving": 5,  # the production runtime (promptopt.production.Server, lazily): scoring's peer
     "search": 6,
     "robustness": 6,
     "trace": 6,

@@ -41,16 +41,58 @@ def export_command(
         help="K: a K-member ensemble card, its members chosen by greedy forward selection on dev among the run's "
         "finished trials (every search of a compare, or --strategy's); serving it costs K forwards per input",
     ),
+    flag_rate: float | None = typer.Option(
+        None,
+        "--flag-rate",
+        help="R: record a fragility threshold that flags a share R of the dev answers (e.g. 0.2), with what it meant "
+        "on dev under the search suite: flip rates of flagged and unflagged answers (docs: Serving)",
+    ),
+    flag_signal: str = typer.Option(
+        "auto",
+        "--flag-signal",
+        help="the flag's signal: tcb, margin, top_prob, entropy, or auto (the largest dev flip-rate gap)",
+    ),
 ) -> None:
     """Export the winner (or a named trial) of a run as a prompt card that records everything its score depends on."""
     from promptopt.experiments.export import export_run
 
     quiet_libraries()
-    print_export(
-        export_run(
-            run_dir, out=out, strategy=strategy, trial=trial, fmt=fmt, device=device, select=select, ensemble=ensemble
-        )
+    exported = export_run(
+        run_dir,
+        out=out,
+        strategy=strategy,
+        trial=trial,
+        fmt=fmt,
+        device=device,
+        select=select,
+        ensemble=ensemble,
+        flag_rate=flag_rate,
+        flag_signal=flag_signal,
     )
+    print_export(exported)
+    if exported.card.get("fragility"):
+        console.print(_flag_line(exported.card["fragility"]), markup=False, highlight=False)
+
+
+def _flag_line(section: dict) -> str:
+    """One line: the card's flag and what it meant on dev (and on test, where the compare measured it)."""
+
+    def rate(side: dict) -> str:
+        low, high = side["flip_rate_ci95"]
+        value = "—" if side["flip_rate"] is None else f"{side['flip_rate']:.2f}"
+        bounds = "" if low is None else f" [{low:.2f}, {high:.2f}]"
+        return f"{value}{bounds} of {side['n']}"
+
+    chosen = section["signals"][section["signal"]]
+    line = (
+        f"flag: {section['signal']} {'<' if section['direction'] == 'below' else '>'} {section['threshold']:.4g} "
+        f"(flags {chosen['flagged_share']:.0%} of {section['dev']['n']} dev answers); dev flip rate under "
+        f"{section['dev']['suite']}: flagged {rate(chosen['flagged'])}, unflagged {rate(chosen['unflagged'])}"
+    )
+    test = section.get("test")
+    if test:
+        line += f"; test (unseen families): flagged {rate(test['flagged'])}, unflagged {rate(test['unflagged'])}"
+    return line
 
 
 @app.command("verify")

@@ -264,3 +264,24 @@ def diagnose_conflicts(
     )
     print_conflicts(report.result, the_session.data.spec.name, the_session.lm.name)
     console.print(f"{report.seconds:.1f} s; wrote " + ", ".join(str(p) for p in report.written))
+
+
+@diagnose_app.command("risk-coverage")
+def diagnose_risk_coverage(
+    run_dirs: list[Path] = typer.Argument(
+        ..., help="compare directories (or robustness_items.parquet files), one per task: their winners' test answers"
+    ),
+    split: str = typer.Option("unseen", "--split", help="the families whose variants count as flips: unseen or seen"),
+    seed: int = typer.Option(0, "--seed", help="bootstrap seed"),
+    out: Path | None = typer.Option(
+        None, "--out", help="folder for risk_coverage.csv and risk_coverage.png (default: the first run directory)"
+    ),
+) -> None:
+    """Risk–coverage of δ_TCB, margin, max probability and entropy: the flip rate and accuracy of the answers kept
+    when the most fragile ones are flagged, at coverage 100/90/80/70%, with bootstrap intervals over items."""
+    from promptopt.cli.render_robustness import print_risk_coverage
+    from promptopt.experiments.risk_coverage import diagnose_risk_coverage as run_risk
+
+    table, written = run_risk(run_dirs, out=out, split=split, seed=seed)
+    print_risk_coverage(table)
+    console.print("wrote " + ", ".join(str(p) for p in written))

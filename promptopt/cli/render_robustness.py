@@ -154,3 +154,30 @@ def print_proxy(result, n_runs: int) -> None:
                 "no answer changed under an unseen family (or none was perturbed by one): the AUROC is undefined here"
             )
     console.print("wrote " + ", ".join(str(p) for p in result.written))
+
+
+def print_risk_coverage(frame) -> None:
+    """`diagnose risk-coverage`: per source, flip rate and accuracy of the kept answers by signal and coverage."""
+    for source, part in frame.groupby("source", sort=False):
+        first = part.iloc[0]
+        table = Table(
+            title=f"{source}: answers kept when the most fragile are flagged · {first.n_answers} answers, "
+            f"{first.n_items} items, {first.split} families · 95% bootstrap over items"
+        )
+        for name in ("signal", "coverage", "kept", "flip rate", "95% CI", "accuracy", "95% CI ", "− δ_TCB flip rate"):
+            table.add_column(name, justify="left" if name == "signal" else "right")
+        for _, r in part.iterrows():
+            diff = r.get("flip_rate_minus_tcb")
+            table.add_row(
+                r.signal,
+                f"{r.coverage:.0%}",
+                str(r.n_kept),
+                fmt(r.flip_rate),
+                ci(r.flip_rate_ci_low, r.flip_rate_ci_high),
+                fmt(r.accuracy),
+                ci(r.accuracy_ci_low, r.accuracy_ci_high),
+                ""
+                if diff is None or diff != diff
+                else f"{diff:+.3f} {ci(r.flip_rate_minus_tcb_ci_low, r.flip_rate_minus_tcb_ci_high)}",
+            )
+        console.print(table)

@@ -52,6 +52,17 @@ def _ensemble_section(scorer, ensemble: dict, members: list[CardMember], test_it
     }
 
 
+def _fragility(session, members, dev_items, flag, flag_test, test_table) -> dict:
+    from promptopt.experiments.export.fragility import answers_match, fragility_section
+    from promptopt.robustness.suite import load_suite
+
+    if not dev_items:
+        raise UserError("--flag-rate: the run has no dev items to choose the threshold on")
+    suite = load_suite(flag.suite or "cheap")
+    test = flag_test if answers_match(flag_test, test_table) else None  # only this card's own answers
+    return fragility_section(session, members, dev_items, flag, suite=suite, test=test)
+
+
 def render_check(prompt: Prompt, item, tokenizer) -> tuple[str, list[int]]:
     """The text the scorer renders for an item and its token ids, encoded as the scorer encodes it."""
     text = prompt.context(item.question, item.choices, tokenizer)
@@ -95,11 +106,15 @@ def build_card(
     robustness: dict | None = None,
     carving: dict | None = None,
     ensemble: dict | None = None,
+    flag=None,
+    flag_test=None,
 ) -> dict:
     """A validated card version 2 for `prompt`, measured on `dev_items` and `test_items` with the session's
     (caching) scorer, answering as the card answers (scoring/card_answers.py): its decision rule fit on the dev
     items. `ensemble`: {"members": [(Prompt, source)], "selection": ..., "objective": ...} for an ensemble card
-    (`prompt` is members[0]'s). The light loader must reproduce the scored text byte for byte, or nothing is built."""
+    (`prompt` is members[0]'s). `flag`: a FlagRequest (export/fragility.py) for the card's fragility threshold,
+    chosen on the dev items; `flag_test`: the compare's test answers of this card, whose flip rates at τ are
+    recorded beside. The light loader must reproduce the scored text byte for byte, or nothing is built."""
     from promptopt.experiments.fingerprint import (
         data_sha256,
         items_sha256,
@@ -157,6 +172,7 @@ def build_card(
         **({"decision": members[0].rule.to_card()} if not spec.generative else {}),
         **({"ensemble": _ensemble_section(scorer, ensemble, members, test_items)} if ensemble else {}),
         "metrics": metrics,
+        **({"fragility": _fragility(session, members, dev_items, flag, flag_test, test_table)} if flag else {}),
         "versions": versions(),
         "check": {
             "item_id": first.id,

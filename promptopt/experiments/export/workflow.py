@@ -9,6 +9,7 @@ from pathlib import Path
 
 from promptopt.errors import UserError
 from promptopt.experiments.export.build import build_card
+from promptopt.experiments.export.fragility import compare_test_items
 from promptopt.experiments.export.measure import clean, robustness_section
 from promptopt.experiments.export.robust import select_robust
 from promptopt.experiments.export.runs import (
@@ -48,10 +49,14 @@ def export_run(
     select: str = "dev",
     ensemble: int | None = None,
     ensemble_objective: str = "accuracy",
+    flag_rate: float | None = None,
+    flag_signal: str = "auto",
 ) -> Exported:
     """Pick a trial of a finished run by dev numbers only (`select`: dev accuracy, or robust: dev Acc_worst among the
     trials as accurate as the best), build its card (measured on the run's dev and test items: the test numbers
-    stay a held-out estimate) and write `out` in format `fmt` (card, messages, text or lm-eval)."""
+    stay a held-out estimate) and write `out` in format `fmt` (card, messages, text or lm-eval). `flag_rate`: a
+    fragility threshold flagging that share of the dev answers (export/fragility.py), its signal `flag_signal` or
+    the best on dev."""
     from promptopt.experiments import formats
 
     if fmt not in FORMATS:
@@ -63,13 +68,14 @@ def export_run(
         raise UserError(f"--out {out}: is a directory; give a file name")
     check_output(out, folder=False, what="--out")  # before the card is measured
     root, session = Path(run_dir), None
+    flag = _flag_request(root, flag_rate, flag_signal)
     if (
         root / "rounds.json"
     ).is_file():  # search --rounds: the last round's winner (each round starts from the previous best)
         last = json.loads((root / "rounds.json").read_text(encoding="utf-8"))["rounds"][-1]["round"]
         root = root / f"round{last}"
     if ensemble is not None:
-        return _export_ensemble(root, out, ensemble, ensemble_objective, strategy, trial, fmt, device, select)
+        return _export_ensemble(root, out, ensemble, ensemble_objective, strategy, trial, fmt, device, select, flag)
     if select == "robust":
         if not is_compare_dir(root):
             raise UserError(
@@ -114,6 +120,8 @@ def export_run(
         search=search,
         robustness=robustness_section(run.compare_row, compare_families(run)) if winner else None,
         carving=carving,
+        flag=flag,
+        flag_test=compare_test_items(run) if flag is not None and winner else None,
     )
     paths = formats.write(card, fmt, out, items=session.items("test"))
     warnings = warnings_for(session, card, run, prompt)
@@ -126,7 +134,20 @@ def export_run(
     return Exported(card=card, paths=paths, run=run, trial=chosen.number, warnings=warnings)
 
 
-def _export_ensemble(root, out, k, objective, strategy, trial, fmt, device, select) -> Exported:
+def _flag_request(root: Path, rate: float | None, signal: str):
+    """The FlagRequest of `--flag-rate` (None without it): under the compare's recorded search suite, else cheap."""
+    from promptopt.experiments.export.fragility import FlagRequest
+
+    if rate is None:
+        if signal != "auto":
+            raise UserError("--flag-signal needs --flag-rate (the share of dev answers to flag)")
+        return None
+    marker = root / "search_suite.json"
+    suite = json.loads(marker.read_text(encoding="utf-8")).get("name") if marker.is_file() else None
+    return FlagRequest(rate=rate, signal=signal, suite=suite)
+
+
+def _export_ensemble(root, out, k, objective, strategy, trial, fmt, device, select, flag=None) -> Exported:
     """`--ensemble K`: members chosen on dev among the run's finished trials (export/ensemble.py)."""
     from promptopt.experiments import formats
     from promptopt.experiments.export.ensemble import choose_ensemble, search_runs
@@ -155,7 +176,9 @@ def _export_ensemble(root, out, k, objective, strategy, trial, fmt, device, sele
         "winner": False,
         "selection": chosen["selection"],
     }
-    card = build_card(session, first_prompt, dev_items=dev_items, test_items=test_items, search=search, ensemble=chosen)
+    card = build_card(
+        session, first_prompt, dev_items=dev_items, test_items=test_items, search=search, ensemble=chosen, flag=flag
+    )
     paths = formats.write(card, fmt, Path(out), items=test_items)
     return Exported(card=card, paths=paths, run=runs[0], trial=first["trial"], warnings=[])
 

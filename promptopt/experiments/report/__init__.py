@@ -17,6 +17,7 @@ from pathlib import Path
 from promptopt.errors import UserError
 from promptopt.experiments.report.card import card_section, chosen_card
 from promptopt.experiments.report.numbers import cell_estimate, esc, note, sig, table, td, tr
+from promptopt.experiments.report.risk import risk_section
 from promptopt.experiments.report.sections import (
     evaluate_sentence,
     proxy_section,
@@ -136,6 +137,7 @@ def build_report(
         ("card", "The chosen card", card_section(chosen, source.root, source.strategies)),
         ("search", "Search", search_section(source)),
         ("proxy", "Is a cheap signal a proxy for robustness? (diagnose proxy)", proxy_section(source)),
+        ("risk", "Flagging fragile answers: risk–coverage (diagnose risk-coverage)", risk_section(source)),
         ("sweep", "Stress sweep (taboo paper, Figures 1, 3, 8)", sweep_section(source)),
     ]
     nav = "".join(f'<a href="#{ident}">{esc(title.split(" (")[0])}</a>' for ident, title, _ in sections)

@@ -1,0 +1,143 @@
+"""`promptopt serve` against the scorer, on the same inputs, in one run (the embedded model, SST-2 test items, CPU).
+
+[1] The scorer: the card's answers for N inputs in one call (scoring/card_answers.py's answer_table, what export
+    measured and verify re-scores), items per second; measured just before each server run (the machine's speed
+    drifts), and each server rate is divided by it: the paired ratio, its median over rounds printed.
+[2] The server: the same N inputs sent as N single-input HTTP requests (httpx against uvicorn on a loopback port,
+    the real app: batching, limits, JSON) by C concurrent clients, C = 1, 8, 32: requests per second and the p50 /
+    p95 latency of a request. The target: at C = 32, at least 0.8x the scorer's items per second.
+
+Both share one loaded model and one runner (its prefix cache warm for both after a warm-up call).
+
+    .venv/bin/python bench/bench_serve.py   # BENCH_ITEMS=64 BENCH_ROUNDS=2, BENCH_CARD=<a card> (default: SST-2's own)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/serve_helpers.py: uvicorn in a thread
+
+ITEMS = int(os.environ.get("BENCH_ITEMS", "64"))
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "2"))
+CONCURRENCY = (1, 8, 32)
+
+
+def _card(lm, folder: Path) -> Path:
+    """SST-2's default prompt as a card (export's own builder on a few items), unless BENCH_CARD names one."""
+    if os.environ.get("BENCH_CARD"):
+        return Path(os.environ["BENCH_CARD"])
+    from promptopt.experiments import Session
+    from promptopt.experiments.export import build_card
+    from promptopt.experiments.formats import card_yaml
+    from promptopt.models import ModelConfig
+    from promptopt.tasks import DataConfig
+
+    session = Session(
+        model=ModelConfig(spec="smollm2-135m-instruct", device="cpu"),
+        data=DataConfig(task="sst2", dev_limit=2, test_limit=2),
+    )
+    from promptopt.scoring import Scorer
+
+    session.__dict__["scorer"] = Scorer(lm, session.data)  # the session's scorer on the loaded model: one model
+    card = build_card(
+        session, session.data.default_prompt(), dev_items=session.items("dev"), test_items=session.items("test")
+    )
+    path = folder / "card.yaml"
+    path.write_text(card_yaml(card))
+    return path
+
+
+def _scorer_rate(server, items) -> float:
+    from promptopt.scoring.card_answers import answer_table
+
+    start = time.perf_counter()
+    answer_table(server.scorer, server.members, items)
+    return len(items) / (time.perf_counter() - start)
+
+
+async def _load(url: str, questions: list[str], concurrency: int) -> tuple[float, list[float]]:
+    import httpx
+
+    gate = asyncio.Semaphore(concurrency)
+    latencies: list[float] = []
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
+
+        async def one(question: str) -> None:
+            async with gate:
+                start = time.perf_counter()
+                response = await client.post("/v1/answer", json={"question": question})
+                latencies.append(time.perf_counter() - start)
+                response.raise_for_status()
+
+        start = time.perf_counter()
+        await asyncio.gather(*(one(q) for q in questions))
+        return time.perf_counter() - start, latencies
+
+
+def _p(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def main() -> None:
+    import torch
+
+    from promptopt.models import load_model
+    from promptopt.production import Server
+    from promptopt.serving.app import ServeSettings, create_app
+    from promptopt.tasks import load_task
+    from tests.serve_helpers import running
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", str(os.cpu_count() or 2))))
+    lm = load_model("smollm2-135m-instruct", device="cpu")
+    items = load_task("sst2").test[:ITEMS]
+    with tempfile.TemporaryDirectory() as folder:
+        server = Server(_card(lm, Path(folder)), lm=lm)
+    settings = ServeSettings(max_batch=32, max_wait_ms=5, rate=1e6, burst=10**6)
+    _scorer_rate(server, items[:8])  # warm-up: the output head's one-time statistics, the prefix cache
+    app = create_app(server, settings)
+    questions = [i.question for i in items]
+    scorer_rates, server_rows = [], {c: [] for c in CONCURRENCY}
+    with running(app) as url:
+        asyncio.run(_load(url, questions[:4], 1))  # warm-up over HTTP
+        for r in range(ROUNDS):  # the machine's speed drifts: each level is paired with the scorer measured just before
+            for concurrency in CONCURRENCY if r % 2 == 0 else CONCURRENCY[::-1]:
+                scorer_rates.append(_scorer_rate(server, items))
+                wall, latencies = asyncio.run(_load(url, questions, concurrency))
+                rate = len(items) / wall
+                server_rows[concurrency].append(
+                    (rate, rate / scorer_rates[-1], _p(latencies, 0.5), _p(latencies, 0.95))
+                )
+    print(
+        f"{ITEMS} SST-2 test items, card {server.identity['decision']} on {server.identity['model']}, CPU threads "
+        f"{torch.get_num_threads()}, {ROUNDS} rounds (medians)"
+    )
+    print(
+        f"scorer (answer_table, one call): {', '.join(f'{v:.2f}' for v in scorer_rates)} items/s; "
+        f"median {statistics.median(scorer_rates):.2f}"
+    )
+    print(f"{'concurrency':>11}  {'requests/s':>10}  {'x scorer':>8}  {'p50 s':>7}  {'p95 s':>7}   (x scorer: paired)")
+    for concurrency, rows in server_rows.items():
+        rate, ratio, p50, p95 = (statistics.median(column) for column in zip(*rows))
+        print(f"{concurrency:>11}  {rate:>10.2f}  {ratio:>8.2f}  {p50:>7.3f}  {p95:>7.3f}")
+    ratios = [ratio for _, ratio, _, _ in server_rows[32]]
+    at32 = statistics.median(ratios)
+    print(
+        f"target: >= 0.8x the scorer's items/s at concurrency 32: {at32:.2f}x, rounds "
+        f"{', '.join(f'{v:.2f}' for v in ratios)} ({'met' if at32 >= 0.8 else 'NOT met'})"
+    )
+    print(
+        f"passes over the model, by requests answered in one: {app.state.batcher.stats.as_dict()['requests_per_call']}"
+    )
+
+
+if __name__ == "__main__":
+    main()
