@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import types
 
 import pandas as pd
 import pytest
@@ -50,6 +51,7 @@ class ConstructedScorer:
 
     def __init__(self, data, dev, path):
         self.data, self.cache, self.pairs = data, _Counts(path), set()
+        self.lm = types.SimpleNamespace(tokenizer=types.SimpleNamespace(chat_template="{{ messages }}"))  # renders chat
         self.rank = {item.id: r for r, item in enumerate(sorted(dev, key=lambda i: i.question[::-1]))}  # fixed shuffle
 
     def check_fits(self, prompt, items):
