@@ -140,7 +140,6 @@ def test_the_cli_is_small_modules():
 MAX_MODULE_LINES = 450  # lines as ruff formats them
 # Modules still over the bound, split by the engineers who own them; the lead empties this list (then drop it).
 OVERSIZE_ALLOWED = {
-    "models/runner.py",
     "models/load.py",
     "tasks/sandbox.py",
 }
