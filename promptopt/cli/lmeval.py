@@ -52,9 +52,10 @@ def check_lmeval_command(
     except LmEvalNotInstalled as exc:
         print(f"check-lmeval: skipped: {exc}; nothing was compared")
         return
-    print_check(result, rows)
     if out is not None:
         write_table(result.table, out)
+    print_check(result, rows)
+    if out is not None:
         console.print(f"wrote {out}")
 
 
@@ -72,9 +73,11 @@ def print_check(result, rows: int) -> None:
             f"  identical predictions: acc {agree}/{n}, acc_norm {agree_norm}/{n}; largest |Δ log-likelihood| of a "
             f"choice {table['max_abs_logprob_diff'].max():.2e}"
         )
-        line = "  accuracy: promptopt acc {acc:.3f}, acc_norm {acc_norm:.3f}"
+        theirs_norm = result.theirs.get("acc_norm")
+        reported = "n/a (its task reports acc only)" if theirs_norm is None else f"{theirs_norm:.3f}"
         console.print(
-            line.format(**result.ours) + line.format(**result.theirs).replace("  accuracy: promptopt", " · lm-eval")
+            f"  accuracy: promptopt acc {result.ours['acc']:.3f}, acc_norm {result.ours['acc_norm']:.3f} · lm-eval acc "
+            f"{result.theirs['acc']:.3f}, acc_norm {reported}"
         )
         disagree = table["ours_pred"] != table["lm_eval_pred"]
     else:

@@ -32,7 +32,7 @@ def run_lm_eval(
     lm-eval's index, `folder`'s task files first). `model`: an lm-eval model already loaded (else one is loaded
     from `model_dir` before the clock starts)."""
     import lm_eval
-    from lm_eval.tasks import TaskManager, get_task_dict
+    from lm_eval.tasks import TaskManager
 
     quiet = [logging.getLogger(n) for n in ("lm-eval", "lm_eval", "datasets", "transformers")]
     levels = [q.level for q in quiet]
@@ -54,7 +54,7 @@ def run_lm_eval(
             verbosity="ERROR",
         )
         seconds = time.perf_counter() - start
-        task = get_task_dict([name], manager)[name]
+        task = manager.load([name])["tasks"][name]
     finally:
         for q, level in zip(quiet, levels):
             q.setLevel(level)

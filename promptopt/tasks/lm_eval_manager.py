@@ -40,7 +40,7 @@ def _build(name: str, folder: str | None, where: str):
             raise ConfigError(
                 f"{where}: lm-eval has no task '{name}'{' in ' + folder + ' or' if folder else ''} in its index"
             )
-        built = manager.load_task_or_group([name])
+        built = manager.load([name])
     except ConfigError:
         raise
     except Exception as exc:  # lm-eval's loader, the dataset download, the task's own code: one line
@@ -50,18 +50,10 @@ def _build(name: str, folder: str | None, where: str):
     finally:
         for lg, level in zip(loggers, levels):
             lg.setLevel(level)
-    tasks = list(_leaves(built))
-    if len(tasks) != 1:
+    tasks = list(built["tasks"].values())
+    if built["groups"] or len(tasks) != 1:
         raise ConfigError(f"{where}: '{name}' is a group of {len(tasks)} tasks in lm-eval; name one of its tasks")
     return tasks[0]
-
-
-def _leaves(node):
-    if isinstance(node, dict):
-        for value in node.values():
-            yield from _leaves(value)
-    else:
-        yield node
 
 
 def load_lm_eval_manager_task(text: str, *, trust_task_code: bool = False):
