@@ -475,3 +475,22 @@ def test_lmeval_with_a_folder_needs_trust(tmp_path, monkeypatch):
     monkeypatch.setattr(lm_eval_manager, "lm_eval_installed", lambda: True)
     with pytest.raises(ConfigError, match=r"lmeval:winogrande@.*imports the Python of .* pass --trust-task-code"):
         load_task_spec(f"lmeval:winogrande@{tmp_path}")
+
+
+def test_the_result_cache_key_follows_generate_until_judging(tmp_path, tiny_lm):
+    """A cached row's `correct` depends on lm-eval's filters and exact_match options: changing them changes the key
+    (and a task without them keeps the key it always had)."""
+    from dataclasses import replace
+
+    from promptopt.scoring import CachedScorer, ResultCache, Scorer
+
+    data = _load(_lm_eval_file(tmp_path, output_type="generate_until", doc_to_choice=None))
+    other = replace(
+        data, spec=replace(data.spec, judge_options={**data.spec.judge_options, "exact_match": {"ignore_case": True}})
+    )
+    cache = ResultCache(tmp_path / "cache.sqlite")
+    prompt, item = data.default_prompt(), data.test[0]
+    keys = [CachedScorer(Scorer(tiny_lm, d), cache).key(prompt, item) for d in (data, other)]
+    assert keys[0] != keys[1]
+    plain = replace(data, spec=replace(data.spec, judge_options={}))
+    assert len(CachedScorer(Scorer(tiny_lm, plain), cache)._static) == 10  # as before judge options existed
