@@ -185,8 +185,10 @@ class LoglikelihoodMixin:
                     columns = {name: value.cpu().tolist() for name, value in res.to_dict().items()}
                     for j, index in enumerate(chosen.tolist()):
                         found[index] = {name: column[j] for name, column in columns.items()}
-                logp = torch.log_softmax(logits, dim=-1).cpu()
                 argmax[start : start + chunk] = logits.argmax(-1).cpu()
                 mask = (row_index >= start) & (row_index < start + chunk)
-                out[mask] = logp[row_index[mask] - start, tokens[mask]]
+                # log p(token) = z_token − logsumexp(z): the normalizer per row, never a whole log-softmax table
+                local, wanted = (row_index[mask] - start).to(logits.device), tokens[mask].to(logits.device)
+                norm = torch.logsumexp(logits.float(), dim=-1)
+                out[mask] = (logits[local, wanted].float() - norm[local]).cpu()
         return out, argmax, None if tcb is None else found

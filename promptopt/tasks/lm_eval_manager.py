@@ -106,7 +106,22 @@ def load_lm_eval_manager_task(text: str, *, trust_task_code: bool = False):
             f"{where}: fewshot_config.sampler: lm-eval's default sampler draws other shots for every doc; promptopt "
             "shows every item the same shots (set fewshot_config: {sampler: first_n} in the task file)"
         )
-    docs = {"eval": task.eval_docs, "fewshot": task.fewshot_docs() if k else None}
+    evaluated = config.get("test_split") or config.get("validation_split") or "eval"
+    shots = None
+    if k:
+        shots = (
+            getattr(task.config.fewshot_config, "split", None)
+            or config.get("fewshot_split")
+            or config.get("training_split")
+            or config.get("validation_split")
+            or config.get("test_split")
+        )
+        if shots == evaluated:
+            raise ConfigError(
+                f"{where}: fewshot_split: shots would come from '{shots}', the evaluated split (lm-eval then leaves out "
+                "each evaluated doc): give another fewshot_split"
+            )
+    docs = {evaluated: task.eval_docs, shots: task.fewshot_docs() if k else None}
 
     def rows(split: str):
         return [
@@ -125,9 +140,9 @@ def load_lm_eval_manager_task(text: str, *, trust_task_code: bool = False):
             continue
         function = TaskFunction(f"lm-eval {name}.{method}", where, getattr(task, method))
         fields[field_name] = LmEvalField.build(function, method, where, role, has_choices)
-    splits = {"test": SplitSpec("eval", None)}
+    splits = {"test": SplitSpec(evaluated, None)}
     if k:
-        splits["pool"] = SplitSpec("fewshot", None)
+        splits["pool"] = SplitSpec(shots, None)
     return TaskSpec(
         name=name.replace("/", "_"),
         where=where,
