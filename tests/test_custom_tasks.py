@@ -298,7 +298,11 @@ def test_jinja_is_sandboxed_and_syntax_errors_name_the_key(tmp_path):
         load_task(str(unsafe))
     function = tmp_path / "fn.yaml"
     function.write_text("name: t\ndoc_to_text: !function utils.doc_to_text\n")
-    with pytest.raises(ConfigError, match=r"fn.yaml: invalid YAML .*!function.*Jinja template"):
+    with pytest.raises(
+        ConfigError,
+        match=r"fn.yaml: doc_to_text: !function utils.doc_to_text runs the task file's own "
+        r"Python: pass --trust-task-code to allow it",
+    ):
         load_task_spec(str(function))
     with pytest.raises(ConfigError, match="only one of doc_to_text and fields.question"):
         load_task_spec(

@@ -3,11 +3,12 @@ prints. `app` holds the commands; each module below registers one group of them:
 
 - score.py: score, trace · search.py: search, compare · robustness.py: evaluate, stress
 - diagnose.py: the `diagnose` group · cards.py: export, verify, report · info.py: tasks, model-folder
+- lmeval.py: check-lmeval (promptopt and lm-evaluation-harness on the same items)
 - serve.py: serve (a card over HTTP)
 - options.py: options shared by several commands · render.py: every table the CLI prints
 """
 
-from promptopt.cli import cards, diagnose, info, robustness, score, search, serve  # noqa: E402,F401  (register commands)
+from promptopt.cli import cards, diagnose, info, lmeval, robustness, score, search, serve  # noqa: E402,F401  (register commands)
 from promptopt.cli.app import app, diagnose_app, main
 
 app.add_typer(diagnose_app, name="diagnose")

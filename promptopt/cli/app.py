@@ -61,7 +61,19 @@ def split_subsets(subsets: str | None) -> tuple[str, ...] | None:
     return tuple(x.strip() for x in subsets.split(",") if x.strip()) if subsets else None
 
 
-def session(task: str, model: str, device: str, dtype, quantize, subsets, batch_size: int = 16, out=None):
+def session(
+    task: str,
+    model: str,
+    device: str,
+    dtype,
+    quantize,
+    subsets,
+    batch_size: int = 16,
+    out=None,
+    *,
+    trust_task_code: bool = False,
+    order: str | None = None,
+):
     """The experiment session every command starts from (task checked now, model loaded on first use)."""
     from promptopt.experiments import Session
     from promptopt.models import ModelConfig
@@ -70,7 +82,7 @@ def session(task: str, model: str, device: str, dtype, quantize, subsets, batch_
     quiet_libraries()
     return Session(
         model=ModelConfig(spec=model, device=device, dtype=dtype, quantize=quantize),
-        data=DataConfig(task=task, subsets=split_subsets(subsets)),
+        data=DataConfig(task=task, subsets=split_subsets(subsets), trust_task_code=trust_task_code, order=order),
         out=out,
         batch_size=batch_size,
         progress=True,

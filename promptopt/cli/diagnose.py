@@ -22,6 +22,7 @@ from promptopt.cli.options import (
     QuantizeOpt,
     SearchSuiteOpt,
     SubsetsOpt,
+    TrustTaskCodeOpt,
     int_list,
     names,
 )
@@ -170,6 +171,7 @@ def diagnose_taboo(
     device: str = DeviceOpt,
     dtype: str | None = DtypeOpt,
     quantize: str | None = QuantizeOpt,
+    trust_task_code: bool = TrustTaskCodeOpt,
 ) -> None:
     """Taboo paper: ΔS per intervention vs rank (a + b·ln i, R²), mid-word vs word-initial, temperature seeds."""
     from promptopt.experiments.diagnose.workflows import run_taboo
@@ -177,7 +179,7 @@ def diagnose_taboo(
     rank_list = int_list(ranks, "--ranks")
     mid_list = int_list(mid_word_ranks, "--mid-word-ranks", allow_empty=True)
     sampled_list = int_list(sampled_ranks, "--sampled-ranks")
-    the_session = session(task, model, device, dtype, quantize, subsets)
+    the_session = session(task, model, device, dtype, quantize, subsets, trust_task_code=trust_task_code)
     report = run_taboo(
         the_session,
         out,
@@ -195,7 +197,7 @@ def diagnose_taboo(
 
 @diagnose_app.command("conflicts")
 def diagnose_conflicts(
-    task: str = typer.Option("sst2", "--task", help="built-in task name or task YAML"),
+    task: str = typer.Option("sst2", "--task", help="built-in task name, task YAML or lmeval:NAME"),
     prompt: Path | None = CardOpt,
     seeds: int = typer.Option(
         3, "--seeds", help="baseline prompts (exemplars redrawn from the pool per seed) for VCQ / AQ; at least 2"
@@ -239,12 +241,15 @@ def diagnose_conflicts(
     device: str = DeviceOpt,
     dtype: str | None = DtypeOpt,
     quantize: str | None = QuantizeOpt,
+    trust_task_code: bool = TrustTaskCodeOpt,
 ) -> None:
     """δ_TCB paper §4.3 / Table 3: accuracy–stability conflict classes, VCQ / AQ over seeds, a search on the AQ dev
     items, and baseline vs enhanced prompt on the held-out AQ and VCQ test items."""
     from promptopt.experiments.diagnose.workflows import run_conflicts
 
-    the_session = session(task, model, device, dtype, quantize, subsets, batch_size, out=out)
+    the_session = session(
+        task, model, device, dtype, quantize, subsets, batch_size, out=out, trust_task_code=trust_task_code
+    )
     report = run_conflicts(
         the_session,
         out,

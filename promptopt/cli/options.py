@@ -16,7 +16,15 @@ ModelOpt = typer.Option(
 DeviceOpt = typer.Option("auto", "--device", help="cpu, cuda, cuda:N or auto")
 DtypeOpt = typer.Option(None, "--dtype", help="float32, bfloat16, float16 (default: float32 on CPU, bf16 on GPU)")
 QuantizeOpt = typer.Option(None, "--quantize", help="4bit or 8bit through bitsandbytes (CUDA only)")
-TaskOpt = typer.Option(..., "--task", help="built-in task name or path to a task YAML")
+TaskOpt = typer.Option(
+    ..., "--task", help="built-in task name, a task YAML (promptopt's schema or lm-eval's as it is), or lmeval:NAME"
+)
+TrustTaskCodeOpt = typer.Option(
+    False,
+    "--trust-task-code",
+    help="run the task file's own Python (lm-eval's !function hooks: process_docs, doc_to_*), in this process; "
+    "off by default (docs: Guarantees, Task code)",
+)
 CardOpt = typer.Option(None, "--prompt", help="prompt card (YAML); default: the task's own prompt")
 SubsetsOpt = typer.Option(None, "--subsets", help="comma-separated subsets (e.g. MMLU subjects), or 'all'")
 BatchOpt = typer.Option(16, "--batch-size", min=1)

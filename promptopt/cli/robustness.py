@@ -18,6 +18,7 @@ from promptopt.cli.options import (
     SearchSuiteOpt,
     SubsetsOpt,
     TaskOpt,
+    TrustTaskCodeOpt,
     int_list,
     names,
 )
@@ -44,12 +45,13 @@ def evaluate(
     device: str = DeviceOpt,
     dtype: str | None = DtypeOpt,
     quantize: str | None = QuantizeOpt,
+    trust_task_code: bool = TrustTaskCodeOpt,
 ) -> None:
     """Robustness of a prompt under a perturbation suite: per-family accuracy, PDR, AccVar, Acc_worst, each family
     labelled seen or unseen by --search-suite."""
     from promptopt.experiments import commands
 
-    the_session = session(task, model, device, dtype, quantize, subsets)
+    the_session = session(task, model, device, dtype, quantize, subsets, trust_task_code=trust_task_code)
     the_suite, result = commands.evaluate(
         the_session,
         card=prompt,
@@ -102,6 +104,7 @@ def stress(
     device: str = DeviceOpt,
     dtype: str | None = DtypeOpt,
     quantize: str | None = QuantizeOpt,
+    trust_task_code: bool = TrustTaskCodeOpt,
 ) -> None:
     """Decoding-level taboo stress: retention (95% Wilson CI), injected surprisal and length expansion per rank;
     with --models/--tasks, the paper's sweep (Figures 1, 3 and 8), resumable."""
@@ -144,12 +147,13 @@ def stress(
             quantize=quantize,
             batch_size=batch_size,
             log=console.print,
+            trust_task_code=trust_task_code,
         )
         print_stress_sweep(result, task_list, mode, the_protocol.name if the_protocol else None, out)
         return
     if task is None:
         raise UserError("stress: give --task (one task) or --tasks/--models (a sweep)")
-    the_session = session(task, model, device, dtype, quantize, subsets, batch_size)
+    the_session = session(task, model, device, dtype, quantize, subsets, batch_size, trust_task_code=trust_task_code)
     run = commands.stress(
         the_session,
         card=prompt,

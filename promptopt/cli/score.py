@@ -7,7 +7,17 @@ from pathlib import Path
 import typer
 
 from promptopt.cli.app import app, quiet_libraries, session
-from promptopt.cli.options import BatchOpt, CardOpt, DeviceOpt, DtypeOpt, ModelOpt, QuantizeOpt, SubsetsOpt, TaskOpt
+from promptopt.cli.options import (
+    BatchOpt,
+    CardOpt,
+    DeviceOpt,
+    DtypeOpt,
+    ModelOpt,
+    QuantizeOpt,
+    SubsetsOpt,
+    TaskOpt,
+    TrustTaskCodeOpt,
+)
 from promptopt.cli.render import console, print_score, print_trace
 
 
@@ -16,8 +26,22 @@ def score(
     task: str = TaskOpt,
     prompt: Path | None = CardOpt,
     model: str = ModelOpt,
-    limit: int | None = typer.Option(None, "--limit", min=1, help="score only the first N items of the split"),
+    limit: int | None = typer.Option(
+        None,
+        "--limit",
+        min=1,
+        help="score only the first N items of the split as carved: a seeded shuffle of the source split "
+        "(splits.order: shuffled, promptopt's default), or its own order (splits.order: source, lm-eval task files, "
+        "--order source: then lm-eval's first N docs when the split is test's alone)",
+    ),
     split: str = typer.Option("test", "--split", help="pool, dev or test"),
+    order: str | None = typer.Option(
+        None,
+        "--order",
+        help="carve the splits in the source's own order (source: lm-eval's order, no shuffle) or shuffled; "
+        "default: the task's splits.order",
+    ),
+    trust_task_code: bool = TrustTaskCodeOpt,
     subsets: str | None = SubsetsOpt,
     batch_size: int = BatchOpt,
     out: Path | None = typer.Option(
@@ -34,7 +58,9 @@ def score(
 
     if out is not None:
         check_table_path(out)
-    the_session = session(task, model, device, dtype, quantize, subsets, batch_size)
+    the_session = session(
+        task, model, device, dtype, quantize, subsets, batch_size, trust_task_code=trust_task_code, order=order
+    )
     result = commands.score(the_session, card=prompt, split=split, limit=limit, out=out)
     print_score(result, the_session.data.spec.name, split, the_session.lm.name, rows)
     if out is not None:

@@ -27,6 +27,7 @@ from promptopt.cli.options import (
     SubsetsOpt,
     TaskOpt,
     TestLimitOpt,
+    TrustTaskCodeOpt,
     WorkersOpt,
     int_list,
     names,
@@ -85,6 +86,7 @@ def search(
         "--search-suite",
         help="the families the robust strategy trains on and reflect proposals show ('none': no variants)",
     ),
+    trust_task_code: bool = TrustTaskCodeOpt,
 ) -> None:
     """Search instructions × exemplar sets × orders × templates with Optuna; write the best prompt card."""
     from promptopt.experiments import commands
@@ -112,6 +114,7 @@ def search(
         device=device,
         dtype=dtype,
         quantize=quantize,
+        trust_task_code=trust_task_code,
     )
     search_suite = None if search_suite == "none" else search_suite
     request = commands.propose_request(propose, propose_mode, proposer, seed, rounds, search_suite=search_suite)
@@ -186,6 +189,7 @@ def compare(
         "--ensemble-objective",
         help="accuracy, or robust (dev items right under every search-suite variant)",
     ),
+    trust_task_code: bool = TrustTaskCodeOpt,
 ) -> None:
     """Run several strategies with the same budget and items; compare their winners on held-out test items
     with intervals and paired tests."""
@@ -215,6 +219,7 @@ def compare(
         device=device,
         dtype=dtype,
         quantize=quantize,
+        trust_task_code=trust_task_code,
     )
     result = run_compare(
         base,
@@ -267,6 +272,7 @@ def propose_command(
     device: str = DeviceOpt,
     dtype: str | None = DtypeOpt,
     quantize: str | None = QuantizeOpt,
+    trust_task_code: bool = TrustTaskCodeOpt,
 ) -> None:
     """Write a search space: the given one plus N instructions a model proposes, filtered, with provenance."""
     from promptopt.experiments import commands
@@ -287,6 +293,7 @@ def propose_command(
         space=space,
         out=out,
         cache=cache,
+        trust_task_code=trust_task_code,
     )
     print_proposals(proposed.proposals, out)
 

@@ -138,6 +138,7 @@ def propose(
     space: str | None,
     out: Path,
     cache: Path | None,
+    trust_task_code: bool = False,
 ):
     """`promptopt propose`: the space plus N proposals, written to `out` (a YAML file)."""
     from promptopt.experiments.propose import propose_space
@@ -155,6 +156,7 @@ def propose(
             subsets=tuple(subsets.split(",")) if subsets else None,
             dev_limit=dev_limit,
             test_limit=test_limit,
+            trust_task_code=trust_task_code,
         ),
         batch_size=batch_size,
     )
@@ -326,6 +328,7 @@ def stress_sweep(
     quantize,
     batch_size: int,
     log=print,
+    trust_task_code: bool = False,
 ):
     """`promptopt stress --models/--tasks`: the taboo paper's sweep, every condition kept in `out` (resumable)."""
     from promptopt.experiments.stress_sweep import SweepSettings, run_stress_sweep
@@ -351,5 +354,12 @@ def stress_sweep(
         subsets=subsets,
     )
     return run_stress_sweep(
-        models=models, tasks=tasks, settings=settings, out=out, protocol=protocol, device=device, log=log
+        models=models,
+        tasks=tasks,
+        settings=settings,
+        out=out,
+        protocol=protocol,
+        device=device,
+        log=log,
+        trust_task_code=trust_task_code,
     )

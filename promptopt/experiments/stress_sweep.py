@@ -132,6 +132,7 @@ def run_stress_sweep(
     device: str = "auto",
     progress: bool = True,
     log=print,
+    trust_task_code: bool = False,
 ) -> SweepResult:
     """`protocol`: the loaded StressProtocol that `settings.protocol` names (None: each task's own settings)."""
     from promptopt.models import ModelConfig
@@ -149,7 +150,7 @@ def run_stress_sweep(
         raise ValueError("settings.protocol must name the protocol passed in")
     prepared = {}
     for task in tasks:  # every task and protocol problem is reported before a model loads
-        data = DataConfig(task=task, subsets=settings.subsets)
+        data = DataConfig(task=task, subsets=settings.subsets, trust_task_code=trust_task_code)
         if protocol is not None:
             prepared[task] = protocol.apply(data, limit=settings.limit)
         else:

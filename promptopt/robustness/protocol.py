@@ -45,7 +45,7 @@ class StressProtocol:
         seeded subsample of the split, in the split's order (`limit` keeps the first of those). The protocol
         brings its own shots, so for `split: test` the test split takes every item the task's pool and dev
         leave (GSM8K: 1,179 instead of the 300 a search evaluates on), which the sample is drawn from."""
-        spec = load_task_spec(data.task)
+        spec = load_task_spec(data.task, trust_task_code=data.trust_task_code)
         task = spec.name
         if task not in self.prompts:
             hint = " (use mmlu_gen: the letter is generated)" if task == "mmlu" else ""

@@ -164,6 +164,9 @@ class CachedScorer:
             list(spec.stop),
             spec.extract,
             scorer.eps,
+            # lm-eval's generate_until judging (filters, exact_match options): only where set, so the keys of tasks
+            # without it stay what they were
+            *([spec.judge_options] if spec.judge_options else []),
         ]
 
     @property

