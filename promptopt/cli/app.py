@@ -73,8 +73,7 @@ def session(task: str, model: str, device: str, dtype, quantize, subsets, batch_
         data=DataConfig(task=task, subsets=split_subsets(subsets)),
         out=out,
         batch_size=batch_size,
-        progress=True,
-    )
+    )  # the runner's own bars show on a terminal, under `promptopt.progress` (Session.scorer)
 
 
 def main() -> None:

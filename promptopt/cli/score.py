@@ -6,8 +6,19 @@ from pathlib import Path
 
 import typer
 
+from promptopt import progress
 from promptopt.cli.app import app, quiet_libraries, session
-from promptopt.cli.options import BatchOpt, CardOpt, DeviceOpt, DtypeOpt, ModelOpt, QuantizeOpt, SubsetsOpt, TaskOpt
+from promptopt.cli.options import (
+    BatchOpt,
+    CardOpt,
+    DeviceOpt,
+    DtypeOpt,
+    ModelOpt,
+    QuantizeOpt,
+    QuietOpt,
+    SubsetsOpt,
+    TaskOpt,
+)
 from promptopt.cli.render import console, print_score, print_trace
 
 
@@ -27,6 +38,7 @@ def score(
     device: str = DeviceOpt,
     dtype: str | None = DtypeOpt,
     quantize: str | None = QuantizeOpt,
+    quiet: bool = QuietOpt,
 ) -> None:
     """Score a prompt on a task: per-item correctness, δ_TCB, V_eff, margin and PPL, then a summary."""
     from promptopt.experiments import commands
@@ -35,7 +47,8 @@ def score(
     if out is not None:
         check_table_path(out)
     the_session = session(task, model, device, dtype, quantize, subsets, batch_size)
-    result = commands.score(the_session, card=prompt, split=split, limit=limit, out=out)
+    with progress.reporting("score", quiet=quiet):
+        result = commands.score(the_session, card=prompt, split=split, limit=limit, out=out)
     print_score(result, the_session.data.spec.name, split, the_session.lm.name, rows)
     if out is not None:
         console.print(f"wrote {out} and {out.with_suffix('.json')}")
@@ -57,23 +70,25 @@ def trace(
     plot: Path | None = typer.Option(None, "--plot", help="write the paper's Fig. 4 panels (.png or .svg)"),
     device: str = DeviceOpt,
     dtype: str | None = DtypeOpt,
+    quiet: bool = QuietOpt,
 ) -> None:
     """Generate greedily and print δ_TCB, V_eff, margin, P(2nd best), −log p and running PPL of every token, flagging δ_TCB dips."""
     from promptopt.experiments import commands
 
     quiet_libraries()
-    frame, model_name = commands.trace(
-        text,
-        model=model,
-        device=device,
-        dtype=dtype,
-        max_new_tokens=max_new_tokens,
-        chat=chat,
-        dip_ratio=dip_ratio,
-        window=window,
-        out=out,
-        plot=plot,
-    )
+    with progress.reporting("trace", quiet=quiet):
+        frame, model_name = commands.trace(
+            text,
+            model=model,
+            device=device,
+            dtype=dtype,
+            max_new_tokens=max_new_tokens,
+            chat=chat,
+            dip_ratio=dip_ratio,
+            window=window,
+            out=out,
+            plot=plot,
+        )
     print_trace(frame, model_name)
     for path in (out, plot):
         if path is not None:

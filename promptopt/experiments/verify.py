@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from promptopt import progress
 from promptopt.card import edited_fields, sha256_text, token_ids_sha256, validate_card
 from promptopt.errors import ConfigError, UserError
 from promptopt.yamlio import Fields, load_yaml
@@ -44,6 +45,7 @@ class Verification:
 
     def add(self, name: str, ok: bool, detail: str) -> None:
         self.checks.append(Check(name, ok, detail))
+        progress.step(f"{'ok' if ok else 'FAIL'} {name}")
 
     def lines(self) -> list[str]:
         out = [f"{'ok  ' if c.ok else 'FAIL'}  {c.name}: {c.detail}" for c in self.checks]
@@ -122,6 +124,7 @@ def verify_card(
     result.add("prompt fields", not edited, "as exported" if not edited else f"{', '.join(edited)} edited after export")
 
     # 2. the model (weights) — before anything loads
+    progress.step(f"fingerprinting the weights of {spec}")
     try:
         fingerprint = model_fingerprint(spec)
     except ModelNotFoundError as exc:
@@ -143,6 +146,7 @@ def verify_card(
     )
 
     # 3. the task, data and items
+    progress.step(f"loading task {card['data']['task']}")
     data_config = DataConfig(
         task=card["data"]["task"], subsets=tuple(card["data"]["subsets"]) if card["data"].get("subsets") else None
     )
@@ -198,6 +202,7 @@ def verify_card(
     # 5. re-score (no result cache), answering as the card answers (its rule; an ensemble's members combined)
     from promptopt.scoring.card_answers import answer_table, card_members
 
+    progress.step(f"re-scoring {len(items)} recorded test items (no result cache)")
     table = answer_table(session.scorer, card_members(card, where), items)
     now_correct = [bool(c) for c in table["correct"]]
     recorded_correct = card["metrics"]["test"].get("correct")
