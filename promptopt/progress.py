@@ -74,7 +74,9 @@ def step(text: str) -> None:
 
         tqdm.write(line, file=_stream())
     else:
-        print(line, file=_stream(), flush=True)
+        stream = _stream()
+        stream.write(line + "\n")  # one write per line: lines from several threads never interleave mid-line
+        stream.flush()
 
 
 def iterate(items: Iterable, desc: str, *, total: int | None = None, label=None) -> Iterator:

@@ -248,4 +248,4 @@ def test_lines_bars_quiet_and_silence_outside_a_command():
             assert progress.bars()
             assert list(progress.iterate(range(3), "families")) == [0, 1, 2]
     drawn = "".join(text for _, _, text in bars)
-    assert "evaluate: families" in drawn and "\r" in drawn and "3/3" in drawn  # a tqdm bar, redrawn in place
+    assert "evaluate: families" in drawn and "\r" in drawn and "0/3" in drawn  # a tqdm bar, drawn in place
