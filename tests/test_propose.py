@@ -421,7 +421,7 @@ class _Scorer:
         import types
 
         self.calls.append((prompt.instruction, len(items)))
-        rows = self.answers[prompt.instruction][: len(items)]
+        rows = [self.answers[prompt.instruction][int(item.id[1:])] for item in items]
         table = pd.DataFrame(
             {
                 "item_id": [i.id for i in items],
@@ -446,9 +446,10 @@ def _fake_session(answers: dict, n: int):
 
 
 def test_screening_keeps_what_is_not_worse_beyond_noise_and_says_why():
-    """The control is the best hand-written instruction on the minibatch; a candidate is rejected only when it is
-    less accurate and the one-sided paired test on log p(gold) says worse at 0.05; equally accurate but less
-    confident is kept; the minibatch is the first `items` dev items."""
+    """The control is the best hand-written instruction on the first half of the minibatch; a candidate as accurate
+    there with no sign of being worse is kept at once; any other is judged on the whole minibatch and rejected only
+    when it is less accurate and the one-sided paired test on log p(gold) says worse at 0.05 (equally accurate but
+    less confident is kept); the minibatch is the first `items` dev items."""
     from promptopt.experiments.propose import Proposal
     from promptopt.experiments.propose.screen import apply, screen
 
@@ -466,12 +467,18 @@ def test_screening_keeps_what_is_not_worse_beyond_noise_and_says_why():
     session = _fake_session(answers, n + 10)
     proposals = [Proposal(name, name, {"attempt": k}) for k, name in enumerate(("junk", "timid", "noise", "better"))]
     result = screen(session, {"a": "hand a", "b": "hand b"}, proposals, items=n)
-    assert result.control == "a" and result.control_accuracy == pytest.approx(0.7) and result.items == n
+    assert result.control == "a" and result.control_accuracy == 1.0 and result.items == n and result.first_items == 10
     verdict = {r["name"]: r for r in result.results}
     assert [name for name in verdict if not verdict[name]["passed"]] == ["junk"]
+    assert {name: v["stage"] for name, v in verdict.items()} == {"junk": 2, "timid": 2, "noise": 1, "better": 1}
     assert verdict["junk"]["p"] < 0.05 and verdict["timid"]["p"] < 0.05  # the test alone would reject timid too
     assert "minibatch accuracy 0.400 vs 0.700 for a on 20 dev items" in verdict["junk"]["why"]
-    assert all(count == n for _, count in session.scorer.calls)  # the first 20 dev items only
+    scored: dict = {}
+    for text, count in session.scorer.calls:  # halves of the first 20 dev items; the control's second half once
+        assert count == n // 2
+        scored[text] = scored.get(text, 0) + count
+    assert scored == {"hand a": 20, "hand b": 10, "junk": 20, "timid": 20, "noise": 10, "better": 10}
+    assert result.scored_items == sum(scored.values())
     from promptopt.experiments.propose.proposer import Proposals
 
     before = Proposals(proposals, [{"text": "x", "reason": "too_short"}], {"too_short": 1}, 5, "k")

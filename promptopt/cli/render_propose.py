@@ -28,8 +28,9 @@ def proposals_lines(proposals, *, show_rejected: bool) -> list[str]:
     if screening is not None:
         lines.append(
             f"screening: {len(proposals.accepted)} of {len(screening.results)} proposals passed screening against "
-            f"{screening.control} ({screening.control_accuracy:.3f} on the first {screening.items} dev items; rejected "
-            f"when less accurate and one-sided {screening.test} p < 0.05); {screening.seconds:.1f} s"
+            f"{screening.control} ({screening.control_accuracy:.3f} on the first {screening.first_items} dev items, "
+            f"where it was chosen; rejected when less accurate on the first {screening.items} and one-sided "
+            f"{screening.test} p < 0.05); {screening.scored_items} item scorings, {screening.seconds:.1f} s"
             + (" (read back)" if screening.reused else "")
         )
     if not proposals.accepted:
@@ -41,7 +42,7 @@ def proposals_lines(proposals, *, show_rejected: bool) -> list[str]:
     verdicts = {r["name"]: r for r in screening.results} if screening is not None else {}
     for p in proposals.accepted:
         v = verdicts.get(p.name)
-        numbers = f"  [minibatch accuracy {v['accuracy']:.3f}, p = {v['p']:.2g}]" if v else ""
+        numbers = f"  [accuracy {v['accuracy']:.3f} on {v['items']} dev items, p = {v['p']:.2g}]" if v else ""
         lines.append(f"  + {p.name}: {_short(p.text)}{numbers}")
     if proposals.rejected:
         if show_rejected:

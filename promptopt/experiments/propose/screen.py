@@ -1,20 +1,26 @@
 """Screening: a proposed instruction enters the space only if it is not worse than the space's best hand-written
 instruction beyond noise, on a small dev minibatch. Dev items only; test items never choose.
 
-- Minibatch: the first `items` dev items (32 by default; the dev order is the task's seeded carving).
-- Control: the task's default prompt (its template and shots) with each of the space's own instructions; the one
-  with the highest minibatch accuracy (ties: the higher mean log p(gold), then the one listed first). Picking the
-  best of several on the same items flatters the control, so screening errs towards rejecting.
-- Candidate: the same prompt with the proposed instruction, scored on the same items (a paired comparison).
-- Rule: a candidate is rejected (`worse_than_control`) when its minibatch accuracy is below the control's *and* a
-  one-sided paired test says it is worse at α = 0.05: on choice tasks the Wilcoxon signed-rank test of the
-  per-item log-probability of the gold answer normalised over the choices (the decision's own scores; the
-  continuous counterpart of right/wrong, which on 32 items sees what 0/1 answers cannot), on generative tasks
+- Minibatch: the first `items` dev items (32 by default; the dev order is the task's seeded carving), in two halves.
+- Control: the task's default prompt (its template and shots) with each of the space's own instructions, scored on
+  the first half; the most accurate is the control (ties: the higher mean log p(gold), then the one listed first).
+  Picking the best of several on the same items flatters the control, so screening errs towards rejecting.
+- Candidate: the same prompt with the proposed instruction, on the same items (a paired comparison).
+- Rule: a candidate is rejected (`worse_than_control`) when, on the whole minibatch, its accuracy is below the
+  control's *and* a one-sided paired test says it is worse at α = 0.05: on choice tasks the Wilcoxon signed-rank
+  test of the per-item log-probability of the gold answer normalised over the choices (the decision's own scores;
+  the continuous counterpart of right/wrong, which on 32 items sees what 0/1 answers cannot), on generative tasks
   the exact McNemar test of right/wrong. Both parts are needed, as for a claim of "better" (DESIGN: honest
   selection): a candidate as accurate as the control is never rejected for being less confident.
-- Cost: (hand-written + candidates) × items item scorings on the task's model (`seconds` records it; prompts
-  already scored come from the result cache). Verdicts are kept in the proposals cache beside the proposals
-  they screen, so `--resume` rebuilds the same space file.
+- Two stages (a group-sequential version of that one test): a candidate at least as accurate as the control on the
+  first half, with the one-sided p there ≥ 0.5 (no sign of being worse), is kept at once; any other is scored on
+  the second half too and judged by the rule on the whole minibatch. Stage 1 can only keep earlier, never reject,
+  so the rejections are a subset of the one-stage test's and a candidate that is not worse is still rejected less
+  than 5% of the time; a clearly worse one shows it on the first half and goes on to be rejected.
+- Cost: hand-written × items/2 + candidates × items/2 + (the control and each stage-2 candidate) × items/2 item
+  scorings on the task's model (`scored_items`, `seconds`; prompts already scored come from the result cache).
+  Verdicts are kept in the proposals cache beside the proposals they screen, so `--resume` rebuilds the same space
+  file.
 """
 
 from __future__ import annotations
@@ -35,7 +41,9 @@ from promptopt.yamlio import atomic_write_text
 
 SCREEN_ITEMS = 32
 ALPHA = 0.05
-VERSION = 1  # bump when the rule, the control or the statistic changes
+EARLY_P = 0.5  # stage 1 keeps a candidate at once when it is as accurate as the control and this far from worse
+MIN_STAGE = 4  # fewer minibatch items than 2 × this: one stage
+VERSION = 2  # bump when the rule, the control, the stages or the statistic changes
 
 
 @dataclass
@@ -46,8 +54,10 @@ class Screening:
     control: str  # the control's instruction name
     control_accuracy: float
     test: str  # "wilcoxon log p(gold)" | "mcnemar"
-    results: list[dict] = field(default_factory=list)  # name, text, accuracy, delta_logp, p, passed, why
+    results: list[dict] = field(default_factory=list)  # name, text, items, stage, accuracy, p, passed, why
     seconds: float = 0.0
+    first_items: int = 0  # stage 1: the first half of the minibatch (where the control is chosen)
+    scored_items: int = 0  # item scorings screening cost (hand-written and candidates, both stages)
     reused: bool = False
 
     @property
@@ -90,6 +100,13 @@ def _paired_worse(candidate, control, logp_candidate, logp_control) -> tuple[flo
     return float(binomtest(worse, worse + better, 0.5, alternative="greater").pvalue), "mcnemar"
 
 
+def _joined(a: tuple, b: tuple) -> tuple:
+    """(correct, log p(gold)) of two parts of the minibatch, one after the other."""
+    correct = np.concatenate([a[0], b[0]])
+    logp = np.concatenate([a[1], b[1]]) if a[1] is not None and b[1] is not None else None
+    return correct, logp
+
+
 def screen_key(session, proposals_key: str, hand_written: dict[str, str], items: int) -> str:
     dev = session.items("dev")[:items]
     return sha256_json(
@@ -123,16 +140,22 @@ def screen(
         return Screening(**data, reused=True)
     started = time.perf_counter()
     dev = session.items("dev")[:items]
+    first, second = (dev[: len(dev) // 2], dev[len(dev) // 2 :]) if len(dev) >= 2 * MIN_STAGE else (dev, [])
     base = session.data.default_prompt()
     metric = session.data.spec.metric
+    scored = 0
 
-    def measure(text: str):
-        table = session.scorer.score(dataclasses.replace(base, instruction=text), dev).table
+    def measure(text: str, part: list):
+        nonlocal scored
+        if not part:
+            return np.zeros(0, dtype=bool), None
+        scored += len(part)
+        table = session.scorer.score(dataclasses.replace(base, instruction=text), part).table
         return table["correct"].to_numpy(dtype=bool), _gold_logp(table, metric)
 
     own = {}
     for name in progress.iterate(list(hand_written), f"screening: the space's {len(hand_written)} own instructions"):
-        own[name] = measure(hand_written[name])
+        own[name] = measure(hand_written[name], first)
     order = list(hand_written)
 
     def rank(name):
@@ -140,30 +163,37 @@ def screen(
         return (-correct.mean(), -(logp.mean() if logp is not None else 0.0), order.index(name))
 
     control = min(own, key=rank)
-    control_correct, control_logp = own[control]
-    result = Screening(len(dev), control, float(control_correct.mean()), "")
+    result = Screening(len(dev), control, float(own[control][0].mean()), "", first_items=len(first))
+    whole_control = None  # the control on every minibatch item, scored when a candidate first needs it
+
     for proposal in progress.iterate(candidates, f"screening {len(candidates)} proposals against {control}"):
-        correct, logp = measure(proposal.text)
-        p, result.test = _paired_worse(correct, control_correct, logp, control_logp)
+        correct, logp = measure(proposal.text, first)
+        p, result.test = _paired_worse(correct, own[control][0], logp, own[control][1])
         accuracy = float(correct.mean())
-        worse = accuracy < result.control_accuracy and p < ALPHA
-        entry = {
-            "name": proposal.name,
-            "text": proposal.text,
-            "accuracy": accuracy,
-            "delta_accuracy": accuracy - result.control_accuracy,
-            "delta_logp": float(np.mean(logp - control_logp)) if logp is not None else None,
-            "p": p,
-            "passed": not worse,
-        }
+        entry = {"name": proposal.name, "text": proposal.text, "items": len(first), "stage": 1}
+        if (accuracy >= result.control_accuracy and p >= EARLY_P) or not second:
+            entry.update(accuracy=accuracy, control_accuracy=result.control_accuracy, p=p)
+        else:  # not clearly fine on the first half: judged on the whole minibatch
+            if whole_control is None:
+                rest = measure(hand_written[control], second)
+                whole_control = _joined(own[control], rest)
+            correct, logp = _joined((correct, logp), measure(proposal.text, second))
+            p, result.test = _paired_worse(correct, whole_control[0], logp, whole_control[1])
+            accuracy = float(correct.mean())
+            entry.update(
+                items=len(dev), stage=2, accuracy=accuracy, control_accuracy=float(whole_control[0].mean()), p=p
+            )
+        worse = accuracy < entry["control_accuracy"] and p < ALPHA  # stage-1 keeps are neither
+        entry["passed"] = not worse
         if worse:
             entry["why"] = (
-                f"minibatch accuracy {accuracy:.3f} vs {result.control_accuracy:.3f} for {control} on {len(dev)} dev "
-                f"items, one-sided {result.test} p = {p:.2g} < {ALPHA}"
+                f"minibatch accuracy {accuracy:.3f} vs {entry['control_accuracy']:.3f} for {control} on "
+                f"{entry['items']} dev items, one-sided {result.test} p = {p:.2g} < {ALPHA}"
             )
         result.results.append(entry)
-    result.test = result.test or ("wilcoxon log p(gold)" if control_logp is not None else "mcnemar")
+    result.test = result.test or ("wilcoxon log p(gold)" if own[control][1] is not None else "mcnemar")
     result.seconds = time.perf_counter() - started
+    result.scored_items = scored
     if cached is not None:
         cached.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(cached, json.dumps(result.to_json(), indent=1, ensure_ascii=False))
