@@ -408,3 +408,123 @@ def test_history_proposals_start_from_the_spaces_own_instructions_scored_on_dev(
         assert sorted(provenance["parents"]) == sorted(three.instructions)
         shown = [value[name] for name in provenance["parents"]]
         assert shown == sorted(shown)
+
+
+# --- screening --------------------------------------------------------------------------------------------------------
+class _Scorer:
+    """A stand-in scorer: each instruction's answers on the dev items, as (correct, log-probs of the two labels)."""
+
+    def __init__(self, answers: dict):
+        self.answers, self.calls = answers, []
+
+    def score(self, prompt, items):
+        import types
+
+        self.calls.append((prompt.instruction, len(items)))
+        rows = [self.answers[prompt.instruction][int(item.id[1:])] for item in items]
+        table = pd.DataFrame(
+            {
+                "item_id": [i.id for i in items],
+                "gold": [0] * len(items),
+                "correct": [c for c, _ in rows],
+                "choice_logprobs": [list(lp) for _, lp in rows],
+            }
+        )
+        return types.SimpleNamespace(table=table)
+
+
+def _fake_session(answers: dict, n: int):
+    import types
+
+    from promptopt.prompts import Prompt
+
+    items = [types.SimpleNamespace(id=f"d{i}") for i in range(n)]
+    data = types.SimpleNamespace(
+        default_prompt=lambda: Prompt(task="t", instruction=""), spec=types.SimpleNamespace(metric="acc")
+    )
+    return types.SimpleNamespace(items=lambda split: items, data=data, scorer=_Scorer(answers))
+
+
+def test_screening_keeps_what_is_not_worse_beyond_noise_and_says_why():
+    """The control is the best hand-written instruction on the first half of the minibatch; a candidate as accurate
+    there with no sign of being worse is kept at once; any other is judged on the whole minibatch and rejected only
+    when it is less accurate and the one-sided paired test on log p(gold) says worse at 0.05 (equally accurate but
+    less confident is kept); the minibatch is the first `items` dev items."""
+    from promptopt.experiments.propose import Proposal
+    from promptopt.experiments.propose.screen import apply, screen
+
+    n = 20
+    sure, unsure, wrong = (True, (-0.1, -3.0)), (True, (-0.6, -0.9)), (False, (-2.0, -0.2))
+    answers = {
+        "hand a": [sure] * 14 + [wrong] * 6,  # 0.70: the control
+        "hand b": [sure] * 10 + [wrong] * 10,
+        "junk": [sure] * 8 + [wrong] * 12,  # 0.40, lower log p(gold) on 6 items: rejected
+        "timid": [unsure] * 14 + [wrong] * 6,  # as accurate, less sure everywhere: kept
+        "noise": [sure] * 13 + [wrong] * 7,  # one item worse: not beyond noise
+        "better": [sure] * 16 + [wrong] * 4,
+        "unused": [wrong] * 4 + [sure] * 16,  # the items after the minibatch would have changed the verdict
+    }
+    session = _fake_session(answers, n + 10)
+    proposals = [Proposal(name, name, {"attempt": k}) for k, name in enumerate(("junk", "timid", "noise", "better"))]
+    result = screen(session, {"a": "hand a", "b": "hand b"}, proposals, items=n)
+    assert result.control == "a" and result.control_accuracy == 1.0 and result.items == n and result.first_items == 10
+    verdict = {r["name"]: r for r in result.results}
+    assert [name for name in verdict if not verdict[name]["passed"]] == ["junk"]
+    assert {name: v["stage"] for name, v in verdict.items()} == {"junk": 2, "timid": 2, "noise": 1, "better": 1}
+    assert verdict["junk"]["p"] < 0.05 and verdict["timid"]["p"] < 0.05  # the test alone would reject timid too
+    assert "minibatch accuracy 0.400 vs 0.700 for a on 20 dev items" in verdict["junk"]["why"]
+    scored: dict = {}
+    for text, count in session.scorer.calls:  # halves of the first 20 dev items; the control's second half once
+        assert count == n // 2
+        scored[text] = scored.get(text, 0) + count
+    assert scored == {"hand a": 20, "hand b": 10, "junk": 20, "timid": 20, "noise": 10, "better": 10}
+    assert result.scored_items == sum(scored.values())
+    from promptopt.experiments.propose.proposer import Proposals
+
+    before = Proposals(proposals, [{"text": "x", "reason": "too_short"}], {"too_short": 1}, 5, "k")
+    after = apply(before, result)
+    assert [p.name for p in after.accepted] == ["timid", "noise", "better"]
+    assert (
+        after.drops == {"too_short": 1, "worse_than_control": 1}
+        and after.rejected[-1]["reason"] == "worse_than_control"
+    )
+    assert after.attempts == len(after.accepted) + len(after.rejected)
+
+
+def test_a_proposer_that_yields_nothing_useful_says_so():
+    from promptopt.cli.render_propose import proposals_lines
+    from promptopt.experiments.propose import Proposal
+    from promptopt.experiments.propose.proposer import Proposals
+    from promptopt.experiments.propose.screen import Screening, apply
+
+    texts = [Proposal(f"p{k}", f"Write a short story number {k}.", {"attempt": k}) for k in range(3)]
+    screening = Screening(32, "be_careful", 0.8, "wilcoxon log p(gold)")
+    screening.results = [
+        {
+            "name": p.name,
+            "text": p.text,
+            "accuracy": 0.5,
+            "p": 0.001,
+            "passed": False,
+            "why": "minibatch accuracy 0.500 vs 0.800",
+        }
+        for p in texts
+    ]
+    made = apply(Proposals(texts, [{"text": "Be.", "reason": "too_short"}], {"too_short": 1}, 4, "k"), screening)
+    lines = proposals_lines(made, show_rejected=True)
+    assert "0 of 3 proposals passed screening: the space is unchanged" in lines
+    assert "  - [worse_than_control] Write a short story number 0. (minibatch accuracy 0.500 vs 0.800)" in lines
+    assert "  - [too_short] Be." in lines
+    hidden = proposals_lines(made, show_rejected=False)
+    assert "4 rejected texts: --show-rejected prints them" in hidden and not any("[too_short]" in x for x in hidden)
+    nothing = proposals_lines(
+        Proposals([], [{"text": "", "reason": "empty"}], {"empty": 1}, 1, "k"), show_rejected=True
+    )
+    assert "0 of 1 proposals passed the filters: the space is unchanged" in nothing
+
+
+def test_screening_items_is_checked():
+    with pytest.raises(ConfigError, match="--screen-items"):
+        ProposeRequest(n=2, screen_items=-1)
+    result = promptopt("search", "--task", "sst2", "--screen-items", "8", "--out", "/nonexistent/s")
+    assert result.code == 2 and "--screen-items: give --propose N" in result.stderr

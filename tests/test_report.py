@@ -368,7 +368,16 @@ def assert_page_says(page: str, paired) -> None:
         )
         for label, flag in flags.items():
             assert ("significant (favours" in clauses[label]) == flag, (label, sentence)
-            assert clauses[label].rstrip(".").endswith("not significant") == (not flag), (label, sentence)
+            assert ("not significant" in clauses[label]) == (not flag), (label, sentence)
+            if label == "accuracy" and not flag:  # one rule, said where it decides: which of its two parts held
+                low, high, p = r["delta_acc_ci_low"], r["delta_acc_ci_high"], r["mcnemar_p"]
+                excludes = low > 0 or high < 0
+                if excludes != (p < 0.05):
+                    assert ("excludes 0 but McNemar" if excludes else "but its interval includes 0") in sentence, (
+                        sentence
+                    )
+                else:
+                    assert "both must agree" not in clauses[label], sentence
 
 
 def test_paired_table_and_verdict_say_what_compare_paired_csv_says(compare_dir, dom):
@@ -411,7 +420,11 @@ def test_paired_table_and_verdict_follow_an_edited_csv(compare_dir, tmp_path):
     reseal(run)  # changed on purpose: sealed again as a complete set
     page = build_report(run)
     assert_page_says(page, pd.read_csv(run / "compare_paired.csv"))
-    assert "McNemar p = 0.07, not significant" in page  # compare's flag decides, not the interval alone
+    # compare's flag decides, not the interval alone, and the sentence says so where it decides
+    assert (
+        "McNemar p = 0.07, not significant: its interval excludes 0 but McNemar p = 0.07 ≥ 0.05, and both must agree"
+        in page
+    )
 
 
 def test_verdict_sentences_follow_the_significance_flags():
@@ -517,7 +530,7 @@ def test_strategy_table_has_intervals_and_readable_headers(dom):
 def test_scatter_draws_pruned_trials_apart_and_nudges_overlaps():
     import pandas as pd
 
-    from promptopt.experiments.report.figures import trials_scatter
+    from promptopt.experiments.report.scatter import trials_scatter
 
     rows = [
         {
@@ -746,3 +759,180 @@ def test_report_cli_and_bad_input(compare_dir, tmp_path):
         "missing column",
     )
     assert not out.exists()
+
+
+# --- the first screen: what to ship ------------------------------------------------------------------------------
+# After load, the top and bottom (page pixels) and the text of every element of the recommendation a reader must
+# see on the first screen: the ship sentence, why, the export command, each warning export prints, and the
+# "nothing beats the default prompt" line where there is one.
+_FIRST_SCREEN = """<script>window.addEventListener('load',function(){setTimeout(function(){var out=[];
+document.querySelectorAll('#nothing-beats, #ship, #why, #export-command, #export-warnings, .export-warning').forEach(function(e){
+var r=e.getBoundingClientRect();out.push([e.id||e.className,r.top+window.scrollY,r.bottom+window.scrollY,e.textContent]);});
+document.documentElement.setAttribute('data-first-screen',JSON.stringify(out));},0);});</script>"""
+SCREEN = 1000  # px: the first screen of a 1280 × 1000 window
+
+
+def first_screen(page: Path, tmp_path: Path) -> list[tuple[str, float, float, str]]:
+    """(id or class, top, bottom, text) of the recommendation's elements, as headless Chromium lays them out in a
+    1280 × 1000 window."""
+    import html as html_lib
+
+    hooked = tmp_path / ("screen-" + page.name)
+    hooked.write_text(page.read_text(encoding="utf-8").replace("<head>", "<head>" + _FIRST_SCREEN, 1), encoding="utf-8")
+    proc = chromium(tmp_path / "profile-screen", "--window-size=1280,1000", "--dump-dom", hooked.as_uri())
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    found = re.search(r'data-first-screen="([^"]*)"', proc.stdout)
+    assert found, "the first-screen hook never ran"
+    return [tuple(x) for x in json.loads(html_lib.unescape(found.group(1)))]
+
+
+def assert_first_screen_says(elements, exported, root: Path) -> None:
+    """Within the first 1,000 px: which card (strategy, trial) and why (export's rule, dev numbers only), the
+    export command, and exactly the warnings export prints; a card no better than the default prompt says so
+    first."""
+    seen = {}
+    for name, top, bottom, text in elements:
+        seen.setdefault(name, []).append((top, bottom, " ".join(text.split())))
+    for name in ("ship", "why", "export-command", "export-warnings"):
+        assert name in seen, (name, elements)
+        for _top, bottom, text in seen[name]:
+            assert bottom <= SCREEN, f"{name} ends at {bottom:.0f} px, below the first screen: {text[:200]}"
+    search = exported.card["search"]
+    ship = seen["ship"][0][2]
+    assert f"{search['strategy']} (trial {search['trial']} of study {search['study']}" in ship, ship
+    assert "against the task's default prompt" in ship or "nothing-beats" in seen, ship
+    said = ship + " ".join(text for _, _, text in seen.get("nothing-beats", []))
+    assert "McNemar p =" in said and "significant" in said, said  # every Δ with its test and the one rule
+    why = seen["why"][0][2]
+    assert "dev numbers only" in why and search["selection"] in why, why
+    assert seen["export-command"][0][2] == f"promptopt export {root} --out {root / 'card.yaml'}"
+    shown = [text.removeprefix("warning: ") for _, _, text in seen.get("export-warning", [])]
+    assert shown == [" ".join(w.split()) for w in exported.warnings], (shown, exported.warnings)
+    for _top, bottom, text in seen.get("export-warning", []):
+        assert bottom <= SCREEN, f"a warning export prints ends at {bottom:.0f} px: {text}"
+    test = exported.card["metrics"]["test"]["accuracy"]
+    worse = exported.default["accuracy"] >= test
+    assert ("nothing-beats" in seen) == worse, (test, exported.default["accuracy"], seen.keys())
+    if worse:
+        top, bottom, text = seen["nothing-beats"][0]
+        assert bottom <= SCREEN and top < seen["ship"][0][0], "the default prompt's line comes first"
+        assert text.startswith("Keep the task's default prompt"), text
+        assert any("not better than the task's default prompt" in w for w in exported.warnings)
+    else:
+        assert ship.startswith(f"Ship {search['strategy']}"), ship
+
+
+@pytest.fixture(scope="module")
+def search_dir(tiny_llama_dir, tmp_path_factory) -> Path:
+    """A standalone search (tiny model)."""
+    from promptopt.search import run_search
+
+    out = tmp_path_factory.mktemp("report") / "search"
+    run_search(_config(tiny_llama_dir, out, strategy="tcb", trials=4), show_progress=False)
+    return out
+
+
+WORSE_SPACE = """task: sst2
+description: one prompt whose label words are swapped (a negative review reads "positive"), worse by construction
+instructions: {none: ""}
+exemplars: {candidates: 4, k: [0, 0]}
+templates:
+  swapped: {query: "Review: {question}\\nSentiment:", label_words: [positive, negative]}
+"""
+
+
+@pytest.fixture(scope="module")
+def worse_dir(tmp_path_factory) -> Path:
+    """A search on the embedded model whose only prompt swaps SST-2's label words: its winner is worse than the
+    task's default prompt (a real model reads the words; a random one would not)."""
+    from promptopt.search import SearchConfig, run_search
+
+    folder = tmp_path_factory.mktemp("worse")
+    (folder / "space.yaml").write_text(WORSE_SPACE)
+    config = SearchConfig.build(
+        model="smollm2-135m-instruct",
+        out=str(folder / "run"),
+        device="cpu",
+        task="sst2",
+        strategy="accuracy",
+        trials=1,
+        dev_limit=6,
+        test_limit=16,
+        space=str(folder / "space.yaml"),
+    )
+    run_search(config, show_progress=False)
+    return folder / "run"
+
+
+@pytest.mark.parametrize("kind", ["compare", "search", "worse"])
+def test_the_first_screen_says_which_card_to_ship(kind, compare_dir, request, tmp_path):
+    """In the rendered DOM of headless Chromium, the first 1,000 px of a compare's report, a search's, and a search
+    whose winner is worse than the default prompt: the card, why, the export command, and export's warnings."""
+    from promptopt.experiments.export import export_run
+    from promptopt.experiments.report import write_report
+
+    root = compare_dir if kind == "compare" else request.getfixturevalue(f"{kind}_dir")
+    page = write_report(root, out=tmp_path / f"{kind}.html")
+    exported = export_run(root, out=tmp_path / "card.yaml")  # what `promptopt export` prints and writes
+    if kind == "worse":
+        assert exported.card["metrics"]["test"]["accuracy"] < exported.default["accuracy"]
+    assert_first_screen_says(first_screen(page, tmp_path), exported, root)
+    assert page.read_text(encoding="utf-8").index('id="recommendation"') < page.read_text(encoding="utf-8").index(
+        'id="verdict"'
+    )
+
+
+def test_the_first_screen_check_can_fail(compare_dir, tmp_path):
+    """Guard against a vacuous check: the same page with the recommendation pushed below the first screen, or a
+    warning export prints left out, fails it."""
+    from promptopt.experiments.export import export_run
+    from promptopt.experiments.report import write_report
+
+    page = write_report(compare_dir, out=tmp_path / "cmp.html")
+    exported = export_run(compare_dir, out=tmp_path / "card.yaml")
+    text = page.read_text(encoding="utf-8")
+    pushed = tmp_path / "pushed.html"
+    pushed.write_text(
+        text.replace(
+            '<section id="recommendation">', '<div style="height:1200px"></div><section id="recommendation">', 1
+        )
+    )
+    with pytest.raises(AssertionError, match="below the first screen"):
+        assert_first_screen_says(first_screen(pushed, tmp_path), exported, compare_dir)
+    exported.warnings.append("a warning the page does not show")
+    with pytest.raises(AssertionError):
+        assert_first_screen_says(first_screen(page, tmp_path), exported, compare_dir)
+
+
+def test_the_scatter_marks_winners_and_the_tcb_rule(compare_dir, search_dir):
+    """★ on each search's winner (compare's pick), ringed on the card export writes; in a tcb column the dashed
+    line sits at the bound the tcb search itself printed in its selection sentence."""
+    from promptopt.experiments.report.card import chosen_card
+    from promptopt.experiments.report.scatter import trials_scatter
+    from promptopt.experiments.report.source import read_source
+    from promptopt.experiments.report.trials import trials_frame
+
+    for root in (compare_dir, search_dir):
+        source = read_source(root)
+        chosen = chosen_card(source)
+        trials = trials_frame(source, chosen)
+        won = trials[trials["winner"]]
+        assert len(won) == len(source.studies)  # one winner per search
+        if source.candidates is not None:
+            picked = source.candidates[source.candidates["winner"].astype(str).str.lower() == "true"]
+            assert set(zip(won["strategy"], won["trial"])) == {
+                (s, int(t)) for s, t in zip(picked["strategy"], picked["trial"]) if t == t
+            }
+        assert trials["exported"].sum() == 1
+        assert trials.loc[trials["exported"], "trial"].item() == chosen.card["search"]["trial"]
+        for s in source.studies:
+            if s.run.config.study.strategy == "tcb":
+                bound = trials.loc[trials["strategy"] == s.strategy, "rule_low"].iloc[0]
+                said = re.search(r"≥ (\d\.\d{3})", s.run.summary["selection"])
+                assert said and f"{bound:.3f}" == said.group(1), (bound, s.run.summary["selection"])
+        fig = trials_scatter(trials)
+        stars = [t for t in fig.data if t.marker.symbol == "star"]
+        assert sum(len(t.x) for t in stars) == int(won["state"].eq("COMPLETE").sum())
+        assert sum(1 for t in stars for w in t.marker.line.width if w == 3) == 1  # the ringed one: export's card
+        lines = [sh for sh in fig.layout.shapes if sh.line.dash == "dash"]
+        assert len(lines) == sum(1 for s in source.studies if s.run.config.study.strategy == "tcb")

@@ -85,8 +85,7 @@ def session(
         data=DataConfig(task=task, subsets=split_subsets(subsets), trust_task_code=trust_task_code, order=order),
         out=out,
         batch_size=batch_size,
-        progress=True,
-    )
+    )  # the runner's own bars show on a terminal, under `promptopt.progress` (Session.scorer)
 
 
 def main() -> None:

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import typer
 
+from promptopt import progress
 from promptopt.cli.app import app, quiet_libraries
-from promptopt.cli.options import DeviceOpt
+from promptopt.cli.options import DeviceOpt, QuietOpt
 from promptopt.cli.render import console, print_export
 
 
@@ -52,23 +53,25 @@ def export_command(
         "--flag-signal",
         help="the flag's signal: tcb, margin, top_prob, entropy, or auto (the largest dev flip-rate gap)",
     ),
+    quiet: bool = QuietOpt,
 ) -> None:
     """Export the winner (or a named trial) of a run as a prompt card that records everything its score depends on."""
     from promptopt.experiments.export import export_run
 
     quiet_libraries()
-    exported = export_run(
-        run_dir,
-        out=out,
-        strategy=strategy,
-        trial=trial,
-        fmt=fmt,
-        device=device,
-        select=select,
-        ensemble=ensemble,
-        flag_rate=flag_rate,
-        flag_signal=flag_signal,
-    )
+    with progress.reporting("export", quiet=quiet):
+        exported = export_run(
+            run_dir,
+            out=out,
+            strategy=strategy,
+            trial=trial,
+            fmt=fmt,
+            device=device,
+            select=select,
+            ensemble=ensemble,
+            flag_rate=flag_rate,
+            flag_signal=flag_signal,
+        )
     print_export(exported)
     if exported.card.get("fragility"):
         console.print(_flag_line(exported.card["fragility"]), markup=False, highlight=False)
@@ -105,14 +108,16 @@ def verify_command(
         help="score with this model instead of the recorded one (its fingerprint difference fails the check)",
     ),
     device: str = DeviceOpt,
+    quiet: bool = QuietOpt,
 ) -> None:
     """Re-score a card on its recorded items with its recorded model; exit 1 with the differences if anything changed."""
     from promptopt.experiments.verify import verify_card
 
     quiet_libraries()
-    result = verify_card(card, limit=limit, model=model, device=device)
-    for line in result.lines():  # whole lines, never wrapped: each names what it checked
-        console.print(line, markup=False, highlight=False, soft_wrap=True)
+    with progress.reporting("verify", quiet=quiet):
+        result = verify_card(card, limit=limit, model=model, device=device)
+    for line in result.lines():
+        console.print(line, markup=False, highlight=False, soft_wrap=True)  # whole lines: each names what it checked
     if not result.ok:
         raise typer.Exit(1)
 
@@ -132,11 +137,14 @@ def report_command(
     taboo: list[Path] | None = typer.Option(
         None, "--taboo", help="`stress --out` rank tables (.csv) to plot; repeatable"
     ),
+    quiet: bool = QuietOpt,
 ) -> None:
-    """Write one self-contained HTML report (opens offline) that leads with the verdict: paired differences, strategies,
-    robustness per family, the card export would write, the search."""
+    """Write one self-contained HTML report (opens offline) that leads with what to ship: the card export writes,
+    against the default prompt and the next best, and export's warnings; then the verdict, strategies, robustness
+    per family, the card, the search."""
     from promptopt.experiments.report import write_report
 
     quiet_libraries()
-    path = write_report(run_dir, out=out, card=card, robustness=robustness or [], taboo=taboo or [])
+    with progress.reporting("report", quiet=quiet):
+        path = write_report(run_dir, out=out, card=card, robustness=robustness or [], taboo=taboo or [])
     console.print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB)")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 
+from promptopt import progress
 from promptopt.cli.app import diagnose_app, quiet_libraries, session
 from promptopt.cli.options import (
     BatchOpt,
@@ -20,6 +21,7 @@ from promptopt.cli.options import (
     DtypeOpt,
     ModelOpt,
     QuantizeOpt,
+    QuietOpt,
     SearchSuiteOpt,
     SubsetsOpt,
     TrustTaskCodeOpt,
@@ -43,6 +45,7 @@ def _diagnose_inputs(model, device, dtype, tasks, limit, text_per_task, trace_to
 
     quiet_libraries()
     spec = PositionSpec(tasks=tuple(names(tasks)), limit=limit, text_per_task=text_per_task, trace_tokens=trace_tokens)
+    progress.step(f"loading model {model}")
     return ModelConfig(spec=model, device=device, dtype=dtype).load(), spec
 
 
@@ -72,21 +75,24 @@ def diagnose_proxy(
         "--out",
         help="folder for proxy_prompts.csv, proxy_correlations.csv, proxy_items.parquet and proxy_item_auroc.csv (default: the run directory, or the runs' common parent)",
     ),
+    quiet: bool = QuietOpt,
 ) -> None:
     """Is δ_TCB a good proxy for robustness here? Spearman ρ of cheap signals vs measured Acc_worst and PDR across
     prompts, and across answers the AUROC of each clean signal for "this answer changes under an unseen perturbation"."""
     from promptopt.experiments.proxy import diagnose_proxy as run_proxy
 
     quiet_libraries()
-    result = run_proxy(
-        run_dirs,
-        n_trials=trials,
-        limit=limit,
-        suite=suite,
-        search_suite=None if search_suite == "none" else search_suite,
-        seed=seed,
-        out=out,
-    )
+    with progress.reporting("diagnose proxy", quiet=quiet):
+        result = run_proxy(
+            run_dirs,
+            n_trials=trials,
+            limit=limit,
+            suite=suite,
+            search_suite=None if search_suite == "none" else search_suite,
+            seed=seed,
+            out=out,
+            show_progress=progress.bars(),
+        )
     print_proxy(result, len(run_dirs))
 
 
@@ -103,12 +109,15 @@ def diagnose_geometry(
     model: str = ModelOpt,
     device: str = DeviceOpt,
     dtype: str | None = DtypeOpt,
+    quiet: bool = QuietOpt,
 ) -> None:
     """δ_TCB paper Table 2: share of positions with δ_cluster > δ_orig > δ_disperse (h and o fixed; and o recomputed)."""
     from promptopt.experiments.diagnose.workflows import run_geometry
 
-    lm, spec = _diagnose_inputs(model, device, dtype, tasks, limit, text_per_task, trace_tokens)
-    print_geometry(run_geometry(lm, spec, out, k=k, alpha=alpha, beta=beta, progress=True), lm.name, k, alpha, beta)
+    with progress.reporting("diagnose geometry", quiet=quiet):
+        lm, spec = _diagnose_inputs(model, device, dtype, tasks, limit, text_per_task, trace_tokens)
+        report = run_geometry(lm, spec, out, k=k, alpha=alpha, beta=beta, progress=progress.bars())
+    print_geometry(report, lm.name, k, alpha, beta)
 
 
 @diagnose_app.command("regimes")
@@ -122,12 +131,15 @@ def diagnose_regimes(
     model: str = ModelOpt,
     device: str = DeviceOpt,
     dtype: str | None = DtypeOpt,
+    quiet: bool = QuietOpt,
 ) -> None:
     """δ_TCB paper Table 1: Pearson and Spearman Corr(δ, V_eff), Corr(δ, margin), Corr(margin, V_eff), all and low V_eff."""
     from promptopt.experiments.diagnose.workflows import run_regimes
 
-    lm, spec = _diagnose_inputs(model, device, dtype, tasks, limit, text_per_task, trace_tokens)
-    print_regimes(run_regimes(lm, spec, out, low_v_eff=low_v_eff, progress=True), lm.name, low_v_eff)
+    with progress.reporting("diagnose regimes", quiet=quiet):
+        lm, spec = _diagnose_inputs(model, device, dtype, tasks, limit, text_per_task, trace_tokens)
+        report = run_regimes(lm, spec, out, low_v_eff=low_v_eff, progress=progress.bars())
+    print_regimes(report, lm.name, low_v_eff)
 
 
 @diagnose_app.command("approx")
@@ -140,12 +152,15 @@ def diagnose_approx(
     model: str = ModelOpt,
     device: str = DeviceOpt,
     dtype: str | None = DtypeOpt,
+    quiet: bool = QuietOpt,
 ) -> None:
     """The statistical approximation and its V_eff limit vs exact δ_TCB: ratio distribution per V_eff band."""
     from promptopt.experiments.diagnose.workflows import run_approx
 
-    lm, spec = _diagnose_inputs(model, device, dtype, tasks, limit, text_per_task, trace_tokens)
-    print_approx(run_approx(lm, spec, out, progress=True), lm.name)
+    with progress.reporting("diagnose approx", quiet=quiet):
+        lm, spec = _diagnose_inputs(model, device, dtype, tasks, limit, text_per_task, trace_tokens)
+        report = run_approx(lm, spec, out, progress=progress.bars())
+    print_approx(report, lm.name)
 
 
 @diagnose_app.command("taboo")
@@ -172,6 +187,7 @@ def diagnose_taboo(
     dtype: str | None = DtypeOpt,
     quantize: str | None = QuantizeOpt,
     trust_task_code: bool = TrustTaskCodeOpt,
+    quiet: bool = QuietOpt,
 ) -> None:
     """Taboo paper: ΔS per intervention vs rank (a + b·ln i, R²), mid-word vs word-initial, temperature seeds."""
     from promptopt.experiments.diagnose.workflows import run_taboo
@@ -180,18 +196,19 @@ def diagnose_taboo(
     mid_list = int_list(mid_word_ranks, "--mid-word-ranks", allow_empty=True)
     sampled_list = int_list(sampled_ranks, "--sampled-ranks")
     the_session = session(task, model, device, dtype, quantize, subsets, trust_task_code=trust_task_code)
-    report = run_taboo(
-        the_session,
-        out,
-        split=split,
-        limit=limit,
-        card=prompt,
-        ranks=rank_list,
-        mid_word_ranks=mid_list,
-        temperature=temperature,
-        seeds=tuple(range(seeds)),
-        sampled_ranks=sampled_list,
-    )
+    with progress.reporting("diagnose taboo", quiet=quiet):
+        report = run_taboo(
+            the_session,
+            out,
+            split=split,
+            limit=limit,
+            card=prompt,
+            ranks=rank_list,
+            mid_word_ranks=mid_list,
+            temperature=temperature,
+            seeds=tuple(range(seeds)),
+            sampled_ranks=sampled_list,
+        )
     print_taboo_sweep(report, the_session.data.spec.name, temperature)
 
 
@@ -242,6 +259,7 @@ def diagnose_conflicts(
     dtype: str | None = DtypeOpt,
     quantize: str | None = QuantizeOpt,
     trust_task_code: bool = TrustTaskCodeOpt,
+    quiet: bool = QuietOpt,
 ) -> None:
     """δ_TCB paper §4.3 / Table 3: accuracy–stability conflict classes, VCQ / AQ over seeds, a search on the AQ dev
     items, and baseline vs enhanced prompt on the held-out AQ and VCQ test items."""
@@ -250,23 +268,24 @@ def diagnose_conflicts(
     the_session = session(
         task, model, device, dtype, quantize, subsets, batch_size, out=out, trust_task_code=trust_task_code
     )
-    report = run_conflicts(
-        the_session,
-        out,
-        limit=limit,
-        seeds=seeds,
-        seed=seed,
-        card=prompt,
-        strategy=strategy,
-        trials=trials,
-        suite=suite,
-        confidence=confidence,
-        progress=True,
-        class_thresholds=_given(
-            log_tcb_low=log_tcb_low, log_tcb_high=log_tcb_high, conf_low=conf_low, conf_high=conf_high
-        ),
-        set_thresholds=_given(t_low=t_low, t_high=t_high, v_low=v_low, v_high=v_high),
-    )
+    with progress.reporting("diagnose conflicts", quiet=quiet):
+        report = run_conflicts(
+            the_session,
+            out,
+            limit=limit,
+            seeds=seeds,
+            seed=seed,
+            card=prompt,
+            strategy=strategy,
+            trials=trials,
+            suite=suite,
+            confidence=confidence,
+            progress=progress.bars(),
+            class_thresholds=_given(
+                log_tcb_low=log_tcb_low, log_tcb_high=log_tcb_high, conf_low=conf_low, conf_high=conf_high
+            ),
+            set_thresholds=_given(t_low=t_low, t_high=t_high, v_low=v_low, v_high=v_high),
+        )
     print_conflicts(report.result, the_session.data.spec.name, the_session.lm.name)
     console.print(f"{report.seconds:.1f} s; wrote " + ", ".join(str(p) for p in report.written))
 

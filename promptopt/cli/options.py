@@ -94,3 +94,13 @@ def int_list(text: str, option: str, *, allow_empty: bool = False) -> tuple[int,
 def names(text: str | None) -> list[str]:
     """`a, b,c` -> ["a", "b", "c"] (empty entries dropped)."""
     return [t.strip() for t in (text or "").split(",") if t.strip()]
+
+
+QuietOpt = typer.Option(False, "--quiet", "-q", help="no progress lines on stderr (results are printed all the same)")
+ScreenItemsOpt = typer.Option(
+    None,
+    "--screen-items",
+    min=0,
+    help="proposals: dev items each filtered proposal is screened on against the space's best hand-written "
+    "instruction (default 32; 0: no screening; docs: Search, Proposals)",
+)

@@ -103,33 +103,6 @@ def print_search_result(result) -> None:
     console.print(f"dashboard: {dashboard_command(result.config)}")
 
 
-def print_proposals(proposals, space_path) -> None:
-    """What joined the space, and every drop by reason (as the perturbation filter prints its drops)."""
-    how = "reused from the cache" if proposals.reused else f"{proposals.attempts} written"
-    drops = ", ".join(f"{reason} {count}" for reason, count in sorted(proposals.drops.items())) or "none"
-    console.print(f"proposals: {len(proposals.accepted)} accepted of {proposals.attempts} ({how}); dropped: {drops}")
-    if proposals.task_summary:
-        console.print(f"task summary the proposer wrote: {proposals.task_summary}")
-    for p in proposals.accepted:
-        console.print(f"  + {p.name}: {p.text}")
-    console.print(f"wrote {space_path}")
-
-
-def print_rounds(result) -> None:
-    for r, (res, made) in enumerate(zip(result.rounds, result.proposals)):
-        added = f"+{len(made.accepted)} proposed" if made is not None else "the given space"
-        console.print(
-            f"round {r} ({added}): best trial #{res.best_number} instruction={res.best_params.get('instruction')!r} "
-            f"dev {res.dev['accuracy']:.3f} test {res.test['accuracy']:.3f}"
-        )
-        if made is not None:
-            print_proposals(made, res.config.study.space)
-    print_search_result(result.rounds[-1])
-    console.print(
-        f"wrote {result.card_path} (the last round's winner), trials.parquet/.csv over all rounds and rounds.json"
-    )
-
-
 def print_pairs(table, run_a, run_b) -> None:
     """a − b per strategy: accuracy (McNemar, clustered bootstrap) and Acc_worst over all and unseen families."""
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 
+from promptopt import progress
 from promptopt.cli.app import app, quiet_libraries, session, split_subsets
 from promptopt.cli.options import (
     BatchOpt,
@@ -15,6 +16,7 @@ from promptopt.cli.options import (
     DtypeOpt,
     ModelOpt,
     QuantizeOpt,
+    QuietOpt,
     SearchSuiteOpt,
     SubsetsOpt,
     TaskOpt,
@@ -46,21 +48,23 @@ def evaluate(
     dtype: str | None = DtypeOpt,
     quantize: str | None = QuantizeOpt,
     trust_task_code: bool = TrustTaskCodeOpt,
+    quiet: bool = QuietOpt,
 ) -> None:
     """Robustness of a prompt under a perturbation suite: per-family accuracy, PDR, AccVar, Acc_worst, each family
     labelled seen or unseen by --search-suite."""
     from promptopt.experiments import commands
 
     the_session = session(task, model, device, dtype, quantize, subsets, trust_task_code=trust_task_code)
-    the_suite, result = commands.evaluate(
-        the_session,
-        card=prompt,
-        suite=suite,
-        split=split,
-        limit=limit,
-        out=out,
-        search_suite=None if search_suite == "none" else search_suite,
-    )
+    with progress.reporting("evaluate", quiet=quiet):
+        the_suite, result = commands.evaluate(
+            the_session,
+            card=prompt,
+            suite=suite,
+            split=split,
+            limit=limit,
+            out=out,
+            search_suite=None if search_suite == "none" else search_suite,
+        )
     print_robustness(result, the_session.data.spec.name, the_suite.name)
 
 
@@ -105,6 +109,7 @@ def stress(
     dtype: str | None = DtypeOpt,
     quantize: str | None = QuantizeOpt,
     trust_task_code: bool = TrustTaskCodeOpt,
+    quiet: bool = QuietOpt,
 ) -> None:
     """Decoding-level taboo stress: retention (95% Wilson CI), injected surprisal and length expansion per rank;
     with --models/--tasks, the paper's sweep (Figures 1, 3 and 8), resumable."""
@@ -154,19 +159,20 @@ def stress(
     if task is None:
         raise UserError("stress: give --task (one task) or --tasks/--models (a sweep)")
     the_session = session(task, model, device, dtype, quantize, subsets, batch_size, trust_task_code=trust_task_code)
-    run = commands.stress(
-        the_session,
-        card=prompt,
-        protocol=the_protocol,
-        split=split,
-        limit=limit,
-        ranks=rank_list,
-        mode=mode,
-        temperature=temperature,
-        seed=seed,
-        batch_size=batch_size,
-        out=out,
-    )
+    with progress.reporting("stress", quiet=quiet):
+        run = commands.stress(
+            the_session,
+            card=prompt,
+            protocol=the_protocol,
+            split=split,
+            limit=limit,
+            ranks=rank_list,
+            mode=mode,
+            temperature=temperature,
+            seed=seed,
+            batch_size=batch_size,
+            out=out,
+        )
     title = f"taboo stress · {run.data.spec.name} · {'mid-word' if mid_word else 'word-initial'}" + (
         f" · protocol {the_protocol.name}" + (f" (prompt {prompt})" if prompt else "") if the_protocol else ""
     )

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from promptopt import progress
 from promptopt.cli.app import app, quiet_libraries, session
 from promptopt.cli.options import (
     BatchOpt,
@@ -14,6 +15,7 @@ from promptopt.cli.options import (
     DtypeOpt,
     ModelOpt,
     QuantizeOpt,
+    QuietOpt,
     SubsetsOpt,
     TaskOpt,
     TrustTaskCodeOpt,
@@ -51,6 +53,7 @@ def score(
     device: str = DeviceOpt,
     dtype: str | None = DtypeOpt,
     quantize: str | None = QuantizeOpt,
+    quiet: bool = QuietOpt,
 ) -> None:
     """Score a prompt on a task: per-item correctness, δ_TCB, V_eff, margin and PPL, then a summary."""
     from promptopt.experiments import commands
@@ -61,7 +64,8 @@ def score(
     the_session = session(
         task, model, device, dtype, quantize, subsets, batch_size, trust_task_code=trust_task_code, order=order
     )
-    result = commands.score(the_session, card=prompt, split=split, limit=limit, out=out)
+    with progress.reporting("score", quiet=quiet):
+        result = commands.score(the_session, card=prompt, split=split, limit=limit, out=out)
     print_score(result, the_session.data.spec.name, split, the_session.lm.name, rows)
     if out is not None:
         console.print(f"wrote {out} and {out.with_suffix('.json')}")
@@ -83,23 +87,25 @@ def trace(
     plot: Path | None = typer.Option(None, "--plot", help="write the paper's Fig. 4 panels (.png or .svg)"),
     device: str = DeviceOpt,
     dtype: str | None = DtypeOpt,
+    quiet: bool = QuietOpt,
 ) -> None:
     """Generate greedily and print δ_TCB, V_eff, margin, P(2nd best), −log p and running PPL of every token, flagging δ_TCB dips."""
     from promptopt.experiments import commands
 
     quiet_libraries()
-    frame, model_name = commands.trace(
-        text,
-        model=model,
-        device=device,
-        dtype=dtype,
-        max_new_tokens=max_new_tokens,
-        chat=chat,
-        dip_ratio=dip_ratio,
-        window=window,
-        out=out,
-        plot=plot,
-    )
+    with progress.reporting("trace", quiet=quiet):
+        frame, model_name = commands.trace(
+            text,
+            model=model,
+            device=device,
+            dtype=dtype,
+            max_new_tokens=max_new_tokens,
+            chat=chat,
+            dip_ratio=dip_ratio,
+            window=window,
+            out=out,
+            plot=plot,
+        )
     print_trace(frame, model_name)
     for path in (out, plot):
         if path is not None:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from promptopt import progress
 from promptopt.cli.app import app, quiet_libraries, split_subsets
 from promptopt.cli.options import (
     BatchOpt,
@@ -19,7 +20,9 @@ from promptopt.cli.options import (
     ProposerOpt,
     PruningOpt,
     QuantizeOpt,
+    QuietOpt,
     ResumeOpt,
+    ScreenItemsOpt,
     SearchSuiteOpt,
     SeedOpt,
     SpaceOpt,
@@ -32,11 +35,15 @@ from promptopt.cli.options import (
     int_list,
     names,
 )
-from promptopt.cli.render import console, print_pairs, print_proposals, print_rounds, print_search_result
+from promptopt.cli.render import console, print_pairs, print_search_result
+from promptopt.cli.render_propose import print_proposals, print_rounds
 from promptopt.cli.render_robustness import print_compare
 
 ProposeOpt = typer.Option(
     None, "--propose", min=1, help="N instructions written by --proposer join the space first (README: Proposals)"
+)
+ShowRejectedOpt = typer.Option(
+    False, "--show-rejected", help="--propose: print every rejected proposal with its reason (the record names them)"
 )
 
 
@@ -87,6 +94,8 @@ def search(
         help="the families the robust strategy trains on and reflect proposals show ('none': no variants)",
     ),
     trust_task_code: bool = TrustTaskCodeOpt,
+    screen_items: int | None = ScreenItemsOpt,
+    show_rejected: bool = ShowRejectedOpt,
 ) -> None:
     """Search instructions × exemplar sets × orders × templates with Optuna; write the best prompt card."""
     from promptopt.experiments import commands
@@ -117,13 +126,18 @@ def search(
         trust_task_code=trust_task_code,
     )
     search_suite = None if search_suite == "none" else search_suite
-    request = commands.propose_request(propose, propose_mode, proposer, seed, rounds, search_suite=search_suite)
+    request = commands.propose_request(
+        propose, propose_mode, proposer, seed, rounds, search_suite=search_suite, screen_items=screen_items
+    )
     if rounds > 1:
-        print_rounds(commands.search_rounds(config, request, rounds, search_suite=search_suite))
+        with progress.reporting("search"):
+            result = commands.search_rounds(config, request, rounds, search_suite=search_suite)
+        print_rounds(result, show_rejected=show_rejected)
         return
-    result, proposals = commands.search(config, request, search_suite=search_suite)
+    with progress.reporting("search"):
+        result, proposals = commands.search(config, request, search_suite=search_suite)
     if proposals is not None:
-        print_proposals(proposals, out / "space.yaml")
+        print_proposals(proposals, out / "space.yaml", show_rejected=show_rejected)
     print_search_result(result)
 
 
@@ -190,6 +204,8 @@ def compare(
         help="accuracy, or robust (dev items right under every search-suite variant)",
     ),
     trust_task_code: bool = TrustTaskCodeOpt,
+    screen_items: int | None = ScreenItemsOpt,
+    show_rejected: bool = ShowRejectedOpt,
 ) -> None:
     """Run several strategies with the same budget and items; compare their winners on held-out test items
     with intervals and paired tests."""
@@ -197,7 +213,13 @@ def compare(
 
     quiet_libraries()
     request = commands.propose_request(
-        propose, propose_mode, proposer, seed, 1, search_suite=None if search_suite == "none" else search_suite
+        propose,
+        propose_mode,
+        proposer,
+        seed,
+        1,
+        search_suite=None if search_suite == "none" else search_suite,
+        screen_items=screen_items,
     )
     base = search_config(
         task=task,
@@ -221,22 +243,23 @@ def compare(
         quantize=quantize,
         trust_task_code=trust_task_code,
     )
-    result = run_compare(
-        base,
-        names(strategies),
-        seeds=seeds,
-        top_n=top_n,
-        select=select,
-        suite=None if suite == "none" else suite,
-        search_suite=None if search_suite == "none" else search_suite,
-        robust_limit=robust_limit,
-        propose=request,
-        ensembles=int_list(ensembles, "--ensembles") if ensembles else (),
-        ensemble_of=names(ensemble_of) or None,
-        ensemble_objective=ensemble_objective,
-    )
+    with progress.reporting("compare"):
+        result = run_compare(
+            base,
+            names(strategies),
+            seeds=seeds,
+            top_n=top_n,
+            select=select,
+            suite=None if suite == "none" else suite,
+            search_suite=None if search_suite == "none" else search_suite,
+            robust_limit=robust_limit,
+            propose=request,
+            ensembles=int_list(ensembles, "--ensembles") if ensembles else (),
+            ensemble_of=names(ensemble_of) or None,
+            ensemble_objective=ensemble_objective,
+        )
     if result.proposals is not None:
-        print_proposals(result.proposals, out / "space.yaml")
+        print_proposals(result.proposals, out / "space.yaml", show_rejected=show_rejected)
     print_compare(result, task, model)
     items = ", robustness_items.parquet" if result.summary.get("suite") else ""
     console.print(
@@ -273,29 +296,38 @@ def propose_command(
     dtype: str | None = DtypeOpt,
     quantize: str | None = QuantizeOpt,
     trust_task_code: bool = TrustTaskCodeOpt,
+    screen_items: int | None = ScreenItemsOpt,
+    show_rejected: bool = typer.Option(
+        True, "--show-rejected/--hide-rejected", help="print every rejected text with its reason (default: shown)"
+    ),
+    quiet: bool = QuietOpt,
 ) -> None:
-    """Write a search space: the given one plus N instructions a model proposes, filtered, with provenance."""
+    """Write a search space: the given one plus N instructions a model proposes, filtered and screened on dev
+    against the space's best hand-written instruction, with provenance; the record beside it names every text."""
     from promptopt.experiments import commands
 
     quiet_libraries()
-    request = commands.propose_request(n, mode, proposer, seed, 1, search_suite=search_suite, standalone=True)
-    proposed = commands.propose(
-        task=task,
-        model=model,
-        device=device,
-        dtype=dtype,
-        quantize=quantize,
-        subsets=subsets,
-        dev_limit=dev_limit,
-        test_limit=test_limit,
-        batch_size=batch_size,
-        request=request,
-        space=space,
-        out=out,
-        cache=cache,
-        trust_task_code=trust_task_code,
+    request = commands.propose_request(
+        n, mode, proposer, seed, 1, search_suite=search_suite, standalone=True, screen_items=screen_items
     )
-    print_proposals(proposed.proposals, out)
+    with progress.reporting("propose", quiet=quiet):
+        proposed = commands.propose(
+            task=task,
+            model=model,
+            device=device,
+            dtype=dtype,
+            quantize=quantize,
+            subsets=subsets,
+            dev_limit=dev_limit,
+            test_limit=test_limit,
+            batch_size=batch_size,
+            request=request,
+            space=space,
+            out=out,
+            cache=cache,
+            trust_task_code=trust_task_code,
+        )
+    print_proposals(proposed.proposals, out, show_rejected=show_rejected, record=proposed.record)
 
 
 @app.command("pair")

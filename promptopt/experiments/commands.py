@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from promptopt import progress
 from promptopt.errors import PromptTooLongError, UserError
 from promptopt.experiments.session import Session
 from promptopt.yamlio import atomic_write_text, check_output, check_table_path, write_table
@@ -99,6 +100,7 @@ def propose_request(
     *,
     search_suite: str | None = ROBUST_SEARCH_SUITE,
     standalone: bool = False,
+    screen_items: int | None = None,
 ):
     """The proposal request of the CLI options, or None when nothing is to be proposed. A mode given
     without --propose is an error (it would silently do nothing)."""
@@ -111,6 +113,8 @@ def propose_request(
     if n is None:
         if mode != "grounded":
             raise UserError(f"--propose-mode {mode}: give --propose N (how many instructions to add)")
+        if screen_items is not None:
+            raise UserError("--screen-items: give --propose N (nothing is proposed, so nothing is screened)")
         return None
     if mode == "history" and not standalone and rounds < 2:
         raise UserError("--propose-mode history proposes from a search's scored instructions: use --rounds R (R ≥ 2)")
@@ -118,8 +122,9 @@ def propose_request(
         raise UserError(
             "--propose-mode reflect shows answers that the search suite's perturbations change: give a --search-suite"
         )
+    extra = {} if screen_items is None else {"screen_items": screen_items}
     return ProposeRequest(
-        n=n, mode=mode, proposer=proposer, seed=seed, search_suite=search_suite or ROBUST_SEARCH_SUITE
+        n=n, mode=mode, proposer=proposer, seed=seed, search_suite=search_suite or ROBUST_SEARCH_SUITE, **extra
     )
 
 
@@ -170,8 +175,11 @@ def score(session: Session, *, card: Path | None, split: str, limit: int | None,
         check_table_path(out)
         check_out_files(out, out.with_suffix(".json"))
     prompt = session.prompt(card)  # a bad card fails before the model loads
+    items = session.data.split(split)[:limit]
     with card_errors(card):
-        result = session.scorer.score(prompt, session.data.split(split)[:limit])
+        scorer = session.scorer
+        progress.step(f"scoring {len(items)} {split} items")
+        result = scorer.score(prompt, items)
     if out is not None:
         table = result.table.copy()
         table["gold"] = table["gold"].astype(str)  # golds mix ints and strings across tasks
@@ -201,7 +209,9 @@ def trace(
         check_table_path(out)
     if plot is not None and plot.suffix not in (".png", ".svg"):
         raise UserError(f"--plot {plot}: use a .png or .svg file name")
+    progress.step(f"loading model {model}")
     lm = load_model(model, device=device, dtype=dtype)
+    progress.step(f"generating up to {max_new_tokens} tokens, δ_TCB at each")
     frame = trace_generation(lm, text, max_new_tokens=max_new_tokens, chat=chat, dip_ratio=dip_ratio, window=window)
     if out is not None:
         write_table(frame, out)
@@ -236,6 +246,9 @@ def evaluate(
     if out is not None:
         check_out_files(out.with_suffix(".csv"), out.with_suffix(".json"), items_path(out))
     prompt = session.prompt(card)  # a bad card fails before the model loads
+    progress.step(
+        f"suite {the_suite.name}: {len(the_suite.families)} families on {len(session.data.split(split)[:limit])} {split} items"
+    )
     with card_errors(card):
         result = evaluate_robustness(
             session.scorer,
@@ -294,7 +307,7 @@ def stress(
 
         data, prompt, items = protocol.apply(session.data_config, limit=limit)
         prompt = session.prompt(card) if card else prompt
-        scorer = Scorer(session.lm, data, batch_size=batch_size, progress=session.progress)
+        scorer = Scorer(session.lm, data, batch_size=batch_size, progress=session.progress or progress.bars())
     else:
         data, prompt, items, scorer = (
             session.data,
@@ -302,6 +315,7 @@ def stress(
             session.data.split(split)[:limit],
             session.scorer,
         )
+    progress.step(f"taboo decoding on {len(items)} items: the baseline and ranks {list(ranks)} ({mode})")
     with card_errors(card):
         result = taboo_stress(scorer, prompt, items, ranks=ranks, mode=mode, temperature=temperature, seed=seed)
     if out is not None:

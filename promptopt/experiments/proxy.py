@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from promptopt import progress as steps
 from promptopt.errors import UserError
 from promptopt.experiments.item_auroc import item_auroc
 from promptopt.metrics.stats import spearman, spearman_interval
@@ -170,7 +171,9 @@ def proxy_correlations(
     items = session.items("dev", limit)
     similarity = Similarity()
     rows, answers = [], []
-    for run, trial, prompt in picks:
+    for run, trial, prompt in steps.iterate(
+        picks, f"stressing prompts on {len(items)} dev items", label=lambda p: f"{p[0]}#{p[1].number}"
+    ):
         clean = session.scorer.score(prompt, items).table
         rob = evaluate_robustness(
             session.scorer,

@@ -11,6 +11,7 @@ from __future__ import annotations
 from functools import cached_property
 from pathlib import Path
 
+from promptopt import progress
 from promptopt.models.load import ModelConfig
 from promptopt.prompts import Prompt, load_card
 from promptopt.robustness.perturb import ParaphraseMemo
@@ -54,7 +55,8 @@ class Session:
     @cached_property
     def scorer(self):
         """The session's scorer (cached when the session has a run directory); loads the model once."""
-        return self.factory.build(self.data, progress=self.progress)
+        progress.step(f"loading model {self.model_config.spec}")
+        return self.factory.build(self.data, progress=self.progress or progress.bars())
 
     @property
     def lm(self):

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from promptopt import progress
 from promptopt.card import (
     edited_fields,
     edited_scored_fields,
@@ -56,6 +57,7 @@ class Verification:
 
     def add(self, name: str, ok: bool, detail: str, *, note: bool = False) -> None:
         self.checks.append(Check(name, ok, detail, note))
+        progress.step(f"{'note' if note else 'ok' if ok else 'FAIL'} {name}")
 
     def lines(self) -> list[str]:
         out = [f"{'note' if c.note else 'ok  ' if c.ok else 'FAIL'}  {c.name}: {c.detail}" for c in self.checks]
@@ -163,6 +165,7 @@ def _verify(card: dict, where: str, result: Verification, *, limit: int | None, 
     recorded_model, spec = card["model"], result.model
 
     # 2. the model (weights) — before anything loads
+    progress.step(f"fingerprinting the weights of {spec}")
     try:
         fingerprint = model_fingerprint(spec)
     except ModelNotFoundError as exc:
@@ -184,6 +187,7 @@ def _verify(card: dict, where: str, result: Verification, *, limit: int | None, 
     )
 
     # 3. the task, data and items
+    progress.step(f"loading task {card['data']['task']}")
     data_config = DataConfig(
         task=card["data"]["task"], subsets=tuple(card["data"]["subsets"]) if card["data"].get("subsets") else None
     )
@@ -239,6 +243,7 @@ def _verify(card: dict, where: str, result: Verification, *, limit: int | None, 
     # 5. re-score (no result cache), answering as the card answers (its rule; an ensemble's members combined)
     from promptopt.scoring.card_answers import answer_table, card_members
 
+    progress.step(f"re-scoring {len(items)} recorded test items (no result cache)")
     table = answer_table(session.scorer, card_members(card, where), items)
     now_correct = [bool(c) for c in table["correct"]]
     recorded_correct = card["metrics"]["test"].get("correct")

@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from promptopt import progress as steps
 from promptopt.errors import UserError
 from promptopt.experiments.diagnose.output import v_eff_band
 
@@ -148,6 +149,7 @@ def collect_positions(lm, spec: PositionSpec, *, cache_dir: Path | None = None, 
 
     cache = None if cache_dir is None else Path(cache_dir) / f"positions-{spec.key(lm.name)}.pt"
     if cache is not None and cache.is_file():
+        steps.step(f"positions read back from {cache}")
         saved = torch.load(cache, weights_only=True)
         return Positions(pd.DataFrame(saved["frame"]), saved["hidden"])
     frames, states = [], []
@@ -156,6 +158,7 @@ def collect_positions(lm, spec: PositionSpec, *, cache_dir: Path | None = None, 
         items = task.split(spec.split)[: spec.limit]
         if not items:
             raise UserError(f"task {name}: no {spec.split} items")
+        steps.step(f"critical states: task {name}, {len(items)} {spec.split} items")
         scorer = Scorer(lm, task, progress=progress)
         hidden = critical_states(scorer, task.default_prompt(), items)
         states.append(hidden)
@@ -171,10 +174,14 @@ def collect_positions(lm, spec: PositionSpec, *, cache_dir: Path | None = None, 
             )
         )
         if spec.text_per_task:
+            steps.step(f"{spec.text_per_task} positions inside {name}'s question texts")
             text_hidden, text_frame = _text_states(lm, task.spec.name, items, spec.text_per_task)
             states.append(text_hidden)
             frames.append(text_frame)
     if spec.trace_prompts and spec.trace_tokens:
+        steps.step(
+            f"trace positions: {spec.trace_tokens} generated tokens for each of {len(spec.trace_prompts)} prompts"
+        )
         runner = Runner(lm, batch_size=len(spec.trace_prompts), progress=progress)
         gens = runner.generate(
             [encode_prompt(lm, text) for text in spec.trace_prompts], max_new_tokens=spec.trace_tokens
@@ -196,6 +203,7 @@ def collect_positions(lm, spec: PositionSpec, *, cache_dir: Path | None = None, 
             )
     hidden = torch.cat(states).float()
     frame = pd.concat(frames, ignore_index=True)
+    steps.step(f"δ_TCB, V_eff and margin at {len(frame)} positions")
     for name, values in _metrics(lm, hidden).items():
         frame[name] = values
     frame["band"] = v_eff_band(frame["v_eff"]).to_numpy()

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from promptopt import progress as steps
 from promptopt.metrics.stats import fit_log
 from promptopt.robustness import taboo_stress
 
@@ -57,6 +58,7 @@ def taboo_sweep(
     sampled_ranks=(1,),
 ) -> TabooSweep:
     frames = []
+    steps.step(f"greedy dose sweep: baseline and ranks {list(ranks)} on {len(items)} items")
     greedy = taboo_stress(scorer, prompt, items, ranks=tuple(ranks))
     frames.append(greedy.items.assign(run="greedy", mode="word_initial", seed=-1))
     dose = greedy.summary[SUMMARY_COLUMNS].copy()
@@ -65,6 +67,7 @@ def taboo_sweep(
 
     ablation = pd.DataFrame()
     if mid_word_ranks:
+        steps.step(f"mid-word ablation at ranks {list(mid_word_ranks)}")
         mid = taboo_stress(scorer, prompt, items, ranks=tuple(mid_word_ranks), mode="mid_word")
         frames.append(mid.items.assign(run="greedy", mode="mid_word", seed=-1))
         initial = greedy.summary.set_index("rank")
@@ -82,7 +85,7 @@ def taboo_sweep(
 
     sampled_rows = []
     if temperature > 0 and seeds:
-        for seed in seeds:
+        for seed in steps.iterate(list(seeds), f"sampled runs (τ = {temperature:g})"):
             run = taboo_stress(
                 scorer, prompt, items, ranks=tuple(sampled_ranks), temperature=temperature, seed=int(seed)
             )

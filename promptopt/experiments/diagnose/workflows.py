@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from promptopt import progress as steps
 from promptopt.experiments.diagnose import approx, geometry, regimes
 from promptopt.experiments.diagnose.positions import Positions, PositionSpec, collect_positions
 from promptopt.yamlio import write_parquet_and_csv as save_table
@@ -32,6 +33,7 @@ def run_geometry(
 ) -> Report:
     start = time.perf_counter()
     positions = _positions(lm, spec, out, progress)
+    steps.step(f"moving the {k} nearest competitors at {len(positions.frame)} positions (Table 2)")
     result = geometry.geometry_sensitivity(lm, positions, k=k, alpha=alpha, beta=beta)
     written = save_table(result.positions, out / "geometry_positions") + save_table(
         result.summary, out / "geometry_summary"
@@ -43,6 +45,7 @@ def run_geometry(
 def run_regimes(lm, spec: PositionSpec, out: Path, *, low_v_eff: float = 2.0, progress: bool = False) -> Report:
     start = time.perf_counter()
     positions = _positions(lm, spec, out, progress)
+    steps.step("correlations and their intervals (Table 1)")
     result = regimes.regime_correlations(positions.frame, low_v_eff=low_v_eff)
     written = save_table(result.table, out / "regimes") + save_table(positions.frame, out / "regimes_positions")
     regimes.plot(positions.frame, result, out / "regimes.png")
@@ -52,6 +55,7 @@ def run_regimes(lm, spec: PositionSpec, out: Path, *, low_v_eff: float = 2.0, pr
 def run_approx(lm, spec: PositionSpec, out: Path, *, progress: bool = False) -> Report:
     start = time.perf_counter()
     positions = _positions(lm, spec, out, progress)
+    steps.step(f"the statistical approximation at {len(positions.frame)} positions")
     result = approx.approximation_gap(lm, positions.frame)
     written = save_table(result.positions, out / "approx_positions") + save_table(
         result.summary, out / "approx_summary"
@@ -79,6 +83,9 @@ def run_taboo(
     check_generative(session, "diagnose taboo")
     start = time.perf_counter()
     prompt, items = session.prompt(card), session.items(split, limit)
+    steps.step(
+        f"taboo sweep on {len(items)} {split} items: ranks {list(ranks)}, mid-word {list(mid_word_ranks)}, {len(seeds)} sampled seeds"
+    )
     sweep = taboo.taboo_sweep(
         session.scorer,
         prompt,
@@ -97,6 +104,7 @@ def run_taboo(
         written += save_table(sweep.sampled, out / "taboo_sampled") + save_table(
             sweep.sampled_summary, out / "taboo_sampled_summary"
         )
+    steps.step(f"writing tables and taboo.png in {out}")
     taboo.plot(sweep, out / "taboo.png")
     return Report(sweep, [*written, out / "taboo.png"], time.perf_counter() - start)
 
@@ -169,6 +177,7 @@ def run_conflicts(
     scorer = session.scorer
 
     # 1. conflict classes of the prompt's own items
+    steps.step(f"1/4 conflict classes of the prompt's own answers on {len(dev)} dev and {len(test)} test items")
     own = scorer.score(prompt, dev + test).table
     own.insert(1, "split", own["item_id"].map(split_of))
     cth = conflicts.class_thresholds(own, confidence=confidence, **(class_thresholds or {}))
@@ -176,6 +185,7 @@ def run_conflicts(
     classes = conflicts.class_summary(items)
 
     # 2. VCQ / AQ over the baseline seeds
+    steps.step(f"2/4 VCQ / AQ over {seeds} baseline prompts (exemplars redrawn per seed)")
     if not prompt.exemplars:
         notes.append(
             "the prompt has no exemplars: every seed is the same prompt, so accuracy and δ_TCB variances are 0"
@@ -222,6 +232,7 @@ def run_conflicts(
         )
 
     # 3. targeted search on the AQ dev items only (test items: the held-out AQ ones, scored only after selection)
+    steps.step(f"3/4 a {strategy} search of {trials} trials on the AQ dev items")
     spec = session.data.spec
     digest = hashlib.sha256(
         json.dumps(
@@ -259,6 +270,7 @@ def run_conflicts(
     )
 
     # 4. Table 3 on the held-out test items
+    steps.step("4/4 Table 3: baseline and enhanced prompt on the held-out VCQ and AQ test items, clean and perturbed")
     if not vcq_test:
         notes.append("no VCQ test item: Table 3 has no VCQ rows of ours")
     similarity, rows = Similarity(), []

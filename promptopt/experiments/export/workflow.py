@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from promptopt import progress
 from promptopt.errors import UserError
 from promptopt.experiments.export.build import build_card
 from promptopt.experiments.export.fragility import compare_test_items
@@ -36,6 +37,7 @@ class Exported:
     run: Run
     trial: int
     warnings: list[str]
+    default: dict | None = None  # the task's default prompt on the same test items: n, accuracy, item_ids, correct
 
 
 def export_run(
@@ -89,6 +91,7 @@ def export_run(
         run = open_run(root, strategy=strategy)
     study = load_study(run)
     chosen = pick_trial(run, study, trial)
+    progress.step(f"trial {chosen.number} of {run.path} ({run.selection or 'named by --trial'})")
     config = run.config if device is None else run.config.replace(device=device)
     session = session or Session(model=config.model, data=config.data, out=run.cache_dir, batch_size=config.batch_size)
     prompt = decode_trial(run, session.data, chosen.params)
@@ -112,6 +115,10 @@ def export_run(
         if (run.path / "splits.json").is_file()
         else None
     )
+    progress.step(
+        f"measuring the card on {len(session.items('dev'))} dev and {len(session.items('test'))} test items "
+        "(the run's result cache answers what the search scored)"
+    )
     card = build_card(
         session,
         prompt,
@@ -124,14 +131,16 @@ def export_run(
         flag_test=compare_test_items(run) if flag is not None and winner else None,
     )
     paths = formats.write(card, fmt, out, items=session.items("test"))
-    warnings = warnings_for(session, card, run, prompt)
+    progress.step(f"the task's default prompt on the same {len(session.items('test'))} test items (warnings)")
+    default = default_answers(session)
+    warnings = warnings_for(session, card, run, prompt, default)
     rule = card.get("decision", {}).get("rule", "argmax")
     if fmt in ("messages", "text") and rule != "argmax":
         warnings.append(
             f"--format {fmt} holds the prompt only: decide its answers by the card's {rule} rule "
             "(promptopt.load_prompt(card).decide), else the recorded accuracy does not hold"
         )
-    return Exported(card=card, paths=paths, run=run, trial=chosen.number, warnings=warnings)
+    return Exported(card=card, paths=paths, run=run, trial=chosen.number, warnings=warnings, default=default)
 
 
 def _flag_request(root: Path, rate: float | None, signal: str):
@@ -165,7 +174,9 @@ def _export_ensemble(root, out, k, objective, strategy, trial, fmt, device, sele
     config = runs[0].config if device is None else runs[0].config.replace(device=device)
     session = Session(model=config.model, data=config.data, out=runs[0].cache_dir, batch_size=config.batch_size)
     dev_items, test_items = session.items("dev"), session.items("test")
+    progress.step(f"choosing {k} members on {len(dev_items)} dev items (greedy forward selection)")
     chosen = choose_ensemble(runs, session, dev_items, k, objective)
+    progress.step(f"measuring the ensemble on {len(dev_items)} dev and {len(test_items)} test items")
     first_prompt, first = chosen["members"][0]
     search = {
         "run_dir": str(root),
@@ -196,12 +207,25 @@ def compare_families(run: Run) -> dict | None:
 MIN_CLEAN_CORRECT = 20  # fewer clean-correct items than this and a PDR is mostly noise
 
 
-def warnings_for(session: Session, card: dict, run: Run, prompt: Prompt) -> list[str]:
+def default_answers(session: Session) -> dict:
+    """The task's default prompt on the session's test items: n, accuracy, and the per-item answers (item_ids,
+    correct) a reader pairs with the card's (`report`'s recommendation does)."""
+    table = session.scorer.score(session.data.default_prompt(), session.items("test")).table
+    return {
+        "n": len(table),
+        "accuracy": float(table["correct"].mean()),
+        "item_ids": [str(i) for i in table["item_id"]],
+        "correct": [bool(c) for c in table["correct"]],
+    }
+
+
+def warnings_for(session: Session, card: dict, run: Run, prompt: Prompt, default: dict | None = None) -> list[str]:
     """What a user should know before trusting the card (read, never used to choose): it is no better than the
-    task's default prompt on the same test items, or its PDR rests on few clean-correct items."""
+    task's default prompt on the same test items, or its PDR rests on few clean-correct items. `export` prints
+    them and `report` shows them, from this one function."""
     test_items = session.items("test")
-    table = session.scorer.score(session.data.default_prompt(), test_items).table
-    default, ours = float(table["correct"].mean()), card["metrics"]["test"]["accuracy"]
+    default = default_answers(session) if default is None else default
+    default, ours = default["accuracy"], card["metrics"]["test"]["accuracy"]
     out = []
     if ours <= default:
         out.append(

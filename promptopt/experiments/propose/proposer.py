@@ -15,16 +15,19 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from promptopt import progress
 from promptopt.card import sha256_json, sha256_text
 from promptopt.errors import ConfigError, UserError
 from promptopt.experiments.propose import requests
 from promptopt.experiments.propose.filters import ProposalFilter, gold_strings, label_words, shingles
 from promptopt.experiments.propose.requests import MODES, TIPS, Flip
+from promptopt.experiments.propose.screen import SCREEN_ITEMS
 from promptopt.tasks.item import items_sha256
 from promptopt.yamlio import atomic_write_text
 
@@ -39,7 +42,9 @@ REFLECT_DEV_ITEMS = 48  # dev items the default prompt is perturbed on to find a
 @dataclass(frozen=True)
 class ProposeRequest:
     """What to propose. `proposer`: a model spec (None: the task's model). `search_suite`: the families whose
-    answer changes `reflect` shows (the search suite: a proposal never sees the judged, unseen families)."""
+    answer changes `reflect` shows (the search suite: a proposal never sees the judged, unseen families).
+    `screen_items`: the dev minibatch screening scores the filtered proposals on (not part of the cache key of
+    the proposals themselves: screening is cached on its own)."""
 
     n: int
     mode: str = "grounded"
@@ -47,10 +52,15 @@ class ProposeRequest:
     seed: int = 0
     round: int = 0
     search_suite: str = "cheap"
+    screen_items: int = SCREEN_ITEMS  # dev items screening scores each proposal on (0: no screening; propose/screen.py)
 
     def __post_init__(self) -> None:
         if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
             raise ConfigError(f"--propose: expected a positive number of instructions, got {self.n!r}")
+        if isinstance(self.screen_items, bool) or not isinstance(self.screen_items, int) or self.screen_items < 0:
+            raise ConfigError(
+                f"--screen-items: expected 0 (no screening) or a number of dev items, got {self.screen_items!r}"
+            )
         if self.mode not in MODES:
             raise ConfigError(f"--propose-mode: expected one of {', '.join(MODES)}, got {self.mode!r}")
 
@@ -71,6 +81,14 @@ class Proposals:
     key: str
     reused: bool = False  # read back from the cache
     task_summary: str | None = None  # grounded: what the proposer wrote about the task first
+    seconds: float | None = None  # the proposer's wall time when it wrote them (kept in the cache)
+    tokens: int | None = None  # tokens it generated
+    screening: object = None  # screen.Screening: what the dev minibatch said of the texts the filters let through
+
+    @property
+    def screened(self) -> int:
+        """How many proposals passed the filters and were screened (0 without screening)."""
+        return len(self.screening.results) if self.screening is not None else 0
 
     def to_json(self) -> dict:
         return {
@@ -80,6 +98,8 @@ class Proposals:
             "drops": self.drops,
             "attempts": self.attempts,
             "task_summary": self.task_summary,
+            "seconds": self.seconds,
+            "tokens": self.tokens,
         }
 
     @classmethod
@@ -92,6 +112,8 @@ class Proposals:
             data["key"],
             reused=True,
             task_summary=data.get("task_summary"),
+            seconds=data.get("seconds"),
+            tokens=data.get("tokens"),
         )
 
 
@@ -104,6 +126,9 @@ class _Proposer:
     spec: str
     sha256: str | None
     chat: bool = field(init=False)
+    tokens: int = field(init=False, default=0)  # generated so far, and the seconds it took
+    seconds: float = field(init=False, default=0.0)
+    last_rate: float = field(init=False, default=0.0)  # tokens/s of the last reply
 
     def __post_init__(self) -> None:
         self.chat = self.lm.has_chat_template
@@ -128,6 +153,7 @@ class _Proposer:
         else:
             ids, stop = tok(request.completion)["input_ids"], ["\n"]
         sampled = seed is not None
+        started = time.perf_counter()
         gen = self.runner.generate(
             [ids],
             max_new_tokens=max_new_tokens,
@@ -137,6 +163,9 @@ class _Proposer:
             top_p=TOP_P,
             seed=seed,
         )[0]
+        spent = time.perf_counter() - started
+        self.tokens, self.seconds = self.tokens + len(gen.tokens), self.seconds + spent
+        self.last_rate = len(gen.tokens) / spent if spent > 0 else 0.0
         return gen.text
 
 
@@ -243,7 +272,9 @@ def propose(
     if cached is not None and cached.is_file():
         found = Proposals.from_json(json.loads(cached.read_text(encoding="utf-8")))
         if found.key == key:
+            progress.step(f"{len(found.accepted)} proposals read back from {cached} (nothing generated)")
             return found  # the proposer is never loaded
+    progress.step(f"loading the proposer {model.spec}" if not model.own else f"proposer: the task's model {model.spec}")
     result = _generate(
         request, load_proposer(session, model), session, instructions, template_label_words, history, key
     )
@@ -270,7 +301,9 @@ def _generate(request, proposer: _Proposer, session, instructions, template_labe
     )
     mode_index = MODES.index(request.mode)
     task_summary, flips = None, []
+    started = time.perf_counter()
     if request.mode == "grounded":
+        progress.step(f"{proposer.spec} summarises the task from {SUMMARY_ROWS} pool rows (greedy)")
         rng = np.random.default_rng([request.seed, mode_index, request.round, 10**6])
         rows = _rows(rng, pool, SUMMARY_ROWS)
         task_summary = (
@@ -280,6 +313,7 @@ def _generate(request, proposer: _Proposer, session, instructions, template_labe
             or "(no summary)"
         )
     if request.mode == "reflect":
+        progress.step(f"finding dev answers that search suite '{request.search_suite}' changes (reflect)")
         flips = find_flips(session, request.search_suite)
         if not flips:
             raise UserError(
@@ -327,7 +361,20 @@ def _generate(request, proposer: _Proposer, session, instructions, template_labe
         else:
             rejected.append({"text": text, "reason": why, "attempt": attempt, "provenance": provenance})
         attempt += 1
-    return Proposals(accepted, rejected, dict(screen.drops), attempt, key, task_summary=task_summary)
+        progress.step(
+            f"attempt {attempt} (at most {limit}): {len(accepted)} of {request.n} through the filters; "
+            f"{proposer.last_rate:.1f} tokens/s; " + ("kept" if why is None else f"dropped: {why}")
+        )
+    return Proposals(
+        accepted,
+        rejected,
+        dict(screen.drops),
+        attempt,
+        key,
+        task_summary=task_summary,
+        seconds=time.perf_counter() - started,
+        tokens=proposer.tokens,
+    )
 
 
 def _rows(rng, pool: list, k: int) -> list:

@@ -32,3 +32,12 @@ def write_space(data: dict, path: str | Path) -> SearchSpace:
     space = parse_space(data, str(path))
     atomic_write_text(Path(path), yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=1000))
     return space
+
+
+def record_path(space_path: str | Path) -> Path:
+    """Where the record of a space's proposals goes: beside the space, `<name>.proposals.json` (a pending space
+    `space.yaml.pending` is recorded for the name it will get, `space.proposals.json`)."""
+    path = Path(space_path)
+    if path.suffix == ".pending":
+        path = path.with_suffix("")
+    return path.with_suffix(".proposals.json")

@@ -1,6 +1,8 @@
 """`promptopt report RUN_DIR`: one self-contained HTML file that answers the run's question first.
 
-A compare directory opens with the verdict, one sentence per pair of strategies from compare_paired.csv,
+A compare or search directory opens with the recommendation (recommend.py): the card to ship, chosen by export's
+own rule on dev numbers, against the default prompt and the next best, the export command and export's warnings.
+Then a compare's verdict, one sentence per pair of strategies from compare_paired.csv,
 then the paired table and its forest plot, the per-strategy table, robustness per family, the card `export`
 would write, and the search itself. A search, `evaluate --out`, `stress` sweep or `diagnose proxy` folder
 gets the same sections, each saying in one line when it has nothing measured. Numbers come from the files
@@ -14,21 +16,23 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from promptopt import progress
 from promptopt.errors import UserError
 from promptopt.experiments.report.card import card_section, chosen_card
 from promptopt.experiments.report.numbers import cell_estimate, esc, note, sig, table, td, tr
+from promptopt.experiments.report.recommend import recommendation
 from promptopt.experiments.report.risk import risk_section
 from promptopt.experiments.report.sections import (
     evaluate_sentence,
     proxy_section,
     robustness_section,
     rounds_sentence,
-    search_section,
     search_sentence,
     sweep_section,
     sweep_sentence,
 )
 from promptopt.experiments.report.source import Source, read_source
+from promptopt.experiments.report.trials import search_section
 from promptopt.experiments.report.verdict import paired_section, strategy_section, verdict_compare, winners_of
 from promptopt.yamlio import atomic_write_text, check_output
 
@@ -37,6 +41,8 @@ _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:1.5rem auto;max-width:1180px;color:#1d2330;padding:0 1rem;line-height:1.45}
 h1{font-size:1.55rem;margin-bottom:.2rem}h2{margin-top:2.2rem;border-bottom:2px solid #d8dde6;padding-bottom:.3rem}h3{margin:1.2rem 0 .3rem}
 #verdict{background:#f6f8fb;border:1px solid #d8dde6;border-radius:8px;padding:.4rem 1.2rem 1rem}#verdict h2{border:0;margin-top:.6rem}
+#recommendation{background:#eef6ee;border:2px solid #7fb77e;border-radius:8px;padding:.2rem 1.2rem .6rem}#recommendation h2{border:0;margin-top:.5rem}
+.nothing-beats{color:#8a1f11}ul.warnings{color:#8a1f11;font-weight:600;padding-left:1.2rem}pre.command{max-height:none;font-size:.9rem;margin:.3rem 0}
 .headline{font-size:1.15rem;font-weight:600}li.verdict{margin:.35rem 0;font-size:1.02rem}
 .tablewrap{overflow-x:auto}table{border-collapse:collapse;font-size:.86rem;margin:.6rem 0}
 th,td{border:1px solid #d8dde6;padding:.3rem .55rem;text-align:right;vertical-align:top}th{background:#f1f4f8;font-weight:600}
@@ -111,11 +117,15 @@ def build_report(
 ) -> str:
     from plotly.offline import get_plotlyjs
 
+    progress.step(f"reading {run_dir}")
     source = read_source(run_dir, robustness=[Path(p) for p in robustness], taboo=[Path(p) for p in taboo])
     chosen = chosen_card(source, card)
     winners = winners_of(source.candidates, source.compare) if source.compare is not None else None
     task, model = _title(source)
+    progress.step("the recommendation, the verdict and the figures")
+    first = recommendation(source, chosen)
     sections = [
+        *([("recommendation", "Recommendation", first)] if first else []),
         ("verdict", "Verdict", _verdict(source)),
         (
             "paired",
@@ -135,7 +145,7 @@ def build_report(
         ),
         ("robustness", "Robustness per family and strategy", robustness_section(source, chosen, winners)),
         ("card", "The chosen card", card_section(chosen, source.root, source.strategies)),
-        ("search", "Search", search_section(source)),
+        ("search", "Search", search_section(source, chosen)),
         ("proxy", "Is a cheap signal a proxy for robustness? (diagnose proxy)", proxy_section(source)),
         ("risk", "Flagging fragile answers: risk–coverage (diagnose risk-coverage)", risk_section(source)),
         ("sweep", "Stress sweep (taboo paper, Figures 1, 3, 8)", sweep_section(source)),
@@ -170,6 +180,7 @@ def write_report(
         raise UserError(f"--out {out}: is a directory; give a file name")
     check_output(out, folder=False, what="--out")  # before the page is built
     page = build_report(run_dir, card=card, robustness=robustness, taboo=taboo)
+    progress.step(f"writing {out} ({len(page) / 1e6:.1f} MB)")
     atomic_write_text(out, page)
     return out
 

@@ -9,6 +9,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from promptopt import progress
 from promptopt.errors import UserError
 from promptopt.experiments.report.numbers import esc, estimate, finite, note, num, sig
 
@@ -22,6 +23,8 @@ class Chosen:
     selected_by: str | None = None  # the search's own winner rule, from compare
     path: Path | None = None  # a card given with --card
     problem: str | None = None  # why there is no card
+    exported: object = None  # export's own result (experiments.export.Exported): its warnings, the default prompt
+    root: Path | None = None  # the directory `promptopt export` reads (rounds: the last round's)
 
 
 def chosen_card(source, card: Path | None = None) -> Chosen:
@@ -35,16 +38,15 @@ def chosen_card(source, card: Path | None = None) -> Chosen:
         return Chosen(None, "", problem="no search in this directory, so no card to export")
     from promptopt.experiments.export import export_run
 
+    root = source.studies[-1].run.path if source.kind == "rounds" else source.root  # rounds: the last round's winner
+    progress.step(f"the card `promptopt export {source.root}` writes, built in a temporary folder (loads the model)")
     try:
         with tempfile.TemporaryDirectory(prefix="promptopt-report-") as tmp:
-            root = (
-                source.studies[-1].run.path if source.kind == "rounds" else source.root
-            )  # rounds: the last round's winner
             exported = export_run(root, out=Path(tmp) / "card.yaml")
             text = (Path(tmp) / "card.yaml").read_text(encoding="utf-8")
     except Exception as exc:  # the report still renders; the line says why and what to run
         first = str(exc).splitlines()[0] if str(exc) else ""
-        return Chosen(None, "", problem=f"{type(exc).__name__}: {first}")
+        return Chosen(None, "", problem=f"{type(exc).__name__}: {first}", root=root)
     row = exported.run.compare_row or {}
     seed = row.get("seed")
     return Chosen(
@@ -53,6 +55,8 @@ def chosen_card(source, card: Path | None = None) -> Chosen:
         strategy=exported.run.config.study.strategy,
         seed=int(seed) if finite(seed) else 0,
         selected_by=row.get("selected_by") or exported.run.summary.get("selection"),
+        exported=exported,
+        root=root,
     )
 
 

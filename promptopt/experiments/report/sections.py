@@ -180,65 +180,6 @@ def evaluate_sentence(side: dict) -> str:
     )
 
 
-# --- the search ----------------------------------------------------------------------------------------------
-def trials_frame(source) -> pd.DataFrame:
-    from optuna.trial import TrialState
-
-    rows = []
-    for s in source.studies:
-        for t in s.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
-            m = t.user_attrs.get("metrics", {})
-            rows.append(
-                {
-                    "strategy": s.strategy,
-                    "seed": s.seed,
-                    "trial": t.number,
-                    "state": t.state.name,
-                    "accuracy": m.get("accuracy"),
-                    "tcb_mean": m.get("tcb_mean"),
-                    "n_dev": m.get("n"),
-                    "template": t.params.get("template"),
-                    "k": t.params.get("k"),
-                }
-            )
-    return pd.DataFrame(
-        rows, columns=["strategy", "seed", "trial", "state", "accuracy", "tcb_mean", "n_dev", "template", "k"]
-    )
-
-
-def search_section(source) -> str:
-    if not source.studies:
-        return note("No search in this directory.")
-    out = [
-        note("Optimization history drawn by optuna.visualization, one plot per strategy (every seed's study in it).")
-    ]
-    for strategy in source.strategies:
-        studies = [s.study for s in source.studies if s.strategy == strategy]
-        out.append(figures.embed(figures.history(studies, strategy), f"history-{strategy}", 340))
-        if len(studies[0].directions) > 1:
-            out.append(figures.embed(figures.pareto(studies[0]), f"pareto-{strategy}", 360))
-    trials = trials_frame(source)
-    pruned = int((trials["state"] == "PRUNED").sum())
-    out.append('<h3 id="scatter">Accuracy vs δ_TCB</h3>')
-    if trials[["accuracy", "tcb_mean"]].map(finite).all(axis=1).any():
-        rows = 2 if pruned else 1
-        out.append(figures.embed(figures.trials_scatter(trials), "scatter", 200 + 260 * rows))
-        out.append(
-            note(
-                f"{len(trials) - pruned} finished trials (all dev items) in the top row"
-                + (
-                    f"; {pruned} pruned trials below, their accuracy is on the dev items scored before pruning "
-                    "and is not comparable."
-                    if pruned
-                    else "; no trial was pruned."
-                )
-            )
-        )
-    else:
-        out.append(note("No trial recorded accuracy and δ_TCB."))
-    return "".join(out)
-
-
 # --- also measured -----------------------------------------------------------------------------------------
 def proxy_section(source) -> str:
     out = []

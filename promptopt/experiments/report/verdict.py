@@ -30,8 +30,9 @@ _LABELS = {"acc": "accuracy", "acc_worst": "Acc_worst", "pdr": "PDR", "format_sp
 _HIGHER_IS_BETTER = {"acc": True, "acc_worst": True, "pdr": False, "format_spread": False}
 RULE = (
     "Δ = first − second on the same test items (pooled over seeds), 95% paired-bootstrap intervals that resample "
-    "items. Accuracy is called significant when compare flags it: exact McNemar p < 0.05 and the interval excludes 0. "
-    "Acc_worst, PDR and other robustness differences are called significant when their interval excludes 0."
+    "items. One rule everywhere in this report: an accuracy difference is significant only when the exact McNemar "
+    "test (p < 0.05) and the interval (excludes 0) both say so, as compare flags it; where only one does, the "
+    "sentence says which. Acc_worst, PDR and other robustness differences have no test: their interval decides."
 )
 
 
@@ -103,15 +104,31 @@ def pvalue(p) -> str:
     return num(p, 2) if p >= 0.01 else f"{p:.1e}"
 
 
+def disagreement(low, high, p) -> str:
+    """Why an accuracy difference is not called significant when one of its two parts says it is ('' when the
+    interval and the test agree): the one rule, said where it decides."""
+    if not finite(p):
+        return ""
+    interval_says, test_says = excludes_zero(low, high), float(p) < 0.05
+    if interval_says and not test_says:
+        return f": its interval excludes 0 but McNemar p = {pvalue(p)} ≥ 0.05, and both must agree"
+    if test_says and not interval_says:
+        return f": McNemar p = {pvalue(p)} < 0.05 but its interval includes 0, and both must agree"
+    return ""
+
+
 def clause(row, metric: Metric) -> str:
     value = row[metric.col]
     if not finite(value):
         return f"{metric.label} not measured"
-    text = f"{metric.label} {estimate(value, row[f'{metric.col}_ci_low'], row[f'{metric.col}_ci_high'], signed=True)}"
+    low, high = row[f"{metric.col}_ci_low"], row[f"{metric.col}_ci_high"]
+    text = f"{metric.label} {estimate(value, low, high, signed=True)}"
     if metric.base == "acc" and finite(row.get("mcnemar_p")):
         text += f", McNemar p = {pvalue(row['mcnemar_p'])}"
     if not significant(row, metric):
-        return text + ", not significant"
+        return (
+            text + ", not significant" + (disagreement(low, high, row.get("mcnemar_p")) if metric.base == "acc" else "")
+        )
     better = row["a"] if (value > 0) == _HIGHER_IS_BETTER[metric.base] else row["b"]
     return text + f", significant (favours {better})"
 
@@ -225,7 +242,11 @@ def paired_section(paired: pd.DataFrame | None, summary: dict) -> str:
     height = 160 + 34 * len(forest_rows)
     return (
         table(headers, rows, table_id="paired-table")
-        + note("* significant (rule above). Intervals under each Δ.")
+        + note(
+            "* significant: for accuracy, McNemar p < 0.05 and the interval excludes 0, both; for robustness numbers, "
+            "the interval excludes 0. A cell where only one of accuracy's two holds is not starred, and its sentence "
+            "above says which. Intervals under each Δ."
+        )
         + figures.embed(figures.forest(forest_rows, [(m.col, m.label) for m in metrics]), "forest", max(300, height))
     )
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from promptopt import progress as steps
 from promptopt.metrics.stats import format_spread, performance_drop_rate, robustness_intervals, robustness_metrics
 from promptopt.prompts import Prompt
 from promptopt.robustness.perturb import ParaphraseMemo, Variant
@@ -75,7 +76,12 @@ def evaluate_robustness(
     }
     rows, variant_rows, spreads = [], [], {}
     originals = {item.id: item.question for item in items}
-    for family in tqdm(suite.families, desc=desc, disable=not progress, leave=False):
+    families = (
+        tqdm(suite.families, desc=desc, leave=False)
+        if progress
+        else steps.iterate(suite.families, f"{desc}: family", label=lambda f: f.name)  # silent unless a command asked
+    )
+    for family in families:
         kept, counts = make_variants(suite, family, prompt, items, context, similarity)
         tables = []
         groups: dict[str, list[Variant]] = {}
