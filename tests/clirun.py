@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import re
 import runpy
 import subprocess as sp
 import sys
@@ -92,10 +93,17 @@ def script(path: str | Path, *args, cwd: str | Path | None = None) -> Result:
     return Result(code, out.getvalue(), err.getvalue())
 
 
+# a progress line (promptopt.progress, not a terminal): `<command>: <step>`, the command in lower-case words
+PROGRESS_LINE = re.compile(r"^[a-z][a-z-]*( [a-z][a-z-]*)?: (?!.*Traceback)")
+
+
 def assert_one_line_error(result: Result, *fragments: str) -> None:
-    """Exit 2 and exactly one line on stderr, starting with 'error:' and holding every fragment."""
+    """Exit 2 and exactly one error line on stderr, the last, starting with 'error:' and holding every fragment;
+    before it only the command's progress lines (what it was doing when the input turned out bad)."""
     assert result.returncode == 2, (result.stdout, result.stderr)
     lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error:"), (result.stdout, result.stderr)
+    assert lines and lines[-1].startswith("error:"), (result.stdout, result.stderr)
+    assert all(PROGRESS_LINE.match(line) and not line.startswith("error:") for line in lines[:-1]), result.stderr
+    lines = lines[-1:]
     for fragment in fragments:
         assert fragment in lines[0], lines[0]

@@ -117,8 +117,8 @@ def build_report(
 ) -> str:
     from plotly.offline import get_plotlyjs
 
-    progress.step(f"reading {run_dir}")
     source = read_source(run_dir, robustness=[Path(p) for p in robustness], taboo=[Path(p) for p in taboo])
+    progress.step(f"read {run_dir}")  # after reading: a folder that is not a run is one error line, nothing before it
     chosen = chosen_card(source, card)
     winners = winners_of(source.candidates, source.compare) if source.compare is not None else None
     task, model = _title(source)
