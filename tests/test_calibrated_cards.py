@@ -29,7 +29,7 @@ def compared(tmp_path_factory):
     return out, result
 
 
-def _scorer_decisions(card_path):
+def _scorer_decisions(card_path, split="test"):
     """The per-item decisions of the card as the scorer makes them (scoring/card_answers.py) and the per-member
     log-probabilities the scorer computed, which production code would compute with its own model."""
     from promptopt.experiments.session import Session
@@ -40,9 +40,12 @@ def _scorer_decisions(card_path):
     card = yaml.safe_load(card_path.read_text())
     session = Session(model=ModelConfig(spec=card["model"]["spec"], device="cpu"), data=DataConfig(task="sst2"))
     by_id = {i.id: i for role in ("dev", "test") for i in session.data.split(role)}
-    items = [by_id[i] for i in card["data"]["test_ids"]]
+    items = [by_id[i] for i in card["data"]["test_ids"]] if split == "test" else session.data.split("dev")[:16]
     members = card_members(card)
     table = answer_table(session.scorer, members, items)
+    if split == "dev":
+        raw = session.scorer.score(members[0].prompt, items).table
+        table = table.assign(choice_logprobs_raw=raw["choice_logprobs"].tolist())
     logprobs = [session.scorer.score(m.prompt, items).table["choice_logprobs"].tolist() for m in members]
     return items, table, logprobs
 
@@ -70,6 +73,32 @@ def test_a_batch_calibrated_card_round_trips(compared, tmp_path):
     decided = loaded.decide_batch(logprobs[0])
     assert decided == [int(p) for p in table["pred"]]  # 100/100
     assert "".join("1" if d == i.gold else "0" for d, i in zip(decided, items)) == card["metrics"]["test"]["correct"]
+
+
+def test_a_rule_search_decides_every_trial_by_its_rule(compared, tmp_path):
+    """`accuracy@batch`'s trials are valued by batch-calibrated dev accuracy, not argmax: every trial's value is its
+    prompt's dev answers decided by the batch bias fit on those dev items, computed here from the raw log-probs."""
+    import json
+
+    import pandas as pd
+
+    from promptopt.decision import normalized
+
+    out, _ = compared
+    card_path = tmp_path / "batch.yaml"
+    export_run(out, out=card_path, strategy="accuracy@batch")
+    session_items, table, _ = _scorer_decisions(card_path, split="dev")
+    rows = [normalized(list(r)) for r in table["choice_logprobs_raw"]]
+    bias = [sum(column) / len(rows) for column in zip(*rows)]  # the mean label-normalized log-prob per label
+    decided = [max(range(len(r)), key=lambda k: r[k] - bias[k]) for r in rows]
+    batch_accuracy = sum(d == i.gold for d, i in zip(decided, session_items)) / len(session_items)
+    argmax_accuracy = sum(max(range(len(r)), key=r.__getitem__) == i.gold for r, i in zip(rows, session_items))
+    argmax_accuracy /= len(session_items)
+    assert batch_accuracy != argmax_accuracy  # else this test could not tell the rules apart
+    summary = json.loads((out / "accuracy@batch" / "summary.json").read_text())
+    trials = pd.read_parquet(out / "accuracy@batch" / "trials.parquet")
+    best = trials[trials["number"] == summary["best_trial"]].iloc[0]
+    assert json.loads(best["user_attrs_metrics"])["accuracy"] == pytest.approx(batch_accuracy, abs=1e-12)
 
 
 def test_an_ensemble_card_round_trips(compared, tmp_path):

@@ -115,7 +115,8 @@ def make_objective(ctx: SearchContext, cached: CachingScorer, worker: str):
         trial.set_user_attr("worker", worker)
         trial.set_user_attr("ordinal", sampling_state(trial.study, trial)[0])  # its place in the sampled sequence
         fault_point("ask")
-        prompt = space.suggest(trial, ctx.candidates, ctx.data.spec)  # the parameters are stored before any scoring
+        # the parameters are stored before any scoring; --decision (the run's one rule) decides every trial
+        prompt = space.suggest(trial, ctx.candidates, ctx.data.spec, ctx.config.study.decision)
         key = prompt_key(prompt)
         trial.set_user_attr("prompt_key", key)
         trial.set_user_attr("exemplars", [ex.id for ex in prompt.exemplars])
