@@ -94,16 +94,30 @@ def script(path: str | Path, *args, cwd: str | Path | None = None) -> Result:
 
 
 # a progress line (promptopt.progress, not a terminal): `<command>: <step>`, the command in lower-case words
-PROGRESS_LINE = re.compile(r"^[a-z][a-z-]*( [a-z][a-z-]*)?: (?!.*Traceback)")
+PROGRESS_LINE = re.compile(r"^[a-z][a-z-]*( [a-z][a-z-]*)?: ")
 
 
-def assert_one_line_error(result: Result, *fragments: str) -> None:
-    """Exit 2 and exactly one error line on stderr, the last, starting with 'error:' and holding every fragment;
-    before it only the command's progress lines (what it was doing when the input turned out bad)."""
-    assert result.returncode == 2, (result.stdout, result.stderr)
-    lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
-    assert lines and lines[-1].startswith("error:"), (result.stdout, result.stderr)
-    assert all(PROGRESS_LINE.match(line) and not line.startswith("error:") for line in lines[:-1]), result.stderr
-    lines = lines[-1:]
+def message_lines(stderr: str) -> list[str]:
+    """What stderr says to a reader: its lines without ANSI codes, progress bars (`%|`), the command's progress
+    lines (what it was doing) and the fault hook's announcements."""
+    text = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", stderr)
+    return [
+        line.strip()
+        for line in re.split(r"[\r\n]", text)
+        if line.strip()
+        and "%|" not in line
+        and not line.startswith("fault-point ")
+        and not (PROGRESS_LINE.match(line) and not line.startswith("error:"))
+    ]
+
+
+def assert_one_line_error(result, *fragments: str) -> None:
+    """Exit 2 and exactly one message line on stderr, starting with 'error:' and holding every fragment (before it
+    only progress: what the command was doing when the input turned out bad); never a traceback. `result`: a
+    Result here or a tests/test_faults.py Run (anything with `code` and `stderr`)."""
+    assert result.code == 2, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = message_lines(result.stderr)
+    assert len(lines) == 1 and lines[0].startswith("error:"), (result.stdout, result.stderr)
     for fragment in fragments:
         assert fragment in lines[0], lines[0]

@@ -21,6 +21,7 @@ OTHER = {
     "choices": ("5", "4"),
     "meta": {"entry_point": "g"},
     "where": "data.jsonl line 9",
+    "continuation": " is the answer.",  # set only by partial-evaluation tasks (Winogrande); None keeps old keys
 }
 
 

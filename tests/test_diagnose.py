@@ -18,6 +18,7 @@ from promptopt.experiments.diagnose import approx, geometry, regimes
 from promptopt.experiments.diagnose.positions import Positions, PositionSpec, collect_positions, critical_states
 from promptopt.metrics import OutputGeometry
 from promptopt.robustness import TabooLogitsProcessor, mid_word_masks, word_initial_mask
+from tests.clirun import assert_one_line_error
 from tests.clirun import promptopt as _cli
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -341,8 +342,7 @@ def test_cli_diagnose_rejects_a_generative_task_in_one_line(tiny_llama_dir, tmp_
         "--out",
         str(tmp_path),
     )
-    assert run.returncode == 2
-    assert run.stderr.strip().startswith("error:") and len(run.stderr.strip().splitlines()) == 1
+    assert_one_line_error(run, "is generative")
 
 
 # --- the Gemma-3-270M named spec (GGUF shipped as chunk wheels) ---------------------------------------------------

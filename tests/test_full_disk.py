@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from promptopt.errors import ModelCacheError, StorageError
+from tests.clirun import assert_one_line_error as assert_one_error_line
 from tests.clirun import promptopt
 from tests.test_faults import assert_nothing_lost_or_double, sampled_sequence
 
@@ -45,20 +46,6 @@ SEARCH = [
     "cpu",
 ]
 FILLER = "filler"
-
-
-def assert_one_error_line(run, *fragments: str) -> None:
-    """Exit 2 and one message line on stderr, starting with 'error:' and holding every fragment: progress bars
-    (a search's, or transformers' while de-quantizing a GGUF) and the fault hook's announcements aside."""
-    lines = [
-        line.strip()
-        for line in re.split(r"[\r\n]", re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", run.stderr))
-        if line.strip() and "%|" not in line and not line.startswith("fault-point ")
-    ]
-    assert run.code == 2, run.stderr
-    assert len(lines) == 1 and lines[0].startswith("error: "), run.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
 
 
 # --- a small tmpfs -----------------------------------------------------------------------------------------

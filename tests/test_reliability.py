@@ -21,7 +21,8 @@ import optuna
 import pandas as pd
 import pytest
 
-from tests.clirun import promptopt
+from tests.clirun import assert_one_line_error as assert_one_error_line
+from tests.clirun import message_lines, promptopt
 from tests.test_faults import Run, _env, assert_ok, assert_run_dir_parses, cli, kill_at, snapshot
 from tests.test_full_disk import Disk, fill_at_checkpoint, standing_alone, temporaries, tmpfs
 
@@ -47,21 +48,6 @@ COMPARE = [
 ]
 TABLES = ("compare.csv", "compare_paired.csv", "compare_runs.csv")
 WALL = ("search_seconds", "search_seconds_sd")
-
-
-def assert_one_error_line(run, *fragments: str) -> None:
-    """Exit 2 and one message line on stderr, starting with 'error:' (progress bars and the fault hook's
-    announcements aside)."""
-    text = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", run.stderr)
-    lines = [
-        line.strip()
-        for line in re.split(r"[\r\n]", text)
-        if line.strip() and "%|" not in line and not line.startswith("fault-point ")
-    ]
-    assert run.code == 2, run.stderr
-    assert len(lines) == 1 and lines[0].startswith("error: "), run.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
 
 
 @pytest.fixture(scope="module")
@@ -306,7 +292,7 @@ def test_a_prompt_too_long_for_the_model_names_the_items_file_line_and_field(mod
     (tmp_path / "task.yaml").write_text(json.dumps(task))
     run = promptopt("score", "--task", tmp_path / "task.yaml", "--model", model, "--device", "cpu", "--limit", "2")
     assert_one_error_line(run)
-    line = run.stderr.strip()
+    line = message_lines(run.stderr)[0]
     match = re.fullmatch(
         rf"error: item (\S+): prompt is \d+ tokens but model .+ takes 512 \({re.escape(str(data))} line (\d+), "
         r"fields\.question: ([\d,]+) characters\)",
