@@ -29,7 +29,7 @@ def compared(tmp_path_factory):
     return out, result
 
 
-def _scorer_decisions(card_path, split="test"):
+def _scorer_decisions(card_path, split="test", cache_from=None):
     """The per-item decisions of the card as the scorer makes them (scoring/card_answers.py) and the per-member
     log-probabilities the scorer computed, which production code would compute with its own model."""
     from promptopt.experiments.session import Session
@@ -38,7 +38,10 @@ def _scorer_decisions(card_path, split="test"):
     from promptopt.tasks.data import DataConfig
 
     card = yaml.safe_load(card_path.read_text())
-    session = Session(model=ModelConfig(spec=card["model"]["spec"], device="cpu"), data=DataConfig(task="sst2"))
+    # cache_from: the compare's folder, whose result cache holds the members' rows (verify re-scores them uncached)
+    session = Session(
+        model=ModelConfig(spec=card["model"]["spec"], device="cpu"), data=DataConfig(task="sst2"), out=cache_from
+    )
     by_id = {i.id: i for role in ("dev", "test") for i in session.data.split(role)}
     items = [by_id[i] for i in card["data"]["test_ids"]] if split == "test" else session.data.split("dev")[:16]
     members = card_members(card)
@@ -65,7 +68,7 @@ def test_a_batch_calibrated_card_round_trips(compared, tmp_path):
     assert verified.ok, verified.lines()
     assert verified.accuracy == card["metrics"]["test"]["accuracy"] and not verified.flipped
 
-    items, table, logprobs = _scorer_decisions(card_path)
+    items, table, logprobs = _scorer_decisions(card_path, cache_from=out)
     import promptopt
 
     loaded = promptopt.load_prompt(card_path)
@@ -87,7 +90,7 @@ def test_a_rule_search_decides_every_trial_by_its_rule(compared, tmp_path):
     out, _ = compared
     card_path = tmp_path / "batch.yaml"
     export_run(out, out=card_path, strategy="accuracy@batch")
-    session_items, table, _ = _scorer_decisions(card_path, split="dev")
+    session_items, table, _ = _scorer_decisions(card_path, split="dev", cache_from=out)
     rows = [normalized(list(r)) for r in table["choice_logprobs_raw"]]
     bias = [sum(column) / len(rows) for column in zip(*rows)]  # the mean label-normalized log-prob per label
     decided = [max(range(len(r)), key=lambda k: r[k] - bias[k]) for r in rows]
@@ -115,7 +118,7 @@ def test_an_ensemble_card_round_trips(compared, tmp_path):
     assert verified.ok, verified.lines()
     assert verified.accuracy == card["metrics"]["test"]["accuracy"]
 
-    items, table, logprobs = _scorer_decisions(card_path)
+    items, table, logprobs = _scorer_decisions(card_path, cache_from=out)
     import promptopt
 
     loaded = promptopt.load_prompt(card_path)
