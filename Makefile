@@ -43,7 +43,7 @@ demo: $(STAMP)
 	$(BIN)/promptopt compare --task sst2 --strategies ppl,tcb,accuracy,accuracy@batch --trials 12 --dev-limit 48 --test-limit 150 --robust-limit 30 --top-n 1 --out runs/demo $(if $(wildcard runs/demo/study.db),--resume,)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --no-loadscope-reorder --durations=15
+	$(BIN)/python -m pytest -q -rs -p no:cacheprovider -n 2 --dist loadfile --no-loadscope-reorder --durations=15
 
 lint: $(STAMP)
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
