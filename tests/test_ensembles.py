@@ -162,6 +162,11 @@ def test_a_compare_with_rule_entries_and_ensembles(tiny_llama_dir, tmp_path):
     assert not compare_candidates(tmp_path / "cmp")["strategy"].str.contains(r"\+ens").any()
     # a study per rule: the entries' studies are named after them
     assert (tmp_path / "cmp" / "accuracy@batch" / "best_card.yaml").is_file()
+    # the report reads a compare with ensembles: their rows are in its tables, they have no search of their own
+    from promptopt.experiments.report import build_report
+
+    page = build_report(tmp_path / "cmp")
+    assert "accuracy+ens3" in page and "accuracy@batch" in page
     with pytest.raises(ConfigError, match="unknown rule 'batchy'"):
         run_compare(config.replace(out=str(tmp_path / "x")), ["accuracy@batchy"], suite=None, show_progress=False)
     with pytest.raises(ConfigError, match="--ensemble-of: tcb is not one of the compared strategies"):

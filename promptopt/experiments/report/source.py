@@ -77,6 +77,10 @@ class Source:
         return self.studies[0].run.config if self.studies else None
 
 
+def is_ensemble_entry(name: str) -> bool:
+    return re.search(r"\+ens\d+$", name) is not None
+
+
 def _seed_of(path: Path) -> int:
     found = re.fullmatch(r"seed(\d+)", path.name)
     return int(found.group(1)) if found else 0
@@ -166,7 +170,9 @@ def _by_kind(root: Path) -> Source:
     if is_compare_dir(root):  # its tables only as a complete set (each search's are checked by open_run)
         check_table_set(root, "compare")
         compare = pd.read_csv(root / "compare.csv")
-        strategies = [s for s in compare["strategy"] if s != "baseline"]
+        # the searches: every entry but the baseline and the ensembles (`<entry>+ens<K>`: built from an entry's
+        # trials, no study of their own; their rows stay in the compare's tables)
+        strategies = [s for s in compare["strategy"] if s != "baseline" and not is_ensemble_entry(str(s))]
         summary = (
             json.loads((root / "summary.json").read_text(encoding="utf-8")) if (root / "summary.json").is_file() else {}
         )
