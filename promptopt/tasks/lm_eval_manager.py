@@ -59,8 +59,8 @@ def _build(name: str, folder: str | None, where: str):
 def load_lm_eval_manager_task(text: str, *, trust_task_code: bool = False):
     """`NAME` or `NAME@FOLDER` -> TaskSpec whose rows and fields are lm-eval's."""
     from promptopt.tasks.lm_eval_parts import answer_settings, prompt_settings
-    from promptopt.tasks.lm_eval_task import REFUSED, LmEvalField
-    from promptopt.tasks.spec import SourceSpec, SplitSpec, TaskSpec
+    from promptopt.tasks.lm_eval_task import REFUSED, LmEvalField, lm_eval_spec
+    from promptopt.tasks.spec import SourceSpec, SplitSpec
 
     where = f"lmeval:{text}"
     name, _, folder = text.partition("@")
@@ -143,24 +143,15 @@ def load_lm_eval_manager_task(text: str, *, trust_task_code: bool = False):
     splits = {"test": SplitSpec(evaluated, None)}
     if k:
         splits["pool"] = SplitSpec(shots, None)
-    return TaskSpec(
-        name=name.replace("/", "_"),
+    return lm_eval_spec(
+        name=name,
         where=where,
         description=f"lm-eval task {name}, built by lm-eval's TaskManager",
         source=SourceSpec(loader=rows),
         fields=fields,
         splits=splits,
-        seed=1234,
-        metric=answer["metric"],
-        answer_type=answer["type"],
-        gold_format="plain",
-        max_new_tokens=answer["max_new_tokens"],
-        stop=answer["stop"],
+        answer=answer,
         instruction=instruction,
         k=k,
         template=template,
-        allow_duplicate_choices=True,
-        order="source",
-        dialect="lm-eval",
-        judge_options=answer["judge_options"],
     )

@@ -190,7 +190,6 @@ def _text(data: dict, key: str, where: str, default: Any = None) -> Any:
 def parse_lm_eval_task(data: dict, where: str, *, trust_task_code: bool = False):
     """An lm-eval task file -> TaskSpec (module docstring)."""
     from promptopt.tasks.lm_eval_parts import answer_settings, data_source, prompt_settings, split_roles
-    from promptopt.tasks.spec import TaskSpec
 
     data = _with_includes(data, where)
     refuse_untrusted_code(data, where, trust_task_code)
@@ -214,12 +213,32 @@ def parse_lm_eval_task(data: dict, where: str, *, trust_task_code: bool = False)
     process = data.get("process_docs")
     if process is not None and not isinstance(process, FunctionRef):
         raise _fail(where, "process_docs", "expected !function module.name (lm-eval's Python hook)")
-    return TaskSpec(
-        name=name.replace("/", "_"),
+    return lm_eval_spec(
+        name=name,
         where=where,
         description=f"lm-eval task {name} ({where})",
         source=data_source(data, where),
         fields=fields_of(data, where, output_type, trust_task_code),
+        splits=splits,
+        answer=answer,
+        instruction=instruction,
+        k=k,
+        template=template,
+        process_docs=resolve(process, "process_docs", trust=trust_task_code) if process is not None else None,
+    )
+
+
+def lm_eval_spec(*, name, where, description, source, fields, splits, answer, instruction, k, template, **extra):
+    """The TaskSpec of an lm-eval task, read from its file here or built by lm-eval's TaskManager
+    (lm_eval_manager.py): what lm-eval fixes (plain golds, source order, repeated choices allowed) is set once."""
+    from promptopt.tasks.spec import TaskSpec
+
+    return TaskSpec(
+        name=name.replace("/", "_"),
+        where=where,
+        description=description,
+        source=source,
+        fields=fields,
         splits=splits,
         seed=1234,
         metric=answer["metric"],
@@ -231,10 +250,10 @@ def parse_lm_eval_task(data: dict, where: str, *, trust_task_code: bool = False)
         k=k,
         template=template,
         allow_duplicate_choices=True,  # lm-eval accepts a repeated choice (a tie between equal ones counts wrong here)
-        process_docs=resolve(process, "process_docs", trust=trust_task_code) if process is not None else None,
         order="source",
         dialect="lm-eval",
         judge_options=answer["judge_options"],
+        **extra,
     )
 
 
