@@ -138,13 +138,41 @@ def evaluate_robustness(
     )
     if seen is not None:
         variants_long["seen"] = variants_long["family"].isin(set(seen))
-    clean_correct = clean["correct"].astype(bool)
+    summary = summarize(
+        suite,
+        clean["correct"].astype(bool),
+        variants_long,
+        n_items=len(items),
+        tcb_clean=clean["tcb"],
+        tcb_perturbed=pd.concat([t["tcb"] for t in variant_rows]) if variant_rows else [],
+        spreads=spreads,
+        seen=seen,
+    )
+    variants = pd.concat(variant_rows, ignore_index=True) if variant_rows else pd.DataFrame()
+    return RobustnessResult(families, summary, variants, items_table(clean, variants, seen, items))
+
+
+def summarize(
+    suite: Suite,
+    clean_correct: pd.Series,
+    variants_long: pd.DataFrame,
+    *,
+    n_items: int,
+    tcb_clean,
+    tcb_perturbed,
+    spreads: dict,
+    seen: Collection[str] | None,
+) -> dict:
+    """The summary of a stressed prompt from its clean answers (item_id -> correct) and every variant's answer
+    (item_id, family, correct): accuracy under every family, PDR, Acc_worst, AccVar with their item-bootstrap
+    intervals, the first format family's spread, and (families labelled) the seen and unseen splits. One place for
+    a prompt scored whole (`evaluate_robustness`) and for answers combined afterwards (`robustness_from_items`)."""
     metrics = robustness_metrics(clean_correct, variants_long)
     intervals = robustness_intervals(clean_correct, variants_long, seed=suite.seed)
     acc_clean = metrics["acc_clean"]
     summary = {
         "suite": suite.name,
-        "n_items": len(items),
+        "n_items": n_items,
         "acc_clean": acc_clean,
         "acc_perturbed_mean": float(np.nanmean(list(metrics["acc_by_family"].values())))
         if metrics["acc_by_family"]
@@ -161,10 +189,8 @@ def evaluate_robustness(
         "pdr_pooled": metrics["pdr_pooled"],
         "pdr_pooled_ci95": intervals["pdr_pooled_ci95"],
         "pdr_note": "undefined: clean accuracy is 0" if acc_clean == 0 else "",
-        "tcb_clean_mean": _finite_mean(clean["tcb"]),
-        "tcb_perturbed_mean": _finite_mean(pd.concat([t["tcb"] for t in variant_rows]))
-        if variant_rows
-        else float("nan"),
+        "tcb_clean_mean": _finite_mean(tcb_clean),
+        "tcb_perturbed_mean": _finite_mean(tcb_perturbed),
     }
     if spreads:  # the first format family's spread (FormatSpread: max − min accuracy over the prompt's formats)
         name, first = next(iter(spreads.items()))
@@ -189,8 +215,7 @@ def evaluate_robustness(
         summary.update(
             split_summary(clean_correct, variants_long, [f.name for f in suite.families], seen, seed=suite.seed)
         )
-    variants = pd.concat(variant_rows, ignore_index=True) if variant_rows else pd.DataFrame()
-    return RobustnessResult(families, summary, variants, items_table(clean, variants, seen, items))
+    return summary
 
 
 def split_summary(
