@@ -151,3 +151,31 @@ def test_the_production_helper_stays_torch_free(compared, tmp_path):
     )
     printed = subprocess.run([sys.executable, "-c", code, str(card_path)], capture_output=True, text=True, check=True)
     assert printed.stdout.split()[-2:] == ["False", "False"]
+
+
+def test_select_robust_decides_each_prompt_by_its_own_rule(compared, monkeypatch):
+    """`export --select robust` stresses each candidate on dev items with its answers decided as its card would
+    decide them (the batch bias fit on those dev items), not by argmax, and reports that stress's Acc_worst."""
+    import re
+
+    import promptopt.robustness.suite as suite_module
+    from promptopt.experiments.export.robust import select_robust
+    from promptopt.experiments.export.select import compare_candidates, strategy_rows
+    from promptopt.scoring.calibration import DecidingScorer
+
+    out, _ = compared
+    real, calls = suite_module.evaluate_robustness, []
+
+    def recorded(scorer, prompt, items, *args, **kwargs):
+        result = real(scorer, prompt, items, *args, **kwargs)
+        calls.append((scorer, prompt, items, result.summary["acc_worst"]))
+        return result
+
+    monkeypatch.setattr(suite_module, "evaluate_robustness", recorded)
+    row, session = select_robust(out, strategy_rows(compare_candidates(out), "accuracy@batch", out), device="cpu")
+    ((scorer, prompt, items, acc_worst),) = calls
+    assert prompt.decision == "batch" and isinstance(scorer, DecidingScorer)
+    rule = scorer.rule
+    assert rule.kind == "batch" and rule.fitted_on["split"] == "dev" and rule.fitted_on["n"] == len(items) == 16
+    reported = float(re.match(r"best dev Acc_worst \(([0-9.]+)", row["selection"]).group(1))
+    assert reported == pytest.approx(acc_worst, abs=5e-4)

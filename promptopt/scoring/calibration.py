@@ -131,6 +131,18 @@ def fit_rule(rule: DecisionRule, scorer, prompt: Prompt, items: list[Item], *, s
     return rule.with_params(labels=labels, scale=tuple(scale), bias=tuple(bias), fitted_on=fitted_on(items, split))
 
 
+def deciding_scorer(scorer, prompt: Prompt, dev: list[Item]):
+    """(the scorer that answers for `prompt` as its card would, its fitted rule): on a choice task `scorer`
+    deciding by the prompt's rule fit on the `dev` items (argmax included, so every answer keeps its decision
+    scores); a generative task's answers are not decided from label log-probabilities: (scorer, None)."""
+    from promptopt.decision import parse_rule
+
+    if scorer.data.spec.answer.generative:
+        return scorer, None
+    rule = fit_rule(parse_rule(prompt.decision), scorer, prompt, dev)
+    return DecidingScorer(scorer, rule), rule
+
+
 def cross_fitted_decisions(rule: DecisionRule, rows: list[list[float]], golds: list[int]) -> list[int]:
     """Affine decisions of dev items where each fold is decided by parameters fit on the other folds (an honest
     dev accuracy: an in-sample fit would flatter affine against the label-free rules)."""

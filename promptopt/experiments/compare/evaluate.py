@@ -138,17 +138,10 @@ class Evaluator:
         return evaluated
 
     def scorer_for(self, prompt):
-        """(the scorer that answers for `prompt`, its fitted decision rule): on a choice task the session's scorer
-        deciding by the prompt's rule fit on the dev items (argmax included, so every answer keeps its decision
-        scores); a generative task's answers are not decided from label log-probabilities."""
-        from promptopt.decision import parse_rule
-        from promptopt.scoring.calibration import DecidingScorer, fit_rule
+        """(the scorer that answers for `prompt`, its fitted decision rule), the rule fit on the compare's dev items."""
+        from promptopt.scoring.calibration import deciding_scorer
 
-        scorer = self.session.scorer
-        if self.session.data.spec.answer.generative:
-            return scorer, None
-        rule = fit_rule(parse_rule(prompt.decision), scorer, prompt, self.dev)
-        return DecidingScorer(scorer, rule), rule
+        return deciding_scorer(self.session.scorer, prompt, self.dev)
 
     @property
     def search_suite_name(self) -> str | None:

@@ -14,9 +14,11 @@ from promptopt.experiments.session import Session
 def select_robust(root: Path, candidates, *, device: str | None = None, suite: str = "cheap", limit: int | None = None):
     """Among every prompt the compare evaluated (each search's top-N) whose dev accuracy is inside the best one's
     95% Wilson interval, the best dev Acc_worst under `suite` (default: the families the `robust` strategy sees;
-    measured now on dev items, through the compare's result cache). -> (compare_runs row with "selection", session)."""
+    measured now on dev items, through the compare's result cache, each prompt's answers decided by its own rule
+    fit on those dev items, as the compare's `--select robust` decides them). -> (compare_runs row with "selection", session)."""
     from promptopt.metrics.stats import wilson_interval
     from promptopt.robustness.suite import Similarity, evaluate_robustness, load_suite
+    from promptopt.scoring.calibration import deciding_scorer
 
     the_suite = load_suite(suite)
     rows = [plain_row(r) for _, r in candidates.iterrows()]
@@ -33,8 +35,9 @@ def select_robust(root: Path, candidates, *, device: str | None = None, suite: s
         prompt = decode_trial(run, session.data, pick_trial(run, load_study(run), None).params)
         key = json.dumps(prompt.to_card(), sort_keys=True)
         if key not in seen:  # a prompt two searches share is stressed once
+            scorer, _ = deciding_scorer(session.scorer, prompt, dev)  # answers decided by the prompt's own rule
             seen[key] = evaluate_robustness(
-                session.scorer,
+                scorer,
                 prompt,
                 dev,
                 the_suite,
