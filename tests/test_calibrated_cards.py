@@ -179,3 +179,54 @@ def test_select_robust_decides_each_prompt_by_its_own_rule(compared, monkeypatch
     assert rule.kind == "batch" and rule.fitted_on["split"] == "dev" and rule.fitted_on["n"] == len(items) == 16
     reported = float(re.match(r"best dev Acc_worst \(([0-9.]+)", row["selection"]).group(1))
     assert reported == pytest.approx(acc_worst, abs=5e-4)
+
+
+def test_score_evaluate_and_diagnose_answer_as_the_card_decides(compared, tmp_path, monkeypatch):
+    """`promptopt score` and `promptopt evaluate` with a calibrated card decide by the card's stored rule (they
+    decided by argmax, silently: 0.695 against the card's 0.87 on SST-2); `score` combines an ensemble card's
+    members as served; `evaluate` refuses an ensemble card in one line, `diagnose conflicts` a calibrated one."""
+    import promptopt.robustness.suite as suite_module
+    from promptopt.errors import UserError
+    from promptopt.experiments import commands
+    from promptopt.experiments.session import Session
+    from promptopt.models.load import ModelConfig
+    from promptopt.scoring.calibration import DecidingScorer
+    from promptopt.tasks.data import DataConfig
+
+    out, _ = compared
+    batch_card, ensemble_card = tmp_path / "batch.yaml", tmp_path / "ensemble.yaml"
+    export_run(out, out=batch_card, strategy="accuracy@batch")
+    export_run(out, out=ensemble_card, ensemble=3)
+    session = Session(
+        model=ModelConfig(spec="smollm2-135m-instruct", device="cpu"), data=DataConfig(task="sst2"), out=out
+    )
+    test = session.data.split("test")[:100]
+    gold = {i.id: i.gold for i in test}
+    for card_path in (batch_card, ensemble_card):
+        card = yaml.safe_load(card_path.read_text())
+        assert [i.id for i in test] == card["data"]["test_ids"]
+        _, decided, _ = _scorer_decisions(card_path, cache_from=out)
+        scored = commands.score(session, card=card_path, split="test", limit=100).table
+        assert [int(p) for p in scored["pred"]] == [int(p) for p in decided["pred"]]  # 100/100
+        accuracy = sum(int(p) == gold[i] for p, i in zip(scored["pred"], scored["item_id"])) / 100
+        assert accuracy == card["metrics"]["test"]["accuracy"]
+        if card_path == batch_card:  # argmax answers otherwise: the test tells the two apart
+            raw = session.scorer.score(session.prompt(batch_card), test).table
+            assert [int(p) for p in raw["pred"]] != [int(p) for p in scored["pred"]]
+
+    real, calls = suite_module.evaluate_robustness, []
+
+    def recorded(scorer, prompt, items, *args, **kwargs):
+        calls.append(scorer)
+        return real(scorer, prompt, items[:4], *args, **kwargs)
+
+    monkeypatch.setattr(suite_module, "evaluate_robustness", recorded)
+    commands.evaluate(session, card=batch_card, suite="quick", split="test", limit=4)
+    assert isinstance(calls[0], DecidingScorer) and calls[0].rule.kind == "batch"
+    with pytest.raises(UserError, match="is an ensemble card \\(3 members\\)"):
+        commands.evaluate(session, card=ensemble_card, suite="quick", split="test", limit=4)
+
+    from promptopt.experiments.diagnose.workflows import run_conflicts
+
+    with pytest.raises(UserError, match="decides by batch; the conflicts protocol"):
+        run_conflicts(session, tmp_path / "conflicts", card=batch_card)

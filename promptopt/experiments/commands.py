@@ -32,6 +32,15 @@ def card_errors(card: Path | None):
         raise PromptTooLongError(f"card {card}: {exc}") from None
 
 
+def _decided_by(members) -> str:
+    """The progress line's note of how answers are decided, where a card's rule is not argmax."""
+    rules = sorted({m.rule.name for m in members if m.rule.calibrated})
+    parts = ([f"{len(members)} members combined"] if len(members) > 1 else []) + (
+        [f"decided by {', '.join(rules)}"] if rules else []
+    )
+    return f" ({'; '.join(parts)})" if parts else ""
+
+
 def check_out_files(*paths: Path | None) -> None:
     """Output files are checked before any scoring, so a bad --out never costs a finished computation."""
     for path in paths:
@@ -174,12 +183,18 @@ def score(session: Session, *, card: Path | None, split: str, limit: int | None,
     if out is not None:
         check_table_path(out)
         check_out_files(out, out.with_suffix(".json"))
-    prompt = session.prompt(card)  # a bad card fails before the model loads
+    members = session.card_members(card, command="score", ensembles=True)  # a bad card fails before the model loads
     items = session.data.split(split)[:limit]
     with card_errors(card):
-        scorer = session.scorer
-        progress.step(f"scoring {len(items)} {split} items")
-        result = scorer.score(prompt, items)
+        progress.step(f"scoring {len(items)} {split} items" + _decided_by(members))
+        if len(members) == 1:  # decided by the card's rule, as it is served
+            result = session.answering(members[0]).score(members[0].prompt, items)
+        else:  # an ensemble card: every member scored, their log-probabilities combined by the card's rules
+            from promptopt.scoring.card_answers import answer_table
+            from promptopt.scoring.scorer import ScoreResult, summarize
+
+            table = answer_table(session.scorer, members, items)
+            result = ScoreResult(table, summarize(table), None)
     if out is not None:
         table = result.table.copy()
         table["gold"] = table["gold"].astype(str)  # golds mix ints and strings across tasks
@@ -245,14 +260,15 @@ def evaluate(
     the_search_suite = load_suite(search_suite) if search_suite else None
     if out is not None:
         check_out_files(out.with_suffix(".csv"), out.with_suffix(".json"), items_path(out))
-    prompt = session.prompt(card)  # a bad card fails before the model loads
+    (member,) = session.card_members(card, command="evaluate")  # a bad card fails before the model loads
     progress.step(
-        f"suite {the_suite.name}: {len(the_suite.families)} families on {len(session.data.split(split)[:limit])} {split} items"
+        f"suite {the_suite.name}: {len(the_suite.families)} families on {len(session.data.split(split)[:limit])} "
+        f"{split} items" + _decided_by([member])
     )
     with card_errors(card):
         result = evaluate_robustness(
-            session.scorer,
-            prompt,
+            session.answering(member),  # an adaptive rule re-estimates its bias on each family's variants
+            member.prompt,
             session.data.split(split)[:limit],
             the_suite,
             pool=session.data.pool,

@@ -12,6 +12,7 @@ from functools import cached_property
 from pathlib import Path
 
 from promptopt import progress
+from promptopt.errors import UserError
 from promptopt.models.load import ModelConfig
 from promptopt.prompts import Prompt, load_card
 from promptopt.robustness.perturb import ParaphraseMemo
@@ -66,6 +67,37 @@ class Session:
     def prompt(self, card: str | Path | None = None) -> Prompt:
         """A prompt card, or the task's own prompt."""
         return load_card(card)[0] if card else self.data.default_prompt()
+
+    def card_members(self, card: str | Path | None, *, command: str, ensembles: bool = False):
+        """The card's members, each a prompt with the rule its card decides by (the task's own prompt and argmax
+        without a card): what a command answers with so that a calibrated card is scored as it is served, never
+        silently by argmax. An ensemble card (several members) is refused in one line unless `ensembles`."""
+        if not card:
+            from promptopt.decision import DecisionRule
+            from promptopt.scoring.card_answers import CardMember
+
+            return [CardMember(self.data.default_prompt(), DecisionRule())]
+        from promptopt.scoring.card_answers import card_members
+        from promptopt.yamlio import load_yaml
+
+        self.prompt(card)  # validated as a card first: errors name the file and field
+        members = card_members(load_yaml(card), str(card))
+        if len(members) > 1 and not ensembles:
+            raise UserError(
+                f"{command}: {card} is an ensemble card ({len(members)} members) and {command} stresses one "
+                f"prompt; `promptopt verify {card}` scores the ensemble as it is served, `compare --ensembles K` "
+                "measures an ensemble's robustness"
+            )
+        return members
+
+    def answering(self, member):
+        """The scorer that answers for one card member: deciding by its rule where the task's answers are decided
+        from label log-probabilities and the rule is calibrated; the session's scorer otherwise."""
+        if self.data.spec.answer.generative or not member.rule.calibrated:
+            return self.scorer
+        from promptopt.scoring.calibration import DecidingScorer
+
+        return DecidingScorer(self.scorer, member.rule)
 
     def items(self, split: str, limit: int | None = None) -> list[Item]:
         """A split's items; dev and test honour the session's limits, then `limit`."""

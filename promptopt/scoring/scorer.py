@@ -332,9 +332,10 @@ def summarize(table: pd.DataFrame, *, wall_seconds: float | None = None) -> dict
     correct = int(table["correct"].sum())
     low, high = wilson_interval(correct, n)
     out = {"n": n, "accuracy": correct / n if n else float("nan"), "accuracy_ci95": [low, high]}
-    if "acc_norm" in table:
-        out["acc"] = float(table["acc"].mean())
-        out["acc_norm"] = float(table["acc_norm"].mean())
+    if "acc_norm" in table:  # the two argmax readings; beside a calibrated rule's accuracy they say so
+        raw = "_argmax" if "decision" in table and (table["decision"] != "argmax").any() else ""
+        out[f"acc{raw}"] = float(table["acc"].mean())
+        out[f"acc_norm{raw}"] = float(table["acc_norm"].mean())
     if "tcb" in table:
         tcb = table["tcb"].replace([np.inf], np.nan).dropna()
         out["tcb_mean"] = float(tcb.mean()) if len(tcb) else float("nan")

@@ -171,7 +171,14 @@ def run_conflicts(
     out = Path(out)
     notes: list[str] = []
 
-    prompt, pool = session.prompt(card), session.data.pool
+    (member,) = session.card_members(card, command="diagnose conflicts")
+    if member.rule.calibrated:
+        raise UserError(
+            f"diagnose conflicts: {card} decides by {member.rule.name}; the conflicts protocol (the paper's) reads "
+            "argmax answers, and a calibrated rule would decide its baseline and its searched prompt differently: "
+            "give the card's prompt without its decision section"
+        )
+    prompt, pool = member.prompt, session.data.pool
     dev, test = session.items("dev", limit), session.items("test", limit)
     split_of = {**{i.id: "dev" for i in dev}, **{i.id: "test" for i in test}}
     scorer = session.scorer
