@@ -479,7 +479,8 @@ def test_screening_keeps_what_is_not_worse_beyond_noise_and_says_why():
     assert [name for name in verdict if not verdict[name]["passed"]] == ["junk"]
     assert {name: v["stage"] for name, v in verdict.items()} == {"junk": 2, "timid": 2, "noise": 1, "better": 1}
     assert verdict["junk"]["p"] < 0.05 and verdict["timid"]["p"] < 0.05  # the test alone would reject timid too
-    assert "minibatch accuracy 0.400 vs 0.700 for a on 20 dev items" in verdict["junk"]["why"]
+    assert 'minibatch accuracy 0.400 vs 0.700 for "hand a" on 20 dev items' in verdict["junk"]["why"]
+    assert result.control_text == "hand a" and result.control_label == '"hand a"'  # messages name the text, not the key
     scored: dict = {}
     for text, count in session.scorer.calls:  # halves of the first 20 dev items; the control's second half once
         assert count == n // 2
@@ -505,7 +506,7 @@ def test_a_proposer_that_yields_nothing_useful_says_so():
     from promptopt.experiments.propose.screen import Screening, apply
 
     texts = [Proposal(f"p{k}", f"Write a short story number {k}.", {"attempt": k}) for k in range(3)]
-    screening = Screening(32, "be_careful", 0.8, "wilcoxon log p(gold)")
+    screening = Screening(32, "none", 0.8, "wilcoxon log p(gold)", control_text="")
     screening.results = [
         {
             "name": p.name,
@@ -520,6 +521,9 @@ def test_a_proposer_that_yields_nothing_useful_says_so():
     made = apply(Proposals(texts, [{"text": "Be.", "reason": "too_short"}], {"too_short": 1}, 4, "k"), screening)
     lines = proposals_lines(made, show_rejected=True)
     assert "0 of 3 proposals passed screening: the space is unchanged" in lines
+    assert any(
+        x.startswith("screening: 0 of 3 proposals passed screening against the empty instruction (") for x in lines
+    )
     assert "  - [worse_than_control] Write a short story number 0. (minibatch accuracy 0.500 vs 0.800)" in lines
     assert "  - [too_short] Be." in lines
     hidden = proposals_lines(made, show_rejected=False)

@@ -28,7 +28,7 @@ def proposals_lines(proposals, *, show_rejected: bool) -> list[str]:
     if screening is not None:
         lines.append(
             f"screening: {len(proposals.accepted)} of {len(screening.results)} proposals passed screening against "
-            f"{screening.control} ({screening.control_accuracy:.3f} on the first {screening.first_items} dev items, "
+            f"{screening.control_label} ({screening.control_accuracy:.3f} on the first {screening.first_items} dev items, "
             f"where it was chosen; rejected when less accurate on the first {screening.items} and one-sided "
             f"{screening.test} p < 0.05); {screening.scored_items} item scorings, {screening.seconds:.1f} s"
             + (" (read back)" if screening.reused else "")

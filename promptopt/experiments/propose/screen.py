@@ -59,6 +59,15 @@ class Screening:
     first_items: int = 0  # stage 1: the first half of the minibatch (where the control is chosen)
     scored_items: int = 0  # item scorings screening cost (hand-written and candidates, both stages)
     reused: bool = False
+    control_text: str = ""  # the control's instruction text ("" for the space's empty instruction)
+
+    @property
+    def control_label(self) -> str:
+        """How messages name the control: its text (shortened), not its key."""
+        if not self.control_text.strip():
+            return "the empty instruction"
+        text = self.control_text if len(self.control_text) <= 60 else self.control_text[:57] + "..."
+        return f'"{text}"'
 
     @property
     def passed(self) -> list[str]:
@@ -137,6 +146,7 @@ def screen(
     cached = Path(cache_dir) / f"screen-{key[:24]}.json" if cache_dir is not None and key else None
     if cached is not None and cached.is_file():
         data = json.loads(cached.read_text(encoding="utf-8"))
+        data.setdefault("control_text", hand_written.get(data["control"], ""))  # verdicts written before it was kept
         return Screening(**data, reused=True)
     started = time.perf_counter()
     dev = session.items("dev")[:items]
@@ -163,10 +173,19 @@ def screen(
         return (-correct.mean(), -(logp.mean() if logp is not None else 0.0), order.index(name))
 
     control = min(own, key=rank)
-    result = Screening(len(dev), control, float(own[control][0].mean()), "", first_items=len(first))
+    result = Screening(
+        len(dev),
+        control,
+        float(own[control][0].mean()),
+        "",
+        first_items=len(first),
+        control_text=hand_written[control],
+    )
     whole_control = None  # the control on every minibatch item, scored when a candidate first needs it
 
-    for proposal in progress.iterate(candidates, f"screening {len(candidates)} proposals against {control}"):
+    for proposal in progress.iterate(
+        candidates, f"screening {len(candidates)} proposals against {result.control_label}"
+    ):
         correct, logp = measure(proposal.text, first)
         p, result.test = _paired_worse(correct, own[control][0], logp, own[control][1])
         accuracy = float(correct.mean())
@@ -187,7 +206,7 @@ def screen(
         entry["passed"] = not worse
         if worse:
             entry["why"] = (
-                f"minibatch accuracy {accuracy:.3f} vs {entry['control_accuracy']:.3f} for {control} on "
+                f"minibatch accuracy {accuracy:.3f} vs {entry['control_accuracy']:.3f} for {result.control_label} on "
                 f"{entry['items']} dev items, one-sided {result.test} p = {p:.2g} < {ALPHA}"
             )
         result.results.append(entry)
