@@ -172,11 +172,12 @@ def test_select_robust_decides_each_prompt_by_its_own_rule(compared, monkeypatch
         return result
 
     monkeypatch.setattr(suite_module, "evaluate_robustness", recorded)
-    row, session = select_robust(out, strategy_rows(compare_candidates(out), "accuracy@batch", out), device="cpu")
+    candidates = strategy_rows(compare_candidates(out), "accuracy@batch", out)
+    row, session = select_robust(out, candidates, device="cpu", limit=8)  # 8 dev items: the plumbing is the point
     ((scorer, prompt, items, acc_worst),) = calls
     assert prompt.decision == "batch" and isinstance(scorer, DecidingScorer)
     rule = scorer.rule
-    assert rule.kind == "batch" and rule.fitted_on["split"] == "dev" and rule.fitted_on["n"] == len(items) == 16
+    assert rule.kind == "batch" and rule.fitted_on["split"] == "dev" and rule.fitted_on["n"] == len(items) == 8
     reported = float(re.match(r"best dev Acc_worst \(([0-9.]+)", row["selection"]).group(1))
     assert reported == pytest.approx(acc_worst, abs=5e-4)
 
@@ -213,6 +214,13 @@ def test_score_evaluate_and_diagnose_answer_as_the_card_decides(compared, tmp_pa
         if card_path == batch_card:  # argmax answers otherwise: the test tells the two apart
             raw = session.scorer.score(session.prompt(batch_card), test).table
             assert [int(p) for p in raw["pred"]] != [int(p) for p in scored["pred"]]
+
+    # the search's own card (version 1) names its rule and records it fitted: answered the same way
+    search_card = out / "accuracy@batch" / "best_card.yaml"
+    assert yaml.safe_load(search_card.read_text())["decision"] == "batch"
+    own = commands.score(session, card=search_card, split="test", limit=100).table
+    exported = commands.score(session, card=batch_card, split="test", limit=100).table
+    assert [int(p) for p in own["pred"]] == [int(p) for p in exported["pred"]]
 
     real, calls = suite_module.evaluate_robustness, []
 

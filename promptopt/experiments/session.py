@@ -77,11 +77,14 @@ class Session:
             from promptopt.scoring.card_answers import CardMember
 
             return [CardMember(self.data.default_prompt(), DecisionRule())]
-        from promptopt.scoring.card_answers import card_members
+        from promptopt.scoring.card_answers import CardMember, card_members
         from promptopt.yamlio import load_yaml
 
-        self.prompt(card)  # validated as a card first: errors name the file and field
-        members = card_members(load_yaml(card), str(card))
+        prompt = self.prompt(card)  # validated as a card first: errors name the file and field
+        data = load_yaml(card)
+        if isinstance(data.get("decision"), str):  # a search's card (version 1) names its rule
+            return [CardMember(prompt, self._named_rule(data, prompt, card))]
+        members = card_members(data, str(card))
         if len(members) > 1 and not ensembles:
             raise UserError(
                 f"{command}: {card} is an ensemble card ({len(members)} members) and {command} stresses one "
@@ -89,6 +92,23 @@ class Session:
                 "measures an ensemble's robustness"
             )
         return members
+
+    def _named_rule(self, data: dict, prompt: Prompt, card):
+        """A version-1 card's rule: the fitted one its search recorded (provenance.decision_fitted), else the named
+        rule fit on this session's dev items (a hand-written card saying `decision: batch`)."""
+        from promptopt.decision import parse_rule, rule_from_card
+
+        rule = parse_rule(prompt.decision)
+        fitted = (data.get("provenance") or {}).get("decision_fitted")
+        if isinstance(fitted, dict):
+            recorded = rule_from_card(fitted, f"{card}: provenance.decision_fitted")
+            if (recorded.kind, recorded.mode) == (rule.kind, rule.mode) and rule.reading in ("", recorded.reading):
+                return recorded
+        if not rule.calibrated or self.data.spec.answer.generative:
+            return rule
+        from promptopt.scoring.calibration import fit_rule
+
+        return fit_rule(rule, self.scorer, prompt, self.items("dev"))
 
     def answering(self, member):
         """The scorer that answers for one card member: deciding by its rule where the task's answers are decided
