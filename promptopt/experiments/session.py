@@ -72,13 +72,12 @@ class Session:
         """The card's members, each a prompt with the rule its card decides by (the task's own prompt and argmax
         without a card): what a command answers with so that a calibrated card is scored as it is served, never
         silently by argmax. An ensemble card (several members) is refused in one line unless `ensembles`."""
-        if not card:
-            from promptopt.decision import DecisionRule
-            from promptopt.scoring.card_answers import CardMember
-
-            return [CardMember(self.data.default_prompt(), DecisionRule())]
+        from promptopt.decision import DecisionRule
         from promptopt.scoring.card_answers import CardMember, card_members
         from promptopt.yamlio import load_yaml
+
+        if not card:
+            return [CardMember(self.data.default_prompt(), DecisionRule())]
 
         prompt = self.prompt(card)  # validated as a card first: errors name the file and field
         data = load_yaml(card)
