@@ -2,6 +2,7 @@
 counts made by hand on a tiny random model and a character tokenizer."""
 
 import importlib.util
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -13,9 +14,15 @@ BENCH = Path(__file__).resolve().parent.parent / "bench" / "bench_lmeval.py"
 
 
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_lmeval", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    """The bench as a module; the environment it sets for its own process (offline hub, huge pages) is put back."""
+    saved = dict(os.environ)
+    try:
+        spec = importlib.util.spec_from_file_location("bench_lmeval", BENCH)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
     return module
 
 
