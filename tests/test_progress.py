@@ -172,7 +172,7 @@ COMMANDS = [
     "diagnose conflicts",
     "diagnose proxy",
 ]
-QUIET = {"propose", "export", "verify", "report", "evaluate", "diagnose regimes"}  # each documented --quiet, checked
+QUIET = {"propose", "search", "compare", "export", "verify", "report", "evaluate", "diagnose regimes"}  # checked
 
 
 @pytest.mark.parametrize("command", COMMANDS)

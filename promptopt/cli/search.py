@@ -96,6 +96,7 @@ def search(
     trust_task_code: bool = TrustTaskCodeOpt,
     screen_items: int | None = ScreenItemsOpt,
     show_rejected: bool = ShowRejectedOpt,
+    quiet: bool = QuietOpt,
 ) -> None:
     """Search instructions × exemplar sets × orders × templates with Optuna; write the best prompt card."""
     from promptopt.experiments import commands
@@ -130,12 +131,12 @@ def search(
         propose, propose_mode, proposer, seed, rounds, search_suite=search_suite, screen_items=screen_items
     )
     if rounds > 1:
-        with progress.reporting("search"):
-            result = commands.search_rounds(config, request, rounds, search_suite=search_suite)
+        with progress.reporting("search", quiet=quiet):
+            result = commands.search_rounds(config, request, rounds, search_suite=search_suite, show_progress=not quiet)
         print_rounds(result, show_rejected=show_rejected)
         return
-    with progress.reporting("search"):
-        result, proposals = commands.search(config, request, search_suite=search_suite)
+    with progress.reporting("search", quiet=quiet):
+        result, proposals = commands.search(config, request, search_suite=search_suite, show_progress=not quiet)
     if proposals is not None:
         print_proposals(proposals, out / "space.yaml", show_rejected=show_rejected)
     print_search_result(result)
@@ -206,6 +207,7 @@ def compare(
     trust_task_code: bool = TrustTaskCodeOpt,
     screen_items: int | None = ScreenItemsOpt,
     show_rejected: bool = ShowRejectedOpt,
+    quiet: bool = QuietOpt,
 ) -> None:
     """Run several strategies with the same budget and items; compare their winners on held-out test items
     with intervals and paired tests."""
@@ -243,10 +245,11 @@ def compare(
         quantize=quantize,
         trust_task_code=trust_task_code,
     )
-    with progress.reporting("compare"):
+    with progress.reporting("compare", quiet=quiet):
         result = run_compare(
             base,
             names(strategies),
+            show_progress=not quiet,
             seeds=seeds,
             top_n=top_n,
             select=select,

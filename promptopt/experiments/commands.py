@@ -60,7 +60,7 @@ def variant_expander(strategies, search_suite: str = ROBUST_SEARCH_SUITE) -> obj
     return VariantExpander(search_suite)
 
 
-def search(config, request=None, *, search_suite: str | None = ROBUST_SEARCH_SUITE):
+def search(config, request=None, *, search_suite: str | None = ROBUST_SEARCH_SUITE, show_progress: bool = True):
     """`promptopt search`: one study, with the perturbed variants its strategy needs (from `search_suite`), over
     the space plus `request.n` proposed instructions when a request is given -> (SearchResult, Proposals or None)."""
     from promptopt.search import get_strategy, run_search
@@ -69,18 +69,20 @@ def search(config, request=None, *, search_suite: str | None = ROBUST_SEARCH_SUI
         raise UserError(f"--search-suite none: strategy '{config.study.strategy}' trains on a search suite's variants")
     expand = variant_expander([config.study.strategy], search_suite) if search_suite else None
     if request is None:
-        return run_search(config, expand=expand), None
+        return run_search(config, expand=expand, show_progress=show_progress), None
     from promptopt.experiments.propose.rounds import search_with_proposals
 
-    return search_with_proposals(config, request, expand=expand)
+    return search_with_proposals(config, request, expand=expand, show_progress=show_progress)
 
 
-def search_rounds(config, request, rounds: int, *, search_suite: str | None = ROBUST_SEARCH_SUITE):
+def search_rounds(
+    config, request, rounds: int, *, search_suite: str | None = ROBUST_SEARCH_SUITE, show_progress: bool = True
+):
     """`promptopt search --rounds R`: OPRO-style rounds (promptopt.experiments.propose.rounds)."""
     from promptopt.experiments.propose.rounds import search_rounds as run_rounds
 
     expand = variant_expander([config.study.strategy], search_suite) if search_suite else None
-    return run_rounds(config, request, rounds=rounds, expand=expand)
+    return run_rounds(config, request, rounds=rounds, expand=expand, show_progress=show_progress)
 
 
 def pair(run_a: Path, run_b: Path, out: Path | None):
