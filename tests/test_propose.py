@@ -3,6 +3,7 @@ the embedded model (seeded, cached by content hash, reflect on real answer chang
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -481,6 +482,9 @@ def test_screening_keeps_what_is_not_worse_beyond_noise_and_says_why():
     assert verdict["junk"]["p"] < 0.05 and verdict["timid"]["p"] < 0.05  # the test alone would reject timid too
     assert 'minibatch accuracy 0.400 vs 0.700 for "hand a" on 20 dev items' in verdict["junk"]["why"]
     assert result.control_text == "hand a" and result.control_label == '"hand a"'  # messages name the text, not the key
+    long = dataclasses.replace(result, control_text="Read\nthe review " + "very " * 20 + "carefully.")
+    assert long.control_label == '"Read the review ' + ("very " * 9)[:41] + '..."'  # one line, 60 characters
+    assert dataclasses.replace(result, control_text=" ").control_label == "the empty instruction"
     scored: dict = {}
     for text, count in session.scorer.calls:  # halves of the first 20 dev items; the control's second half once
         assert count == n // 2

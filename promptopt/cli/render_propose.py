@@ -6,11 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from promptopt.cli.render import console, print_search_result
+from promptopt.experiments.propose.filters import one_line
 
-
-def _short(text: str, width: int = 110) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= width else text[: width - 3] + "..."
+WIDTH = 110  # characters of a proposal's text in a line
 
 
 def proposals_lines(proposals, *, show_rejected: bool) -> list[str]:
@@ -43,13 +41,13 @@ def proposals_lines(proposals, *, show_rejected: bool) -> list[str]:
     for p in proposals.accepted:
         v = verdicts.get(p.name)
         numbers = f"  [accuracy {v['accuracy']:.3f} on {v['items']} dev items, p = {v['p']:.2g}]" if v else ""
-        lines.append(f"  + {p.name}: {_short(p.text)}{numbers}")
+        lines.append(f"  + {p.name}: {one_line(p.text, WIDTH)}{numbers}")
     if proposals.rejected:
         if show_rejected:
             lines.append(f"rejected ({len(proposals.rejected)}):")
             for r in proposals.rejected:
                 why = f" ({r['why']})" if r.get("why") else ""
-                lines.append(f"  - [{r['reason']}] {_short(r['text']) or '(empty)'}{why}")
+                lines.append(f"  - [{r['reason']}] {one_line(r['text'], WIDTH) or '(empty)'}{why}")
         else:
             lines.append(f"{len(proposals.rejected)} rejected texts: --show-rejected prints them")
     return lines

@@ -44,6 +44,13 @@ _JOINERS = {"or", "and", "a", "an", "the", "is", "it", "either", "one", "of"}
 _WORD = re.compile(r"[\w']+")
 
 
+def one_line(text: str, width: int) -> str:
+    """A proposal's (or an instruction's) text as messages show it: whitespace collapsed, at most `width`
+    characters."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
 def gold_strings(items: list[Item]) -> set[str]:
     """Every answer string an item counts as correct (lowercased)."""
     out: set[str] = set()

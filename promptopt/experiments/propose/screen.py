@@ -36,6 +36,7 @@ import numpy as np
 
 from promptopt import progress
 from promptopt.card import sha256_json
+from promptopt.experiments.propose.filters import one_line
 from promptopt.tasks.item import items_sha256
 from promptopt.yamlio import atomic_write_text
 
@@ -64,10 +65,8 @@ class Screening:
     @property
     def control_label(self) -> str:
         """How messages name the control: its text (shortened), not its key."""
-        if not self.control_text.strip():
-            return "the empty instruction"
-        text = self.control_text if len(self.control_text) <= 60 else self.control_text[:57] + "..."
-        return f'"{text}"'
+        text = one_line(self.control_text, 60)
+        return f'"{text}"' if text else "the empty instruction"
 
     @property
     def passed(self) -> list[str]:
