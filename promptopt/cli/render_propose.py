@@ -6,13 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from promptopt.cli.render import console, print_search_result
-from promptopt.experiments.propose.filters import one_line
 
 WIDTH = 110  # characters of a proposal's text in a line
 
 
 def proposals_lines(proposals, *, show_rejected: bool) -> list[str]:
     """The lines, plain text (tests read them)."""
+    from promptopt.experiments.propose.filters import one_line  # here: the propose package imports torch
+
     written = "read back from the cache" if proposals.reused else f"{proposals.attempts} attempts"
     if proposals.seconds and proposals.tokens:
         written += f", {proposals.tokens} tokens in {proposals.seconds:.0f} s ({proposals.tokens / proposals.seconds:.1f} tokens/s)"
