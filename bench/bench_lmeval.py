@@ -165,7 +165,7 @@ def main() -> None:
     if importlib.util.find_spec("lm_eval") is None:
         print("[L] skipped: lm-eval is not installed (pip install 'promptopt[lmeval]')")
         return
-    from promptopt.experiments.lmeval_run import lm_eval_model, run_lm_eval
+    from promptopt.analyses.lmeval_run import lm_eval_model, run_lm_eval
     from promptopt.models import load_model
     from promptopt.models.load import model_folder
 

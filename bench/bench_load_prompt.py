@@ -29,11 +29,11 @@ def fresh(code: str) -> float:
 
 
 def make_card(folder: Path) -> Path:
-    from promptopt.experiments import Session
-    from promptopt.experiments.export import build_card
-    from promptopt.experiments.formats import card_yaml
     from promptopt.models import ModelConfig
     from promptopt.tasks import DataConfig
+    from promptopt.workflows.export import build_card
+    from promptopt.workflows.formats import card_yaml
+    from promptopt.workflows.session import Session
 
     session = Session(model=ModelConfig(device="cpu"), data=DataConfig(task="sst2", test_limit=5))
     card = build_card(session, session.data.default_prompt(), dev_items=[], test_items=session.items("test"))

@@ -33,11 +33,11 @@ def _card(lm, folder: Path) -> Path:
     """SST-2's default prompt as a card (export's own builder on a few items), unless BENCH_CARD names one."""
     if os.environ.get("BENCH_CARD"):
         return Path(os.environ["BENCH_CARD"])
-    from promptopt.experiments import Session
-    from promptopt.experiments.export import build_card
-    from promptopt.experiments.formats import card_yaml
     from promptopt.models import ModelConfig
     from promptopt.tasks import DataConfig
+    from promptopt.workflows.export import build_card
+    from promptopt.workflows.formats import card_yaml
+    from promptopt.workflows.session import Session
 
     session = Session(
         model=ModelConfig(spec="smollm2-135m-instruct", device="cpu"),

@@ -23,12 +23,12 @@ def prepare(folder: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
-    from promptopt.experiments.export.build import build_card
-    from promptopt.experiments.formats import card_yaml
-    from promptopt.experiments.session import Session
     from promptopt.models.load import ModelConfig, model_folder
     from promptopt.scoring.card_answers import answer_table, card_members
     from promptopt.tasks.data import DataConfig
+    from promptopt.workflows.export.build import build_card
+    from promptopt.workflows.formats import card_yaml
+    from promptopt.workflows.session import Session
 
     folder.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)

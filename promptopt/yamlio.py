@@ -258,6 +258,13 @@ def check_output(path: str | Path, *, folder: bool, what: str) -> None:
         raise UserError(f"{what} {path}: cannot write in {existing} (read-only file system or permission denied)")
 
 
+def check_out_files(*paths: Path | None) -> None:
+    """Output files are checked before any scoring, so a bad --out never costs a finished computation."""
+    for path in paths:
+        if path is not None:
+            check_output(path, folder=False, what="--out")
+
+
 def _closed_folder(path: Path) -> Path:
     """The first folder on the way to `path` that this user may not enter."""
     for folder in reversed(path.absolute().parents):

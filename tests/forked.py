@@ -30,7 +30,7 @@ PRELOAD = [
     "pandas",
     "pyarrow.parquet",
     "promptopt.cli",
-    "promptopt.experiments",
+    "promptopt.workflows",
     "promptopt.search",
     "promptopt.robustness",
     "promptopt.scoring",

@@ -11,10 +11,10 @@ import sys
 import pytest
 import yaml
 
-from promptopt.experiments import run_compare
-from promptopt.experiments.export import export_run
-from promptopt.experiments.verify import verify_card
 from promptopt.search import SearchConfig
+from promptopt.workflows.compare import run_compare
+from promptopt.workflows.export import export_run
+from promptopt.workflows.verify import verify_card
 
 pytestmark = pytest.mark.slow
 
@@ -32,10 +32,10 @@ def compared(tmp_path_factory):
 def _scorer_decisions(card_path, split="test", cache_from=None):
     """The per-item decisions of the card as the scorer makes them (scoring/card_answers.py) and the per-member
     log-probabilities the scorer computed, which production code would compute with its own model."""
-    from promptopt.experiments.session import Session
     from promptopt.models.load import ModelConfig
     from promptopt.scoring.card_answers import answer_table, card_members
     from promptopt.tasks.data import DataConfig
+    from promptopt.workflows.session import Session
 
     card = yaml.safe_load(card_path.read_text())
     # cache_from: the compare's folder, whose result cache holds the members' rows (verify re-scores them uncached)
@@ -159,9 +159,9 @@ def test_select_robust_decides_each_prompt_by_its_own_rule(compared, monkeypatch
     import re
 
     import promptopt.robustness.suite as suite_module
-    from promptopt.experiments.export.robust import select_robust
-    from promptopt.experiments.export.select import compare_candidates, strategy_rows
     from promptopt.scoring.calibration import DecidingScorer
+    from promptopt.workflows.export.robust import select_robust
+    from promptopt.workflows.export.select import compare_candidates, strategy_rows
 
     out, _ = compared
     real, calls = suite_module.evaluate_robustness, []
@@ -188,11 +188,11 @@ def test_score_evaluate_and_diagnose_answer_as_the_card_decides(compared, tmp_pa
     members as served; `evaluate` refuses an ensemble card in one line, `diagnose conflicts` a calibrated one."""
     import promptopt.robustness.suite as suite_module
     from promptopt.errors import UserError
-    from promptopt.experiments import commands
-    from promptopt.experiments.session import Session
     from promptopt.models.load import ModelConfig
     from promptopt.scoring.calibration import DecidingScorer
     from promptopt.tasks.data import DataConfig
+    from promptopt.workflows import evaluate
+    from promptopt.workflows.session import Session
 
     out, _ = compared
     batch_card, ensemble_card = tmp_path / "batch.yaml", tmp_path / "ensemble.yaml"
@@ -207,7 +207,7 @@ def test_score_evaluate_and_diagnose_answer_as_the_card_decides(compared, tmp_pa
         card = yaml.safe_load(card_path.read_text())
         assert [i.id for i in test] == card["data"]["test_ids"]
         _, decided, _ = _scorer_decisions(card_path, cache_from=out)
-        scored = commands.score(session, card=card_path, split="test", limit=100).table
+        scored = evaluate.score(session, card=card_path, split="test", limit=100).table
         assert [int(p) for p in scored["pred"]] == [int(p) for p in decided["pred"]]  # 100/100
         accuracy = sum(int(p) == gold[i] for p, i in zip(scored["pred"], scored["item_id"])) / 100
         assert accuracy == card["metrics"]["test"]["accuracy"]
@@ -218,8 +218,8 @@ def test_score_evaluate_and_diagnose_answer_as_the_card_decides(compared, tmp_pa
     # the search's own card (version 1) names its rule and records it fitted: answered the same way
     search_card = out / "accuracy@batch" / "best_card.yaml"
     assert yaml.safe_load(search_card.read_text())["decision"] == "batch"
-    own = commands.score(session, card=search_card, split="test", limit=100).table
-    exported = commands.score(session, card=batch_card, split="test", limit=100).table
+    own = evaluate.score(session, card=search_card, split="test", limit=100).table
+    exported = evaluate.score(session, card=batch_card, split="test", limit=100).table
     assert [int(p) for p in own["pred"]] == [int(p) for p in exported["pred"]]
 
     real, calls = suite_module.evaluate_robustness, []
@@ -229,12 +229,12 @@ def test_score_evaluate_and_diagnose_answer_as_the_card_decides(compared, tmp_pa
         return real(scorer, prompt, items[:4], *args, **kwargs)
 
     monkeypatch.setattr(suite_module, "evaluate_robustness", recorded)
-    commands.evaluate(session, card=batch_card, suite="quick", split="test", limit=4)
+    evaluate.evaluate(session, card=batch_card, suite="quick", split="test", limit=4)
     assert isinstance(calls[0], DecidingScorer) and calls[0].rule.kind == "batch"
     with pytest.raises(UserError, match="is an ensemble card \\(3 members\\)"):
-        commands.evaluate(session, card=ensemble_card, suite="quick", split="test", limit=4)
+        evaluate.evaluate(session, card=ensemble_card, suite="quick", split="test", limit=4)
 
-    from promptopt.experiments.diagnose.workflows import run_conflicts
+    from promptopt.analyses.diagnose.workflows import run_conflicts
 
     with pytest.raises(UserError, match="decides by batch; the conflicts protocol"):
         run_conflicts(session, tmp_path / "conflicts", card=batch_card)

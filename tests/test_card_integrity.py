@@ -21,9 +21,9 @@ from tests.clirun import promptopt as run_cli
 
 @pytest.fixture(scope="module")
 def session(tiny_llama_dir):
-    from promptopt.experiments import Session
     from promptopt.models import ModelConfig
     from promptopt.tasks import DataConfig
+    from promptopt.workflows.session import Session
 
     return Session(
         model=ModelConfig(spec=str(tiny_llama_dir), device="cpu"),
@@ -34,8 +34,8 @@ def session(tiny_llama_dir):
 @pytest.fixture(scope="module")
 def cards(session, tmp_path_factory) -> dict[str, Path]:
     """kind -> the card file, as `promptopt export` writes it."""
-    from promptopt.experiments.export import build_card
-    from promptopt.experiments.formats import card_yaml
+    from promptopt.workflows.export import build_card
+    from promptopt.workflows.formats import card_yaml
 
     base = session.data.default_prompt()
     chat = base.with_(template=replace(base.template, chat=True))
@@ -69,7 +69,7 @@ def load(path: Path) -> dict:
 
 
 def write(card: dict, path: Path) -> Path:
-    from promptopt.experiments.formats import card_yaml
+    from promptopt.workflows.formats import card_yaml
 
     path.write_text(card_yaml(card), encoding="utf-8")
     return path
@@ -140,7 +140,7 @@ def put(card: dict, name: str, value) -> None:
 def step_one(path: Path, monkeypatch) -> tuple[bool, str]:
     """`verify` up to what the card itself holds: the model and the items are not needed to see an edit."""
     from promptopt.errors import UserError
-    from promptopt.experiments import verify
+    from promptopt.workflows import verify
 
     monkeypatch.setattr(verify, "_verify", lambda *args, **kwargs: None)
     try:
@@ -237,7 +237,7 @@ def test_a_test_split_of_another_length_is_one_error_naming_the_edit(cards, tmp_
 
 
 def test_an_edited_member_rule_fails_verify(cards, tmp_path):
-    from promptopt.experiments.verify import verify_card
+    from promptopt.workflows.verify import verify_card
 
     card = load(cards["ensemble"])
     bias = card["ensemble"]["members"][1]["decision"]["bias"]

@@ -11,11 +11,10 @@ import pandas as pd
 import pytest
 
 from promptopt.errors import UserError
-from promptopt.experiments import run_compare
-from promptopt.experiments.compare import Evaluated, paired_table
-from promptopt.experiments.compare.choose import choose_winner
 from promptopt.metrics.stats import mcnemar_exact
 from promptopt.search import SearchConfig
+from promptopt.workflows.compare import Evaluated, paired_table, run_compare
+from promptopt.workflows.compare.choose import choose_winner
 
 PLUMBING_SUITE = str(
     Path(__file__).parent / "suites" / "plumbing.yaml"
@@ -191,7 +190,7 @@ def test_robust_search_runs_with_cached_variants(tiny_llama_dir, tmp_path):
 
 
 def test_proxy_correlations_on_a_finished_study(tiny_llama_dir, tmp_path):
-    from promptopt.experiments.proxy import correlation_table, proxy_correlations
+    from promptopt.analyses.proxy import correlation_table, proxy_correlations
     from promptopt.search import run_search
 
     prompts = pd.DataFrame(
@@ -255,8 +254,8 @@ def test_proxy_correlations_on_a_finished_study(tiny_llama_dir, tmp_path):
 
 
 def test_paired_intervals_resample_items_with_all_their_seeds():
-    from promptopt.experiments.compare import Evaluated, cluster_resamples, paired_table
     from promptopt.metrics.stats import bootstrap_resamples
+    from promptopt.workflows.compare import Evaluated, cluster_resamples, paired_table
 
     # a resample (0, 0, 2) of 3 items with two seeds is positions (0, 0, 2) in seed 0's block and (3, 3, 5) in seed 1's
     items = bootstrap_resamples(3, n_boot=4, seed=9).tolist()
@@ -279,7 +278,7 @@ def test_several_seeds_give_acc_worst_an_interval_that_resamples_items_with_thei
     """The strategy table's Acc_worst interval over several seeds' winners keeps each item's seeds together, as
     the paired table does: repeating one search narrows nothing, and two seeds that disagree on every item give
     the same pooled Acc_worst (0.5) in every resample of items."""
-    from promptopt.experiments.compare.paired import pooled_acc_worst_intervals
+    from promptopt.workflows.compare.paired import pooled_acc_worst_intervals
 
     items = [f"i{j}" for j in range(12)]
 

@@ -14,8 +14,8 @@ import pandas as pd
 import pytest
 import torch
 
-from promptopt.experiments.diagnose import approx, geometry, regimes
-from promptopt.experiments.diagnose.positions import Positions, PositionSpec, collect_positions, critical_states
+from promptopt.analyses.diagnose import approx, geometry, regimes
+from promptopt.analyses.diagnose.positions import Positions, PositionSpec, collect_positions, critical_states
 from promptopt.metrics import OutputGeometry
 from promptopt.robustness import TabooLogitsProcessor, mid_word_masks, word_initial_mask
 from tests.clirun import assert_one_line_error
@@ -33,7 +33,7 @@ class _FakeLM:
 
 
 def _positions(head: OutputGeometry, hidden: torch.Tensor) -> Positions:
-    from promptopt.experiments.diagnose.output import v_eff_band
+    from promptopt.analyses.diagnose.output import v_eff_band
 
     res = head(hidden)
     frame = pd.DataFrame(
@@ -212,7 +212,7 @@ def test_mid_word_masks_on_smollm2_vocabulary(embedded_dir):
 
 # --- taboo sweep ---------------------------------------------------------------------------------------------------
 def test_taboo_sweep_tables_on_a_tiny_model(tiny_lm):
-    from promptopt.experiments.diagnose.taboo import taboo_sweep
+    from promptopt.analyses.diagnose.taboo import taboo_sweep
     from promptopt.scoring import Scorer
     from promptopt.tasks import load_task
 

@@ -12,8 +12,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from promptopt.analyses.diagnose import conflicts as cf
 from promptopt.errors import UserError
-from promptopt.experiments.diagnose import conflicts as cf
 from promptopt.metrics.stats import wilson_interval
 from tests.clirun import promptopt as _cli
 
@@ -252,10 +252,10 @@ def test_table3_row_and_the_papers_rows():
 
 # --- end to end on the tiny random Llama ------------------------------------------------------------------------------
 def test_run_conflicts_end_to_end_on_a_tiny_model(tiny_llama_dir, tmp_path):
-    from promptopt.experiments import Session
-    from promptopt.experiments.diagnose.workflows import run_conflicts
+    from promptopt.analyses.diagnose.workflows import run_conflicts
     from promptopt.models import ModelConfig
     from promptopt.tasks import DataConfig
+    from promptopt.workflows.session import Session
 
     out = tmp_path / "diag"
     session = Session(model=ModelConfig(spec=str(tiny_llama_dir), device="cpu"), data=DataConfig(task="sst2"), out=out)

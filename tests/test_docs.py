@@ -354,11 +354,11 @@ def test_a_broken_block_is_reported_with_its_place():
 @pytest.fixture(scope="module")
 def card_folder(tmp_path_factory) -> Path:
     """A folder holding card.yaml: the SST-2 default prompt as a version-2 card on the embedded model."""
-    from promptopt.experiments import Session
-    from promptopt.experiments.export import build_card
-    from promptopt.experiments.formats import card_yaml
     from promptopt.models import ModelConfig
     from promptopt.tasks import DataConfig
+    from promptopt.workflows.export import build_card
+    from promptopt.workflows.formats import card_yaml
+    from promptopt.workflows.session import Session
 
     # ModelConfig() loads as the blocks' load_model("smollm2-135m-instruct") does: one load (tests/conftest.py)
     session = Session(model=ModelConfig(), data=DataConfig(task="sst2", dev_limit=4, test_limit=4))

@@ -1,4 +1,4 @@
-"""Ensembles (experiments/ensemble.py, scoring/ensemble.py) and robustness recomputed from answers
+"""Ensembles (workflows/ensemble.py, scoring/ensemble.py) and robustness recomputed from answers
 (robustness/suite/from_items.py): hand-built selections, an ensemble of identical members answering as the one
 prompt, a summary recomputed from a real evaluation's answers equal to the evaluation's own, and a compare with
 decision-rule entries and ensembles on a tiny random model (plumbing)."""
@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 
 from promptopt.decision import DecisionRule
-from promptopt.experiments.ensemble import Member, ensemble_items, greedy_select
 from promptopt.scoring.ensemble import combined_decisions, ensemble_test
+from promptopt.workflows.ensemble import Member, ensemble_items, greedy_select
 
 
 def _member(name: str, scores: list[list[float]], golds: list[int]) -> Member:
@@ -120,9 +120,9 @@ def test_an_ensemble_of_one_prompt_twice_keeps_its_answers_under_perturbation(ev
 
 def test_a_compare_with_rule_entries_and_ensembles(tiny_llama_dir, tmp_path):
     from promptopt.errors import ConfigError
-    from promptopt.experiments import run_compare
-    from promptopt.experiments.export.select import compare_candidates
     from promptopt.search import SearchConfig
+    from promptopt.workflows.compare import run_compare
+    from promptopt.workflows.export.select import compare_candidates
 
     config = SearchConfig.build(
         task="sst2",
@@ -163,7 +163,7 @@ def test_a_compare_with_rule_entries_and_ensembles(tiny_llama_dir, tmp_path):
     # a study per rule: the entries' studies are named after them
     assert (tmp_path / "cmp" / "accuracy@batch" / "best_card.yaml").is_file()
     # the report reads a compare with ensembles: their rows are in its tables, they have no search of their own
-    from promptopt.experiments.report import build_report
+    from promptopt.report import build_report
 
     page = build_report(tmp_path / "cmp")
     assert "accuracy+ens3" in page and "accuracy@batch" in page

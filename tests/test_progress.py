@@ -102,8 +102,8 @@ PROTOCOL = (
 def files(tiny_llama_dir, tmp_path_factory) -> dict:
     """A finished tiny search (export, verify, report and diagnose proxy read it), its exported card, a two-family
     suite and a stress protocol."""
-    from promptopt.experiments.export import export_run
     from promptopt.search import SearchConfig, run_search
+    from promptopt.workflows.export import export_run
 
     folder = tmp_path_factory.mktemp("progress")
     config = SearchConfig.build(

@@ -12,14 +12,14 @@ import pytest
 import yaml
 
 from promptopt.errors import ConfigError, UserError
-from promptopt.experiments.propose import ProposeRequest, propose_space
-from promptopt.experiments.propose.filters import ProposalFilter, gold_strings, label_words, shingles
-from promptopt.experiments.propose.proposer import find_flips
-from promptopt.experiments.propose.requests import clean, first_sentences
-from promptopt.experiments.session import Session
 from promptopt.models.load import ModelConfig
 from promptopt.search.space import load_space, parse_space
 from promptopt.tasks.data import DataConfig
+from promptopt.workflows.propose import ProposeRequest, propose_space
+from promptopt.workflows.propose.filters import ProposalFilter, gold_strings, label_words, shingles
+from promptopt.workflows.propose.proposer import find_flips
+from promptopt.workflows.propose.requests import clean, first_sentences
+from promptopt.workflows.session import Session
 from tests.clirun import promptopt
 
 
@@ -190,7 +190,7 @@ def test_reflect_shows_answers_a_perturbation_changed(sst2_session, tmp_path):
 
 
 def test_history_mode_needs_scored_instructions(sst2_session):
-    from promptopt.experiments.propose import propose
+    from promptopt.workflows.propose import propose
 
     with pytest.raises(UserError, match="history: needs scored instructions"):
         propose(ProposeRequest(n=1, mode="history"), session=sst2_session, instructions={"none": ""})
@@ -390,7 +390,7 @@ def test_a_proposed_winner_carries_its_provenance_into_both_cards(tiny_llama_dir
 def test_history_proposals_start_from_the_spaces_own_instructions_scored_on_dev(sst2_session, tmp_path):
     import dataclasses
 
-    from promptopt.experiments.propose import scored_instructions
+    from promptopt.workflows.propose import scored_instructions
 
     space = load_space("sst2")
     three = dataclasses.replace(space, instructions=dict(list(space.instructions.items())[:3]))
@@ -458,8 +458,8 @@ def test_screening_keeps_what_is_not_worse_beyond_noise_and_says_why():
     there with no sign of being worse is kept at once; any other is judged on the whole minibatch and rejected only
     when it is less accurate and the one-sided paired test on log p(gold) says worse at 0.05 (equally accurate but
     less confident is kept); the minibatch is the first `items` dev items."""
-    from promptopt.experiments.propose import Proposal
-    from promptopt.experiments.propose.screen import apply, screen
+    from promptopt.workflows.propose import Proposal
+    from promptopt.workflows.propose.screen import apply, screen
 
     n = 20
     sure, unsure, wrong = (True, (-0.1, -3.0)), (True, (-0.6, -0.9)), (False, (-2.0, -0.2))
@@ -491,7 +491,7 @@ def test_screening_keeps_what_is_not_worse_beyond_noise_and_says_why():
         scored[text] = scored.get(text, 0) + count
     assert scored == {"hand a": 20, "hand b": 10, "junk": 20, "timid": 20, "noise": 10, "better": 10}
     assert result.scored_items == sum(scored.values())
-    from promptopt.experiments.propose.proposer import Proposals
+    from promptopt.workflows.propose.proposer import Proposals
 
     before = Proposals(proposals, [{"text": "x", "reason": "too_short"}], {"too_short": 1}, 5, "k")
     after = apply(before, result)
@@ -505,9 +505,9 @@ def test_screening_keeps_what_is_not_worse_beyond_noise_and_says_why():
 
 def test_a_proposer_that_yields_nothing_useful_says_so():
     from promptopt.cli.render_propose import proposals_lines
-    from promptopt.experiments.propose import Proposal
-    from promptopt.experiments.propose.proposer import Proposals
-    from promptopt.experiments.propose.screen import Screening, apply
+    from promptopt.workflows.propose import Proposal
+    from promptopt.workflows.propose.proposer import Proposals
+    from promptopt.workflows.propose.screen import Screening, apply
 
     texts = [Proposal(f"p{k}", f"Write a short story number {k}.", {"attempt": k}) for k in range(3)]
     screening = Screening(32, "none", 0.8, "wilcoxon log p(gold)", control_text="")

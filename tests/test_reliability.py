@@ -550,7 +550,7 @@ def test_pair_reproduces_the_compares_own_paired_numbers(whole, tmp_path):
     tcb labels are swapped must give, for ppl, exactly the compare's own ppl − tcb row (same bootstrap seed), and
     0 with p = 1 for a strategy paired with itself."""
     from promptopt.errors import UserError
-    from promptopt.experiments.pair_runs import pair_runs
+    from promptopt.workflows.pair_runs import pair_runs
     from tests.test_table_sets import reseal
 
     swapped, swap = tmp_path / "swapped", {"ppl": "tcb", "tcb": "ppl"}

@@ -232,7 +232,7 @@ def _config(tiny_llama_dir, out, **extra):
 @pytest.fixture(scope="module")
 def compare_dir(tiny_llama_dir, tmp_path_factory) -> Path:
     """A real compare (tiny model, one seed, top 2, robustness on 4 items under the built-in quick suite)."""
-    from promptopt.experiments import run_compare
+    from promptopt.workflows.compare import run_compare
 
     out = tmp_path_factory.mktemp("report") / "cmp"
     run_compare(
@@ -243,7 +243,7 @@ def compare_dir(tiny_llama_dir, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def seeds_dir(tiny_llama_dir, tmp_path_factory) -> Path:
-    from promptopt.experiments import run_compare
+    from promptopt.workflows.compare import run_compare
 
     out = tmp_path_factory.mktemp("report") / "seeds"
     run_compare(
@@ -259,7 +259,7 @@ def seeds_dir(tiny_llama_dir, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def report(compare_dir) -> Path:
-    from promptopt.experiments.report import write_report
+    from promptopt.report import write_report
 
     return write_report(compare_dir, out=compare_dir.parent / "report.html")
 
@@ -275,7 +275,7 @@ def dom(report, tmp_path_factory) -> str:
 def test_report_is_one_self_contained_file(report):
     from plotly.offline import get_plotlyjs
 
-    from promptopt.experiments.report import MAX_BYTES
+    from promptopt.report import MAX_BYTES
 
     page = report.read_text(encoding="utf-8")
     assert page.count(get_plotlyjs()) == 1  # plotly.js inlined once
@@ -326,7 +326,7 @@ def test_the_browser_checks_can_fail(tmp_path):
 def assert_page_says(page: str, paired) -> None:
     """The paired table holds compare_paired.csv's numbers (exactly in data-*, rounded on screen) and each
     verdict clause says significant exactly where compare's flags do."""
-    from promptopt.experiments.report.verdict import metrics_of
+    from promptopt.report.verdict import metrics_of
 
     found = parse(page, "paired-table")
     rows = {(attrs["data-a"], attrs["data-b"]): cells for attrs, cells in found.rows if "data-a" in attrs}
@@ -394,7 +394,7 @@ def test_paired_table_and_verdict_follow_an_edited_csv(compare_dir, tmp_path):
     """The same checks on numbers no rounding hides, with significant differences of each kind."""
     import pandas as pd
 
-    from promptopt.experiments.report import build_report
+    from promptopt.report import build_report
 
     run = tmp_path / "cmp"
     shutil.copytree(compare_dir, run)
@@ -431,7 +431,7 @@ def test_verdict_sentences_follow_the_significance_flags():
     """Constructed pairs, significant and not, with seen/unseen robustness columns as a later compare may write."""
     import pandas as pd
 
-    from promptopt.experiments.report.verdict import metrics_of, sentence, verdict_compare
+    from promptopt.report.verdict import metrics_of, sentence, verdict_compare
 
     row = {
         "a": "tcb",
@@ -482,7 +482,7 @@ def test_verdict_sentences_follow_the_significance_flags():
 
 
 def test_numbers_are_rounded_to_their_interval():
-    from promptopt.experiments.report.numbers import estimate, sig
+    from promptopt.report.numbers import estimate, sig
 
     assert estimate(0.0167, -0.0271, 0.0604, signed=True) == "+0.017 [\u22120.027, 0.060]"
     assert estimate(0.1712, 0.0633, 0.2891, signed=True) == "+0.17 [0.06, 0.29]"
@@ -502,7 +502,7 @@ def test_family_section_lists_the_families_measured(dom):
 
 
 def test_card_section_shows_the_card_export_writes(compare_dir, dom, tmp_path):
-    from promptopt.experiments.export import export_run
+    from promptopt.workflows.export import export_run
 
     exported = export_run(compare_dir, out=tmp_path / "card.yaml")
     section = dom[dom.index('id="card"') : dom.index('id="search"')]
@@ -530,7 +530,7 @@ def test_strategy_table_has_intervals_and_readable_headers(dom):
 def test_scatter_draws_pruned_trials_apart_and_nudges_overlaps():
     import pandas as pd
 
-    from promptopt.experiments.report.scatter import trials_scatter
+    from promptopt.report.scatter import trials_scatter
 
     rows = [
         {
@@ -564,7 +564,7 @@ def _text(page: str, section: str) -> str:
 
 
 def test_a_search_directory(compare_dir):
-    from promptopt.experiments.report import build_report
+    from promptopt.report import build_report
 
     page = build_report(compare_dir / "tcb")
     assert "A single tcb search" in _text(page, "verdict") and "Nothing paired" in _text(page, "paired")
@@ -574,7 +574,7 @@ def test_a_search_directory(compare_dir):
 def test_a_compare_with_several_seeds(seeds_dir):
     import pandas as pd
 
-    from promptopt.experiments.report import build_report
+    from promptopt.report import build_report
 
     page = build_report(seeds_dir)
     strategies = _text(page, "strategies")
@@ -589,7 +589,7 @@ def test_a_compare_with_several_seeds(seeds_dir):
 
 
 def test_an_evaluate_directory(tiny_llama_dir, suite_file, tmp_path):
-    from promptopt.experiments.report import build_report
+    from promptopt.report import build_report
 
     out = tmp_path / "eval"
     out.mkdir()
@@ -618,7 +618,7 @@ def test_an_evaluate_directory(tiny_llama_dir, suite_file, tmp_path):
 
 
 def test_a_sweep_directory(tiny_llama_dir, tmp_path):
-    from promptopt.experiments.report import build_report
+    from promptopt.report import build_report
 
     protocol = tmp_path / "tiny.yaml"
     protocol.write_text(
@@ -688,8 +688,8 @@ def test_what_only_some_runs_have_is_drawn(compare_dir, tmp_path):
     diagnose proxy correlations and an item-level AUROC table, found beside the run."""
     import pandas as pd
 
-    from promptopt.experiments.proxy import correlation_table
-    from promptopt.experiments.report import write_report
+    from promptopt.analyses.proxy import correlation_table
+    from promptopt.report import write_report
 
     run = tmp_path / "cmp"
     shutil.copytree(compare_dir, run)
@@ -868,8 +868,8 @@ def worse_dir(tmp_path_factory) -> Path:
 def test_the_first_screen_says_which_card_to_ship(kind, compare_dir, request, tmp_path):
     """In the rendered DOM of headless Chromium, the first 1,000 px of a compare's report, a search's, and a search
     whose winner is worse than the default prompt: the card, why, the export command, and export's warnings."""
-    from promptopt.experiments.export import export_run
-    from promptopt.experiments.report import write_report
+    from promptopt.report import write_report
+    from promptopt.workflows.export import export_run
 
     root = compare_dir if kind == "compare" else request.getfixturevalue(f"{kind}_dir")
     page = write_report(root, out=tmp_path / f"{kind}.html")
@@ -885,8 +885,8 @@ def test_the_first_screen_says_which_card_to_ship(kind, compare_dir, request, tm
 def test_the_first_screen_check_can_fail(compare_dir, tmp_path):
     """Guard against a vacuous check: the same page with the recommendation pushed below the first screen, or a
     warning export prints left out, fails it."""
-    from promptopt.experiments.export import export_run
-    from promptopt.experiments.report import write_report
+    from promptopt.report import write_report
+    from promptopt.workflows.export import export_run
 
     page = write_report(compare_dir, out=tmp_path / "cmp.html")
     exported = export_run(compare_dir, out=tmp_path / "card.yaml")
@@ -907,10 +907,10 @@ def test_the_first_screen_check_can_fail(compare_dir, tmp_path):
 def test_the_scatter_marks_winners_and_the_tcb_rule(compare_dir, search_dir):
     """★ on each search's winner (compare's pick), ringed on the card export writes; in a tcb column the dashed
     line sits at the bound the tcb search itself printed in its selection sentence."""
-    from promptopt.experiments.report.card import chosen_card
-    from promptopt.experiments.report.scatter import trials_scatter
-    from promptopt.experiments.report.source import read_source
-    from promptopt.experiments.report.trials import trials_frame
+    from promptopt.report.card import chosen_card
+    from promptopt.report.scatter import trials_scatter
+    from promptopt.report.source import read_source
+    from promptopt.report.trials import trials_frame
 
     for root in (compare_dir, search_dir):
         source = read_source(root)

@@ -308,7 +308,7 @@ def test_two_workers_share_one_postgres_study(config):
 
 
 def test_compare_same_budget_seed_and_items(config, tmp_path):
-    from promptopt.experiments import run_compare
+    from promptopt.workflows.compare import run_compare
 
     result = run_compare(
         config.replace(trials=3, out=str(tmp_path / "cmp")), ["ppl", "tcb"], suite="quick", show_progress=False

@@ -64,7 +64,7 @@ STRATEGIES = ["accuracy", "robust"]  # robust trains on the search suite
 
 @pytest.fixture(scope="module")
 def compared(tiny_llama_dir, suites, tmp_path_factory):
-    from promptopt.experiments import run_compare
+    from promptopt.workflows.compare import run_compare
 
     judge, searched = suites
     out = tmp_path_factory.mktemp("seen") / "cmp"
@@ -221,7 +221,7 @@ def test_compare_numbers_are_recomputed_from_robustness_items(compared):
 
 
 def test_a_resumed_compare_writes_the_same_items(compared, tiny_llama_dir, suites):
-    from promptopt.experiments import run_compare
+    from promptopt.workflows.compare import run_compare
 
     out, _ = compared
     before = pd.read_parquet(out / "robustness_items.parquet")
@@ -253,17 +253,17 @@ def test_a_resumed_compare_writes_the_same_items(compared, tiny_llama_dir, suite
 def test_evaluate_summary_is_recomputed_from_its_items_on_the_embedded_model(embedded_lm, suites, tmp_path):
     """SmolLM2 changes some answers under typos (seen) and distractors (unseen): the kept answers give back
     every summary number, overall and per split."""
-    from promptopt.experiments import commands
-    from promptopt.experiments.session import Session
     from promptopt.models import ModelConfig
     from promptopt.scoring import Scorer
     from promptopt.tasks.data import DataConfig
+    from promptopt.workflows import evaluate
+    from promptopt.workflows.session import Session
 
     suite = tmp_path / "two.yaml"
     suite.write_text("\n".join(line for line in suites[0].read_text().splitlines() if "reorder" not in line))
     session = Session(model=ModelConfig(spec="smollm2-135m-instruct", device="cpu"), data=DataConfig(task="sst2"))
     session.__dict__["scorer"] = Scorer(embedded_lm, session.data)  # the session's model is the one already loaded
-    _, result = commands.evaluate(
+    _, result = evaluate.evaluate(
         session, card=None, suite=str(suite), split="test", limit=6, out=tmp_path / "rob", search_suite=str(suites[1])
     )
     summary = json.loads((tmp_path / "rob.json").read_text())
@@ -323,7 +323,7 @@ def _answers() -> pd.DataFrame:
 
 
 def test_item_auroc_against_hand_values():
-    from promptopt.experiments.item_auroc import answers, item_auroc
+    from promptopt.analyses.item_auroc import answers, item_auroc
 
     table = answers(_answers())
     assert sorted(table["item_id"]) == list("abcdeg")  # f has no unseen variant: left out
@@ -401,7 +401,7 @@ def test_search_robust_trains_on_its_search_suite_and_resume_keeps_it(tiny_llama
 def test_exported_card_carries_the_seen_and_unseen_numbers(compared, tmp_path):
     """The card of a compare's winner states robustness over the families no search saw apart from the seen ones,
     each equal to what compare measured, with the family lists."""
-    from promptopt.experiments.export import export_run
+    from promptopt.workflows.export import export_run
 
     out, _ = compared
     exported = export_run(out, out=tmp_path / "card.yaml", strategy="accuracy")
@@ -424,8 +424,8 @@ def test_a_suites_hash_is_its_content_wherever_its_file_lies(tmp_path):
     identity (the expander's fingerprint) and the compare's search-suite marker agree (the marker's hash is the one
     the evaluation keys use); a changed option does not."""
     from promptopt.errors import UserError
-    from promptopt.experiments.compare.plan import SEARCH_SUITE_FILE, search_suite_marker
     from promptopt.robustness.suite import VariantExpander, suite_sha256
+    from promptopt.workflows.compare.plan import SEARCH_SUITE_FILE, search_suite_marker
 
     cheap = Path(load_suite("cheap").where).read_text(encoding="utf-8")
     (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()

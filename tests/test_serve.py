@@ -24,11 +24,11 @@ N = 50
 def card_path(tmp_path_factory, embedded_lm):
     """SST-2's default prompt with one shot as a card (argmax), built by export's own builder, with a fragility
     section (δ_TCB below 3.0) written in by hand: the flag's mechanics, not its choice, are tested here."""
-    from promptopt.experiments import Session
-    from promptopt.experiments.export import build_card
-    from promptopt.experiments.formats import card_yaml
     from promptopt.models import ModelConfig
     from promptopt.tasks import DataConfig
+    from promptopt.workflows.export import build_card
+    from promptopt.workflows.formats import card_yaml
+    from promptopt.workflows.session import Session
 
     session = Session(
         model=ModelConfig(spec="smollm2-135m-instruct", device="cpu"),
@@ -224,12 +224,12 @@ def test_an_adaptive_batch_rule_decides_each_request_on_its_own_batch(card_path,
 
 
 def test_a_generative_card_is_generated_and_read_as_the_scorer_does(tiny_llama_dir, tmp_path):
-    from promptopt.experiments import Session
-    from promptopt.experiments.export import build_card
-    from promptopt.experiments.formats import card_yaml
     from promptopt.models import ModelConfig
     from promptopt.production import Server
     from promptopt.tasks import DataConfig
+    from promptopt.workflows.export import build_card
+    from promptopt.workflows.formats import card_yaml
+    from promptopt.workflows.session import Session
 
     session = Session(
         model=ModelConfig(spec=str(tiny_llama_dir), device="cpu"),

@@ -291,7 +291,7 @@ def _dev_answers(n=20, seed=0):
 
 
 def test_the_threshold_flags_the_asked_share_and_its_flip_rates_are_counted():
-    from promptopt.experiments.export.fragility import place_threshold, signal_stats
+    from promptopt.workflows.export.fragility import place_threshold, signal_stats
 
     answers = _dev_answers()
     tau = place_threshold(answers["tcb"].tolist(), BY_NAME["tcb"], 0.25)
@@ -307,8 +307,8 @@ def test_the_threshold_flags_the_asked_share_and_its_flip_rates_are_counted():
 
 
 def test_the_signal_with_the_largest_dev_gap_is_chosen(monkeypatch):
-    from promptopt.experiments.export import fragility
     from promptopt.robustness.suite import load_suite
+    from promptopt.workflows.export import fragility
 
     answers = _dev_answers()
     monkeypatch.setattr(fragility, "dev_answers", lambda *a, **k: answers)
@@ -358,7 +358,7 @@ def _items(n=40, seed=1):
 
 
 def test_risk_coverage_keeps_the_least_fragile_answers():
-    from promptopt.experiments.risk_coverage import risk_coverage
+    from promptopt.analyses.risk_coverage import risk_coverage
 
     table = risk_coverage(_items(), n_boot=200, label="synthetic")
     tcb = table[table["signal"] == "tcb"].set_index("coverage")
@@ -388,7 +388,7 @@ def test_the_risk_coverage_command_writes_its_table_and_plot(tmp_path):
 
 
 def test_the_cards_threshold_is_checked_on_the_compares_test_answers():
-    from promptopt.experiments.export.fragility import check_on_test
+    from promptopt.workflows.export.fragility import check_on_test
 
     items = _items()  # δ_TCB k+1; the 8 smallest flip under an unseen family
     seen = items[items["family"].notna()].assign(family="synonym", seen=True, perturbed_prediction="0")
@@ -406,7 +406,7 @@ def test_the_cards_threshold_is_checked_on_the_compares_test_answers():
 
 
 def test_the_test_check_reads_only_the_cards_own_answers():
-    from promptopt.experiments.export.fragility import answers_match
+    from promptopt.workflows.export.fragility import answers_match
 
     items = _items().assign(clean_scores=[[0.1, 0.9]] * 80)
     table = pd.DataFrame(
@@ -421,7 +421,7 @@ def test_the_test_check_reads_only_the_cards_own_answers():
 def test_the_report_shows_risk_coverage_where_answers_under_perturbation_exist():
     from types import SimpleNamespace
 
-    from promptopt.experiments.report.risk import risk_section
+    from promptopt.report.risk import risk_section
 
     html = risk_section(SimpleNamespace(items=_items()), n_boot=100)
     assert 'id="risk-coverage-table"' in html and "data:image/png;base64," in html
@@ -432,8 +432,8 @@ def test_the_report_shows_risk_coverage_where_answers_under_perturbation_exist()
 def test_a_table_without_signals_is_one_error_not_an_empty_table():
     from types import SimpleNamespace
 
-    from promptopt.experiments.report.risk import risk_section
-    from promptopt.experiments.risk_coverage import risk_coverage
+    from promptopt.analyses.risk_coverage import risk_coverage
+    from promptopt.report.risk import risk_section
 
     bare = _items().drop(columns=["clean_tcb", "clean_margin", "clean_top_prob", "clean_entropy"])
     with pytest.raises(UserError, match="no answer carries a signal"):

@@ -84,8 +84,8 @@ def test_auroc_and_family_pdr_intervals_are_their_loops_bit_for_bit():
     """Both intervals compute every resample at once; each is exactly `bootstrap_interval` over the scalar
     statistic: AUROC with ties, a NaN and infinite scores left out, and a class missing from some resamples;
     a family's pooled PDR where some resamples have no clean answer right (PDR undefined, dropped)."""
-    from promptopt.experiments.report.families import _pdr_interval
     from promptopt.metrics.stats import auroc, auroc_interval, performance_drop_rate
+    from promptopt.report.families import _pdr_interval
 
     scores = np.array([0.3, 0.1, 0.3, np.nan, 0.9, -np.inf, 0.5, 0.5, np.inf, 0.2, 0.7, 0.4])
     labels = np.array([1, 0, 0, 1, 1, 0, 0, 1, 0, 0, 0, 0], dtype=bool)

@@ -75,9 +75,9 @@ def session(
     order: str | None = None,
 ):
     """The experiment session every command starts from (task checked now, model loaded on first use)."""
-    from promptopt.experiments import Session
     from promptopt.models import ModelConfig
     from promptopt.tasks import DataConfig
+    from promptopt.workflows.session import Session
 
     quiet_libraries()
     return Session(

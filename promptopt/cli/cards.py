@@ -56,7 +56,7 @@ def export_command(
     quiet: bool = QuietOpt,
 ) -> None:
     """Export the winner (or a named trial) of a run as a prompt card that records everything its score depends on."""
-    from promptopt.experiments.export import export_run
+    from promptopt.workflows.export import export_run
 
     quiet_libraries()
     with progress.reporting("export", quiet=quiet):
@@ -111,7 +111,7 @@ def verify_command(
     quiet: bool = QuietOpt,
 ) -> None:
     """Re-score a card on its recorded items with its recorded model; exit 1 with the differences if anything changed."""
-    from promptopt.experiments.verify import verify_card
+    from promptopt.workflows.verify import verify_card
 
     quiet_libraries()
     with progress.reporting("verify", quiet=quiet):
@@ -142,7 +142,7 @@ def report_command(
     """Write one self-contained HTML report (opens offline) that leads with what to ship: the card export writes,
     against the default prompt and the next best, and export's warnings; then the verdict, strategies, robustness
     per family, the card, the search."""
-    from promptopt.experiments.report import write_report
+    from promptopt.report import write_report
 
     quiet_libraries()
     with progress.reporting("report", quiet=quiet):

@@ -40,7 +40,7 @@ from promptopt.cli.render_robustness import print_proxy
 
 
 def _diagnose_inputs(model, device, dtype, tasks, limit, text_per_task, trace_tokens):
-    from promptopt.experiments.diagnose.positions import PositionSpec
+    from promptopt.analyses.diagnose.positions import PositionSpec
     from promptopt.models import ModelConfig
 
     quiet_libraries()
@@ -79,7 +79,7 @@ def diagnose_proxy(
 ) -> None:
     """Is δ_TCB a good proxy for robustness here? Spearman ρ of cheap signals vs measured Acc_worst and PDR across
     prompts, and across answers the AUROC of each clean signal for "this answer changes under an unseen perturbation"."""
-    from promptopt.experiments.proxy import diagnose_proxy as run_proxy
+    from promptopt.analyses.proxy import diagnose_proxy as run_proxy
 
     quiet_libraries()
     with progress.reporting("diagnose proxy", quiet=quiet):
@@ -112,7 +112,7 @@ def diagnose_geometry(
     quiet: bool = QuietOpt,
 ) -> None:
     """δ_TCB paper Table 2: share of positions with δ_cluster > δ_orig > δ_disperse (h and o fixed; and o recomputed)."""
-    from promptopt.experiments.diagnose.workflows import run_geometry
+    from promptopt.analyses.diagnose.workflows import run_geometry
 
     with progress.reporting("diagnose geometry", quiet=quiet):
         lm, spec = _diagnose_inputs(model, device, dtype, tasks, limit, text_per_task, trace_tokens)
@@ -134,7 +134,7 @@ def diagnose_regimes(
     quiet: bool = QuietOpt,
 ) -> None:
     """δ_TCB paper Table 1: Pearson and Spearman Corr(δ, V_eff), Corr(δ, margin), Corr(margin, V_eff), all and low V_eff."""
-    from promptopt.experiments.diagnose.workflows import run_regimes
+    from promptopt.analyses.diagnose.workflows import run_regimes
 
     with progress.reporting("diagnose regimes", quiet=quiet):
         lm, spec = _diagnose_inputs(model, device, dtype, tasks, limit, text_per_task, trace_tokens)
@@ -155,7 +155,7 @@ def diagnose_approx(
     quiet: bool = QuietOpt,
 ) -> None:
     """The statistical approximation and its V_eff limit vs exact δ_TCB: ratio distribution per V_eff band."""
-    from promptopt.experiments.diagnose.workflows import run_approx
+    from promptopt.analyses.diagnose.workflows import run_approx
 
     with progress.reporting("diagnose approx", quiet=quiet):
         lm, spec = _diagnose_inputs(model, device, dtype, tasks, limit, text_per_task, trace_tokens)
@@ -190,7 +190,7 @@ def diagnose_taboo(
     quiet: bool = QuietOpt,
 ) -> None:
     """Taboo paper: ΔS per intervention vs rank (a + b·ln i, R²), mid-word vs word-initial, temperature seeds."""
-    from promptopt.experiments.diagnose.workflows import run_taboo
+    from promptopt.analyses.diagnose.workflows import run_taboo
 
     rank_list = int_list(ranks, "--ranks")
     mid_list = int_list(mid_word_ranks, "--mid-word-ranks", allow_empty=True)
@@ -263,7 +263,7 @@ def diagnose_conflicts(
 ) -> None:
     """δ_TCB paper §4.3 / Table 3: accuracy–stability conflict classes, VCQ / AQ over seeds, a search on the AQ dev
     items, and baseline vs enhanced prompt on the held-out AQ and VCQ test items."""
-    from promptopt.experiments.diagnose.workflows import run_conflicts
+    from promptopt.analyses.diagnose.workflows import run_conflicts
 
     the_session = session(
         task, model, device, dtype, quantize, subsets, batch_size, out=out, trust_task_code=trust_task_code
@@ -303,8 +303,8 @@ def diagnose_risk_coverage(
 ) -> None:
     """Risk–coverage of δ_TCB, margin, max probability and entropy: the flip rate and accuracy of the answers kept
     when the most fragile ones are flagged, at coverage 100/90/80/70%, with bootstrap intervals over items."""
+    from promptopt.analyses.risk_coverage import diagnose_risk_coverage as run_risk
     from promptopt.cli.render_robustness import print_risk_coverage
-    from promptopt.experiments.risk_coverage import diagnose_risk_coverage as run_risk
 
     table, written = run_risk(run_dirs, out=out, split=split, seed=seed)
     print_risk_coverage(table)

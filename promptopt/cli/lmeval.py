@@ -32,7 +32,7 @@ def check_lmeval_command(
 ) -> None:
     """Score a task with promptopt and with lm-eval on the same items; print per-item agreement and both accuracies
     (skips, saying so, when lm-eval is not installed)."""
-    from promptopt.experiments.lmeval_check import LmEvalNotInstalled, check_lmeval
+    from promptopt.analyses.lmeval_check import LmEvalNotInstalled, check_lmeval
     from promptopt.yamlio import check_table_path, write_table
 
     quiet_libraries()

@@ -272,7 +272,7 @@ def print_stress(summary, title: str) -> None:
 
 
 def print_stress_sweep(result, tasks: list[str], mode: str, protocol: str | None, out) -> None:
-    from promptopt.experiments.stress_sweep import retention_grid
+    from promptopt.analyses.stress_sweep import retention_grid
 
     s = result.summary
     for task_name in tasks:

@@ -12,7 +12,7 @@ WIDTH = 110  # characters of a proposal's text in a line
 
 def proposals_lines(proposals, *, show_rejected: bool) -> list[str]:
     """The lines, plain text (tests read them)."""
-    from promptopt.experiments.propose.filters import one_line  # here: the propose package imports torch
+    from promptopt.workflows.propose.filters import one_line  # here: the propose package imports torch
 
     written = "read back from the cache" if proposals.reused else f"{proposals.attempts} attempts"
     if proposals.seconds and proposals.tokens:
@@ -57,7 +57,7 @@ def proposals_lines(proposals, *, show_rejected: bool) -> list[str]:
 def print_proposals(proposals, space_path, *, show_rejected: bool = True, record: Path | None = None) -> None:
     for line in proposals_lines(proposals, show_rejected=show_rejected):
         console.print(line, markup=False, highlight=False)
-    from promptopt.experiments.propose.space_file import record_path
+    from promptopt.workflows.propose.space_file import record_path
 
     record = record or record_path(space_path)
     console.print(f"wrote {space_path} and {record} (every text, kept or not, with its reason)", markup=False)

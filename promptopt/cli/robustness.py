@@ -52,11 +52,11 @@ def evaluate(
 ) -> None:
     """Robustness of a prompt under a perturbation suite: per-family accuracy, PDR, AccVar, Acc_worst, each family
     labelled seen or unseen by --search-suite."""
-    from promptopt.experiments import commands
+    from promptopt.workflows import evaluate
 
     the_session = session(task, model, device, dtype, quantize, subsets, trust_task_code=trust_task_code)
     with progress.reporting("evaluate", quiet=quiet):
-        the_suite, result = commands.evaluate(
+        the_suite, result = evaluate.evaluate(
             the_session,
             card=prompt,
             suite=suite,
@@ -113,8 +113,9 @@ def stress(
 ) -> None:
     """Decoding-level taboo stress: retention (95% Wilson CI), injected surprisal and length expansion per rank;
     with --models/--tasks, the paper's sweep (Figures 1, 3 and 8), resumable."""
-    from promptopt.experiments import commands
+    from promptopt.analyses import stress_sweep
     from promptopt.robustness.protocol import load_protocol
+    from promptopt.workflows import evaluate
 
     quiet_libraries()
     the_protocol = load_protocol(protocol) if protocol else None
@@ -135,7 +136,7 @@ def stress(
                 "a sweep (--models/--tasks) needs --out FOLDER: finished conditions are kept there, so a rerun resumes"
             )
         task_list = names(tasks or task)
-        result = commands.stress_sweep(
+        result = stress_sweep.sweep_from_options(
             tasks=task_list,
             models=names(models or model),
             protocol=the_protocol,
@@ -160,7 +161,7 @@ def stress(
         raise UserError("stress: give --task (one task) or --tasks/--models (a sweep)")
     the_session = session(task, model, device, dtype, quantize, subsets, batch_size, trust_task_code=trust_task_code)
     with progress.reporting("stress", quiet=quiet):
-        run = commands.stress(
+        run = evaluate.stress(
             the_session,
             card=prompt,
             protocol=the_protocol,

@@ -56,7 +56,7 @@ def score(
     quiet: bool = QuietOpt,
 ) -> None:
     """Score a prompt on a task: per-item correctness, δ_TCB, V_eff, margin and PPL, then a summary."""
-    from promptopt.experiments import commands
+    from promptopt.workflows import evaluate
     from promptopt.yamlio import check_table_path
 
     if out is not None:
@@ -65,7 +65,7 @@ def score(
         task, model, device, dtype, quantize, subsets, batch_size, trust_task_code=trust_task_code, order=order
     )
     with progress.reporting("score", quiet=quiet):
-        result = commands.score(the_session, card=prompt, split=split, limit=limit, out=out)
+        result = evaluate.score(the_session, card=prompt, split=split, limit=limit, out=out)
     print_score(result, the_session.data.spec.name, split, the_session.lm.name, rows)
     if out is not None:
         console.print(f"wrote {out} and {out.with_suffix('.json')}")
@@ -90,11 +90,11 @@ def trace(
     quiet: bool = QuietOpt,
 ) -> None:
     """Generate greedily and print δ_TCB, V_eff, margin, P(2nd best), −log p and running PPL of every token, flagging δ_TCB dips."""
-    from promptopt.experiments import commands
+    from promptopt.workflows import evaluate
 
     quiet_libraries()
     with progress.reporting("trace", quiet=quiet):
-        frame, model_name = commands.trace(
+        frame, model_name = evaluate.trace(
             text,
             model=model,
             device=device,

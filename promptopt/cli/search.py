@@ -99,7 +99,7 @@ def search(
     quiet: bool = QuietOpt,
 ) -> None:
     """Search instructions × exemplar sets × orders × templates with Optuna; write the best prompt card."""
-    from promptopt.experiments import commands
+    from promptopt.workflows import search
 
     quiet_libraries()
     config = search_config(
@@ -127,16 +127,16 @@ def search(
         trust_task_code=trust_task_code,
     )
     search_suite = None if search_suite == "none" else search_suite
-    request = commands.propose_request(
+    request = search.propose_request(
         propose, propose_mode, proposer, seed, rounds, search_suite=search_suite, screen_items=screen_items
     )
     if rounds > 1:
         with progress.reporting("search", quiet=quiet):
-            result = commands.search_rounds(config, request, rounds, search_suite=search_suite, show_progress=not quiet)
+            result = search.search_rounds(config, request, rounds, search_suite=search_suite, show_progress=not quiet)
         print_rounds(result, show_rejected=show_rejected)
         return
     with progress.reporting("search", quiet=quiet):
-        result, proposals = commands.search(config, request, search_suite=search_suite, show_progress=not quiet)
+        result, proposals = search.search(config, request, search_suite=search_suite, show_progress=not quiet)
     if proposals is not None:
         print_proposals(proposals, out / "space.yaml", show_rejected=show_rejected)
     print_search_result(result)
@@ -211,10 +211,11 @@ def compare(
 ) -> None:
     """Run several strategies with the same budget and items; compare their winners on held-out test items
     with intervals and paired tests."""
-    from promptopt.experiments import commands, run_compare
+    from promptopt.workflows import search
+    from promptopt.workflows.compare import run_compare
 
     quiet_libraries()
-    request = commands.propose_request(
+    request = search.propose_request(
         propose,
         propose_mode,
         proposer,
@@ -307,14 +308,14 @@ def propose_command(
 ) -> None:
     """Write a search space: the given one plus N instructions a model proposes, filtered and screened on dev
     against the space's best hand-written instruction, with provenance; the record beside it names every text."""
-    from promptopt.experiments import commands
+    from promptopt.workflows import search
 
     quiet_libraries()
-    request = commands.propose_request(
+    request = search.propose_request(
         n, mode, proposer, seed, 1, search_suite=search_suite, standalone=True, screen_items=screen_items
     )
     with progress.reporting("propose", quiet=quiet):
-        proposed = commands.propose(
+        proposed = search.propose(
             task=task,
             model=model,
             device=device,
@@ -341,6 +342,6 @@ def pair_command(
 ) -> None:
     """Pair two compares strategy by strategy, seed by seed and item by item (a − b): e.g. a space grown by
     --propose against the hand-written one."""
-    from promptopt.experiments import commands
+    from promptopt.workflows import pair_runs
 
-    print_pairs(commands.pair(run_a, run_b, out), run_a, run_b)
+    print_pairs(pair_runs.pair_to_file(run_a, run_b, out), run_a, run_b)

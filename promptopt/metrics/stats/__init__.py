@@ -16,7 +16,7 @@ here shares (`bootstrap_resamples`: one generator, so paired statistics and seve
 `scipy.stats.bootstrap` draws its own, so it could not reproduce a recorded interval) and its percentile intervals —
 of the robustness metrics, of Spearman's ρ (`spearman_interval`), of AUROC (`auroc_interval`,
 `clustered_auroc_interval`), of FormatSpread, and compare's clustered paired bootstrap over (seed, item)
-(`experiments.compare.paired.cluster_resamples`), which no library has; the robustness metrics themselves (PDR,
+(`workflows.compare.paired.cluster_resamples`), which no library has; the robustness metrics themselves (PDR,
 Acc_worst, AccVar_pert, FormatSpread); the Bonett–Wright interval of Spearman's ρ and the Fisher-z interval from r
 and n alone (`correlation_interval`); the median's distribution-free interval with its exact coverage
 (`median_interval`); the log fit (`fit_log`, numpy's least squares); tied ranks over many resamples at once

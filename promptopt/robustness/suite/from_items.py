@@ -1,6 +1,6 @@
 """A robustness summary recomputed from its answers alone (an ITEM_COLUMNS table): the numbers
 `evaluate_robustness` gives, for answers that were not scored as one prompt — an ensemble's, whose clean and
-perturbed answers are its members' combined (promptopt/experiments/ensemble.py)."""
+perturbed answers are its members' combined (promptopt/workflows/ensemble.py)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,206 @@
+"""The report's first screen: which card to ship and why, the command that writes it, and every warning `export`
+prints about it.
+
+The card is the one `promptopt export RUN_DIR` writes, built by export itself (card.py), so it is chosen by
+export's rule on dev numbers only (workflows/export/select.py) and the warnings are export's own
+(`Exported.warnings`, from export/workflow.py's `warnings_for`). The next best candidate is export's rule applied
+to the other search winners (`select_by_dev`). Both comparisons pair answers on the same test items with compare's
+own function (`paired_table`): Δ accuracy with its paired-bootstrap interval, the exact McNemar p, and the one
+significance rule (both must agree; where they do not, the text says which one held). When the card does not beat
+the task's default prompt on the test items, the page says that first."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from promptopt.report.numbers import esc, estimate, finite, note, num
+from promptopt.report.verdict import disagreement, pvalue
+
+
+def _paired(a: list[bool], b: list[bool], ids: list[str]) -> dict:
+    from promptopt.workflows.compare import Evaluated, paired_table
+
+    tables = [Evaluated(pd.DataFrame({"item_id": ids, "correct": list(x)})) for x in (a, b)]
+    return paired_table({"a": [tables[0]], "b": [tables[1]]}, seed=0).iloc[0].to_dict()
+
+
+def against(row: dict, first: str, second: str) -> str:
+    """'Δ accuracy +0.05 [−0.10, 0.20], McNemar p = 0.75 (3 / 1 discordant), not significant' (first − second)."""
+    low, high, p = row["delta_acc_ci_low"], row["delta_acc_ci_high"], row["mcnemar_p"]
+    if int(row["only_a_correct"]) == int(row["only_b_correct"]) == 0:
+        return (
+            f"the same right and wrong answers on all {int(row['n_pairs'])} items: Δ accuracy 0, McNemar p = "
+            f"{pvalue(p)} (no discordant item), not significant"
+        )
+    text = (
+        f"Δ accuracy {estimate(row['delta_acc'], low, high, signed=True)}, McNemar p = {pvalue(p)} "
+        f"({int(row['only_a_correct'])} right only with {first}, {int(row['only_b_correct'])} only with {second})"
+    )
+    if row["significant"]:
+        return text + f", significant (favours {first if row['delta_acc'] > 0 else second})"
+    return text + ", not significant" + disagreement(low, high, p)
+
+
+def _card_answers(card: dict, default: dict) -> list[bool] | None:
+    correct = (card.get("metrics", {}).get("test") or {}).get("correct")
+    if not correct or len(correct) != default["n"]:
+        return None
+    return [c == "1" for c in correct]
+
+
+def _test_answers(root: Path, strategy: str, seed: int, ids: list[str]) -> list[bool] | None:
+    """A compare winner's test answers (test_items.parquet) in the order of `ids`, or None where not kept."""
+    path = root / "test_items.parquet"
+    if not path.is_file():
+        return None
+    table = pd.read_parquet(path, columns=["strategy", "seed", "item_id", "correct"])
+    mine = table[(table["strategy"] == strategy) & (table["seed"] == seed)].set_index("item_id")["correct"]
+    mine.index = mine.index.astype(str)
+    if set(mine.index) != set(ids):
+        return None
+    return [bool(mine[i]) for i in ids]
+
+
+def _next_best(source, chosen) -> tuple[dict | None, str]:
+    """The candidate export's rule ranks next (the other search winners, by dev accuracy), or why there is none."""
+    if source.kind != "compare":
+        return None, (
+            "a single search measures only its winner on test items (`promptopt compare` pairs several winners)"
+        )
+    from promptopt.workflows.export import compare_candidates, select_by_dev
+
+    candidates = compare_candidates(source.root)
+    row = chosen.exported.run.compare_row or {}
+    others = candidates[
+        ~(
+            (candidates["strategy"] == row.get("strategy"))
+            & (candidates["seed"] == row.get("seed"))
+            & (candidates["trial"] == row.get("trial"))
+        )
+    ]
+    if not others["winner"].astype(bool).any():
+        return None, "no other search winner in this compare"
+    best, _ = select_by_dev(others)
+    return best.to_dict(), ""
+
+
+def _worst_unseen(card: dict) -> str:
+    robust = card.get("metrics", {}).get("robustness") or {}
+    for key, label in (("acc_worst_unseen", "Acc_worst (unseen)"), ("acc_worst", "Acc_worst (all judged families)")):
+        if finite(robust.get(key)):
+            low, high = (robust.get(f"{key}_ci95") or [None, None])[:2]
+            return f"{label} {estimate(robust[key], low, high)} on {robust.get('n') or '?'} stressed test items"
+    return "Acc_worst not measured (compare with a --suite measures it; a search alone does not)"
+
+
+def _command(source) -> str:
+    return f"promptopt export {source.root} --out {source.root / 'card.yaml'}"
+
+
+def recommendation(source, chosen) -> str:
+    """The first screen, as HTML (empty for a directory with no search: evaluate, sweep, proxy)."""
+    if source.kind not in ("compare", "search", "rounds"):
+        return ""
+    command = f'<pre class="command" id="export-command">{esc(_command(source))}</pre>'
+    if chosen.card is None:
+        return (
+            f'<p class="headline" id="ship">No recommendation: export could not build this run\'s card '
+            f"({esc(chosen.problem)}). Run it to see why:</p>{command}"
+        )
+    if chosen.exported is None:  # a card given with --card: export's own pick was not run
+        return (
+            f'<p class="headline" id="ship">This report shows the card given with --card ({esc(chosen.path)}); '
+            "without --card it shows the card export picks, with export's warnings. Export's pick:</p>" + command
+        )
+    exported, card = chosen.exported, chosen.card
+    search, test = card.get("search") or {}, card["metrics"]["test"]
+    default = exported.default
+    name = str(search.get("strategy"))
+    where = f"trial {search.get('trial')} of study {search.get('study')}" + (
+        f", seed {chosen.seed}" if source.seeds > 1 else ""
+    )
+    low, high = (test.get("accuracy_ci95") or [None, None])[:2]
+    parts = [f"accuracy {estimate(test['accuracy'], low, high)} on {test['n']} test items", _worst_unseen(card)]
+    ours = _card_answers(card, default) if default else None
+    beats = default is None or test["accuracy"] > default["accuracy"]
+    if ours is not None:
+        vs_default = _paired(ours, default["correct"], default["item_ids"])
+    if ours is not None and beats:
+        parts.append(
+            f"against the task's default prompt ({num(default['accuracy'], 3)} on the same items): "
+            + against(vs_default, name, "the default prompt")
+        )
+    elif ours is None:
+        vs_default = None
+        parts.append("against the task's default prompt: not paired (the card records no per-item answers)")
+    nxt, why_none = _next_best(source, chosen)
+    if nxt is not None:
+        other = f"{nxt['strategy']}" + (f" seed {int(nxt['seed'])}" if source.seeds > 1 else "")
+        theirs = _test_answers(source.root, nxt["strategy"], int(nxt["seed"]), default["item_ids"]) if ours else None
+        head = f"against the next best by the same rule ({other}, trial {int(nxt['trial'])}, dev accuracy {num(nxt['dev_accuracy'], 3)}): "
+        parts.append(
+            head + against(_paired(ours, theirs, default["item_ids"]), name, other)
+            if theirs is not None
+            else head + "not paired (test_items.parquet does not hold its answers)"
+        )
+    else:
+        parts.append(f"against the next best: none ({why_none})")
+    out = []
+    if not beats:
+        out.append(_nothing_beats(source, test, default, vs_default))
+    verb = "Ship" if beats else "If you ship a searched prompt anyway, export's card is"
+    out.append(
+        f'<p class="headline" id="ship">{verb} <b>{esc(name)}</b> ({esc(where)}; run {esc(exported.run.path)}): '
+        + "; ".join(esc(p) for p in parts)
+        + ".</p>"
+    )
+    out.append(
+        '<p id="why"><b>Why this card:</b> export\'s rule, on dev numbers only (the same code as '
+        f"<code>promptopt export</code>): {esc(search.get('selection') or exported.run.selection)}. The test numbers "
+        "above measure the choice; they made none.</p>"
+    )
+    out.append(f"<p>Write it with:</p>{command}")
+    if exported.warnings:
+        items = "".join(f'<li class="export-warning">warning: {esc(w)}</li>' for w in exported.warnings)
+        out.append(f'<ul class="warnings" id="export-warnings">{items}</ul>')
+        out.append(note("export prints these same warnings on stderr when it writes the card."))
+    else:
+        out.append(note('<span id="export-warnings">export prints no warning for this card.</span>'))
+    return "".join(out)
+
+
+def _nothing_beats(source, test: dict, default: dict, vs_default: dict | None) -> str:
+    """The first line when export's card is not better than the default prompt on the test items."""
+    paired = f", {against(vs_default, 'the card', 'the default prompt')}" if vs_default is not None else ""
+    others = _winners_above(source, default)
+    if others:
+        lead = (
+            "Keep the task's default prompt: the card export picks (by dev) does not beat it on the test items "
+            f"({num(test['accuracy'], 3)} vs {num(default['accuracy'], 3)} on {default['n']} items{paired}). "
+            f"{others} score higher on test, but test items never choose."
+        )
+    else:
+        lead = (
+            "Keep the task's default prompt: nothing here beats it on the test items (export's card "
+            f"{num(test['accuracy'], 3)} vs the default prompt's {num(default['accuracy'], 3)} on {default['n']} "
+            f"items{paired})."
+        )
+    return f'<p class="headline nothing-beats" id="nothing-beats">{esc(lead)}</p>'
+
+
+def _winners_above(source, default: dict) -> str:
+    """Which other search winners of a compare score above the default prompt on test ('' if none)."""
+    if source.kind != "compare" or source.candidates is None:
+        return ""
+    frame = source.candidates
+    ensemble = frame["strategy"].astype(str).str.contains(r"\+ens\d+$", regex=True)
+    winners = frame[frame["winner"].astype(str).str.lower().eq("true") & (frame["strategy"] != "baseline") & ~ensemble]
+    above = winners[winners["avg_acc"] > default["accuracy"]]
+    if above.empty:
+        return ""
+    names = ", ".join(
+        f"{r['strategy']}" + (f" seed {int(r['seed'])}" if source.seeds > 1 else "") for _, r in above.iterrows()
+    )
+    return f"{len(above)} other search winner{'s' if len(above) > 1 else ''} ({names})"

@@ -1,0 +1,116 @@
+"""The compare's tables: one row per evaluated candidate (`run_row`: test accuracy with its Wilson interval,
+δ_TCB, PPL and every robustness number over all judged families, the unseen ones and the seen ones), and one
+row per strategy (`strategy_table`: its winners' numbers, mean ± sd over seeds)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from promptopt.metrics.stats import wilson_interval
+from promptopt.workflows.compare.evaluate import Evaluated
+from promptopt.workflows.compare.paired import PAIRED_KEYS, SPLITS, pooled_acc_worst_intervals
+
+# per prompt: over all judged families, then (suffix _unseen / _seen) over each split alone
+_ROBUST_KEYS = ("acc_var_pert", "pdr", "pdr_pooled", "acc_worst", "acc_worst_family_min", "acc_worst_family")
+_SPLIT_MEANS = ("acc_var_pert", "pdr", "pdr_pooled", "acc_worst", "acc_worst_family_min")
+
+
+def run_row(strategy, seed, rank, ev: Evaluated, *, winner, how, extra) -> dict:
+    t = ev.test
+    n, k = len(t), int(t["correct"].sum())
+    low, high = wilson_interval(k, n)
+    tcb = t["tcb"].replace([np.inf], np.nan)
+    row = {
+        "strategy": strategy,
+        "seed": seed,
+        "rank": rank,
+        "winner": winner,
+        "n_test": n,
+        "avg_acc": k / n,
+        "acc_ci_low": low,
+        "acc_ci_high": high,
+        "avg_tcb": float(tcb.mean()),
+        "tcb_geomean": float(np.exp(np.log(tcb.dropna()).mean())),
+        "avg_ppl": float(t["ppl"].mean()),
+        "selected_by": how,
+    }
+    r = ev.robust
+    for key in (
+        "acc_var_pert",
+        "acc_var_families",
+        "pdr",
+        "pdr_pooled",
+        "acc_worst",
+        "acc_worst_family_min",
+        "acc_worst_family",
+        "tcb_perturbed_mean",
+        "taboo_retention_i1",
+    ):
+        row[key] = r.get(key, math.nan)
+    for key in ("acc_worst", "pdr", "acc_var_pert"):
+        ci = r.get(f"{key}_ci95", [math.nan, math.nan])
+        row[f"{key}_ci_low"], row[f"{key}_ci_high"] = ci
+    for split in SPLITS:  # the same numbers over the unseen families alone, and over the seen ones
+        for key in _ROBUST_KEYS:
+            value = r.get(f"{key}_{split}")
+            row[f"{key}_{split}"] = math.nan if value is None else value
+        for key in PAIRED_KEYS:
+            row[f"{key}_{split}_ci_low"], row[f"{key}_{split}_ci_high"] = r.get(f"{key}_{split}_ci95") or [
+                math.nan,
+                math.nan,
+            ]
+    row.update(extra)
+    return row
+
+
+def strategy_table(runs: pd.DataFrame, winners: dict, walls: dict, *, seed: int = 0) -> pd.DataFrame:
+    """Per strategy: the winners' numbers, mean over seeds (± sd across seeds when there are several), with
+    intervals: one search's own, or over several the pooled ones (`pooled_acc_worst_intervals`)."""
+    rows = []
+    chosen = runs[runs["winner"]]
+    for name, group in chosen.groupby("strategy", sort=False):
+        row = {
+            "strategy": name,
+            "n_seeds": len(winners[name]) if name != "baseline" else 1,
+            "n_test": int(group["n_test"].iloc[0]),
+        }
+        for key in (
+            "avg_acc",
+            "avg_tcb",
+            "tcb_geomean",
+            "avg_ppl",
+            "acc_var_pert",
+            "pdr",
+            "pdr_pooled",
+            "acc_worst",
+            "acc_worst_family_min",
+            "taboo_retention_i1",
+            *(f"{k}_{split}" for split in SPLITS for k in _SPLIT_MEANS),
+        ):
+            values = group[key].astype(float)
+            row[key] = float(values.mean())
+            row[f"{key}_sd"] = float(values.std(ddof=1)) if len(values) > 1 else math.nan
+        if len(group) == 1:  # one search: its own intervals
+            for key in (
+                "acc_ci_low",
+                "acc_ci_high",
+                "acc_worst_ci_low",
+                "acc_worst_ci_high",
+                "pdr_ci_low",
+                "pdr_ci_high",
+                *(f"{k}_{split}_ci_{end}" for split in SPLITS for k in PAIRED_KEYS for end in ("low", "high")),
+            ):
+                row[key] = group[key].iloc[0]
+        else:  # several: the pooled Wilson interval of accuracy over seeds × items
+            k = float((group["avg_acc"] * group["n_test"]).sum())
+            row["acc_ci_low"], row["acc_ci_high"] = wilson_interval(round(k), int(group["n_test"].sum()))
+            row.update(pooled_acc_worst_intervals(winners[name], seed=seed))
+        for key in ("acc_worst_family", *(f"acc_worst_family_{split}" for split in SPLITS)):
+            row[key] = group[key].iloc[0]
+        row["selected_by"] = group["selected_by"].iloc[0]
+        row["search_seconds"] = walls.get(name, math.nan)  # its searches' wall time (NaN: baseline, ensembles)
+        rows.append(row)
+    return pd.DataFrame(rows)

@@ -1,0 +1,141 @@
+"""A finished run directory (a search run, or one search of a compare directory) and the trial to export from it:
+its settings, summary and study, the winner (or a named trial), and the prompt the trial's parameters decode to."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from promptopt.errors import UserError
+from promptopt.prompts import Prompt
+from promptopt.search.tableset import check_table_set
+from promptopt.workflows.export.measure import clean
+from promptopt.workflows.export.select import (
+    compare_candidates,
+    is_compare_dir,
+    plain_row,
+    select_by_dev,
+    strategy_rows,
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Run:
+    """A finished search run directory (standalone, or one strategy of a compare directory)."""
+
+    path: Path
+    config: object  # SearchConfig
+    summary: dict
+    cache_dir: Path  # where its result cache (cache.sqlite) lives: the run, or the compare directory
+    compare_row: dict | None = None  # its row of compare_runs.csv: the numbers compare measured for it
+    winner_trial: int | None = None  # the trial compare chose, when it is not simply the study's best
+    selection: str = ""  # how it was chosen, in words (recorded in the card)
+
+
+def open_run(run_dir: str | Path, *, strategy: str | None = None, pick: dict | None = None) -> Run:
+    """A search run directory, or one search of a compare directory: `pick` (a compare_runs.csv row chosen by
+    `select_robust`), else the dev-accuracy winner (`select_by_dev`) of `strategy` or of every strategy.
+    Errors name the directory and what is missing."""
+    from promptopt.search import SearchConfig
+
+    root = Path(run_dir)
+    winner_trial, selection = None, ""
+    if not root.is_dir():
+        raise UserError(f"{root}: no such run directory")
+    compare_row = None
+    if is_compare_dir(root):
+        candidates = strategy_rows(compare_candidates(root), strategy, root)
+        if pick is None:
+            pick, selection = select_by_dev(candidates)
+            pick = plain_row(pick)
+        else:
+            selection = pick.pop("selection", "")
+        strategy = str(pick["strategy"])
+        compare_row = pick
+        seed_dir = root / strategy / f"seed{int(pick['seed'])}"
+        path, cache_dir = (seed_dir if seed_dir.is_dir() else root / strategy), root
+        winner_trial = int(pick["trial"]) if pick.get("trial") is not None else None
+    elif (root / "config.json").is_file():
+        path, cache_dir = root, root
+    else:
+        raise UserError(f"{root}: not a run directory (no config.json) nor a compare directory (no compare.csv)")
+    if not (path / "config.json").is_file():
+        raise UserError(f"{path}: config.json missing: the run never started")
+    try:
+        config = SearchConfig.from_dict(json.loads((path / "config.json").read_text(encoding="utf-8")))
+    except (ValueError, TypeError, KeyError) as exc:
+        raise UserError(f"{path / 'config.json'}: unreadable run settings ({exc})") from None
+    config = config.moved_to(path, root)
+    if strategy is not None and compare_row is None and config.study.strategy != strategy:
+        raise UserError(f"--strategy {strategy}: {path} is a {config.study.strategy} run")
+    if not (path / "summary.json").is_file():
+        raise UserError(
+            f"{path}: no finished study (summary.json missing): finish it with `promptopt search ... --resume`"
+        )
+    check_table_set(path, "search", resume_with="compare" if cache_dir != path else "search")
+    summary = json.loads((path / "summary.json").read_text(encoding="utf-8"))
+    return Run(
+        path=path,
+        config=config,
+        summary=summary,
+        cache_dir=cache_dir,
+        compare_row=compare_row,
+        winner_trial=winner_trial,
+        selection=selection or summary.get("selection", ""),
+    )
+
+
+def load_study(run: Run):
+    """The run's Optuna study, read from its storage (a missing SQLite file is an error, never created)."""
+    from promptopt.search.storage import read_study
+
+    return read_study(run.config, where=str(run.path))
+
+
+def pick_trial(run: Run, study, trial: int | None):
+    """The winner (summary.json's best trial) or trial `trial`, which must have finished."""
+    from optuna.trial import TrialState
+
+    number = winner_number(run) if trial is None else trial
+    found = [t for t in study.get_trials(deepcopy=False) if t.number == number]
+    if not found:
+        numbers = sorted(t.number for t in study.get_trials(deepcopy=False))
+        span = f"trials {numbers[0]}–{numbers[-1]}" if numbers else "no trials"
+        raise UserError(f"--trial {number}: study '{study.study_name}' in {run.path} has no such trial ({span})")
+    chosen = found[0]
+    if chosen.state not in (TrialState.COMPLETE, TrialState.PRUNED):
+        raise UserError(
+            f"--trial {number}: trial {number} of study '{study.study_name}' is {chosen.state.name}, not finished"
+        )
+    return chosen
+
+
+def winner_number(run: Run) -> int:
+    """The run's winner: the trial compare chose, else the study's best (summary.json)."""
+    return run.winner_trial if run.winner_trial is not None else run.summary.get("best_trial")
+
+
+def decode_trial(run: Run, data, params: dict) -> Prompt:
+    """The prompt a trial's parameters stand for, decoded by the run's own search space (and exemplar
+    candidates). The study's best trial must reproduce the run's best_card.yaml, or nothing is exported."""
+    from promptopt.prompts import load_card
+    from promptopt.search import decode_params
+
+    prompt = decode_params(run.config, data, params)
+    best_card = run.path / "best_card.yaml"
+    if params == run.summary.get("best_params") and best_card.is_file() and load_card(best_card)[0] != prompt:
+        raise UserError(
+            f"{run.path}: trial {run.summary.get('best_trial')} decodes to a prompt other than best_card.yaml "
+            "(the task data or search space changed since the run)"
+        )
+    return prompt
+
+
+def instruction_provenance(config, data, params: dict) -> dict | None:
+    """Where a trial's instruction came from, when `promptopt propose` wrote it (the space's proposals block)."""
+    from promptopt.search.space import load_space
+
+    name = str(params.get("instruction"))
+    proposed = load_space(config.study.space or data.spec.name).proposals.get(name)
+    return clean({"name": name, **proposed}) if proposed else None
