@@ -91,7 +91,7 @@ def main() -> None:
     import torch
 
     from promptopt.models import load_model
-    from promptopt.production import Server
+    from promptopt.serving import Server
     from promptopt.serving.app import ServeSettings, create_app
     from promptopt.tasks import load_task
     from tests.serve_helpers import running

@@ -1,5 +1,5 @@
 """The GPU paths against the CPU: δ_TCB on CUDA (float32 and bfloat16 heads, a soft-capped head, a label shift)
-against the float64 explicit Jacobian; a card served on CUDA (`promptopt.production.Server`, and over HTTP)
+against the float64 explicit Jacobian; a card served on CUDA (`promptopt.serving.Server`, and over HTTP)
 against the same card's answers computed on the CPU; δ_TCB throughput at a 262k vocabulary.
 
 Two steps, because a GPU machine may have neither the embedded model nor the benchmark data:

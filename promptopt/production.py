@@ -280,12 +280,18 @@ def _compile_chat_template(text: str):
 
 
 def __getattr__(name: str):
-    """`promptopt.production.Server`: the runtime that answers with a card on a model (promptopt/serving), imported
-    on first use so that loading a card stays torch-free."""
+    """`promptopt.production.Server`, deprecated: the runtime lives in `promptopt.serving` (above this module, which
+    must not import it back); the old path gives it with a DeprecationWarning until the next release."""
     if name == "Server":
-        from promptopt.serving.runtime import Server
+        import importlib
+        import warnings
 
-        return Server
+        warnings.warn(
+            "promptopt.production.Server moved to promptopt.serving.Server; the old path goes in the next release",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return importlib.import_module("promptopt.serving").Server
     raise AttributeError(f"module 'promptopt.production' has no attribute {name!r}")
 
 

@@ -64,7 +64,7 @@ def _fragility_section(threshold: float) -> dict:
 
 @pytest.fixture(scope="module")
 def server(card_path, embedded_lm):
-    from promptopt.production import Server  # the lazy export
+    from promptopt.serving import Server  # the lazy export
 
     return Server(card_path, lm=embedded_lm)
 
@@ -187,8 +187,8 @@ def test_an_adaptive_batch_rule_decides_each_request_on_its_own_batch(card_path,
     """Two requests answered in one pass: 16 inputs (re-estimated bias) and 1 input (the stored bias), each exactly
     as the scorer decides those items alone."""
     from promptopt.decision import rule_from_card
-    from promptopt.production import Server
     from promptopt.scoring.calibration import DecidingScorer
+    from promptopt.serving import Server
     from promptopt.serving.inputs import Input
 
     card = yaml.safe_load(card_path.read_text())
@@ -225,7 +225,7 @@ def test_an_adaptive_batch_rule_decides_each_request_on_its_own_batch(card_path,
 
 def test_a_generative_card_is_generated_and_read_as_the_scorer_does(tiny_llama_dir, tmp_path):
     from promptopt.models import ModelConfig
-    from promptopt.production import Server
+    from promptopt.serving import Server
     from promptopt.tasks import DataConfig
     from promptopt.workflows.export import build_card
     from promptopt.workflows.formats import card_yaml

@@ -30,7 +30,8 @@ def tiny_run(tiny_llama_dir, tmp_path_factory):
 
 
 def test_export_records_a_threshold_chosen_on_dev_and_the_server_reads_it(tiny_run, tmp_path):
-    from promptopt.production import Server, load_prompt
+    from promptopt.production import load_prompt
+    from promptopt.serving import Server
     from promptopt.serving.signals import flag_from_card
     from promptopt.tasks import load_task
     from promptopt.workflows.export import export_run
@@ -78,8 +79,8 @@ def test_an_ensemble_card_is_served_as_answer_table_combines_it(tiny_run, tmp_pa
     import numpy as np
     import yaml
 
-    from promptopt.production import Server
     from promptopt.scoring.card_answers import answer_table, card_members
+    from promptopt.serving import Server
     from promptopt.tasks import load_task
     from promptopt.workflows.export import export_run
 
@@ -102,7 +103,7 @@ def test_an_ensemble_card_is_served_as_answer_table_combines_it(tiny_run, tmp_pa
 
 
 def test_an_ensemble_cards_threshold_reads_its_most_fragile_member(tiny_run, tmp_path):
-    from promptopt.production import Server
+    from promptopt.serving import Server
     from promptopt.workflows.export import export_run
 
     card = export_run(tiny_run, out=tmp_path / "ens.yaml", ensemble=2, flag_rate=0.25).card

@@ -126,7 +126,7 @@ def test_protocol_refuses_what_it_cannot_run(paper, tmp_path):
 
 
 def test_answer_extract_in_a_task_file_is_checked(tmp_path):
-    from promptopt.tasks.spec import load_task_spec
+    from promptopt.tasks.catalog import load_task_spec
 
     rows = tmp_path / "rows.jsonl"
     rows.write_text("".join(json.dumps({"q": f"q{i}", "a": ["x"], "c": ["x", "y"], "g": 0}) + "\n" for i in range(4)))

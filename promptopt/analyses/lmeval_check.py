@@ -20,8 +20,8 @@ import numpy as np
 import pandas as pd
 
 from promptopt.errors import ConfigError, UserError
+from promptopt.tasks.catalog import LMEVAL_PREFIX
 from promptopt.tasks.lm_eval_manager import EXTRA, lm_eval_installed
-from promptopt.tasks.spec import LMEVAL_PREFIX
 
 
 class LmEvalNotInstalled(UserError):

@@ -57,7 +57,7 @@ def plan(runner, requests, fed, prefix_len: int, groups) -> list[Group] | None:
     """The groups to pack, or None where packing is off, not exact for this model, or does not pay."""
     if not (getattr(runner, "share_item_contexts", True) and runner.use_prefix_cache) or not packable(runner):
         return None
-    from promptopt.models.runner import common_prefix_length
+    from promptopt.models.token_prefix import common_prefix_length
 
     keys = groups if groups is not None else [tuple(ctx) for ctx, _ in requests]
     members: dict[object, list[tuple[int, ...]]] = {}
@@ -113,10 +113,10 @@ def _mask(segment: torch.Tensor, prefix_len: int) -> torch.Tensor:
 
 def run(runner, groups: list[Group], first_needed: dict, prefix_len: int, prefix):
     """Run the packed rows, longest first, in batches of at most the tokens the unpacked widest batch would hold;
-    return the hidden states every request reads (loglikelihood.States)."""
+    return the hidden states every request reads (hidden_states.States)."""
     from tqdm.auto import tqdm
 
-    from promptopt.models.loglikelihood import States
+    from promptopt.models.hidden_states import States
 
     rows = sorted(((g, *_row(g, prefix_len)) for g in groups), key=lambda r: len(r[1]), reverse=True)
     budget = runner.batch_size * max(len(seq) - prefix_len for g in groups for seq in g.inputs)

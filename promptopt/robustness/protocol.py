@@ -19,8 +19,8 @@ from promptopt.errors import UserError
 from promptopt.prompts import Prompt, PromptTemplate, prompt_from_card
 from promptopt.tasks import Item
 from promptopt.tasks.answers import EXTRACTIONS
+from promptopt.tasks.catalog import load_task_spec
 from promptopt.tasks.data import DataConfig, TaskData, load_task_data
-from promptopt.tasks.spec import load_task_spec
 from promptopt.yamlio import Fields, builtin_names, load_named_yaml
 
 BUILTIN_DIR = Path(__file__).resolve().parent.parent / "perturbations" / "protocols"

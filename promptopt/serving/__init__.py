@@ -6,8 +6,7 @@ under uvicorn, `promptopt serve`), and the fragility signals a card's flag reads
 - batcher.py: concurrent requests batched for one worker thread · security.py: bind check, API key, rate limit
 - app.py: the FastAPI app · launch.py: the bind check, the model load and uvicorn
 
-The names below are resolved on first use, so `import promptopt.serving` (and `promptopt.production`, which
-re-exports `Server`) loads neither torch nor FastAPI.
+The names below are resolved on first use, so `import promptopt.serving` loads neither torch nor FastAPI.
 """
 
 from __future__ import annotations

@@ -64,8 +64,8 @@ class Server:
         from promptopt.production import card_prompt, load_prompt
         from promptopt.scoring import Scorer
         from promptopt.scoring.card_answers import card_members
+        from promptopt.tasks.catalog import load_task_spec
         from promptopt.tasks.data import TaskData
-        from promptopt.tasks.spec import load_task_spec
 
         loaded = load_prompt(card) if isinstance(card, (str, Path)) else card_prompt(card, "card")
         self.where = loaded.where

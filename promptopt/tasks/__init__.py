@@ -20,15 +20,15 @@ _LAZY = {
     "load_task_data": "data",
     "Item": "item",
     "TaskSpec": "spec",
-    "builtin_task_names": "spec",
-    "load_task_spec": "spec",
+    "builtin_task_names": "catalog",
+    "load_task_spec": "catalog",
 }
 
 
 def load_task(name_or_path: str, *, subsets: list[str] | None = None):
     """A task by built-in name or YAML path, with its pool/dev/test carved."""
+    from promptopt.tasks.catalog import load_task_spec
     from promptopt.tasks.data import load_task_data
-    from promptopt.tasks.spec import load_task_spec
 
     return load_task_data(load_task_spec(name_or_path), subsets=subsets)
 

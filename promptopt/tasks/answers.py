@@ -10,7 +10,8 @@ Each type says
   when nothing was extracted the scorer says so instead of reading some other token),
 - which continuation the PPL is read on (`gold_continuation`).
 
-Adding a type is one class here with `@register`; nothing else branches on type names.
+Adding a type is one class with `@ANSWER_TYPES.register` (or an entry point in the group
+`promptopt.answer_types`, promptopt/registry.py); nothing else branches on type names.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from promptopt.errors import ConfigError
+from promptopt.registry import Registry
 from promptopt.tasks.extract import (
     alias_match,
     answer_is_letter,
@@ -36,19 +38,25 @@ from promptopt.tasks.fields import RowRef
 from promptopt.tasks.item import Item
 
 Judgement = tuple[str, int, bool]  # extracted answer, where it starts in the generated text (-1: none), correct
-ANSWER_TYPES: dict[str, AnswerType] = {}
+ANSWER_TYPES: Registry[AnswerType] = Registry(
+    "answer type",
+    group="promptopt.answer_types",
+    builtins={
+        "multiple_choice": "promptopt.tasks.answers:MultipleChoice",
+        "multiple_choice_gen": "promptopt.tasks.answers:MultipleChoiceGenerated",
+        "number": "promptopt.tasks.answers:Number",
+        "alias_match": "promptopt.tasks.answers:AliasMatch",
+        "code": "promptopt.tasks.answers:Code",
+        "exact_match": "promptopt.tasks.exact_match:ExactMatch",  # lm-eval's generate_until + exact_match
+    },
+    make=lambda cls: cls(),  # a class is registered, its one instance answers
+)
+register = ANSWER_TYPES.register
 EXTRACTIONS = ("default", "answer_line")  # answer.extract: where a generative answer is read (see AnswerType.read)
 
 
-def register(cls: type[AnswerType]) -> type[AnswerType]:
-    ANSWER_TYPES[cls.name] = cls()
-    return cls
-
-
 def get_answer_type(name: str, where: str = "answer.type") -> AnswerType:
-    if name not in ANSWER_TYPES:
-        raise ConfigError(f"{where}: expected one of {', '.join(ANSWER_TYPES)}, got {name!r}")
-    return ANSWER_TYPES[name]
+    return ANSWER_TYPES.get(name, where)
 
 
 class AnswerType:
@@ -168,7 +176,6 @@ def gold_index(value: Any, choices: list[str], labels: list[str] | None, ref: Ro
 def check_distinct_choices(spec, ref: RowRef, row: dict, choices: list[str]) -> None:
     """Two equal choices cannot be told apart (the first would win every tie, so a gold on either scores
     right): an error naming where the choices come from, unless the task allows duplicates."""
-    from promptopt.errors import ConfigError
     from promptopt.tasks.fields import lookup
     from promptopt.yamlio import key_line
 
@@ -190,7 +197,6 @@ def check_distinct_choices(spec, ref: RowRef, row: dict, choices: list[str]) -> 
     raise ref.fail(field.key, f"choice '{dup}' appears twice {choices}; {fix}", "a choice twice")
 
 
-@register
 class MultipleChoice(AnswerType):
     """Each choice's continuation scored by log-likelihood (lm-eval's acc; acc_norm divides by length)."""
 
@@ -234,7 +240,6 @@ class MultipleChoice(AnswerType):
         )
 
 
-@register
 class MultipleChoiceGenerated(MultipleChoice):
     """The model writes its choice (a letter or the option's text), which is extracted and judged: how chat
     models answer, and what taboo stress needs for multiple-choice tasks."""
@@ -270,7 +275,6 @@ class MultipleChoiceGenerated(MultipleChoice):
         return shown[index], start, index == item.gold
 
 
-@register
 class Number(AnswerType):
     """A final number (GSM8K's '#### N', 'the answer is N', else the last number), compared numerically."""
 
@@ -314,7 +318,6 @@ class Number(AnswerType):
         return value or "", start, numbers_equal(value, item.gold)
 
 
-@register
 class AliasMatch(AnswerType):
     """A short answer (the first line) matched against the gold aliases after SQuAD normalization."""
 
@@ -336,7 +339,6 @@ class AliasMatch(AnswerType):
         return answer, start, alias_match(answer, item.gold)
 
 
-@register
 class Code(AnswerType):
     """A completion run against the item's unit tests in the code sandbox (passed = exit status 0)."""
 
@@ -362,7 +364,3 @@ class Code(AnswerType):
         result = run_python(program, timeout=spec.code_timeout, sandbox=spec.code_sandbox)
         start = len(text) - len(text.lstrip())
         return result.status, start, result.passed
-
-
-# Answer types defined in their own modules, registered on import (after the classes above, which they extend).
-from promptopt.tasks import exact_match as _exact_match  # noqa: E402,F401

@@ -361,7 +361,7 @@ class DataConfig:
                 raise ConfigError(f"{name}: expected a positive integer or None, got {value!r}")
 
     def spec(self) -> TaskSpec:
-        from promptopt.tasks.spec import load_task_spec
+        from promptopt.tasks.catalog import load_task_spec
 
         return load_task_spec(self.task, trust_task_code=self.trust_task_code)
 

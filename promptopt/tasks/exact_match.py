@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import string
 
-from promptopt.tasks.answers import AnswerType, register
+from promptopt.tasks.answers import AnswerType
 from promptopt.tasks.item import Item
 
 FILTERS = ("take_first", "regex", "remove_whitespace", "lowercase", "uppercase")
@@ -70,7 +70,6 @@ def exact_match(prediction: str, reference: str, options: dict) -> bool:
     return prediction == reference
 
 
-@register
 class ExactMatch(AnswerType):
     """A generation judged as lm-eval's generate_until task with exact_match judges it (filters, then options)."""
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,6 @@ def _fail(where: str, key: str, message: str) -> ConfigError:
 # --- data ---------------------------------------------------------------------------------------------------------
 def data_source(data: dict, where: str):
     """dataset_path + dataset_name + dataset_kwargs -> SourceSpec: local json/csv/parquet files, or the hub."""
-    from promptopt.tasks.lm_eval_task import files_base
     from promptopt.tasks.spec import SourceSpec
 
     path = data.get("dataset_path")
@@ -230,8 +230,6 @@ def _filters(data: dict, where: str) -> tuple:
 # --- prompt -------------------------------------------------------------------------------------------------------
 def prompt_settings(data: dict, where: str):
     """(template, instruction): lm-eval's delimiters, and its description as the instruction."""
-    from promptopt.tasks.lm_eval_task import template_for
-
     template = template_for(data, where)
     description = data.get("description") or ""
     if not isinstance(description, str):
@@ -246,3 +244,19 @@ def prompt_settings(data: dict, where: str):
             f"({template.separator!r}) after its instruction: end the description with it",
         )
     return template, description[: len(description) - len(template.separator)] if description else ""
+
+
+def template_for(data: dict, where: str):
+    """lm-eval's delimiters as a template: the query alone, shots joined by fewshot_delimiter."""
+    from promptopt.prompts import PromptTemplate
+
+    target, fewshot = data.get("target_delimiter", " "), data.get("fewshot_delimiter", "\n\n")
+    for key, value in (("target_delimiter", target), ("fewshot_delimiter", fewshot)):
+        if not isinstance(value, str):
+            raise _fail(where, key, f"expected text, got {value!r}")
+    return PromptTemplate(query="{question}", separator=fewshot, answer_delimiter=target, name="lm-eval")
+
+
+def files_base() -> str:
+    """Where relative data_files are read from: the working directory, as datasets.load_dataset reads them."""
+    return os.getcwd()

@@ -23,13 +23,11 @@ Every other key, and every value these readings cannot honour, is refused in one
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from promptopt.errors import ConfigError
-from promptopt.prompts import PromptTemplate
 from promptopt.tasks.fields import FieldSpec, RowRef
 from promptopt.tasks.task_code import FunctionRef, TaskFunction, read_task_yaml, refuse_untrusted_code, resolve
 
@@ -276,14 +274,3 @@ def fields_of(data: dict, where: str, output_type: str, trust: bool) -> dict[str
             raw = resolve(raw, key, trust=trust)
         fields[name] = LmEvalField.build(raw, key, where, role, has_choices)
     return fields
-
-
-def template_for(data: dict, where: str) -> PromptTemplate:
-    target = _text(data, "target_delimiter", where, " ")
-    fewshot = _text(data, "fewshot_delimiter", where, "\n\n")
-    return PromptTemplate(query="{question}", separator=fewshot, answer_delimiter=target, name="lm-eval")
-
-
-def files_base() -> str:
-    """Where relative data_files are read from: the working directory, as datasets.load_dataset reads them."""
-    return os.getcwd()

@@ -1,0 +1,129 @@
+"""One shape for every extension point: strategies, perturbation families (operators), answer types, decision
+rules and model loaders are each a `Registry`.
+
+An entry comes from one of three places, looked up in this order:
+- registered in-process: `@STRATEGIES.register` on a class or object, or `REGISTRY.register(obj, name=...)`;
+- built in: named by the registry as "module:attribute" and imported on first use, so a registry never imports the
+  modules it lists (no import cycles, and `--help` lists names without loading torch);
+- installed: a Python entry point in the registry's group, so a package of your own adds one by declaring, in its
+  pyproject.toml, e.g. ``[project.entry-points."promptopt.strategies"] mine = "my_pkg.strategies:MINE"``.
+
+The CLI's help texts and the docs list `Registry.names()`, never a hand-written copy.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from collections.abc import Callable, Iterator
+from importlib import metadata
+from typing import Any, Generic, TypeVar
+
+from promptopt.errors import ConfigError
+
+T = TypeVar("T")
+
+ENTRY_POINT_PREFIX = "promptopt."
+
+
+def load_reference(reference: str) -> Any:
+    """The object a "module:attribute" reference names."""
+    module, _, attribute = reference.partition(":")
+    value = importlib.import_module(module)
+    for part in attribute.split(".") if attribute else ():
+        value = getattr(value, part)
+    return value
+
+
+class Registry(Generic[T]):
+    """Named extensions of one kind. `make` turns what is registered into the entry (e.g. a class into its
+    instance); `name_of` reads an entry's name when `register` is not given one."""
+
+    def __init__(
+        self,
+        kind: str,
+        *,
+        group: str,
+        builtins: dict[str, str] | None = None,
+        make: Callable[[Any], T] | None = None,
+        name_of: Callable[[Any], str] | None = None,
+    ) -> None:
+        self.kind = kind
+        self.group = group
+        self._builtins = dict(builtins or {})
+        self._make = make or (lambda obj: obj)
+        self._name_of = name_of or (lambda obj: obj.name)
+        self._entries: dict[str, T] = {}
+        self._entry_points: dict[str, metadata.EntryPoint] | None = None
+
+    # --- adding ------------------------------------------------------------------------------------
+    def register(self, obj: Any = None, *, name: str | None = None, replace: bool = False) -> Any:
+        """Add `obj` (usable as a decorator, with or without arguments); returns `obj` unchanged."""
+        if obj is None:
+            return lambda o: self.register(o, name=name, replace=replace)
+        entry = self._make(obj)
+        key = name or self._name_of(obj)
+        if not replace and key in self._entries and self._entries[key] is not entry:
+            raise ValueError(f"{self.kind} {key!r} is registered already (pass replace=True to replace it)")
+        self._entries[key] = entry
+        return obj
+
+    def unregister(self, name: str) -> None:
+        self._entries.pop(name, None)
+
+    # --- looking up --------------------------------------------------------------------------------
+    def _installed(self) -> dict[str, metadata.EntryPoint]:
+        if self._entry_points is None:
+            self._entry_points = {ep.name: ep for ep in metadata.entry_points(group=self.group)}
+        return self._entry_points
+
+    def refresh(self) -> None:
+        """Read the installed entry points again (after installing a package into a running process)."""
+        self._entry_points = None
+
+    def names(self) -> tuple[str, ...]:
+        """Every name this registry answers to: built-ins first, in their order, then registered, then installed."""
+        seen = dict.fromkeys([*self._builtins, *self._entries, *self._installed()])
+        return tuple(seen)
+
+    def get(self, name: str, where: str | None = None) -> T:
+        """The entry called `name`; an unknown name is a ConfigError naming `where`, the choices and the nearest."""
+        if name in self._entries:
+            return self._entries[name]
+        if name in self._builtins:
+            self._entries[name] = self._make(load_reference(self._builtins[name]))
+            return self._entries[name]
+        installed = self._installed().get(name)
+        if installed is not None:
+            try:
+                self._entries[name] = self._make(installed.load())
+            except Exception as exc:  # an installed package's bug: say which one, in one line
+                raise ConfigError(
+                    f"{self.kind} {name!r} from entry point {installed.value!r} ({self.group}) failed to load: {exc}"
+                ) from exc
+            return self._entries[name]
+        raise ConfigError(self.unknown(name, where))
+
+    def unknown(self, name: str, where: str | None = None) -> str:
+        names = self.names()
+        near = difflib.get_close_matches(str(name), names, n=1)
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        return f"{where or self.kind}: unknown {self.kind} {name!r}{hint}; expected one of {', '.join(names)}"
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.names()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def __getitem__(self, name: str) -> T:
+        return self.get(name)
+
+    def __len__(self) -> int:
+        return len(self.names())
+
+    def items(self) -> list[tuple[str, T]]:
+        return [(name, self.get(name)) for name in self.names()]
+
+    def values(self) -> list[T]:
+        return [self.get(name) for name in self.names()]
