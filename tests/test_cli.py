@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pandas as pd
 import pytest
+import typer
 
-from tests.clirun import assert_one_line_error
+from tests.clirun import REPO, assert_one_line_error
 from tests.clirun import promptopt as run
 
 
@@ -86,3 +88,59 @@ def test_user_mistakes(tmp_path, tiny_llama_dir):
     )
     usage = run("score", "--task", "sst2", "--limit", "0")
     assert usage.returncode == 2 and "Traceback" not in usage.stderr
+
+
+def help_panels(text: str) -> list[tuple[str, list[str]]]:
+    """The panels of a rich `--help` in the order it prints them, each with its commands' names in order."""
+    panels: list[tuple[str, list[str]]] = []
+    for line in text.splitlines():
+        if title := re.match(r"^╭─ (.+?) ─", line):
+            panels.append((title.group(1), []))
+        elif (name := re.match(r"^│ ([a-z][\w-]*)\s{2,}", line)) and panels:
+            panels[-1][1].append(name.group(1))
+    return [(title, names) for title, names in panels if title != "Options"]
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (
+            ("--help",),
+            [
+                ("Search and compare", ["search", "compare", "propose", "pair"]),
+                ("Evaluate and stress", ["score", "evaluate", "stress"]),
+                ("Ship: export, verify, serve", ["export", "verify", "serve"]),
+                ("Analyse", ["diagnose", "report", "trace"]),
+                ("Other", ["tasks", "model-folder", "check-lmeval"]),
+            ],
+        ),
+        (
+            ("diagnose", "--help"),
+            [
+                ("Of your runs", ["proxy", "risk-coverage"]),
+                ("Of a model: the papers' analyses", ["regimes", "geometry", "approx", "conflicts", "taboo"]),
+            ],
+        ),
+    ],
+)
+def test_help_groups_the_commands_by_what_a_user_does(args, expected):
+    """`promptopt --help` shows its panels in this order, each command in its panel in this order (a command added
+    later may join a panel; one with no panel would open a "Commands" panel first and fail); every command is shown."""
+    from promptopt.cli.app import app
+
+    proc = run(*args, env={"COLUMNS": "120"})
+    assert proc.returncode == 0, proc.stderr
+    panels = help_panels(proc.stdout)
+    assert [title for title, _ in panels] == [title for title, _ in expected], proc.stdout
+    for (_, shown), (title, names) in zip(panels, expected, strict=True):
+        assert [n for n in shown if n in names] == names, (title, shown)
+    group = typer.main.get_command(app)
+    for name in args[:-1]:
+        group = group.commands[name]
+    assert sorted(n for _, shown in panels for n in shown) == sorted(group.commands)
+
+
+def test_diagnose_help_points_to_its_docs_page():
+    text = " ".join(run("diagnose", "--help", env={"COLUMNS": "200"}).stdout.split())
+    assert "docs/diagnose.md" in text and "README" not in text
+    assert (REPO / "docs" / "diagnose.md").exists()

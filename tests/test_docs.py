@@ -11,7 +11,11 @@
   folder holding `card.yaml` (a card built for SST-2); a block that cannot run says why with
   `<!-- not runnable: … -->`. See CONTRIBUTING.md.
 
-The checks are shown to fail: a copy of a doc with one flag or sub-command renamed is reported, naming it.
+- No guide page (docs/*.md) is more than a quarter run log; the dated run logs live in the Lab notebook
+  (docs/lab/), every page of which is in mkdocs.yml's nav. How a run log is recognised: see `run_log_words`.
+
+The checks are shown to fail: a copy of a doc with one flag or sub-command renamed is reported, naming it; a Lab
+notebook page read as a guide page is over the limit.
 """
 
 from __future__ import annotations
@@ -261,7 +265,7 @@ def test_every_cli_command_is_documented():
         ),
         # a flag on a `\`-continued line
         (
-            "docs/results.md",
+            "docs/lab/strategies.md",
             "--top-n 1 --out runs/r18/sst2 ",
             "--top 1 --out runs/r18/sst2 ",
             "promptopt compare has no option --top",
@@ -318,6 +322,145 @@ def test_links_from_the_front_page_resolve():
             if "://" not in target and not (doc.parent / target).exists():
                 broken.append(f"{doc.name}: {target}")
     assert not broken, broken
+
+
+# --- guide pages guide; run logs live in the Lab notebook --------------------------------------------------
+GUIDE_PAGES = sorted((REPO / "docs").glob("*.md"))
+LAB = REPO / "docs" / "lab"
+MAX_RUN_LOG_SHARE = 0.25
+_DATE = re.compile(r"\b20\d\d-\d\d-\d\d\b")
+_HEADING = re.compile(r"^(#{1,6})\s")
+_NUMBER = re.compile(r"^[\[(−+~≈*-]*\d[\d.,:/×%–-]*[a-zµ%×*)\],;:.]*$")  # 0.82, [−0.14,, 1.7×, 95%, 3.8–4.9, 12s
+_DENSE_SECTION, _DENSE_BLOCK, _MIN_WORDS = 0.12, 0.20, 12
+
+
+def _text_words(text: str) -> list[str]:
+    """Words as a reader counts them: whitespace-separated tokens with a letter or digit (a table's `|` is none)."""
+    return [w for w in text.split() if re.search(r"\w", w)]
+
+
+def _number_share(text: str) -> float:
+    """The share of a text's words, fenced code left out, that are numbers."""
+    words = _text_words(re.sub(r"^(\s*)(`{3,}|~{3,}).*?^\1\2", "", text, flags=re.S | re.M))
+    return sum(bool(_NUMBER.match(w)) for w in words) / len(words) if words else 0.0
+
+
+def _sections(text: str) -> list[tuple[int, str, list[str]]]:
+    """(heading level, heading line, body lines) for each heading's own text, down to the next heading of any level;
+    the text before the first heading is level 0. A `#` line inside a fenced block is code, not a heading."""
+    out, level, heading, body, fence = [], 0, "", [], None
+    for line in text.split("\n"):
+        opening = _FENCE.match(line)
+        if fence is None and opening:
+            fence = opening.group(2)
+        elif fence is not None and line.strip().startswith(fence):
+            fence = None
+        elif fence is None and _HEADING.match(line):
+            out.append((level, heading, body))
+            level, heading, body = len(_HEADING.match(line).group(1)), line, []
+            continue
+        body.append(line)
+    out.append((level, heading, body))
+    return out
+
+
+def _paragraphs(lines: list[str]) -> list[str]:
+    """A section's blocks: paragraphs, tables and list items (a new `- ` item starts a block; a fenced block is one)."""
+    out, current, fence = [], [], None
+    for line in lines:
+        opening = _FENCE.match(line)
+        if fence is None and opening:
+            fence = opening.group(2)
+        elif fence is not None and line.strip().startswith(fence):
+            fence = None
+        elif fence is None and (not line.strip() or (re.match(r"^\s*([-*+]|\d+\.)\s", line) and current)):
+            out.append("\n".join(current))
+            current = [] if not line.strip() else [line]
+            continue
+        current.append(line)
+    return [*out, "\n".join(current)]
+
+
+def run_log_words(text: str) -> tuple[int, int]:
+    """(words of run log, all words) of a Markdown page. A run log is what a dated experiment leaves behind:
+    - a section whose heading carries a date (2026-12-04), with every section under it;
+    - a section whose own text is measurement-dense: at least 12% of its prose words (fenced code left out) are
+      numbers (a guide section explains in words; a run log's tables and findings are numbers);
+    - a block (paragraph, table, list item) of at least 12 words, 20% of them numbers, in any other section:
+      a wall of measurements inside guide text.
+    Guide text that cites a number or two with its interval stays guide text."""
+    total = logged = 0
+    dated_level = None
+    for level, heading, body in _sections(text):
+        if dated_level is not None and level <= dated_level:
+            dated_level = None
+        if dated_level is None and level and _DATE.search(heading):
+            dated_level = level
+        words = len(_text_words(heading + "\n" + "\n".join(body)))
+        total += words
+        if dated_level is not None or (words >= 30 and _number_share("\n".join(body)) >= _DENSE_SECTION):
+            logged += words
+            continue
+        for block in _paragraphs(body):
+            n = len(_text_words(block))
+            if n >= _MIN_WORDS and _number_share(block) >= _DENSE_BLOCK:
+                logged += n
+    return logged, total
+
+
+def run_log_share(path: Path) -> float:
+    logged, total = run_log_words(path.read_text(encoding="utf-8"))
+    return logged / total if total else 0.0
+
+
+def test_no_guide_page_is_more_than_a_quarter_run_log():
+    shares = {p.name: run_log_share(p) for p in GUIDE_PAGES}
+    over = {name: f"{share:.0%}" for name, share in shares.items() if share > MAX_RUN_LOG_SHARE}
+    assert len(shares) >= 10
+    assert not over, f"guide pages more than {MAX_RUN_LOG_SHARE:.0%} run log (move the logs to docs/lab/): {over}"
+
+
+def test_the_run_log_measure_can_fail():
+    """The Lab notebook's run logs, read as guide pages, are far over the limit; a guide page that grows a dated
+    section or a wall of measurements crosses it; a number cited with its interval in prose does not."""
+    for name in ("strategies", "decisions", "diagnose", "serving", "performance"):
+        assert run_log_share(LAB / f"{name}.md") > MAX_RUN_LOG_SHARE, name
+    guide = "# Rules\n\n" + "A rule decides each answer from the label log-probabilities it reads. " * 12 + "\n"
+    assert run_log_words(guide)[0] == 0
+    prose = guide.rstrip() + " On SST-2 it raised Acc_worst by +0.180 [0.067, 0.303] over argmax (three seeds).\n"
+    assert run_log_words(prose)[0] == 0
+    table = (
+        "| entry | Acc | Acc_worst |\n|---|---|---|\n"
+        + "| `batch` | 0.863 [0.834, 0.889] | 0.300 [0.217, 0.393] |\n" * 4
+    )
+    dated = guide + "\n## Three seeds (2026-12-05)\n\n" + "It ran three seeds on the dev items of each task. " * 10
+    walled = guide + "\n" + table
+    for page in (dated, walled):
+        logged, total = run_log_words(page)
+        assert logged / total > MAX_RUN_LOG_SHARE, page
+    # a dated section ends at the next heading of its level: what follows is guide text again
+    after = dated + "\n## In production\n\n" + "Load the card and decide by its rule. " * 40
+    assert run_log_words(after)[0] == len(_text_words(dated.split("\n## ")[1]))
+
+
+def _nav_pages() -> set[str]:
+    nav = (REPO / "mkdocs.yml").read_text(encoding="utf-8").split("\nnav:", 1)[1]
+    return set(re.findall(r":\s*([\w/.-]+\.md)\s*(?:#.*)?$", nav, re.M))
+
+
+def test_every_run_log_is_reachable():
+    """Every Lab notebook page is in the site's nav, and every one but the index is linked from a guide page or the
+    Lab notebook's index (the guides' summaries point to their logs)."""
+    lab_pages = sorted(p.relative_to(REPO / "docs").as_posix() for p in LAB.glob("*.md"))
+    assert "lab/index.md" in lab_pages and len(lab_pages) >= 6
+    assert not set(lab_pages) - _nav_pages(), f"lab pages not in mkdocs.yml's nav: {set(lab_pages) - _nav_pages()}"
+    linking = "".join(p.read_text(encoding="utf-8") for p in [*GUIDE_PAGES, LAB / "index.md"])
+    unlinked = [
+        page
+        for page in lab_pages
+        if page != "lab/index.md" and f"({page}" not in linking and f"({page.removeprefix('lab/')}" not in linking
+    ]
+    assert not unlinked, f"lab pages no guide page or lab/index.md links to: {unlinked}"
 
 
 # --- runnable Python blocks ------------------------------------------------------------------------------

@@ -7,16 +7,70 @@ import os
 import sys
 
 import typer
+from typer.core import TyperGroup
 
 from promptopt.errors import UserError
 
+# `promptopt --help` groups the commands by what a user does, panels in this order (each command names its panel
+# with `rich_help_panel=` where it is registered); within a panel, in COMMAND_ORDER (one not named there comes last).
+SEARCH = "Search and compare"
+EVALUATE = "Evaluate and stress"
+SHIP = "Ship: export, verify, serve"
+ANALYSE = "Analyse"
+OTHER = "Other"
+PANELS = (SEARCH, EVALUATE, SHIP, ANALYSE, OTHER)
+COMMAND_ORDER = (
+    "search", "compare", "propose", "pair",
+    "score", "evaluate", "stress",
+    "export", "verify", "serve",
+    "diagnose", "report", "trace",
+    "tasks", "model-folder", "check-lmeval",
+)  # fmt: skip
+# `promptopt diagnose --help`: what a run's tables can tell, then the papers' analyses of a model
+DIAGNOSE_RUN = "Of your runs"
+DIAGNOSE_MODEL = "Of a model: the papers' analyses"
+DIAGNOSE_PANELS = (DIAGNOSE_RUN, DIAGNOSE_MODEL)
+DIAGNOSE_ORDER = ("proxy", "risk-coverage", "regimes", "geometry", "approx", "conflicts", "taboo")
+
+
+class _ByPanel(TyperGroup):
+    """A command group that lists its commands (sub-groups too) panel by panel, in `panels`' order, and within a
+    panel in `order`'s, instead of in the order their modules happened to be imported."""
+
+    panels: tuple[str, ...] = ()
+    order: tuple[str, ...] = ()
+
+    def list_commands(self, ctx) -> list[str]:
+        def place(name: str) -> tuple[int, int]:
+            panel = getattr(self.commands[name], "rich_help_panel", None)
+            return (
+                self.panels.index(panel) if panel in self.panels else len(self.panels),
+                self.order.index(name) if name in self.order else len(self.order),
+            )
+
+        return sorted(super().list_commands(ctx), key=place)
+
+
+class _Commands(_ByPanel):
+    panels, order = PANELS, COMMAND_ORDER
+
+
+class _DiagnoseCommands(_ByPanel):
+    panels, order = DIAGNOSE_PANELS, DIAGNOSE_ORDER
+
+
 app = typer.Typer(
+    cls=_Commands,
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     help="Find prompts that are accurate and stable.",
 )
-diagnose_app = typer.Typer(no_args_is_help=True, help="Analyses of a run or a model (see README: Diagnose).")
+diagnose_app = typer.Typer(
+    cls=_DiagnoseCommands,
+    no_args_is_help=True,
+    help="Analyses of a run or a model: the papers' tables, and signals on your runs (docs/diagnose.md).",
+)
 
 
 def quiet_libraries() -> None:

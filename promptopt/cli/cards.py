@@ -7,12 +7,12 @@ from pathlib import Path
 import typer
 
 from promptopt import progress
-from promptopt.cli.app import app, quiet_libraries
+from promptopt.cli.app import ANALYSE, SHIP, app, quiet_libraries
 from promptopt.cli.options import DeviceOpt, QuietOpt
 from promptopt.cli.render import console, print_export
 
 
-@app.command("export")
+@app.command("export", rich_help_panel=SHIP)
 def export_command(
     run_dir: Path = typer.Argument(..., help="a search run directory or a compare directory"),
     out: Path = typer.Option(
@@ -98,7 +98,7 @@ def _flag_line(section: dict) -> str:
     return line
 
 
-@app.command("verify")
+@app.command("verify", rich_help_panel=SHIP)
 def verify_command(
     card: Path = typer.Argument(..., help="a card written by `promptopt export`"),
     limit: int | None = typer.Option(None, "--limit", min=1, help="re-score only the first N recorded test items"),
@@ -122,7 +122,7 @@ def verify_command(
         raise typer.Exit(1)
 
 
-@app.command("report")
+@app.command("report", rich_help_panel=ANALYSE)
 def report_command(
     run_dir: Path = typer.Argument(
         ..., help="a compare or search directory, an `evaluate --out` folder or a `stress` sweep"

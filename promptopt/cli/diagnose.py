@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from promptopt import progress
-from promptopt.cli.app import diagnose_app, quiet_libraries, session
+from promptopt.cli.app import DIAGNOSE_MODEL, DIAGNOSE_RUN, diagnose_app, quiet_libraries, session
 from promptopt.cli.options import (
     BatchOpt,
     CardOpt,
@@ -53,7 +53,7 @@ def _given(**values) -> dict:
     return {k: v for k, v in values.items() if v is not None}
 
 
-@diagnose_app.command("proxy")
+@diagnose_app.command("proxy", rich_help_panel=DIAGNOSE_RUN)
 def diagnose_proxy(
     run_dirs: list[Path] = typer.Argument(
         ...,
@@ -96,7 +96,7 @@ def diagnose_proxy(
     print_proxy(result, len(run_dirs))
 
 
-@diagnose_app.command("geometry")
+@diagnose_app.command("geometry", rich_help_panel=DIAGNOSE_MODEL)
 def diagnose_geometry(
     k: int = typer.Option(10, "--k", min=1, help="competitors moved (the most probable tokens after the top-1)"),
     alpha: float = typer.Option(0.5, "--alpha", help="cluster: w_j + α (w_top − w_j)"),
@@ -120,7 +120,7 @@ def diagnose_geometry(
     print_geometry(report, lm.name, k, alpha, beta)
 
 
-@diagnose_app.command("regimes")
+@diagnose_app.command("regimes", rich_help_panel=DIAGNOSE_MODEL)
 def diagnose_regimes(
     low_v_eff: float = typer.Option(2.0, "--low-veff", help="the low-V_eff subset: V_eff below this"),
     tasks: str = DiagnoseTasksOpt,
@@ -142,7 +142,7 @@ def diagnose_regimes(
     print_regimes(report, lm.name, low_v_eff)
 
 
-@diagnose_app.command("approx")
+@diagnose_app.command("approx", rich_help_panel=DIAGNOSE_MODEL)
 def diagnose_approx(
     tasks: str = DiagnoseTasksOpt,
     limit: int = DiagnoseLimitOpt,
@@ -163,7 +163,7 @@ def diagnose_approx(
     print_approx(report, lm.name)
 
 
-@diagnose_app.command("taboo")
+@diagnose_app.command("taboo", rich_help_panel=DIAGNOSE_MODEL)
 def diagnose_taboo(
     task: str = typer.Option(
         "triviaqa", "--task", help="a generative task (gsm8k is the paper's main one; slow on CPU)"
@@ -212,7 +212,7 @@ def diagnose_taboo(
     print_taboo_sweep(report, the_session.data.spec.name, temperature)
 
 
-@diagnose_app.command("conflicts")
+@diagnose_app.command("conflicts", rich_help_panel=DIAGNOSE_MODEL)
 def diagnose_conflicts(
     task: str = typer.Option("sst2", "--task", help="built-in task name, task YAML or lmeval:NAME"),
     prompt: Path | None = CardOpt,
@@ -290,7 +290,7 @@ def diagnose_conflicts(
     console.print(f"{report.seconds:.1f} s; wrote " + ", ".join(str(p) for p in report.written))
 
 
-@diagnose_app.command("risk-coverage")
+@diagnose_app.command("risk-coverage", rich_help_panel=DIAGNOSE_RUN)
 def diagnose_risk_coverage(
     run_dirs: list[Path] = typer.Argument(
         ..., help="compare directories (or robustness_items.parquet files), one per task: their winners' test answers"

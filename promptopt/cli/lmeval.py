@@ -6,12 +6,12 @@ from pathlib import Path
 
 import typer
 
-from promptopt.cli.app import app, quiet_libraries
+from promptopt.cli.app import OTHER, app, quiet_libraries
 from promptopt.cli.options import BatchOpt, DeviceOpt, DtypeOpt, ModelOpt, TaskOpt, TrustTaskCodeOpt
 from promptopt.cli.render import console
 
 
-@app.command("check-lmeval")
+@app.command("check-lmeval", rich_help_panel=OTHER)
 def check_lmeval_command(
     task: str = TaskOpt,
     lmeval_task: str | None = typer.Option(

@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from promptopt import progress
-from promptopt.cli.app import app, quiet_libraries, session, split_subsets
+from promptopt.cli.app import EVALUATE, app, quiet_libraries, session, split_subsets
 from promptopt.cli.options import (
     BatchOpt,
     CardOpt,
@@ -29,7 +29,7 @@ from promptopt.cli.render_robustness import print_robustness
 from promptopt.errors import UserError
 
 
-@app.command()
+@app.command(rich_help_panel=EVALUATE)
 def evaluate(
     task: str = TaskOpt,
     prompt: Path | None = CardOpt,
@@ -68,7 +68,7 @@ def evaluate(
     print_robustness(result, the_session.data.spec.name, the_suite.name)
 
 
-@app.command()
+@app.command(rich_help_panel=EVALUATE)
 def stress(
     task: str | None = typer.Option(
         None, "--task", help="a generative task (number, alias_match, multiple_choice_gen or code answers)"

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from promptopt import progress
-from promptopt.cli.app import app, quiet_libraries, session
+from promptopt.cli.app import ANALYSE, EVALUATE, app, quiet_libraries, session
 from promptopt.cli.options import (
     BatchOpt,
     CardOpt,
@@ -23,7 +23,7 @@ from promptopt.cli.options import (
 from promptopt.cli.render import console, print_score, print_trace
 
 
-@app.command()
+@app.command(rich_help_panel=EVALUATE)
 def score(
     task: str = TaskOpt,
     prompt: Path | None = CardOpt,
@@ -71,7 +71,7 @@ def score(
         console.print(f"wrote {out} and {out.with_suffix('.json')}")
 
 
-@app.command()
+@app.command(rich_help_panel=ANALYSE)
 def trace(
     text: str = typer.Argument(..., help="the prompt to continue"),
     max_new_tokens: int = typer.Option(48, "--max-new-tokens", min=1),

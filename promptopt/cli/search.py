@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from promptopt import progress
-from promptopt.cli.app import app, quiet_libraries, split_subsets
+from promptopt.cli.app import SEARCH, app, quiet_libraries, split_subsets
 from promptopt.cli.options import (
     BatchOpt,
     DecisionOpt,
@@ -54,7 +54,7 @@ def search_config(**flat):
     return SearchConfig.build(**flat)
 
 
-@app.command()
+@app.command(rich_help_panel=SEARCH)
 def search(
     task: str = TaskOpt,
     strategy: str = typer.Option(
@@ -142,7 +142,7 @@ def search(
     print_search_result(result)
 
 
-@app.command()
+@app.command(rich_help_panel=SEARCH)
 def compare(
     task: str = TaskOpt,
     trials: int = typer.Option(20, "--trials", help="the same budget for every strategy"),
@@ -272,7 +272,7 @@ def compare(
     )
 
 
-@app.command("propose")
+@app.command("propose", rich_help_panel=SEARCH)
 def propose_command(
     task: str = TaskOpt,
     n: int = typer.Option(12, "--n", min=1, help="instructions to add"),
@@ -334,7 +334,7 @@ def propose_command(
     print_proposals(proposed.proposals, out, show_rejected=show_rejected, record=proposed.record)
 
 
-@app.command("pair")
+@app.command("pair", rich_help_panel=SEARCH)
 def pair_command(
     run_a: Path = typer.Argument(..., help="a finished compare directory"),
     run_b: Path = typer.Argument(..., help="another one, on the same task, model, test items and judged families"),

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import typer
 
-from promptopt.cli.app import app, quiet_libraries
+from promptopt.cli.app import SHIP, app, quiet_libraries
 from promptopt.cli.options import DeviceOpt, QuantizeOpt
 from promptopt.errors import UserError
 
 
-@app.command("serve")
+@app.command("serve", rich_help_panel=SHIP)
 def serve_command(
     card: Path = typer.Argument(..., help="a card written by `promptopt export` (version 2)"),
     model: str | None = typer.Option(
