@@ -1,7 +1,7 @@
 """What a decision rule adds to a search trial, and what an ensemble costs per served input, as ratios against a
 baseline measured in the same run (the embedded model, SST-2, CPU).
 
-[1] A trial: one prompt's dev items scored and decided (search/trial.py's RunningDecision) with a fresh scorer and no
+[1] A trial: one prompt's dev items scored and decided (study/trial.py's RunningDecision) with a fresh scorer and no
     result cache, under argmax (the baseline) and each calibrated rule; `tcb` strategies also read δ_TCB on the
     decided distribution (hidden states kept, one more δ_TCB pass). Rounds alternate the order; medians printed.
 [2] Serving: answering N inputs with one card's prompt vs an ensemble of K prompts (scoring/card_answers.py): the
@@ -29,7 +29,7 @@ def main() -> None:
     from promptopt.scoring import Scorer
     from promptopt.scoring.calibration import RunningDecision, fit_rule
     from promptopt.scoring.card_answers import CardMember, answer_table
-    from promptopt.search.space import load_space
+    from promptopt.study.space import load_space
     from promptopt.tasks import load_task
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))

@@ -28,7 +28,7 @@ def main() -> None:
     import torch
 
     from promptopt.robustness import VariantExpander
-    from promptopt.search import SearchConfig, run_search
+    from promptopt.study import SearchConfig, run_search
 
     torch.set_num_threads(2)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)

@@ -108,7 +108,7 @@ class Registry(Generic[T]):
         names = self.names()
         near = difflib.get_close_matches(str(name), names, n=1)
         hint = f" (did you mean {near[0]!r}?)" if near else ""
-        return f"{where or self.kind}: unknown {self.kind} {name!r}{hint}; expected one of {', '.join(names)}"
+        return f"{where + ': ' if where else ''}unknown {self.kind} {name!r}{hint}: use one of {', '.join(names)}"
 
     def __contains__(self, name: object) -> bool:
         return name in self.names()

@@ -31,7 +31,7 @@ PRELOAD = [
     "pyarrow.parquet",
     "promptopt.cli",
     "promptopt.workflows",
-    "promptopt.search",
+    "promptopt.study",
     "promptopt.robustness",
     "promptopt.scoring",
 ]

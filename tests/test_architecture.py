@@ -15,7 +15,8 @@ LAYERS = {
     "errors": 0,
     "yamlio": 0,
     "progress": 0,
-    "registry": 0,  # the one shape of every extension point (strategies, families, answer types, rules, loaders)
+    "registry": 0,
+    "moved": 0,  # old import paths, one release (a meta-path finder)  # the one shape of every extension point (strategies, families, answer types, rules, loaders)
     "metrics": 1,
     "models": 2,
     "decision": 2,
@@ -26,17 +27,19 @@ LAYERS = {
     "scoring": 5,
     "production": 5,
     "serving": 5,  # the production runtime (promptopt.serving.Server): scoring's peer
-    "search": 6,
+    "study": 6,  # the Optuna study over a search space (promptopt.search(...) is the public call, api.py)
     "robustness": 6,
     "trace": 6,
     "workflows": 7,  # the product's workflows: session, search, compare, export, verify, propose
     "experiments": 7,  # deprecated aliases of the old paths (promptopt/experiments/__init__.py), nothing else
+    "api": 8,  # promptopt.search / compare / export / verify: the calls the CLI wraps
+    "search": 8,  # the deprecated module path promptopt.search (callable: the search call)
     "analyses": 8,  # the papers' measurement studies: read workflows' sessions and runs
     "report": 9,  # the HTML report: presents runs, their analyses (risk-coverage) and export's choice
     "cli": 10,
     "__main__": 10,
 }
-PEERS = {frozenset({"search", "robustness"})}
+PEERS = {frozenset({"study", "robustness"})}
 
 
 def _unit(module: str) -> str | None:
@@ -260,7 +263,7 @@ def test_card_loader_imports_no_torch():
 
 def test_compare_loads_the_model_once(tiny_llama_dir, tmp_path, monkeypatch):
     import promptopt.models.load as load
-    from promptopt.search import SearchConfig
+    from promptopt.study import SearchConfig
     from promptopt.workflows.compare import run_compare
 
     calls = []
@@ -285,7 +288,7 @@ def test_compare_loads_the_model_once(tiny_llama_dir, tmp_path, monkeypatch):
 def test_compare_runs_a_custom_task_with_its_space(tiny_llama_dir, tmp_path, space):
     import optuna
 
-    from promptopt.search import SearchConfig
+    from promptopt.study import SearchConfig
     from promptopt.workflows.compare import run_compare
 
     repo = PACKAGE.parent

@@ -11,7 +11,7 @@ import sys
 import pytest
 import yaml
 
-from promptopt.search import SearchConfig
+from promptopt.study import SearchConfig
 from promptopt.workflows.compare import run_compare
 from promptopt.workflows.export import export_run
 from promptopt.workflows.verify import verify_card

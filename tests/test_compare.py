@@ -12,7 +12,7 @@ import pytest
 
 from promptopt.errors import UserError
 from promptopt.metrics.stats import mcnemar_exact
-from promptopt.search import SearchConfig
+from promptopt.study import SearchConfig
 from promptopt.workflows.compare import Evaluated, paired_table, run_compare
 from promptopt.workflows.compare.choose import choose_winner
 
@@ -139,8 +139,8 @@ def test_two_seeds_end_to_end_on_the_embedded_model(embedded_lm, tmp_path):
 
 
 def test_robust_strategy_rewards_answers_that_survive_perturbation():
-    from promptopt.search import get_strategy
-    from promptopt.search.trial import with_robust_correct
+    from promptopt.study import get_strategy
+    from promptopt.study.trial import with_robust_correct
     from promptopt.tasks import Item
 
     items = [Item(f"i{j}", f"question {j}", 0, "a", ("a", "b")) for j in range(4)]
@@ -167,7 +167,7 @@ def test_robust_strategy_rewards_answers_that_survive_perturbation():
 def test_robust_search_runs_with_cached_variants(tiny_llama_dir, tmp_path):
     from promptopt.errors import ConfigError
     from promptopt.robustness import VariantExpander
-    from promptopt.search import run_search
+    from promptopt.study import run_search
 
     config = SearchConfig.build(
         task="sst2",
@@ -191,7 +191,7 @@ def test_robust_search_runs_with_cached_variants(tiny_llama_dir, tmp_path):
 
 def test_proxy_correlations_on_a_finished_study(tiny_llama_dir, tmp_path):
     from promptopt.analyses.proxy import correlation_table, proxy_correlations
-    from promptopt.search import run_search
+    from promptopt.study import run_search
 
     prompts = pd.DataFrame(
         {

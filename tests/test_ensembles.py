@@ -120,7 +120,7 @@ def test_an_ensemble_of_one_prompt_twice_keeps_its_answers_under_perturbation(ev
 
 def test_a_compare_with_rule_entries_and_ensembles(tiny_llama_dir, tmp_path):
     from promptopt.errors import ConfigError
-    from promptopt.search import SearchConfig
+    from promptopt.study import SearchConfig
     from promptopt.workflows.compare import run_compare
     from promptopt.workflows.export.select import compare_candidates
 

@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from promptopt.search import SearchConfig
+from promptopt.study import SearchConfig
 from tests.clirun import assert_one_line_error
 from tests.clirun import promptopt as run_cli
 
@@ -62,7 +62,7 @@ def edit_card(source: Path, target: Path, change) -> Path:
 
 @pytest.fixture(scope="module")
 def tiny_run(tiny_llama_dir, tmp_path_factory):
-    from promptopt.search import SearchConfig, run_search
+    from promptopt.study import SearchConfig, run_search
 
     root = tmp_path_factory.mktemp("export-run")
     (root / "space.yaml").write_text(SPACE)
@@ -581,7 +581,7 @@ def test_continuations_without_choices_needs_the_items_choices():
 def test_export_verify_and_plain_transformers_on_the_embedded_model(tmp_path):
     """From a search on SmolLM2: export → verify passes → the example scores the card with plain
     transformers via load_prompt and gets the card's accuracy on the same items."""
-    from promptopt.search import SearchConfig, run_search
+    from promptopt.study import SearchConfig, run_search
 
     config = SearchConfig.build(
         task="sst2", trials=2, out=str(tmp_path / "run"), dev_limit=4, test_limit=4, minibatch=4, device="cpu"

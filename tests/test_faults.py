@@ -1,7 +1,7 @@
 """Fault injection: what survives kill -9, Ctrl-C, a lost storage, bad input and a changed config.
 
 Runs go through the CLI in subprocesses on the tiny random model with small limits. A run is stopped at a
-known point through the PROMPTOPT_FAULT_SLEEP=<phase>:<seconds>[:<n>] hook (promptopt/search/recovery.py:
+known point through the PROMPTOPT_FAULT_SLEEP=<phase>:<seconds>[:<n>] hook (promptopt/study/recovery.py:
 `fault_point`), which prints `fault-point <phase>` on stderr and sleeps there (the n-th time). After every fault the run
 is resumed and the study checked: no trial lost (each failed trial's parameters re-run), none counted
 twice, nothing left RUNNING, and every file in the run directory parses.
@@ -281,9 +281,9 @@ def test_kill_9_before_the_log_is_folded_then_resume_leaves_a_study_db_that_stan
 def test_trial_of_a_vanished_host_is_awaited_until_stale_then_rerun(run_dir, model):
     """Another machine's process died a moment ago: its trial still has a fresh heartbeat. When that trial
     alone would meet the budget, resume waits for it to go stale (grace period), fails it and re-runs it."""
-    from promptopt.search import SearchConfig, run_search
-    from promptopt.search.context import build_context
-    from promptopt.search.storage import make_storage
+    from promptopt.study import SearchConfig, run_search
+    from promptopt.study.context import build_context
+    from promptopt.study.storage import make_storage
 
     config = SearchConfig.build(
         task="sst2",
@@ -464,7 +464,7 @@ def test_ctrl_c_then_two_workers_join_together(run_dir, model):
 
 def _study_db_config(tmp_path):
     """A config whose storage is study.db in tmp_path: what `make_storage` opens for every process."""
-    from promptopt.search import SearchConfig
+    from promptopt.study import SearchConfig
 
     return SearchConfig.build(task="sst2", model="unused", device="cpu", out=str(tmp_path), trials=3)
 
@@ -482,7 +482,7 @@ def test_workers_joining_at_once_claim_each_queued_trial_once(tmp_path):
     """Four storages on one study.db (as four processes joining a study) claim 80 queued trials at once:
     each trial is claimed by exactly one of them. Optuna's claim is a read then a conditional write, made
     atomic by BEGIN IMMEDIATE on SQLite (without it, 11-22 of 60 trials were claimed twice here)."""
-    from promptopt.search.storage import make_storage
+    from promptopt.study.storage import make_storage
 
     config = _study_db_config(tmp_path)
     study = optuna.create_study(study_name="queue", storage=make_storage(config))
@@ -504,8 +504,8 @@ def test_workers_recovering_at_once_requeue_each_abandoned_trial_once(tmp_path):
     """Four storages on one study.db (as four processes that each find the same abandoned trials at start)
     fail 40 RUNNING trials at once: each is failed by exactly one of them and queued for a retry once.
     Without BEGIN IMMEDIATE, 21-24 of the 40 were failed twice here, and 72-74 retries queued."""
-    from promptopt.search.recovery import _fail_trial
-    from promptopt.search.storage import make_storage
+    from promptopt.study.recovery import _fail_trial
+    from promptopt.study.storage import make_storage
 
     config = _study_db_config(tmp_path)
     study = optuna.create_study(study_name="abandoned", storage=make_storage(config))
@@ -531,7 +531,7 @@ def test_workers_recovering_at_once_requeue_each_abandoned_trial_once(tmp_path):
 
 
 def test_worker_seeds():
-    from promptopt.search.storage import worker_seed
+    from promptopt.study.storage import worker_seed
 
     assert worker_seed(7, 0) == 7  # worker 0, in a new run or a resumed one: the seed itself, reproducible
     assert worker_seed(7, 1) == worker_seed(7, 1) != 7
@@ -606,7 +606,7 @@ def test_a_prompt_is_evaluated_once_per_study(tmp_path, model):
     assert f"[{low:.3f}, {high:.3f}]" in run.stdout and 0 <= low <= summary["test"]["accuracy"] <= high <= 1
     assert_nothing_lost_or_double(study, 3)
 
-    from promptopt.search.trial import MAX_DUPLICATES_IN_A_ROW
+    from promptopt.study.trial import MAX_DUPLICATES_IN_A_ROW
 
     run = promptopt("search", *LIMITS, "--model", model, "--space", path, "--trials", "5", "--resume", "--out", out)
     assert run.code == 0, run.stderr
@@ -656,9 +656,9 @@ def test_resume_refuses_a_config_that_changes_trial_values(run_dir, model, tmp_p
 
 def test_identity_names_what_may_change(model):
     """Run-time settings may change on resume; what defines a trial's value may not."""
-    from promptopt.search import SearchConfig
-    from promptopt.search.context import build_context
-    from promptopt.search.identity import check_resumable, identity
+    from promptopt.study import SearchConfig
+    from promptopt.study.context import build_context
+    from promptopt.study.identity import check_resumable, identity
 
     base = SearchConfig.build(task="sst2", model=model, device="cpu", dev_limit=12, minibatch=4, out="unused")
     data = base.data.load()
@@ -686,7 +686,7 @@ def test_identity_names_what_may_change(model):
 
 
 def test_resume_scrubs_a_password_left_by_an_older_version():
-    from promptopt.search.identity import scrub_stored_config
+    from promptopt.study.identity import scrub_stored_config
 
     study = optuna.create_study()
     study.set_user_attr("config", json.dumps({"study": {"storage": "postgresql://u:hunter2@h/db", "seed": 1}}))

@@ -97,7 +97,7 @@ def test_a_space_formats_block_is_validated():
 def test_a_space_searches_formats_of_its_templates():
     import optuna
 
-    from promptopt.search import parse_space
+    from promptopt.study import parse_space
     from promptopt.tasks import load_task
 
     data = load_task("sst2")

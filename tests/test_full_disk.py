@@ -183,7 +183,7 @@ def _approx(value):
 def fill_at_checkpoint(monkeypatch, disk: Disk) -> None:
     """The disk fills when the run reaches the fault point `checkpoint`: its outputs are written, and its study's
     newest trials are still in the write-ahead log (SQLite folds it into study.db when the storage closes)."""
-    import promptopt.search.study as study_module
+    import promptopt.study.study as study_module
 
     real = study_module.fault_point
 
@@ -252,8 +252,8 @@ def test_a_checkpoint_that_fails_is_one_line_and_resume_folds_it(tmp_path, model
     open (so the run's own close does not fold the log either). One line naming study.db and the error, exit 2,
     no 'wrote', the newest trials kept in study.db-wal; --resume then ends with a study.db that stands alone and
     the uninterrupted run's outcome."""
-    import promptopt.search.study as study_module
-    from promptopt.search import storage
+    import promptopt.study.study as study_module
+    from promptopt.study import storage
 
     def failing(path):
         raise sqlite3.OperationalError("disk I/O error")
@@ -302,8 +302,8 @@ def test_fold_wal_folds_waits_for_no_one_and_never_creates_the_file(tmp_path, mo
     connection closes); an SQLite error is one StorageError naming the file and what to do."""
     import sys
 
-    from promptopt.search import SearchConfig, storage
-    from promptopt.search.storage import fold_wal
+    from promptopt.study import SearchConfig, storage
+    from promptopt.study.storage import fold_wal
 
     config = SearchConfig.build(task="sst2", out=str(tmp_path / "run"), device="cpu")
     db = tmp_path / "run" / "study.db"

@@ -12,7 +12,7 @@ import types
 import pandas as pd
 import pytest
 
-from promptopt.search import SearchConfig, get_strategy
+from promptopt.study import SearchConfig, get_strategy
 
 DEV = 24
 # instruction -> (clean-correct items, robust items) of the 24 dev items, nested: the item of rank r (a fixed
@@ -113,11 +113,11 @@ def _fixed_order_search(tmp_path, strategy, order, **kw):
     """Every prompt of the space once, in `order` (enqueued), through the search's own trial function and pruner."""
     import optuna
 
-    from promptopt.search.context import build_context
-    from promptopt.search.outputs import _candidates
-    from promptopt.search.storage import pruner, quiet_optuna
-    from promptopt.search.strategies import select_winner
-    from promptopt.search.trial import make_objective
+    from promptopt.study.context import build_context
+    from promptopt.study.outputs import _candidates
+    from promptopt.study.storage import pruner, quiet_optuna
+    from promptopt.study.strategies import select_winner
+    from promptopt.study.trial import make_objective
 
     quiet_optuna()
     config = _config(tmp_path, **kw)
@@ -162,7 +162,7 @@ def test_multi_fidelity_robust_scores_fewer_pairs_and_picks_the_same_winner(tmp_
 
 
 def test_the_bound_prunes_only_trials_that_cannot_win():
-    from promptopt.search.trial import cannot_win
+    from promptopt.study.trial import cannot_win
 
     assert not cannot_win(5, None, 3)  # no incumbent yet
     assert cannot_win(4, (5, 1), 3) and not cannot_win(6, (5, 1), 3)
@@ -170,7 +170,7 @@ def test_the_bound_prunes_only_trials_that_cannot_win():
 
 
 def test_lazy_variants_give_the_same_column_with_fewer_pairs():
-    from promptopt.search.trial import with_robust_correct
+    from promptopt.study.trial import with_robust_correct
     from promptopt.tasks import Item
 
     items = [Item(f"i{j}", f"question {j}", 0, "a", ("a", "b")) for j in range(4)]
@@ -193,7 +193,7 @@ def test_lazy_variants_give_the_same_column_with_fewer_pairs():
 
 
 def test_search_reports_pairs_scored_and_the_rungs(tmp_path):
-    from promptopt.search import run_search
+    from promptopt.study import run_search
 
     config = _config(tmp_path).replace(trials=3)
     data = config.data.load()
@@ -210,8 +210,8 @@ def test_search_reports_pairs_scored_and_the_rungs(tmp_path):
 
 def test_a_study_of_the_previous_robust_is_refused_on_resume(tmp_path):
     from promptopt.errors import UserError
-    from promptopt.search.context import build_context
-    from promptopt.search.identity import check_resumable, identity
+    from promptopt.study.context import build_context
+    from promptopt.study.identity import check_resumable, identity
 
     for strategy, refused in (("robust", True), ("accuracy", False)):
         config = _config(tmp_path, strategy=strategy)

@@ -102,7 +102,7 @@ PROTOCOL = (
 def files(tiny_llama_dir, tmp_path_factory) -> dict:
     """A finished tiny search (export, verify, report and diagnose proxy read it), its exported card, a two-family
     suite and a stress protocol."""
-    from promptopt.search import SearchConfig, run_search
+    from promptopt.study import SearchConfig, run_search
     from promptopt.workflows.export import export_run
 
     folder = tmp_path_factory.mktemp("progress")

@@ -13,7 +13,7 @@ import yaml
 
 from promptopt.errors import ConfigError, UserError
 from promptopt.models.load import ModelConfig
-from promptopt.search.space import load_space, parse_space
+from promptopt.study.space import load_space, parse_space
 from promptopt.tasks.data import DataConfig
 from promptopt.workflows.propose import ProposeRequest, propose_space
 from promptopt.workflows.propose.filters import ProposalFilter, gold_strings, label_words, shingles

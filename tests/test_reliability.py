@@ -2,7 +2,7 @@
 a finished compare rerun scores nothing, and what refuses a resume refuses it before any work.
 
 Runs use the tiny random model with tiny limits; kills go through the PROMPTOPT_FAULT_SLEEP hook (see
-tests/test_faults.py and promptopt/search/recovery.py `fault_point`).
+tests/test_faults.py and promptopt/study/recovery.py `fault_point`).
 """
 
 from __future__ import annotations
@@ -170,7 +170,7 @@ def test_a_compare_stopped_between_its_tables_is_refused_then_resume_completes_t
     empty compare.parquet.*.tmp and no tables.json. The resume, Ctrl-C'd after it rewrote compare.csv: compare.csv
     alone again (the orphan removed before anything was written). Each time every reader refuses in one line; the
     next --resume completes the set: the uninterrupted compare's tables, no temporary left."""
-    from promptopt.search.tableset import check_table_set
+    from promptopt.study.tableset import check_table_set
     from tests.test_table_sets import temporaries
 
     out = tmp_path / "run"
@@ -490,8 +490,8 @@ def test_a_study_db_another_user_may_not_write_is_refused_before_sqlite_opens_it
     """As a user without write permission on study.db (its folder writable): the storage is refused with the
     read-only line, and SQLite never opened the file (no -wal / -shm appear)."""
     from promptopt.errors import StorageError
-    from promptopt.search import SearchConfig
-    from promptopt.search.storage import make_storage
+    from promptopt.study import SearchConfig
+    from promptopt.study.storage import make_storage
 
     if os.geteuid() != 0:
         pytest.skip("needs root to become another user")
@@ -529,8 +529,8 @@ def test_a_schema_set_up_by_another_process_at_the_same_moment_is_retried(monkey
     opening the storage again then finds the schema."""
     from optuna import storages
 
-    from promptopt.search import SearchConfig
-    from promptopt.search.storage import make_storage
+    from promptopt.study import SearchConfig
+    from promptopt.study.storage import make_storage
 
     real, calls = storages.RDBStorage, []
 

@@ -223,7 +223,7 @@ def suite_file(tmp_path_factory) -> Path:
 
 
 def _config(tiny_llama_dir, out, **extra):
-    from promptopt.search import SearchConfig
+    from promptopt.study import SearchConfig
 
     settings = {"task": "sst2", "trials": 3, "dev_limit": 6, "test_limit": 8, "minibatch": 3, "seed": 2, **extra}
     return SearchConfig.build(model=str(tiny_llama_dir), out=str(out), device="cpu", **settings)
@@ -825,7 +825,7 @@ def assert_first_screen_says(elements, exported, root: Path) -> None:
 @pytest.fixture(scope="module")
 def search_dir(tiny_llama_dir, tmp_path_factory) -> Path:
     """A standalone search (tiny model)."""
-    from promptopt.search import run_search
+    from promptopt.study import run_search
 
     out = tmp_path_factory.mktemp("report") / "search"
     run_search(_config(tiny_llama_dir, out, strategy="tcb", trials=4), show_progress=False)
@@ -845,7 +845,7 @@ templates:
 def worse_dir(tmp_path_factory) -> Path:
     """A search on the embedded model whose only prompt swaps SST-2's label words: its winner is worse than the
     task's default prompt (a real model reads the words; a random one would not)."""
-    from promptopt.search import SearchConfig, run_search
+    from promptopt.study import SearchConfig, run_search
 
     folder = tmp_path_factory.mktemp("worse")
     (folder / "space.yaml").write_text(WORSE_SPACE)

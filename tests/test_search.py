@@ -19,8 +19,8 @@ import yaml
 
 from promptopt.errors import ConfigError, UserError
 from promptopt.prompts import load_card
-from promptopt.search import SearchConfig, get_strategy, load_space, parse_space, run_search, stability
-from promptopt.search.space import builtin_space_names
+from promptopt.study import SearchConfig, get_strategy, load_space, parse_space, run_search, stability
+from promptopt.study.space import builtin_space_names
 from promptopt.tasks import builtin_task_names, load_task
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -86,7 +86,7 @@ def test_stability_transform_and_strategies():
 
 
 def test_tcb_selects_the_most_stable_trial_inside_the_best_accuracy_interval():
-    from promptopt.search.strategies import select_winner
+    from promptopt.study.strategies import select_winner
 
     trials = [
         {"number": 0, "value": 0.80, "accuracy": 0.75, "n": 48, "signed_stability": 0.20},
@@ -341,7 +341,7 @@ def test_a_model_without_a_chat_template_searches_the_plain_templates_only(capsy
     from dataclasses import replace
 
     from promptopt.errors import ConfigError
-    from promptopt.search.context import build_context, fit_space_to_model
+    from promptopt.study.context import build_context, fit_space_to_model
     from promptopt.tasks import load_task
 
     config = SearchConfig.build(task="sst2", trials=1)

@@ -45,7 +45,7 @@ def suites(tmp_path_factory) -> tuple[Path, Path]:
 
 
 def _config(tiny_llama_dir, out):
-    from promptopt.search import SearchConfig
+    from promptopt.study import SearchConfig
 
     return SearchConfig.build(
         task="sst2",

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def tiny_run(tiny_llama_dir, tmp_path_factory):
-    from promptopt.search import SearchConfig, run_search
+    from promptopt.study import SearchConfig, run_search
 
     config = SearchConfig.build(
         task="sst2",

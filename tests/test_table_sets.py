@@ -1,4 +1,4 @@
-"""The tables of one run are written as a set (promptopt/search/tableset.py): tables.json, written last, lists each
+"""The tables of one run are written as a set (promptopt/study/tableset.py): tables.json, written last, lists each
 file's name, size and SHA-256; every reader (report, export, pair) refuses a set without it, or whose files do not
 match it, in one line that says the run was interrupted and to --resume; a resume removes the temporaries a killed
 writer left (promptopt/yamlio.py `remove_orphaned_temporaries`) and completes the set.
@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 def reseal(folder: Path) -> None:
     """Seal a set again as it is now (for tests that change a finished run's tables on purpose); files of the old
     manifest that are gone are left out."""
-    from promptopt.search.tableset import MANIFEST, seal
+    from promptopt.study.tableset import MANIFEST, seal
 
     manifest = json.loads((folder / MANIFEST).read_text())
     seal(folder, [f["name"] for f in manifest["files"] if (folder / f["name"]).is_file()], manifest["kind"])
@@ -41,7 +41,7 @@ def temporaries(root: Path) -> list[str]:
 # --- the set, written and checked ------------------------------------------------------------------------
 def test_a_set_is_complete_only_with_its_manifest_and_files_that_match_it(tmp_path):
     from promptopt.errors import UserError
-    from promptopt.search.tableset import MANIFEST, TableSet, check_table_set
+    from promptopt.study.tableset import MANIFEST, TableSet, check_table_set
 
     frame = pd.DataFrame({"strategy": ["a", "b"], "value": [[1, 2], {"k": 3}]})  # object cells become JSON text
     tables = TableSet(tmp_path, "compare").begin()
@@ -159,7 +159,7 @@ def test_a_search_killed_while_writing_a_table_is_refused_then_resume_completes_
     assert not (tmp_path / "card.yaml").exists() and not (tmp_path / "r.html").exists()
     assert_ok(cli(*search, "--resume"))
     assert temporaries(out) == [] and (out / "tables.json").is_file()
-    from promptopt.search.tableset import check_table_set
+    from promptopt.study.tableset import check_table_set
 
     names = [f["name"] for f in check_table_set(out, "search")["files"]]
     assert names == [

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from promptopt.prompts import Prompt
-from promptopt.search.space import load_space
+from promptopt.study.space import load_space
 from promptopt.tasks import load_task
 from promptopt.tasks.data import load_rows, to_item
 

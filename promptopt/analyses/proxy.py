@@ -111,9 +111,9 @@ def proxy_correlations(
     from optuna.trial import TrialState
 
     from promptopt.robustness.suite import Similarity, evaluate_robustness, load_suite, seen_families
-    from promptopt.search import SearchConfig, decode_params
-    from promptopt.search.storage import read_study
-    from promptopt.search.strategies import signed_stability
+    from promptopt.study import SearchConfig, decode_params
+    from promptopt.study.storage import read_study
+    from promptopt.study.strategies import signed_stability
     from promptopt.workflows.session import Session
     from promptopt.yamlio import check_output
 

@@ -144,6 +144,10 @@ def session(
 
 def main() -> None:
     huge_pages_for_large_tensors()
+    if {"--help", "-h"} & set(sys.argv[1:]):
+        from promptopt.cli.options import fill_registry_help
+
+        fill_registry_help()  # lists what the registries hold, installed packages' entries included
     try:
         app()  # typer reports its own usage errors (exit 2); ours arrive as UserError
     except UserError as exc:

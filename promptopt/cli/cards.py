@@ -56,16 +56,16 @@ def export_command(
     quiet: bool = QuietOpt,
 ) -> None:
     """Export the winner (or a named trial) of a run as a prompt card that records everything its score depends on."""
-    from promptopt.workflows.export import export_run
+    import promptopt.api as api
 
     quiet_libraries()
     with progress.reporting("export", quiet=quiet):
-        exported = export_run(
+        exported = api.export(
             run_dir,
             out=out,
             strategy=strategy,
             trial=trial,
-            fmt=fmt,
+            format=fmt,
             device=device,
             select=select,
             ensemble=ensemble,
@@ -111,11 +111,11 @@ def verify_command(
     quiet: bool = QuietOpt,
 ) -> None:
     """Re-score a card on its recorded items with its recorded model; exit 1 with the differences if anything changed."""
-    from promptopt.workflows.verify import verify_card
+    import promptopt.api as api
 
     quiet_libraries()
     with progress.reporting("verify", quiet=quiet):
-        result = verify_card(card, limit=limit, model=model, device=device)
+        result = api.verify(card, limit=limit, model=model, device=device)
     for line in result.lines():
         console.print(line, markup=False, highlight=False, soft_wrap=True)  # whole lines: each names what it checked
     if not result.ok:

@@ -8,6 +8,26 @@ import typer
 
 from promptopt.errors import UserError
 
+# Options whose help lists what a registry holds (promptopt/registry.py): the names are filled in when help is shown
+# (`fill_registry_help`, from main), installed packages' entries included, so the list is never a hand-written copy
+# and a command that is not asked for help does not import the registry's module.
+REGISTRY_HELP: list[tuple[object, str, str]] = []
+
+
+def listing_option(default, *flags: str, help: str, registry: str):  # noqa: A002 - typer's name
+    """A typer option whose `help` has a `{names}` slot for the registry at "module:attribute" `registry`."""
+    option = typer.Option(default, *flags, help=help.format(names="the registered names: see --help"))
+    REGISTRY_HELP.append((option, help, registry))
+    return option
+
+
+def fill_registry_help() -> None:
+    from promptopt.registry import load_reference
+
+    for option, template, reference in REGISTRY_HELP:
+        option.help = template.format(names=", ".join(load_reference(reference).names()))
+
+
 ModelOpt = typer.Option(
     "smollm2-135m-instruct",
     "--model",

@@ -59,7 +59,7 @@ def ci(low, high) -> str:
 
 
 def print_search_result(result) -> None:
-    from promptopt.search.storage import dashboard_command
+    from promptopt.study.storage import dashboard_command
 
     best = result.best_params
     text = result.prompt.instruction

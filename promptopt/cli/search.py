@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from promptopt import progress
-from promptopt.cli.app import SEARCH, app, quiet_libraries, split_subsets
+from promptopt.cli.app import SEARCH, app, quiet_libraries
 from promptopt.cli.options import (
     BatchOpt,
     DecisionOpt,
@@ -33,6 +33,7 @@ from promptopt.cli.options import (
     TrustTaskCodeOpt,
     WorkersOpt,
     int_list,
+    listing_option,
     names,
 )
 from promptopt.cli.render import console, print_pairs, print_search_result
@@ -47,18 +48,14 @@ ShowRejectedOpt = typer.Option(
 )
 
 
-def search_config(**flat):
-    from promptopt.search import SearchConfig
-
-    flat["subsets"] = split_subsets(flat.get("subsets"))
-    return SearchConfig.build(**flat)
-
-
 @app.command(rich_help_panel=SEARCH)
 def search(
     task: str = TaskOpt,
-    strategy: str = typer.Option(
-        "tcb", "--strategy", help="tcb, ppl, accuracy, pareto, acc_tcb, acc_ppl or ppl_solution (README: Search)"
+    strategy: str = listing_option(
+        "tcb",
+        "--strategy",
+        help="one of {names} (docs/search.md: Strategies)",
+        registry="promptopt.study.strategies:STRATEGIES",
     ),
     trials: int = typer.Option(20, "--trials", help="finished (complete or pruned) trials to reach"),
     model: str = ModelOpt,
@@ -99,46 +96,58 @@ def search(
     quiet: bool = QuietOpt,
 ) -> None:
     """Search instructions × exemplar sets × orders × templates with Optuna; write the best prompt card."""
-    from promptopt.workflows import search
+    import promptopt.api as api
 
     quiet_libraries()
-    config = search_config(
-        task=task,
-        strategy=strategy,
-        trials=trials,
-        model=model,
-        storage=storage,
-        seed=seed,
-        out=str(out),
-        space=space,
-        study_name=study_name,
-        resume=resume,
-        n_workers=n_workers,
-        minibatch=minibatch,
-        pruning=pruning,
-        decision=decision,
-        dev_limit=dev_limit,
-        test_limit=test_limit,
-        subsets=subsets,
-        batch_size=batch_size,
-        device=device,
-        dtype=dtype,
-        quantize=quantize,
-        trust_task_code=trust_task_code,
-    )
+    options = {
+        "task": task,
+        "strategy": strategy,
+        "trials": trials,
+        "model": model,
+        "storage": storage,
+        "seed": seed,
+        "out": str(out),
+        "space": space,
+        "study_name": study_name,
+        "resume": resume,
+        "n_workers": n_workers,
+        "minibatch": minibatch,
+        "pruning": pruning,
+        "decision": decision,
+        "dev_limit": dev_limit,
+        "test_limit": test_limit,
+        "subsets": subsets,
+        "batch_size": batch_size,
+        "device": device,
+        "dtype": dtype,
+        "quantize": quantize,
+        "trust_task_code": trust_task_code,
+    }
     search_suite = None if search_suite == "none" else search_suite
-    request = search.propose_request(
-        propose, propose_mode, proposer, seed, rounds, search_suite=search_suite, screen_items=screen_items
-    )
     if rounds > 1:
+        from promptopt.workflows import search
+
+        request = search.propose_request(
+            propose, propose_mode, proposer, seed, rounds, search_suite=search_suite, screen_items=screen_items
+        )
         with progress.reporting("search", quiet=quiet):
-            result = search.search_rounds(config, request, rounds, search_suite=search_suite, show_progress=not quiet)
+            result = search.search_rounds(
+                api.search_config(**options), request, rounds, search_suite=search_suite, show_progress=not quiet
+            )
         print_rounds(result, show_rejected=show_rejected)
         return
     with progress.reporting("search", quiet=quiet):
-        result, proposals = search.search(config, request, search_suite=search_suite, show_progress=not quiet)
-    if proposals is not None:
-        print_proposals(proposals, out / "space.yaml", show_rejected=show_rejected)
+        result = api.search(
+            **options,
+            search_suite=search_suite,
+            propose=propose,
+            propose_mode=propose_mode,
+            proposer=proposer,
+            screen_items=screen_items,
+            progress=not quiet,
+        )
+    if result.proposals is not None:
+        print_proposals(result.proposals, out / "space.yaml", show_rejected=show_rejected)
     print_search_result(result)
 
 
@@ -211,56 +220,45 @@ def compare(
 ) -> None:
     """Run several strategies with the same budget and items; compare their winners on held-out test items
     with intervals and paired tests."""
-    from promptopt.workflows import search
-    from promptopt.workflows.compare import run_compare
+    import promptopt.api as api
 
     quiet_libraries()
-    request = search.propose_request(
-        propose,
-        propose_mode,
-        proposer,
-        seed,
-        1,
-        search_suite=None if search_suite == "none" else search_suite,
-        screen_items=screen_items,
-    )
-    base = search_config(
-        task=task,
-        strategy="tcb",
-        trials=trials,
-        model=model,
-        storage=storage,
-        seed=seed,
-        out=str(out),
-        space=space,
-        resume=resume,
-        n_workers=n_workers,
-        minibatch=minibatch,
-        pruning=pruning,
-        dev_limit=dev_limit,
-        test_limit=test_limit,
-        subsets=subsets,
-        batch_size=batch_size,
-        device=device,
-        dtype=dtype,
-        quantize=quantize,
-        trust_task_code=trust_task_code,
-    )
     with progress.reporting("compare", quiet=quiet):
-        result = run_compare(
-            base,
-            names(strategies),
-            show_progress=not quiet,
+        result = api.compare(
+            task=task,
+            strategies=names(strategies),
+            trials=trials,
+            model=model,
+            out=out,
+            dev_limit=dev_limit,
+            test_limit=test_limit,
             seeds=seeds,
             top_n=top_n,
             select=select,
-            suite=None if suite == "none" else suite,
-            search_suite=None if search_suite == "none" else search_suite,
+            suite=suite,
+            search_suite=search_suite,
             robust_limit=robust_limit,
-            propose=request,
             ensembles=int_list(ensembles, "--ensembles") if ensembles else (),
             ensemble_of=names(ensemble_of) or None,
             ensemble_objective=ensemble_objective,
+            space=space,
+            seed=seed,
+            storage=storage,
+            resume=resume,
+            n_workers=n_workers,
+            minibatch=minibatch,
+            pruning=pruning,
+            subsets=subsets,
+            batch_size=batch_size,
+            device=device,
+            dtype=dtype,
+            quantize=quantize,
+            trust_task_code=trust_task_code,
+            propose=propose,
+            propose_mode=propose_mode,
+            proposer=proposer,
+            screen_items=screen_items,
+            progress=not quiet,
         )
     if result.proposals is not None:
         print_proposals(result.proposals, out / "space.yaml", show_rejected=show_rejected)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from promptopt.errors import UserError
-from promptopt.search.tableset import check_table_set
+from promptopt.study.tableset import check_table_set
 from promptopt.workflows.export import Run, load_study, open_run
 from promptopt.workflows.export.select import is_compare_dir
 

@@ -26,7 +26,7 @@ def _winner_trials(source) -> set[tuple[str, int, int]]:
 
 def tcb_bound(trials: list) -> float:
     """The tcb strategy's constraint on a study's finished trials: the lower end of the best-valued trial's 95%
-    Wilson interval on dev accuracy (search/strategies.py `stable_within_ci`); its winner is the most stable trial
+    Wilson interval on dev accuracy (study/strategies.py `stable_within_ci`); its winner is the most stable trial
     at or above it."""
     from promptopt.metrics.stats import wilson_interval
 

@@ -60,7 +60,7 @@ class ResultCache:
                     self.path.parent.mkdir(parents=True, exist_ok=True)
                     conn = sqlite3.connect(self.path, timeout=60, isolation_level=None)
                     conn.execute("PRAGMA journal_mode=WAL")
-                    conn.execute("PRAGMA synchronous=NORMAL")  # no fsync per write: see search/storage.py
+                    conn.execute("PRAGMA synchronous=NORMAL")  # no fsync per write: see study/storage.py
                     conn.execute("CREATE TABLE IF NOT EXISTS results (key TEXT PRIMARY KEY, row TEXT NOT NULL)")
                     # critical hidden states (float32 little-endian bytes, never pickled), kept only when asked for
                     conn.execute("CREATE TABLE IF NOT EXISTS hidden (key TEXT PRIMARY KEY, state BLOB NOT NULL)")

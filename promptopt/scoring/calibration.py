@@ -253,7 +253,7 @@ class DecidingScorer:
 
 
 class RunningDecision:
-    """A search trial's decisions under its prompt's rule, on the dev items scored so far (search/trial.py):
+    """A search trial's decisions under its prompt's rule, on the dev items scored so far (study/trial.py):
     `contextual` is fit once up front (three content-free inputs), `batch` re-estimates its bias from every dev
     item scored so far, `affine` is cross-fitted on them (`cross_fitted_decisions`). The pruner sees each new
     minibatch decided by the fit so far; the trial's value reads every dev item decided by the fit on all of them.

@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from promptopt.errors import UserError
-from promptopt.search.tableset import check_table_set
+from promptopt.study.tableset import check_table_set
 from promptopt.workflows.compare import ITEMS_FILE, TEST_ITEMS_FILE, Evaluated, paired_table
 from promptopt.workflows.export.select import is_compare_dir
 from promptopt.yamlio import check_out_files, check_table_path, write_table
@@ -25,7 +25,7 @@ from promptopt.yamlio import check_out_files, check_table_path, write_table
 
 def _winners(root: Path) -> tuple[dict[str, list[Evaluated]], dict]:
     """strategy -> its winners' evaluations, seed by seed, rebuilt from a finished compare's files (a complete
-    table set: search/tableset.py)."""
+    table set: study/tableset.py)."""
     if is_compare_dir(root):
         check_table_set(root, "compare")
     for name in ("compare_runs.csv", "summary.json"):

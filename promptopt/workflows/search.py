@@ -15,7 +15,7 @@ ROBUST_SEARCH_SUITE = "cheap"  # the families a `robust` search looks at (seen b
 # --- search --------------------------------------------------------------------------------------
 def variant_expander(strategies, search_suite: str = ROBUST_SEARCH_SUITE) -> object | None:
     """The expander a set of strategies needs (the `robust` strategy scores perturbed dev variants), else None."""
-    from promptopt.search import get_strategy
+    from promptopt.study import get_strategy
 
     if not any(get_strategy(name).needs_variants for name in strategies):
         return None
@@ -27,7 +27,7 @@ def variant_expander(strategies, search_suite: str = ROBUST_SEARCH_SUITE) -> obj
 def search(config, request=None, *, search_suite: str | None = ROBUST_SEARCH_SUITE, show_progress: bool = True):
     """`promptopt search`: one study, with the perturbed variants its strategy needs (from `search_suite`), over
     the space plus `request.n` proposed instructions when a request is given -> (SearchResult, Proposals or None)."""
-    from promptopt.search import get_strategy, run_search
+    from promptopt.study import get_strategy, run_search
 
     if search_suite is None and get_strategy(config.study.strategy).needs_variants:
         raise UserError(f"--search-suite none: strategy '{config.study.strategy}' trains on a search suite's variants")

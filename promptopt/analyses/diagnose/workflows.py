@@ -112,7 +112,7 @@ def run_taboo(
 def _study_exists(config) -> bool:
     import optuna
 
-    from promptopt.search.config import sqlite_path
+    from promptopt.study.config import sqlite_path
 
     url = config.storage_url
     if sqlite_path(url) is not None and not sqlite_path(url).exists():
@@ -152,7 +152,7 @@ def run_conflicts(
     from promptopt.analyses.diagnose import conflicts
     from promptopt.errors import UserError
     from promptopt.robustness.suite import Similarity, evaluate_robustness, load_suite
-    from promptopt.search import SearchConfig, StudyConfig, get_strategy, run_search
+    from promptopt.study import SearchConfig, StudyConfig, get_strategy, run_search
     from promptopt.yamlio import check_output
 
     start = time.perf_counter()

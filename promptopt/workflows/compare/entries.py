@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from promptopt.decision import parse_rule
 from promptopt.errors import ConfigError
-from promptopt.search import get_strategy
+from promptopt.study import get_strategy
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from promptopt.card import sha256_json
-from promptopt.search.recovery import fault_point
+from promptopt.study.recovery import fault_point
 from promptopt.tasks.item import items_sha256
 from promptopt.yamlio import atomic_write_text, write_table
 

@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 from promptopt.errors import UserError
-from promptopt.search import SearchConfig, study_exists
-from promptopt.search.config import redact
+from promptopt.study import SearchConfig, study_exists
+from promptopt.study.config import redact
 from promptopt.workflows.compare.evaluate import EvaluationStore
 
 SEARCH_SUITE_FILE = "search_suite.json"

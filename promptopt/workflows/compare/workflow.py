@@ -13,9 +13,9 @@ from pathlib import Path
 import pandas as pd
 
 from promptopt.errors import ConfigError
-from promptopt.search import SearchConfig, get_strategy, run_search
-from promptopt.search.config import default_storage_url
-from promptopt.search.recovery import fault_point
+from promptopt.study import SearchConfig, get_strategy, run_search
+from promptopt.study.config import default_storage_url
+from promptopt.study.recovery import fault_point
 from promptopt.tasks.item import items_sha256
 from promptopt.workflows.compare.choose import SELECTIONS, choose_winner
 from promptopt.workflows.compare.ensembles import build_ensembles
@@ -36,6 +36,15 @@ class CompareResult:
     paired: pd.DataFrame  # one row per pair of strategies
     summary: dict
     proposals: object = None  # what --propose added to the space (workflows.propose.Proposals), else None
+    storage_url: str | None = None  # where every study of the compare lives
+    out: Path | None = None  # the run directory
+
+    def studies(self) -> dict:
+        """Every Optuna study of the compare, by name (one per strategy and seed)."""
+        import optuna
+
+        names = optuna.get_all_study_names(storage=self.storage_url)
+        return {name: optuna.load_study(study_name=name, storage=self.storage_url) for name in names}
 
 
 def run_compare(
@@ -308,4 +317,4 @@ def _compare(
     write_outputs(
         out, table, runs_table, paired, summary, winner_robustness_answers(winners), winner_test_answers(winners)
     )
-    return CompareResult(table, runs_table, paired, summary, proposals)
+    return CompareResult(table, runs_table, paired, summary, proposals, base.storage_url, Path(base.out))

@@ -1,7 +1,7 @@
 """What a compare writes in its run directory: the strategy table (compare.csv / .parquet), every evaluated
 candidate (compare_runs.csv), the pairs (compare_paired.csv), every winner's answers (test_items.parquet and,
 with a suite, robustness_items.parquet) and summary.json: each file atomically, and the whole as one table set
-(search/tableset.py) sealed by tables.json, so a reader tells a complete set from an interrupted one."""
+(study/tableset.py) sealed by tables.json, so a reader tells a complete set from an interrupted one."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from promptopt.search.tableset import TableSet
+from promptopt.study.tableset import TableSet
 
 ITEMS_FILE = "robustness_items.parquet"
 TEST_ITEMS_FILE = "test_items.parquet"  # every winner's test answers: what `pair` pairs, whichever trial won

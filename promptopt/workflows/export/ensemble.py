@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from promptopt.errors import UserError
-from promptopt.search.tableset import check_table_set
+from promptopt.study.tableset import check_table_set
 from promptopt.workflows.ensemble import Member, greedy_select
 from promptopt.workflows.export.runs import Run, decode_trial, load_study, open_run
 from promptopt.workflows.export.select import is_compare_dir

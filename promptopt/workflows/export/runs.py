@@ -9,7 +9,7 @@ from pathlib import Path
 
 from promptopt.errors import UserError
 from promptopt.prompts import Prompt
-from promptopt.search.tableset import check_table_set
+from promptopt.study.tableset import check_table_set
 from promptopt.workflows.export.measure import clean
 from promptopt.workflows.export.select import (
     compare_candidates,
@@ -37,7 +37,7 @@ def open_run(run_dir: str | Path, *, strategy: str | None = None, pick: dict | N
     """A search run directory, or one search of a compare directory: `pick` (a compare_runs.csv row chosen by
     `select_robust`), else the dev-accuracy winner (`select_by_dev`) of `strategy` or of every strategy.
     Errors name the directory and what is missing."""
-    from promptopt.search import SearchConfig
+    from promptopt.study import SearchConfig
 
     root = Path(run_dir)
     winner_trial, selection = None, ""
@@ -88,7 +88,7 @@ def open_run(run_dir: str | Path, *, strategy: str | None = None, pick: dict | N
 
 def load_study(run: Run):
     """The run's Optuna study, read from its storage (a missing SQLite file is an error, never created)."""
-    from promptopt.search.storage import read_study
+    from promptopt.study.storage import read_study
 
     return read_study(run.config, where=str(run.path))
 
@@ -120,7 +120,7 @@ def decode_trial(run: Run, data, params: dict) -> Prompt:
     """The prompt a trial's parameters stand for, decoded by the run's own search space (and exemplar
     candidates). The study's best trial must reproduce the run's best_card.yaml, or nothing is exported."""
     from promptopt.prompts import load_card
-    from promptopt.search import decode_params
+    from promptopt.study import decode_params
 
     prompt = decode_params(run.config, data, params)
     best_card = run.path / "best_card.yaml"
@@ -134,7 +134,7 @@ def decode_trial(run: Run, data, params: dict) -> Prompt:
 
 def instruction_provenance(config, data, params: dict) -> dict | None:
     """Where a trial's instruction came from, when `promptopt propose` wrote it (the space's proposals block)."""
-    from promptopt.search.space import load_space
+    from promptopt.study.space import load_space
 
     name = str(params.get("instruction"))
     proposed = load_space(config.study.space or data.spec.name).proposals.get(name)

@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 
 from promptopt.errors import UserError
-from promptopt.search.tableset import check_table_set
+from promptopt.study.tableset import check_table_set
 
 SELECTIONS = ("dev", "robust")
 _CANDIDATE_COLUMNS = {"strategy", "seed", "rank", "winner", "trial", "dev_accuracy"}

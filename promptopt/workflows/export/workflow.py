@@ -39,6 +39,11 @@ class Exported:
     warnings: list[str]
     default: dict | None = None  # the task's default prompt on the same test items: n, accuracy, item_ids, correct
 
+    @property
+    def card_path(self) -> Path:
+        """The file written (the card, or the derived format asked for)."""
+        return self.paths[0]
+
 
 def export_run(
     run_dir: str | Path,

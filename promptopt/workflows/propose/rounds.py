@@ -23,9 +23,9 @@ from pathlib import Path
 import pandas as pd
 
 from promptopt.errors import ConfigError, UserError
-from promptopt.search import may_run, run_search, study_exists
-from promptopt.search.config import default_storage_url
-from promptopt.search.space import load_space
+from promptopt.study import may_run, run_search, study_exists
+from promptopt.study.config import default_storage_url
+from promptopt.study.space import load_space
 from promptopt.workflows.propose.proposer import Proposals, ProposeRequest
 from promptopt.workflows.propose.workflow import propose_space
 from promptopt.workflows.session import Session

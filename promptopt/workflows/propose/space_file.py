@@ -1,5 +1,5 @@
 """A space file with proposals: the given space's YAML, its instructions extended with the accepted
-proposals and a `proposals:` block recording where each came from (search/space.py reads it back)."""
+proposals and a `proposals:` block recording where each came from (study/space.py reads it back)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from promptopt.search.space import BUILTIN_DIR, SearchSpace, parse_space
+from promptopt.study.space import BUILTIN_DIR, SearchSpace, parse_space
 from promptopt.yamlio import atomic_write_text, load_named_yaml
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from promptopt import progress
-from promptopt.search.space import SearchSpace
+from promptopt.study.space import SearchSpace
 from promptopt.workflows.propose import screen as screening
 from promptopt.workflows.propose.proposer import Proposals, ProposeRequest, propose
 from promptopt.workflows.propose.space_file import read_space, record_path, with_proposals, write_space

@@ -14,9 +14,9 @@ import warnings
 from pathlib import Path
 
 from promptopt.errors import StorageError, UserError
-from promptopt.search.config import SearchConfig, redact, sqlite_path
-from promptopt.search.recovery import first_line, retry_callback, storage_cause
-from promptopt.search.strategies import Strategy
+from promptopt.study.config import SearchConfig, redact, sqlite_path
+from promptopt.study.recovery import first_line, retry_callback, storage_cause
+from promptopt.study.strategies import Strategy
 from promptopt.yamlio import cannot_write
 
 

@@ -1,6 +1,6 @@
 """A finished study's run directory: the trials table, the winner re-scored on dev and test, its card, the
 summary, and the strategy's ranking of distinct trials (what `compare --top-n` evaluates). The files are one
-table set (search/tableset.py): tables.json, written last, tells readers the set is complete."""
+table set (study/tableset.py): tables.json, written last, tells readers the set is complete."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from promptopt.search.config import redact
-from promptopt.search.context import SearchContext, SearchResult, decode, note
-from promptopt.search.recovery import fault_point
-from promptopt.search.strategies import select_winner
-from promptopt.search.tableset import TableSet
-from promptopt.search.trial import is_duplicate
+from promptopt.study.config import redact
+from promptopt.study.context import SearchContext, SearchResult, decode, note
+from promptopt.study.recovery import fault_point
+from promptopt.study.strategies import select_winner
+from promptopt.study.tableset import TableSet
+from promptopt.study.trial import is_duplicate
 
 
 def write_outputs(ctx: SearchContext, study, cached, wall: float, hits_before: int, misses_before: int) -> SearchResult:

@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 from promptopt.errors import ConfigError
-from promptopt.search.config import SearchConfig, sqlite_path
-from promptopt.search.context import (
+from promptopt.study.config import SearchConfig, sqlite_path
+from promptopt.study.context import (
     SearchContext,
     SearchResult,
     build_context,
@@ -28,10 +28,10 @@ from promptopt.search.context import (
     note,
     require_variants,
 )
-from promptopt.search.identity import check_same_study, check_study, identity, scrub_stored_config
-from promptopt.search.outputs import report_leftovers, write_outputs
-from promptopt.search.recovery import counts, fault_point, storage_errors, worker_name
-from promptopt.search.storage import (
+from promptopt.study.identity import check_same_study, check_study, identity, scrub_stored_config
+from promptopt.study.outputs import report_leftovers, write_outputs
+from promptopt.study.recovery import counts, fault_point, storage_errors, worker_name
+from promptopt.study.storage import (
     claim_sqlite_file,
     existing_storage,
     fold_wal,
@@ -41,8 +41,8 @@ from promptopt.search.storage import (
     remove_new_sqlite,
     stored_study,
 )
-from promptopt.search.trial import optimize
-from promptopt.search.workers import workers
+from promptopt.study.trial import optimize
+from promptopt.study.workers import workers
 from promptopt.yamlio import atomic_write_text, check_output
 
 

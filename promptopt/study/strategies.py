@@ -29,7 +29,7 @@ indistinguishable from the best (inside its 95% Wilson interval), take the one w
 stable. The blend still guides the sampler (and the pruner); `acc_tcb` keeps the plain best value.
 
 `robust` is multi-fidelity: an item's perturbed variants are scored only for trials still alive under
-the accuracy pruner (not successive-halving rungs). Two rungs per trial (search/trial.py runs them):
+the accuracy pruner (not successive-halving rungs). Two rungs per trial (study/trial.py runs them):
 1. clean: every dev item on the clean prompt, minibatch by minibatch; per-item *clean correctness* goes to
    the paired pruner (`screen_values`), so a trial clearly less accurate than the incumbent (the best
    robust trial; its reported values are its clean ones too) is pruned before any variant is scored;
@@ -43,7 +43,7 @@ bound prunes only trials that cannot beat the incumbent. With pruning off every 
 bound is pruning too), but the last point still holds. Why: scoring every cheap variant of every dev item
 of every trial made `robust` about 4× the pairs of `accuracy`; `bench/bench_search.py` [3c] measures it.
 The version before this one (`multi_fidelity=False`: variants for every item, robust values reported to
-the pruner) is `Strategy.version` 1; a study of it is refused on --resume (search/identity.py).
+the pruner) is `Strategy.version` 1; a study of it is refused on --resume (study/identity.py).
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ import pandas as pd
 
 from promptopt.errors import ConfigError
 from promptopt.metrics.stats import wilson_interval
+from promptopt.registry import Registry
 
 LAMBDA_PPL = 0.1
 LAMBDA_TCB = 0.25
@@ -183,15 +184,10 @@ def select_winner(strategy: Strategy, candidates: list[dict]) -> tuple[dict, str
     return strategy.choose(strategy.name, candidates)
 
 
-STRATEGIES: dict[str, Strategy] = {}
-
-
-def register_strategy(strategy: Strategy) -> Strategy:
-    """Add a strategy (a new one is one entry: its values and its winner rule)."""
-    if strategy.name in STRATEGIES:
-        raise ValueError(f"strategy {strategy.name!r} is already registered")
-    STRATEGIES[strategy.name] = strategy
-    return strategy
+# A new strategy is one entry (its values and its winner rule): `register_strategy(Strategy(...))` in-process, or an
+# entry point in the group `promptopt.strategies` naming a Strategy object (promptopt/registry.py).
+STRATEGIES: Registry[Strategy] = Registry("strategy", group="promptopt.strategies")
+register_strategy = STRATEGIES.register
 
 
 for _strategy in (
@@ -244,6 +240,7 @@ for _strategy in (
 
 
 def get_strategy(name: str) -> Strategy:
-    if name not in STRATEGIES:
-        raise ConfigError(f"unknown strategy '{name}': use one of {', '.join(STRATEGIES)}")
-    return STRATEGIES[name]
+    strategy = STRATEGIES.get(name)
+    if not isinstance(strategy, Strategy):
+        raise ConfigError(f"strategy {name!r}: its entry point gives {type(strategy).__name__}, not a Strategy")
+    return strategy

@@ -16,7 +16,7 @@ from typing import Any
 
 from promptopt.errors import ConfigError
 from promptopt.models.load import ModelConfig
-from promptopt.search.strategies import get_strategy
+from promptopt.study.strategies import get_strategy
 from promptopt.tasks.data import DataConfig
 
 

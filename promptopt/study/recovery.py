@@ -19,7 +19,7 @@ import warnings
 from contextlib import contextmanager
 
 from promptopt.errors import StorageError, UserError
-from promptopt.search.config import SearchConfig, redact
+from promptopt.study.config import SearchConfig, redact
 
 FAULT_ENV = "PROMPTOPT_FAULT_SLEEP"
 
@@ -37,7 +37,7 @@ def fault_point(phase: str) -> None:
     create-storage (a new run, checked, about to create its study's storage); checkpoint (the run's
     outputs written, its storage about to be closed and SQLite's write-ahead log folded into study.db);
     search-table-write / compare-table-write (a table's temporary file made, nothing in it yet) and
-    search-tables / compare-tables (after each file of the run's table set is in place: search/tableset.py)."""
+    search-tables / compare-tables (after each file of the run's table set is in place: study/tableset.py)."""
     name, _, rest = os.environ.get(FAULT_ENV, "").partition(":")
     if name != phase:
         return

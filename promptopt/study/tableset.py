@@ -19,7 +19,7 @@ from pathlib import Path
 
 from promptopt.card import sha256_file
 from promptopt.errors import UserError
-from promptopt.search.recovery import fault_point
+from promptopt.study.recovery import fault_point
 from promptopt.yamlio import (
     atomic_write_bytes_via,
     atomic_write_text,

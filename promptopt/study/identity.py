@@ -8,9 +8,9 @@ from pathlib import Path
 
 from promptopt.card import sha256_file
 from promptopt.errors import UserError
-from promptopt.search.config import SearchConfig, redact
-from promptopt.search.context import SearchContext
-from promptopt.search.storage import stored_study
+from promptopt.study.config import SearchConfig, redact
+from promptopt.study.context import SearchContext
+from promptopt.study.storage import stored_study
 from promptopt.tasks.item import items_sha256
 
 
@@ -69,7 +69,7 @@ def check_resumable(name: str, stored: dict, current: dict) -> None:
             if key == "strategy_version":
                 raise UserError(
                     f"--resume: study '{name}' was created with strategy_version={then!r} of strategy "
-                    f"'{current.get('strategy')}' but this promptopt computes version {now!r} (see promptopt/search/"
+                    f"'{current.get('strategy')}' but this promptopt computes version {now!r} (see promptopt/study/"
                     "strategies.py), so its trial values would mean something else; start a new study (--out / --study-name)"
                 )
             if key.endswith("_sha256"):

@@ -10,11 +10,11 @@ import time
 from contextlib import contextmanager
 
 from promptopt.errors import UserError
-from promptopt.search.config import SearchConfig
-from promptopt.search.context import build_context, fit_space_to_model
-from promptopt.search.recovery import storage_errors, worker_name
-from promptopt.search.storage import make_storage, open_study, quiet_optuna
-from promptopt.search.trial import optimize
+from promptopt.study.config import SearchConfig
+from promptopt.study.context import build_context, fit_space_to_model
+from promptopt.study.recovery import storage_errors, worker_name
+from promptopt.study.storage import make_storage, open_study, quiet_optuna
+from promptopt.study.trial import optimize
 
 
 def worker_main(config_dict: dict, factory, index: int, ready=None, errors=None, expand=None) -> None:

@@ -8,11 +8,11 @@ never imports robustness.
 - outputs.py: the run directory (trials table, card, summary, ranking)
 """
 
-from promptopt.search.config import SearchConfig, StudyConfig
-from promptopt.search.context import SearchResult, check_search, decode_params
-from promptopt.search.space import SearchSpace, load_space, parse_space
-from promptopt.search.strategies import STRATEGIES, Strategy, get_strategy, register_strategy, stability
-from promptopt.search.study import may_run, run_search, study_exists
+from promptopt.study.config import SearchConfig, StudyConfig
+from promptopt.study.context import SearchResult, check_search, decode_params
+from promptopt.study.space import SearchSpace, load_space, parse_space
+from promptopt.study.strategies import STRATEGIES, Strategy, get_strategy, register_strategy, stability
+from promptopt.study.study import may_run, run_search, study_exists
 
 __all__ = [
     "STRATEGIES",

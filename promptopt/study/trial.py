@@ -16,9 +16,9 @@ import pandas as pd
 from promptopt.errors import PromptTooLongError
 from promptopt.scoring.api import CachingScorer
 from promptopt.scoring.calibration import RunningDecision
-from promptopt.search.context import SearchContext, decode
-from promptopt.search.recovery import counts, fault_point, give_back, pid_namespace, recover
-from promptopt.search.storage import sampling_state
+from promptopt.study.context import SearchContext, decode
+from promptopt.study.recovery import counts, fault_point, give_back, pid_namespace, recover
+from promptopt.study.storage import sampling_state
 
 MAX_DUPLICATES_IN_A_ROW = 25  # samples that decode to evaluated prompts before a search stops as exhausted
 
@@ -90,7 +90,7 @@ def cannot_win(upper: int, best: tuple[int, int] | None, number: int) -> bool:
 
 def trial_summary(table: pd.DataFrame) -> dict:
     from promptopt.scoring import summarize
-    from promptopt.search.strategies import signed_stability
+    from promptopt.study.strategies import signed_stability
 
     s = summarize(table)
     keys = ("accuracy", "tcb_mean", "tcb_median", "tcb_geomean", "v_eff_mean", "ppl_mean", "n")

@@ -12,9 +12,9 @@ import pandas as pd
 
 from promptopt.errors import ConfigError, PromptTooLongError
 from promptopt.prompts import Prompt
-from promptopt.search.config import SearchConfig
-from promptopt.search.space import SearchSpace, load_space
-from promptopt.search.strategies import Strategy, get_strategy
+from promptopt.study.config import SearchConfig
+from promptopt.study.space import SearchSpace, load_space
+from promptopt.study.strategies import Strategy, get_strategy
 
 
 @dataclass
@@ -34,6 +34,14 @@ class SearchResult:
     ranking: list = field(default_factory=list)  # distinct trials in the strategy's order of preference
     duplicates_skipped: int = 0  # sampled points that decoded to a prompt already evaluated (not counted)
     pairs_scored: int = 0  # distinct (prompt, item) pairs this process scored for the trials (result-cache misses)
+    proposals: object = None  # what `propose=N` added to the space (workflows.propose.Proposals), else None
+
+    @property
+    def study(self):
+        """The Optuna study the trials live in (loaded from the run's storage)."""
+        import optuna
+
+        return optuna.load_study(study_name=self.config.name, storage=self.config.storage_url)
 
 
 @dataclass
