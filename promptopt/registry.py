@@ -71,6 +71,12 @@ class Registry(Generic[T]):
     def unregister(self, name: str) -> None:
         self._entries.pop(name, None)
 
+    def __setitem__(self, name: str, obj: Any) -> None:  # dict-like, for tests that swap an entry
+        self.register(obj, name=name, replace=True)
+
+    def __delitem__(self, name: str) -> None:
+        self.unregister(name)
+
     # --- looking up --------------------------------------------------------------------------------
     def _installed(self) -> dict[str, metadata.EntryPoint]:
         if self._entry_points is None:

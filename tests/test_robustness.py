@@ -214,8 +214,7 @@ def test_protection_drops_are_counted(tmp_path, monkeypatch):
         def apply(self, prompt, item, seed, context):
             return Variant(prompt, Item(item.id, item.question.replace("16", "61"), item.gold, item.target))
 
-    monkeypatch.setitem(perturb.OPERATORS, "change_numbers", ChangeNumbers)
-    monkeypatch.setattr("promptopt.robustness.suite.OPERATORS", perturb.OPERATORS)
+    monkeypatch.setitem(perturb.OPERATORS._entries, "change_numbers", ChangeNumbers)  # registered, undone after
     suite = parse_suite(
         {"similarity_threshold": 0.0, "families": {"bad": {"operator": "change_numbers"}}}, str(tmp_path / "s.yaml")
     )

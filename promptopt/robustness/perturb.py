@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from promptopt.prompts import Prompt
+from promptopt.registry import Registry
 from promptopt.tasks import Item
 
 _NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
@@ -398,18 +399,19 @@ class LMParaphraseOperator(Operator):
         return variants
 
 
-OPERATORS = {
-    cls.name: cls
-    for cls in (
-        SynonymOperator,
-        LMParaphraseOperator,
-        ClauseReorderOperator,
-        DistractorOperator,
-        TautologyOperator,
-        KeyboardTypoOperator,
-        SpellingTypoOperator,
-        ExemplarReorderOperator,
-        ExemplarReplaceOperator,
-        FormatOperator,
-    )
-}
+# The operators a suite's family may name: a new one is a class with `name`, `changes_text` and `__call__`, added
+# with `OPERATORS.register(cls)` or an entry point in the group `promptopt.perturbations` (promptopt/registry.py).
+OPERATORS: Registry[type] = Registry("perturbation operator", group="promptopt.perturbations")
+for _operator in (
+    SynonymOperator,
+    LMParaphraseOperator,
+    ClauseReorderOperator,
+    DistractorOperator,
+    TautologyOperator,
+    KeyboardTypoOperator,
+    SpellingTypoOperator,
+    ExemplarReorderOperator,
+    ExemplarReplaceOperator,
+    FormatOperator,
+):
+    OPERATORS.register(_operator)
