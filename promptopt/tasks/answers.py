@@ -359,7 +359,7 @@ class Code(AnswerType):
         from promptopt.tasks.sandbox import run_python
 
         program = f"{item.question}{text}\n\n{item.gold}\n\ncheck({item.meta['entry_point']})\n"
-        result = run_python(program, timeout=spec.code_timeout, sandbox=spec.code_sandbox)
+        result = run_python(program, timeout=spec.code_timeout)
         start = len(text) - len(text.lstrip())
         return result.status, start, result.passed
 
