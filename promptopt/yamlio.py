@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import reprlib
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -18,23 +19,137 @@ except ImportError:  # not POSIX: temporaries are not locked, and none is ever t
     fcntl = None
 
 
+# What a YAML file (a card, a task file, a search space) may hold, so that no file can hang or exhaust a reader: its
+# size, its nesting, and its node count once aliases are expanded (an alias counts as a copy of what it names: a
+# 689-byte "billion laughs" file is a billion nodes to whatever walks it, as an error message or a hash does).
+# An exported card of MMLU's 14,042 test items is ~0.6 MB and ~15,000 nodes.
+MAX_YAML_BYTES = 4 << 20
+MAX_YAML_NODES = 200_000
+MAX_YAML_DEPTH = 64
+
+
+class YAMLLimit(yaml.MarkedYAMLError):
+    """A YAML document beyond what promptopt reads (MAX_YAML_DEPTH, MAX_YAML_NODES, an alias inside what it names)."""
+
+
+def _bounded_loader(parser: type) -> type:
+    """yaml.SafeLoader's reading on `parser` (libyaml's, fast, where PyYAML has it), with a composer that stops at
+    the first node past the limits instead of building (or recursing into) the whole document."""
+
+    class BoundedLoader(yaml.composer.Composer, parser, yaml.constructor.SafeConstructor, yaml.resolver.Resolver):
+        def __init__(self, stream) -> None:
+            parser.__init__(self, stream)
+            yaml.composer.Composer.__init__(self)
+            yaml.constructor.SafeConstructor.__init__(self)
+            yaml.resolver.Resolver.__init__(self)
+            self._depth, self._nodes, self._sizes = 0, 0, {}
+
+        def _limit(self, problem: str, mark) -> YAMLLimit:
+            return YAMLLimit(problem=problem, problem_mark=mark)
+
+        def compose_node(self, parent, index):
+            mark = self.peek_event().start_mark
+            if self.check_event(yaml.AliasEvent):
+                node = super().compose_node(parent, index)
+                if id(node) not in self._sizes:
+                    raise self._limit("an alias inside the node it names (a structure that contains itself)", mark)
+                self._nodes += self._sizes[id(node)]
+                if self._nodes > MAX_YAML_NODES:
+                    raise self._limit(f"more than {MAX_YAML_NODES:,} nodes once its aliases are expanded", mark)
+                return node
+            self._depth += 1
+            if self._depth > MAX_YAML_DEPTH:
+                raise self._limit(f"nested deeper than {MAX_YAML_DEPTH} levels", mark)
+            self._nodes += 1
+            if self._nodes > MAX_YAML_NODES:
+                raise self._limit(f"more than {MAX_YAML_NODES:,} nodes", mark)
+            before = self._nodes - 1
+            node = super().compose_node(parent, index)
+            self._depth -= 1
+            self._sizes[id(node)] = self._nodes - before  # this node and everything under it, aliases expanded
+            return node
+
+    return BoundedLoader
+
+
+class _PythonParser(yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser):
+    """PyYAML's pure-Python reader, scanner and parser: where PyYAML was built without libyaml."""
+
+    def __init__(self, stream) -> None:
+        yaml.reader.Reader.__init__(self, stream)
+        yaml.scanner.Scanner.__init__(self)
+        yaml.parser.Parser.__init__(self)
+
+
+def _libyaml_parser() -> type:
+    """libyaml's parser (scanning in C, ~7x faster than PyYAML's own), where PyYAML was built with it."""
+    try:
+        from yaml._yaml import CParser
+    except ImportError:
+        return _PythonParser
+    return CParser
+
+
+BoundedSafeLoader = _bounded_loader(_libyaml_parser())
+PythonBoundedSafeLoader = _bounded_loader(_PythonParser)  # the same limits on PyYAML's own parser (tests)
+
+
+def read_yaml_text(path: Path) -> str:
+    """A YAML file's text, refused in one line before it is read when it is larger than MAX_YAML_BYTES."""
+    size = path.stat().st_size
+    if size > MAX_YAML_BYTES:
+        raise ConfigError(
+            f"{path}: {size / (1 << 20):.1f} MiB: larger than the {MAX_YAML_BYTES >> 20} MiB a card or task file "
+            "may be (an exported card of 14,000 test items is under 1 MiB): not read"
+        )
+    return path.read_text(encoding="utf-8")
+
+
+def yaml_problem(path: Path, exc: yaml.YAMLError, *, functions: bool = False) -> ConfigError:
+    """One line for a YAML error: the file, the line and column, and the problem (never the document's values).
+    `functions`: the loader reads `!function` (task_code.py), so an unknown tag gets no hint about it."""
+    mark = getattr(exc, "problem_mark", None)
+    where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+    problem = getattr(exc, "problem", None) or (str(exc).splitlines() or [type(exc).__name__])[0]
+    if isinstance(exc, YAMLLimit):
+        return ConfigError(f"{path}: {problem}{where}: more than promptopt reads in a card or task file")
+    if "!function" in problem and not functions:  # lm-eval's Python hooks: task files here hold no code
+        problem += (
+            ' (YAML files hold no code here: write the function as a Jinja template, e.g. doc_to_text: "{{ premise }}")'
+        )
+    return ConfigError(f"{path}: invalid YAML{where}: {shorten(problem, 200)}")
+
+
 def load_yaml(path: str | Path) -> dict:
-    """yaml.safe_load a mapping; any problem becomes one ConfigError line naming the file."""
+    """Read a YAML mapping as yaml.safe_load does, within MAX_YAML_BYTES, MAX_YAML_DEPTH and MAX_YAML_NODES; any
+    problem becomes one ConfigError line naming the file."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: file not found")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.load(read_yaml_text(path), Loader=BoundedSafeLoader)  # noqa: S506 (a SafeLoader's constructor)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        if "!function" in problem:  # lm-eval's Python hooks: task files here hold no code
-            problem += ' (YAML files hold no code here: write the function as a Jinja template, e.g. doc_to_text: "{{ premise }}")'
-        raise ConfigError(f"{path}: invalid YAML{where}: {problem}") from None
+        raise yaml_problem(path, exc) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read: {shorten(str(exc), 200)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
     return data
+
+
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel, _SHOWN.maxstring, _SHOWN.maxother = 2, 80, 80
+_SHOWN.maxlist = _SHOWN.maxtuple = _SHOWN.maxdict = _SHOWN.maxset = 4
+
+
+def shown(value: Any) -> str:
+    """A value as an error message shows it: its repr, cut short (80 characters of a string, 4 items of a list, 2
+    levels), so that no value, however large or aliased, is ever expanded into a message."""
+    return _SHOWN.repr(value)
+
+
+def shorten(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 class Fields:
@@ -49,7 +164,7 @@ class Fields:
         return f"{self.key_path}.{key}" if self.key_path else key
 
     def fail(self, key: str, expected: str, got: Any = ...) -> ConfigError:
-        tail = "" if got is ... else f", got {got!r}"
+        tail = "" if got is ... else f", got {shown(got)}"
         return ConfigError(f"{self.where}: {self._name(key)}: expected {expected}{tail}")
 
     def get(self, key: str, types: type | tuple, default: Any = ..., expected: str | None = None) -> Any:
