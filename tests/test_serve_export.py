@@ -78,6 +78,7 @@ def test_an_ensemble_card_is_served_as_answer_table_combines_it(tiny_run, tmp_pa
     import numpy as np
     import yaml
 
+    from promptopt.card import field_hashes
     from promptopt.experiments.export import export_run
     from promptopt.production import Server
     from promptopt.scoring.card_answers import answer_table, card_members
@@ -87,6 +88,7 @@ def test_an_ensemble_card_is_served_as_answer_table_combines_it(tiny_run, tmp_pa
     first = {k: card[k] for k in ("instruction", "template", "exemplars")}
     second = {**first, "exemplars": list(reversed(card["exemplars"])), "instruction": "Classify the sentiment."}
     card["ensemble"] = {"members": [first, second], "aggregation": "mean_normalized_scores"}
+    card["check"]["fields_sha256"] = field_hashes(card)  # an ensemble built by hand, sealed as export seals one
     path = tmp_path / "ensemble.yaml"
     path.write_text(yaml.safe_dump(card, sort_keys=False, allow_unicode=True))
     server = Server(path, device="cpu")
