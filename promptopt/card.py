@@ -105,7 +105,8 @@ def _check_across_fields(data: dict, where: str) -> None:
 
 
 def _describe(error) -> str:
-    from promptopt.yamlio import shorten, shown as short_repr
+    from promptopt.yamlio import shorten
+    from promptopt.yamlio import shown as short_repr
 
     got = error.instance
     shown = short_repr(got) if not isinstance(got, (dict, list)) else type(got).__name__

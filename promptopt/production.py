@@ -263,7 +263,9 @@ def _refuse_unchecked(data: dict, where: str, version: int) -> None:
         )
     edited = edited_fields(data) + scored
     if edited:
-        raise ConfigError(f"{where}: {', '.join(edited)} edited after export: load_prompt refuses the card ({unchecked})")
+        raise ConfigError(
+            f"{where}: {', '.join(edited)} edited after export: load_prompt refuses the card ({unchecked})"
+        )
 
 
 def card_prompt(data: dict, where: str = "<card>") -> CardPrompt:
