@@ -14,6 +14,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "promptopt"
 LAYERS = {
     "errors": 0,
     "yamlio": 0,
+    "yaml_bounds": 0,
     "progress": 0,
     "metrics": 1,
     "models": 2,

@@ -45,10 +45,11 @@ def test_yaml_within_limits_reads_as_safe_load_and_beyond_them_stops_at_once(tmp
 
     from promptopt import yamlio
     from promptopt.errors import ConfigError
-    from promptopt.yamlio import MAX_YAML_DEPTH, MAX_YAML_NODES, load_yaml
+    from promptopt.yaml_bounds import MAX_YAML_DEPTH, MAX_YAML_NODES, PythonBoundedSafeLoader
+    from promptopt.yamlio import load_yaml
 
     if python_parser:
-        monkeypatch.setattr(yamlio, "BoundedSafeLoader", yamlio.PythonBoundedSafeLoader)
+        monkeypatch.setattr(yamlio, "BoundedSafeLoader", PythonBoundedSafeLoader)
     ordinary = "a: &x [1, 2.5, {b: c}]\nd: *x\ne: !!str 5\nf: 2020-01-01\ng: null\nh: 'yes'\ni: yes\n" + laughs(4)
     path = tmp_path / "ordinary.yaml"
     path.write_text(ordinary)

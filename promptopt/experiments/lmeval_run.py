@@ -36,9 +36,6 @@ def run_lm_eval(
     """(lm-eval's samples in doc order, its task object, the seconds simple_evaluate took) for task `name` (from
     lm-eval's index, `folder`'s task files first). `model`: an lm-eval model already loaded (else one is loaded
     from `model_dir` before the clock starts)."""
-    import lm_eval
-    from lm_eval.tasks import TaskManager
-
     quiet = [logging.getLogger(n) for n in ("lm-eval", "lm_eval", "datasets", "transformers")]
     levels = [q.level for q in quiet]
     for q in quiet:

@@ -19,7 +19,8 @@ from typing import Any
 import yaml
 
 from promptopt.errors import ConfigError
-from promptopt.yamlio import BoundedSafeLoader, read_yaml_text, yaml_problem
+from promptopt.yaml_bounds import BoundedSafeLoader
+from promptopt.yamlio import read_yaml_text, yaml_problem
 
 TRUST_FLAG = "--trust-task-code"
 
