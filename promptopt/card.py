@@ -105,8 +105,11 @@ def _check_across_fields(data: dict, where: str) -> None:
 
 
 def _describe(error) -> str:
+    from promptopt.yamlio import shorten
+    from promptopt.yamlio import shown as short_repr
+
     got = error.instance
-    shown = repr(got) if not isinstance(got, (dict, list)) else type(got).__name__
+    shown = short_repr(got) if not isinstance(got, (dict, list)) else type(got).__name__
     if error.validator == "type":
         return f"expected {error.validator_value if isinstance(error.validator_value, str) else ' or '.join(error.validator_value)}, got {shown}"
     if error.validator in ("enum", "const"):
@@ -117,7 +120,7 @@ def _describe(error) -> str:
         return f"expected {bound} {error.validator_value} items, got {len(got)}"
     if error.validator == "pattern":
         return f"expected a value matching {error.validator_value}, got {shown}"
-    return error.message
+    return shorten(error.message, 200)  # jsonschema's own message quotes the value whole
 
 
 # --- canonical hashes -------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ extraction (promptopt/tasks/extract.py), so production reads answers the way the
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -213,9 +214,19 @@ class CardPrompt:
         return self.answer_type
 
 
-def load_prompt(path: str | Path) -> CardPrompt:
-    """Load a prompt card (version 2, validated against promptopt/card_schema.json; version 1 renders
-    plain prompts only). Errors are one ConfigError naming the file and the field."""
+class UncheckedCardWarning(UserWarning):
+    """A card loaded with `load_prompt(path, check=False)`: its hashes were not compared, so an edit goes unnoticed."""
+
+
+def load_prompt(path: str | Path, *, check: bool = True) -> CardPrompt:
+    """Load a prompt card (version 2, validated against promptopt/card_schema.json). Errors are one ConfigError naming
+    the file and the field.
+
+    `check` (default): the card must be as exported — its prompt fields match check.prompt_sha256 and every other
+    field that decides its answers (rendering, decision, model, data, ...) check.fields_sha256 — else it is refused,
+    naming the edited fields; a card without check.fields_sha256 (deleted, or exported before promptopt wrote it) and
+    a version-1 card (no hashes; renders plain prompts only) cannot be checked and are refused too. `check=False`
+    loads any valid card as it is and says so with an UncheckedCardWarning on every load."""
     where = str(path)
     data = load_yaml(path)
     version = Fields(data, where).get("promptopt_card", int, expected="card version 1 or 2")
@@ -225,7 +236,36 @@ def load_prompt(path: str | Path) -> CardPrompt:
         validate_card(data, where)
     elif version != 1:
         raise ConfigError(f"{where}: promptopt_card: expected card version 1 or 2, got {version!r}")
+    if check:
+        _refuse_unchecked(data, where, version)
+    else:
+        warnings.warn(
+            f"{where}: loaded WITHOUT checking its hashes (load_prompt(check=False)): "
+            "a card edited after export is used as it is",
+            UncheckedCardWarning,
+            stacklevel=2,
+        )
     return card_prompt(data, where)
+
+
+def _refuse_unchecked(data: dict, where: str, version: int) -> None:
+    """A card that is not as exported, or that cannot be checked, as one ConfigError naming why."""
+    from promptopt.card import edited_fields, edited_scored_fields
+
+    unchecked = "export it again, or load_prompt(path, check=False) loads it unchecked"
+    if version == 1:
+        raise ConfigError(f"{where}: a version-1 card records no hashes, so edits cannot be found: {unchecked}")
+    scored = edited_scored_fields(data)
+    if scored is None:
+        raise ConfigError(
+            f"{where}: check.fields_sha256: missing (deleted, or a card exported before promptopt wrote it), so an edit "
+            f"of its rendering, decision, model or data cannot be found: {unchecked}"
+        )
+    edited = edited_fields(data) + scored
+    if edited:
+        raise ConfigError(
+            f"{where}: {', '.join(edited)} edited after export: load_prompt refuses the card ({unchecked})"
+        )
 
 
 def card_prompt(data: dict, where: str = "<card>") -> CardPrompt:
@@ -295,4 +335,4 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'promptopt.production' has no attribute {name!r}")
 
 
-__all__ = ["CardPrompt", "card_prompt", "load_prompt"]
+__all__ = ["CardPrompt", "UncheckedCardWarning", "card_prompt", "load_prompt"]

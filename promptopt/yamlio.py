@@ -1,9 +1,11 @@
-"""Safe YAML reading with errors that name the file and key, and atomic file writing."""
+"""Safe YAML reading (within the limits of yaml_bounds.py) with errors that name the file and key, and atomic file
+writing."""
 
 from __future__ import annotations
 
 import os
 import re
+import reprlib
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -11,6 +13,7 @@ from typing import Any
 import yaml
 
 from promptopt.errors import ConfigError, UserError
+from promptopt.yaml_bounds import MAX_YAML_BYTES, BoundedSafeLoader, YAMLLimit
 
 try:
     import fcntl
@@ -18,23 +21,62 @@ except ImportError:  # not POSIX: temporaries are not locked, and none is ever t
     fcntl = None
 
 
+def read_yaml_text(path: Path) -> str:
+    """A YAML file's text, refused in one line before it is read when it is larger than MAX_YAML_BYTES."""
+    size = path.stat().st_size
+    if size > MAX_YAML_BYTES:
+        raise ConfigError(
+            f"{path}: {size / (1 << 20):.1f} MiB: larger than the {MAX_YAML_BYTES >> 20} MiB a card or task file "
+            "may be (an exported card of 14,000 test items is under 1 MiB): not read"
+        )
+    return path.read_text(encoding="utf-8")
+
+
+def yaml_problem(path: Path, exc: yaml.YAMLError, *, functions: bool = False) -> ConfigError:
+    """One line for a YAML error: the file, the line and column, and the problem (never the document's values).
+    `functions`: the loader reads `!function` (task_code.py), so an unknown tag gets no hint about it."""
+    mark = getattr(exc, "problem_mark", None)
+    where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+    problem = getattr(exc, "problem", None) or (str(exc).splitlines() or [type(exc).__name__])[0]
+    if isinstance(exc, YAMLLimit):
+        return ConfigError(f"{path}: {problem}{where}: more than promptopt reads in a card or task file")
+    if "!function" in problem and not functions:  # lm-eval's Python hooks: task files here hold no code
+        problem += (
+            ' (YAML files hold no code here: write the function as a Jinja template, e.g. doc_to_text: "{{ premise }}")'
+        )
+    return ConfigError(f"{path}: invalid YAML{where}: {shorten(problem, 200)}")
+
+
 def load_yaml(path: str | Path) -> dict:
-    """yaml.safe_load a mapping; any problem becomes one ConfigError line naming the file."""
+    """Read a YAML mapping as yaml.safe_load does, within MAX_YAML_BYTES, MAX_YAML_DEPTH and MAX_YAML_NODES; any
+    problem becomes one ConfigError line naming the file."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: file not found")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.load(read_yaml_text(path), Loader=BoundedSafeLoader)  # noqa: S506 (a SafeLoader's constructor)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        if "!function" in problem:  # lm-eval's Python hooks: task files here hold no code
-            problem += ' (YAML files hold no code here: write the function as a Jinja template, e.g. doc_to_text: "{{ premise }}")'
-        raise ConfigError(f"{path}: invalid YAML{where}: {problem}") from None
+        raise yaml_problem(path, exc) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read: {shorten(str(exc), 200)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
     return data
+
+
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel, _SHOWN.maxstring, _SHOWN.maxother = 2, 80, 80
+_SHOWN.maxlist = _SHOWN.maxtuple = _SHOWN.maxdict = _SHOWN.maxset = 4
+
+
+def shown(value: Any) -> str:
+    """A value as an error message shows it: its repr, cut short (80 characters of a string, 4 items of a list, 2
+    levels), so that no value, however large or aliased, is ever expanded into a message."""
+    return _SHOWN.repr(value)
+
+
+def shorten(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 class Fields:
@@ -49,7 +91,7 @@ class Fields:
         return f"{self.key_path}.{key}" if self.key_path else key
 
     def fail(self, key: str, expected: str, got: Any = ...) -> ConfigError:
-        tail = "" if got is ... else f", got {got!r}"
+        tail = "" if got is ... else f", got {shown(got)}"
         return ConfigError(f"{self.where}: {self._name(key)}: expected {expected}{tail}")
 
     def get(self, key: str, types: type | tuple, default: Any = ..., expected: str | None = None) -> Any:

@@ -14,6 +14,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "promptopt"
 LAYERS = {
     "errors": 0,
     "yamlio": 0,
+    "yaml_bounds": 0,
     "progress": 0,
     "registry": 0,
     "moved": 0,  # old import paths, one release (a meta-path finder)  # the one shape of every extension point (strategies, families, answer types, rules, loaders)

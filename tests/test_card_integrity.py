@@ -1,6 +1,7 @@
 """A card cannot be edited unnoticed: every field that decides its score or that `verify` reads is hashed at export
 (check.prompt_sha256 for the prompt, check.fields_sha256 for the rest), and an edit of any of them fails `verify`
-with a line naming the field. Cards exported before the field hashes still verify, saying what they cannot check.
+with a line naming the field, and is refused by `load_prompt`. A card without its field hashes fails `verify`, saying
+what it cannot check. A hostile card (aliases, nesting, size) is one line in seconds from every reader.
 
 Cards are real exports (`build_card` on the tiny random model, written as `export` writes them): a plain card, a
 chat card, a batch-calibrated card (fitted bias, the dev items it came from) and a two-member ensemble card."""
@@ -257,20 +258,116 @@ def test_an_error_met_on_an_edited_card_names_the_edit(cards, tmp_path):
     )
 
 
-def test_a_card_exported_before_the_field_hashes_verifies_and_says_what_it_cannot_check(cards, tmp_path):
+def test_a_card_without_its_field_hashes_fails_verify_saying_what_it_cannot_check(cards, tmp_path):
+    """Deleting check.fields_sha256 once turned every field edit into a `note` with exit 0 (a fragility threshold
+    0.466 -> 0.9 verified "ok"): a card without them now fails, naming what cannot be checked; the rest is checked."""
     card = load(cards["batch"])
     del card["check"]["fields_sha256"]
+    card["decision"]["bias"] = [-b for b in card["decision"]["bias"]]  # the edit the missing hashes would hide
     path = write(card, tmp_path / "older.yaml")
-    proc = run_cli("verify", path, "--device", "cpu")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    note = next(line for line in proc.stdout.splitlines() if line.startswith("note  card fields: not checked"))
-    assert "data.{" in note and "test_ids" in note and "dev_ids" in note and "decision.{" in note, note
-    assert "bias" in note and "fitted_on" in note and "metrics.test.{" in note, note
-    assert "ok    prompt fields: as exported" in proc.stdout and "verified" in proc.stdout
-    # what the older card can check it still checks: its prompt fields
+    proc = run_cli("verify", path, "--device", "cpu", "--limit", "1")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("FAIL  card fields: "))
+    assert "check.fields_sha256 missing" in line and "export the card again" in line, line
+    assert "data.{" in line and "test_ids" in line and "dev_ids" in line and "decision.{" in line, line
+    assert "bias" in line and "fitted_on" in line and "metrics.test.{" in line, line
+    assert "ok    prompt fields: as exported" in proc.stdout and f"verify failed for {path}: card fields" in proc.stdout
+    # its prompt fields are still checked
     card["instruction"] += " Really."
     proc = run_cli("verify", write(card, tmp_path / "older-edited.yaml"), "--device", "cpu", "--limit", "1")
     assert proc.returncode == 1 and "FAIL  prompt fields: instruction edited after export" in proc.stdout
+
+
+# --- load_prompt: production code loads only the card that was exported ----------------------------------------
+@pytest.mark.parametrize("kind", ["plain", "batch", "ensemble"])
+def test_load_prompt_refuses_an_edited_card_naming_the_field(kind, cards, tmp_path):
+    """`load_prompt` loaded 11 hand-edited cards silently: now each edit of a scored field is refused in one line
+    naming it, and `check=False` loads it with a warning saying it was not checked."""
+    import warnings
+
+    from promptopt.card import field_values
+    from promptopt.errors import ConfigError
+    from promptopt.production import UncheckedCardWarning, load_prompt
+
+    card = load(cards[kind])
+    assert load_prompt(cards[kind]).card == card  # as exported: loads
+    names = [n for n in field_values(card) if not n.startswith(("metrics.", "data."))]
+    names += ["data.test_ids", "metrics.test.accuracy", "instruction"]
+    for name in names:
+        edited = copy.deepcopy(card)
+        put(edited, name, changed(field_values(card).get(name, card.get(name)), name))
+        path = write(edited, tmp_path / "edited.yaml")
+        with pytest.raises(ConfigError) as refused:
+            load_prompt(path)
+        message = str(refused.value)
+        assert message.startswith(str(path)) and "\n" not in message, message
+        assert f"{name} edited after export" in message, (name, message)
+        if "load_prompt refuses the card" in message:  # a valid card, edited: it loads only unchecked, loudly
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                assert load_prompt(path, check=False).card == edited
+            assert [w.category for w in caught] == [UncheckedCardWarning], caught
+            assert "WITHOUT checking its hashes" in str(caught[0].message)
+
+
+def test_load_prompt_refuses_a_card_it_cannot_check(cards, tmp_path):
+    from promptopt.errors import ConfigError
+    from promptopt.production import load_prompt
+
+    card = load(cards["plain"])
+    del card["check"]["fields_sha256"]
+    with pytest.raises(ConfigError, match=r"check\.fields_sha256: missing .* export it again, or load_prompt"):
+        load_prompt(write(card, tmp_path / "unhashed.yaml"))
+    v1 = tmp_path / "v1.yaml"
+    v1.write_text("promptopt_card: 1\ntask: sst2\ninstruction: Decide.\n")
+    with pytest.raises(ConfigError, match="a version-1 card records no hashes"):
+        load_prompt(v1)
+    with pytest.warns(UserWarning, match="WITHOUT checking"):
+        assert load_prompt(v1, check=False).prompt.instruction == "Decide."
+
+
+# --- hostile cards: one line, in seconds, from every reader ------------------------------------------------------
+def billion_laughs() -> str:
+    """689 bytes that expand to 10^9 strings (the classic XML bomb, in YAML aliases), inside a version-2 card."""
+    rows = ['l0: &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    rows += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, 9)]
+    return "promptopt_card: 2\ntask: sst2\n" + "\n".join(rows) + "\ninstruction: *l8\n"
+
+
+HOSTILE = {
+    "billion-laughs": (lambda path: path.write_text(billion_laughs()), "aliases are expanded"),
+    "deep-nesting": (
+        lambda path: path.write_text("promptopt_card: 2\ntask: sst2\ninstruction: " + "[" * 1000 + "]" * 1000 + "\n"),
+        "nest",
+    ),
+    "50-MB": (
+        lambda path: path.write_text("promptopt_card: 2\ntask: sst2\ninstruction: " + "x" * (50 << 20) + "\n"),
+        "50.0 MiB: larger than the 4 MiB",
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", list(HOSTILE))
+def test_a_hostile_card_is_one_line_in_seconds_from_load_prompt_verify_and_score(kind, tmp_path):
+    """A 689-byte billion-laughs card ran load_prompt for 300 s and 3.5 GB; 1,000 levels of `[` were a bare
+    RecursionError (3,000-line tracebacks from verify and score); a 50 MB card loaded in 38 s and killed verify in
+    the tokenizer. Each is now one line naming the file, within seconds, from all three."""
+    import time
+
+    from promptopt.errors import ConfigError
+    from promptopt.production import load_prompt
+
+    write_card, fragment = HOSTILE[kind]
+    path = tmp_path / "hostile.yaml"
+    write_card(path)
+    start = time.monotonic()
+    with pytest.raises(ConfigError) as refused:
+        load_prompt(path)
+    message = str(refused.value)
+    assert message.startswith(str(path)) and fragment in message and len(message) < 400, message
+    for command in (["verify", path], ["score", "--task", "sst2", "--prompt", path, "--model", "nope/none"]):
+        assert_one_line_error(run_cli(*command), str(path), fragment)
+    assert time.monotonic() - start < 15
 
 
 def test_the_schema_takes_field_hashes_by_field_name(cards):

@@ -181,7 +181,17 @@ def check_command(snippet: Snippet, group) -> list[str]:
     words, command, path = list(snippet.words), group, ["promptopt"]
     if words[:1] in (["…"], ["..."]):  # `promptopt …`: any command, in prose
         return []
-    while _is_group(command) and words and not words[0].startswith("-"):
+    while _is_group(command) and words:
+        if words[0].startswith(
+            "-"
+        ):  # a group's own option before its sub-command: `promptopt --unsafe-sandbox rlimit score`
+            option = next((p for p in command.params if words[0].split("=")[0] in p.opts), None)
+            if option is None or not words[1:]:
+                break
+            del words[: 1 if option.is_flag or "=" in words[0] else 2]
+            continue
+        if words[0] in ("…", "..."):  # `promptopt --unsafe-sandbox rlimit …`: any command
+            return []
         name = words.pop(0)
         if name not in command.commands:
             return [

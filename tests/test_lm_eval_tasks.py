@@ -153,6 +153,58 @@ def test_a_small_lm_eval_file_reads_as_lm_eval_reads_it(tmp_path):
     assert data.test[0].question == "Question: {q}"
 
 
+def test_a_per_subject_file_with_dataset_name_reads_its_local_json_as_lm_eval_does(tmp_path):
+    """lm-eval passes `dataset_name` to datasets.load_dataset as the configuration's name, which a local json builder
+    takes as a label and reads data_files all the same (MMLU's per-subject files): it was refused here, and the user
+    had to delete the key."""
+    plain = _load(_lm_eval_file(tmp_path))
+    named = _load(_lm_eval_file(tmp_path, dataset_name="abstract_algebra"))
+    assert [(i.question, i.choices, i.gold) for i in named.test] == [
+        (i.question, i.choices, i.gold) for i in plain.test
+    ]
+    with pytest.raises(ConfigError, match="dataset_name: expected text, got 3"):
+        _load(_lm_eval_file(tmp_path, dataset_name=3))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("datasets") is None, reason="datasets is not installed")
+def test_datasets_reads_a_local_json_file_under_any_configuration_name(tmp_path, monkeypatch):
+    """What the test above matches: datasets itself, called as lm-eval calls it."""
+    import datasets
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"q": "a", "a": 1}) + "\n")
+    loaded = datasets.load_dataset(
+        "json", name="abstract_algebra", data_files={"test": str(rows)}, cache_dir=str(tmp_path / "cache")
+    )
+    assert loaded["test"][0] == {"q": "a", "a": 1}
+
+
+def test_a_missing_target_column_is_named_with_the_columns(tmp_path):
+    """`doc_to_target: label` on rows without `label` was "answer 'label' is not one of the choices", no word of the
+    column (lm-eval renders a name that is no column as its own text)."""
+    with pytest.raises(DataError) as caught:
+        _load(_lm_eval_file(tmp_path, doc_to_target="label"))
+    text = str(caught.value)
+    assert "doc_to_target: column 'label' not found (columns: q, a)" in text and "\n" not in text, text
+    assert "as the text 'label', which is not one of the choices" in text, text
+    data = _load(
+        _lm_eval_file(tmp_path, doc_to_choice=["no", "yes"], doc_to_target="yes")
+    )  # a choice's text: as lm-eval
+    assert {i.gold for i in data.test} == {1}
+
+
+@pytest.mark.parametrize(
+    ("key", "meant"),
+    [("doc_to_targt", "doc_to_target"), ("test_splits", "test_split"), ("num_fewshots", "num_fewshot")],
+)
+def test_a_typo_in_a_key_gets_a_did_you_mean(tmp_path, key, meant):
+    with pytest.raises(ConfigError) as caught:
+        _load(_lm_eval_file(tmp_path, **{key: "x"}))
+    text = str(caught.value)
+    assert f"{key}: unknown or unsupported lm-eval task key (did you mean '{meant}'?" in text and "\n" not in text
+
+
 @pytest.mark.parametrize(
     ("changes", "message"),
     [

@@ -1,16 +1,17 @@
 """The command line around lm-eval tasks: --trust-task-code on every command that takes --task, the one-line
-refusal without it, score --order, check-lmeval's skip without lm-eval; and, where lm-eval is installed (CI does not
+refusal without it, score --order, check-lmeval's failure without lm-eval and its clean output; and, where lm-eval is installed (CI does not
 install it), promptopt and lm-eval 0.4.x agreeing item by item on lm-eval's own HellaSwag and Winogrande files, the
 derived-columns HellaSwag, and the same tasks through lm-eval's TaskManager (lmeval:)."""
 
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
 
-from tests.clirun import promptopt
+from tests.clirun import assert_one_line_error, promptopt
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = "examples/lm_eval_tasks"
@@ -88,15 +89,59 @@ def test_score_in_source_order_with_a_trusted_lm_eval_file(tiny_llama_dir, tmp_p
     assert pd.read_csv(out)["item_id"].tolist() != ["validation-0", "validation-1", "validation-2"]
 
 
-def test_check_lmeval_skips_in_one_line_without_lm_eval(monkeypatch):
-    from promptopt.analyses import lmeval_check
-
-    monkeypatch.setattr(lmeval_check, "lm_eval_installed", lambda: False)
+def test_check_lmeval_without_lm_eval_fails_in_one_line(monkeypatch):
+    """It exited 0 ("skipped"), which a CI job reads as passed: nothing compared is now a failure, exit 2. lm-eval
+    is hidden (an import of it fails, as where it is not installed), whether or not this machine has it."""
+    monkeypatch.setitem(sys.modules, "lm_eval", None)
     result = promptopt("check-lmeval", "--task", f"{EXAMPLES}/hellaswag/hellaswag.yaml", "--trust-task-code")
-    assert result.code == 0
-    assert result.stdout.strip() == (
-        "check-lmeval: skipped: lm-eval is not installed: pip install 'promptopt[lmeval]'; nothing was compared"
+    assert_one_line_error(
+        result, "check-lmeval: lm-eval is not installed, so nothing was compared: pip install 'promptopt[lmeval]'"
     )
+    assert result.stdout == ""
+
+
+@needs_lm_eval
+@pytest.mark.slow
+def test_check_lmeval_prints_its_own_lines_only(tmp_path, tiny_llama_dir):
+    """Outside a git checkout, lm-eval's `git describe` printed `fatal: not a git repository`, and its progress bars
+    (and datasets') reached the terminal: a real process, so that what programs write to the descriptors shows."""
+    import json
+
+    import yaml
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"q": f"is {i} even?", "a": (i + 1) % 2}) + "\n" for i in range(4)))
+    task = {
+        "task": "tiny_parity",
+        "dataset_path": "json",
+        "dataset_kwargs": {"data_files": {"validation": str(rows)}},
+        "output_type": "multiple_choice",
+        "validation_split": "validation",
+        "doc_to_text": "{{q}}",
+        "doc_to_choice": ["no", "yes"],
+        "doc_to_target": "a",
+        "metric_list": [{"metric": "acc"}],
+    }
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(task, sort_keys=False))
+    result = promptopt(
+        "check-lmeval",
+        "--task",
+        tmp_path / "tiny.yaml",
+        "--model",
+        tiny_llama_dir,
+        "--device",
+        "cpu",
+        "--limit",
+        "4",
+        cwd=tmp_path,
+        subprocess=True,
+    )
+    assert result.code == 0, result.stdout + result.stderr
+    assert result.stderr.strip() == "", result.stderr
+    text = " ".join(result.stdout.split())  # the console wraps long lines where stdout is no terminal
+    assert text.startswith("check-lmeval · tiny_parity (promptopt) vs "), text
+    assert "same requests (context and continuation strings): 4/4" in text and "identical predictions" in text, text
+    assert "fatal" not in text and "%|" not in text and "it/s" not in text, text
 
 
 def test_check_lmeval_needs_lm_evals_own_file_for_a_promptopt_task():

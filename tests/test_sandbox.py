@@ -15,7 +15,6 @@ import tempfile
 import threading
 import time
 import uuid
-import warnings
 from pathlib import Path
 
 import pytest
@@ -40,7 +39,12 @@ requires_bwrap = pytest.mark.usefixtures("bwrap")
 
 @pytest.fixture(autouse=True)
 def _default_mode(monkeypatch):
-    monkeypatch.delenv(sandbox.MODE_ENV, raising=False)
+    monkeypatch.setattr(sandbox, "_unsafe", None, raising=False)  # no --unsafe-sandbox from an earlier test
+
+
+def working_mode() -> str:
+    """The strongest mode that runs here: "bwrap", else "rlimit" (asked for explicitly)."""
+    return "bwrap" if bwrap_available() else "rlimit"
 
 
 def timed(program: str, **kwargs):
@@ -113,8 +117,8 @@ class Watch:
 
 
 def test_passing_and_failing_programs():
-    assert run_python("assert sum(range(4)) == 6").passed
-    failed = run_python("def f():\n    return 1\n\nassert f() == 2, 'f is off'\n")
+    assert run_python("assert sum(range(4)) == 6", sandbox=working_mode()).passed
+    failed = run_python("def f():\n    return 1\n\nassert f() == 2, 'f is off'\n", sandbox=working_mode())
     assert failed.status == "failed" and not failed.passed
     assert "AssertionError: f is off" in failed.detail and "line 4: assert f() == 2" in failed.detail
 
@@ -412,14 +416,17 @@ def test_rlimit_mode_caps_output():
 def test_mode_none_only_when_asked(monkeypatch):
     reads = "open('/etc/passwd').read()"
     assert run_python(reads, sandbox="none").mode == "none"
-    assert run_python(reads).mode != "none"
-    monkeypatch.setenv(sandbox.MODE_ENV, "none")
-    assert run_python(reads).mode == "none"
-    monkeypatch.setenv(sandbox.MODE_ENV, "rlimit")
+    monkeypatch.setenv("PROMPTOPT_SANDBOX", "none")  # no environment variable chooses a mode (it once did)
+    if bwrap_available():
+        assert run_python(reads).mode == "bwrap"
+    else:
+        with pytest.raises(sandbox.SandboxUnavailable):
+            run_python(reads)
+    assert sandbox.allow_unsafe("rlimit").startswith("warning: --unsafe-sandbox rlimit: ")
     assert run_python(reads).mode == "rlimit"
-    monkeypatch.setenv(sandbox.MODE_ENV, "chroot")
-    with pytest.raises(ConfigError, match="PROMPTOPT_SANDBOX"):
-        run_python(reads)
+    assert sandbox.allow_unsafe(None) is None and sandbox.sandbox_mode() == "bwrap"
+    with pytest.raises(ConfigError, match="--unsafe-sandbox: expected rlimit, got 'none'"):
+        sandbox.allow_unsafe("none")  # the flag never turns isolation and limits off altogether
     with pytest.raises(ConfigError, match="sandbox"):
         run_python(reads, sandbox="jail")
 
@@ -430,16 +437,92 @@ def test_default_mode_is_isolated():
     assert result.mode == "bwrap" and result.passed
 
 
-def test_missing_bwrap_warns_once_and_falls_back(monkeypatch):
+def test_missing_bwrap_runs_nothing_unless_the_user_asks(monkeypatch, tmp_path):
+    """Without bubblewrap the default mode refuses, naming the cause, the package and the flag, and the program
+    never runs (no marker written on the host); it never falls back to "rlimit" by itself. Asked for, it runs."""
+    marker = tmp_path / "ran"
+    program = f"open({str(marker)!r}, 'w').close()\n"
     monkeypatch.setenv("PATH", "/nonexistent")
     sandbox._probe.cache_clear()
     try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            first = run_python("pass", timeout=5)
-            second = run_python("pass", timeout=5)
+        for _ in range(2):  # probed once, refused every time
+            with pytest.raises(sandbox.SandboxUnavailable) as refused:
+                run_python(program, timeout=5)
+        message = str(refused.value)
+        assert "\n" not in message and "no bwrap on PATH" in message
+        assert "apt-get install bubblewrap" in message and "--unsafe-sandbox rlimit" in message
+        assert not marker.exists()
+        sandbox.allow_unsafe("rlimit")
+        result = run_python(program, timeout=5)
     finally:
         sandbox._probe.cache_clear()
-    messages = [str(w.message) for w in caught if "bubblewrap not available" in str(w.message)]
-    assert len(messages) == 1 and "not isolated from files or the network" in messages[0]
-    assert first.mode == second.mode == "rlimit" and first.passed and second.passed
+    assert result.mode == "rlimit" and result.passed and marker.exists()
+
+
+# --- who chooses the mode: never a task file; the user, on the command line --------------------------------
+
+
+def code_task(folder: Path, marker: Path, answer: dict) -> Path:
+    """A code task whose data's test code writes `marker` on the host, if it ever runs unsandboxed."""
+    import json
+
+    import yaml
+
+    row = {
+        "task_id": "t/0",
+        "prompt": "def f():\n",
+        "canonical_solution": "    return 1\n",
+        "test": f"def check(fn):\n    open({str(marker)!r}, 'w').close()\n    assert fn() == 1\n",
+        "entry_point": "f",
+    }
+    (folder / "data.jsonl").write_text(json.dumps(row) + "\n")
+    task = {
+        "name": "hostile_code",
+        "source": {"files": {"test": "data.jsonl"}},
+        "fields": {"id": "task_id", "question": "prompt", "answer": "canonical_solution", "test": "test"},
+        "splits": {"test": {"from": "test", "size": None}},
+        "answer": answer,
+        "generation": {"max_new_tokens": 4},
+    }
+    task["fields"]["entry_point"] = "entry_point"
+    path = folder / "task.yaml"
+    path.write_text(yaml.safe_dump(task))
+    return path
+
+
+@pytest.mark.parametrize("weaker", ["none", "rlimit"])
+def test_a_task_file_cannot_choose_a_weaker_sandbox(tmp_path, weaker):
+    """`answer: {type: code, sandbox: none}` once ran the data file's test code on the host, with no flag and
+    no warning: now the task is refused in one line before anything runs (nor any model loads)."""
+    from promptopt.tasks.spec import load_task_spec
+    from tests.clirun import assert_one_line_error, promptopt
+
+    marker = tmp_path / "ran-on-the-host"
+    path = code_task(tmp_path, marker, {"type": "code", "timeout": 5, "sandbox": weaker})
+    with pytest.raises(ConfigError, match=f"answer.sandbox: expected 'bwrap' .*got '{weaker}'"):
+        load_task_spec(str(path))
+    run = promptopt("score", "--task", path, "--model", tmp_path / "no-such-model.gguf")
+    assert_one_line_error(run, "answer.sandbox", "cannot weaken the code sandbox", "--unsafe-sandbox rlimit")
+    assert not marker.exists()
+    bwrap_task = code_task(tmp_path, marker, {"type": "code", "sandbox": "bwrap"})  # stating the default is fine
+    assert load_task_spec(str(bwrap_task)).answer_type == "code"
+
+
+def test_code_answers_without_bwrap_need_the_flag_which_warns_on_every_run(tmp_path, monkeypatch, tiny_llama_dir):
+    """Without bubblewrap, `score` on a code task is one error line naming the package and the flag; with
+    `promptopt --unsafe-sandbox rlimit` it runs, and says so first on stderr, every run."""
+    from tests.clirun import assert_one_line_error, promptopt
+
+    path = code_task(tmp_path, tmp_path / "marker", {"type": "code", "timeout": 5})
+    command = ["score", "--task", path, "--model", tiny_llama_dir, "--device", "cpu", "--limit", "1", "--quiet"]
+    monkeypatch.setenv("PATH", "/nonexistent")  # no bwrap, whether or not this machine has it
+    sandbox._probe.cache_clear()
+    try:
+        assert_one_line_error(promptopt(*command), "bubblewrap", "apt-get install bubblewrap", "--unsafe-sandbox")
+        for _ in range(2):
+            run = promptopt("--unsafe-sandbox", "rlimit", *command)
+            assert run.code == 0, run.stderr
+            assert run.stderr.splitlines()[0].startswith("warning: --unsafe-sandbox rlimit: code answers run with")
+            sandbox.allow_unsafe(None)  # the in-process CLI leaves it set; a real process ends with it
+    finally:
+        sandbox._probe.cache_clear()

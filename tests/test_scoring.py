@@ -194,7 +194,10 @@ def test_acc_norm_is_lm_evals_on_real_sciq_and_arc_rows(embedded_lm, tmp_path):
 
 
 @pytest.mark.slow
-def test_generative_tasks_on_embedded_model(embedded_lm):
+def test_generative_tasks_on_embedded_model(embedded_lm, monkeypatch):
+    from promptopt.tasks import sandbox
+
+    monkeypatch.setattr(sandbox, "_unsafe", None if sandbox.bwrap_available() else "rlimit")  # bwrap where it runs
     arith = load_task("basic_arithmetic")
     res = Scorer(embedded_lm, arith).score(arith.default_prompt(), arith.dev[:6])
     table = res.table

@@ -79,6 +79,7 @@ def test_an_ensemble_card_is_served_as_answer_table_combines_it(tiny_run, tmp_pa
     import numpy as np
     import yaml
 
+    from promptopt.card import field_hashes
     from promptopt.scoring.card_answers import answer_table, card_members
     from promptopt.serving import Server
     from promptopt.tasks import load_task
@@ -88,6 +89,7 @@ def test_an_ensemble_card_is_served_as_answer_table_combines_it(tiny_run, tmp_pa
     first = {k: card[k] for k in ("instruction", "template", "exemplars")}
     second = {**first, "exemplars": list(reversed(card["exemplars"])), "instruction": "Classify the sentiment."}
     card["ensemble"] = {"members": [first, second], "aggregation": "mean_normalized_scores"}
+    card["check"]["fields_sha256"] = field_hashes(card)  # an ensemble built by hand, sealed as export seals one
     path = tmp_path / "ensemble.yaml"
     path.write_text(yaml.safe_dump(card, sort_keys=False, allow_unicode=True))
     server = Server(path, device="cpu")

@@ -25,7 +25,7 @@ from promptopt.tasks.lm_eval_manager import EXTRA, lm_eval_installed
 
 
 class LmEvalNotInstalled(UserError):
-    """lm-eval is not installed: nothing to compare with (the CLI says so in one line and skips)."""
+    """lm-eval is not installed: nothing was compared, which is a failure (exit 2, one line), never a pass."""
 
 
 @dataclass
@@ -102,7 +102,7 @@ def check_lmeval(
     split = _check_split(data)
     name, folder, shown = lm_eval_target(task, lmeval_task, data.spec, trust_task_code)
     if not lm_eval_installed():
-        raise LmEvalNotInstalled(f"lm-eval is not installed: {EXTRA}")
+        raise LmEvalNotInstalled(f"check-lmeval: lm-eval is not installed, so nothing was compared: {EXTRA}")
     items, prompt = data.test[:limit], data.default_prompt()
     scorer = session.scorer
     start = time.perf_counter()

@@ -73,6 +73,23 @@ diagnose_app = typer.Typer(
 )
 
 
+@app.callback()
+def root(
+    unsafe_sandbox: str | None = typer.Option(
+        None,
+        "--unsafe-sandbox",
+        metavar="rlimit",
+        help="run code answers (HumanEval) with rlimits only, without bubblewrap's isolation: files, network and "
+        "processes stay reachable; warned on every run (docs: Guarantees, Generated code)",
+    ),
+) -> None:
+    """Find prompts that are accurate and stable."""
+    if unsafe_sandbox is not None:
+        from promptopt.tasks.sandbox import allow_unsafe
+
+        print(allow_unsafe(unsafe_sandbox), file=sys.stderr)
+
+
 def quiet_libraries() -> None:
     """Libraries' own warnings and progress bars off: the CLI shows its own progress and one-line errors."""
     import warnings

@@ -31,27 +31,23 @@ def check_lmeval_command(
     trust_task_code: bool = TrustTaskCodeOpt,
 ) -> None:
     """Score a task with promptopt and with lm-eval on the same items; print per-item agreement and both accuracies
-    (skips, saying so, when lm-eval is not installed)."""
-    from promptopt.analyses.lmeval_check import LmEvalNotInstalled, check_lmeval
+    (without lm-eval installed: one error line, exit 2: nothing was compared)."""
+    from promptopt.analyses.lmeval_check import check_lmeval
     from promptopt.yamlio import check_table_path, write_table
 
     quiet_libraries()
     if out is not None:
         check_table_path(out)
-    try:
-        result = check_lmeval(
-            task=task,
-            lmeval_task=lmeval_task,
-            model=model,
-            device=device,
-            dtype=dtype,
-            limit=limit,
-            batch_size=batch_size,
-            trust_task_code=trust_task_code,
-        )
-    except LmEvalNotInstalled as exc:
-        print(f"check-lmeval: skipped: {exc}; nothing was compared")
-        return
+    result = check_lmeval(
+        task=task,
+        lmeval_task=lmeval_task,
+        model=model,
+        device=device,
+        dtype=dtype,
+        limit=limit,
+        batch_size=batch_size,
+        trust_task_code=trust_task_code,
+    )
     if out is not None:
         write_table(result.table, out)
     print_check(result, rows)

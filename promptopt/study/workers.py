@@ -17,12 +17,18 @@ from promptopt.study.storage import make_storage, open_study, quiet_optuna
 from promptopt.study.trial import optimize
 
 
-def worker_main(config_dict: dict, factory, index: int, ready=None, errors=None, expand=None) -> None:
+def worker_main(
+    config_dict: dict, factory, index: int, ready=None, errors=None, expand=None, unsafe_sandbox=None
+) -> None:
     """Entry point of a worker process: builds its own scorer from the factory (model, task data, the
     shared result cache), signals `ready`, and joins the study. A user error goes to `errors` (the parent
-    reports it in one line); Ctrl-C exits quietly with status 130."""
+    reports it in one line); Ctrl-C exits quietly with status 130. `unsafe_sandbox`: the weaker code sandbox the
+    parent's user asked for (--unsafe-sandbox; the parent warned), which a spawned process does not inherit."""
     import transformers
 
+    from promptopt.tasks.sandbox import allow_unsafe
+
+    allow_unsafe(unsafe_sandbox)
     quiet_optuna()
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()  # the parent shows the progress
@@ -51,11 +57,15 @@ def workers(config: SearchConfig, factory, expand=None):
     they are joined; if this process stops early (Ctrl-C, an error) they are interrupted so each gives its
     trial back, then terminated if they do not stop."""
     n = config.study.n_workers
+    from promptopt.tasks.sandbox import unsafe_mode
+
     spawn = multiprocessing.get_context("spawn")
     errors = spawn.Queue() if n > 1 else None
     ready = [spawn.Event() for _ in range(1, n)]
     procs = [
-        spawn.Process(target=worker_main, args=(config.to_dict(), factory, i, ready[i - 1], errors, expand))
+        spawn.Process(
+            target=worker_main, args=(config.to_dict(), factory, i, ready[i - 1], errors, expand, unsafe_mode())
+        )
         for i in range(1, n)
     ]
     for proc in procs:

@@ -34,7 +34,7 @@ from promptopt.tasks.extract import (
     numbers_equal,
     stated_number,
 )
-from promptopt.tasks.fields import RowRef
+from promptopt.tasks.fields import RowRef, missing_column
 from promptopt.tasks.item import Item
 
 Judgement = tuple[str, int, bool]  # extracted answer, where it starts in the generated text (-1: none), correct
@@ -123,6 +123,14 @@ class AnswerType:
         labels = fields["choice_labels"].choices(row, ref) if "choice_labels" in fields else None
         answer = fields["answer"].target(row, ref)
         if spec.dialect == "lm-eval":
+            name = getattr(fields["answer"], "missing_column", lambda row: None)(row)
+            if name is not None and answer == name and name not in choices:
+                raise ref.fail(
+                    fields["answer"].key,
+                    f"{missing_column(name, row)}: lm-eval reads a name that is no column as the text '{name}', "
+                    f"which is not one of the choices {choices}",
+                    f"column '{name}' not found",
+                )
             return choices, lm_eval_gold(answer, choices, ref, fields["answer"].key)
         return choices, gold_index(answer, choices, labels, ref, fields["answer"].key)
 
@@ -361,6 +369,6 @@ class Code(AnswerType):
         from promptopt.tasks.sandbox import run_python
 
         program = f"{item.question}{text}\n\n{item.gold}\n\ncheck({item.meta['entry_point']})\n"
-        result = run_python(program, timeout=spec.code_timeout, sandbox=spec.code_sandbox)
+        result = run_python(program, timeout=spec.code_timeout)
         start = len(text) - len(text.lstrip())
         return result.status, start, result.passed

@@ -44,8 +44,10 @@ def data_source(data: dict, where: str):
     if path in LOCAL_BUILDERS:
         if files is None:
             raise _fail(where, "dataset_kwargs.data_files", f"required with dataset_path: {path} (the local files)")
-        if name is not None:
-            raise _fail(where, "dataset_name", f"{name!r}: a local {path} dataset has no configurations")
+        if name is not None and not isinstance(name, str):
+            raise _fail(where, "dataset_name", f"expected text, got {name!r}")
+        # lm-eval passes dataset_name to datasets.load_dataset as the configuration's name, which a local json, csv or
+        # parquet builder takes as a label only and reads data_files all the same (MMLU's per-subject files).
         return SourceSpec(files=_split_files(files, path, where), files_base=files_base())
     if name is not None and not isinstance(name, str):
         raise _fail(where, "dataset_name", f"expected text, got {name!r}")

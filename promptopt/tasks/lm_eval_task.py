@@ -23,6 +23,7 @@ Every other key, and every value these readings cannot honour, is refused in one
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -144,6 +145,15 @@ class LmEvalField(FieldSpec):
     def target(self, row: dict, ref: RowRef) -> Any:
         return self.resolve(row, ref)
 
+    def missing_column(self, row: dict) -> str | None:
+        """The column this field names when the row has no such column (a bare name such as `label`, which lm-eval
+        then renders as the text 'label'), for a message that says so; None when it is a column or a template."""
+        from promptopt.tasks.fields import _IDENTIFIER
+
+        if self.kind != "lm-eval" or not isinstance(self.raw, str) or not isinstance(row, dict):
+            return None
+        return self.raw if _IDENTIFIER.match(self.raw) and self.raw not in row else None
+
 
 def _with_includes(data: dict, where: str, seen: tuple[str, ...] = ()) -> dict:
     """lm-eval's `include:` (a file or a list, relative to the including file): included keys, then the file's own."""
@@ -173,8 +183,13 @@ def _check_keys(data: dict, where: str) -> None:
         if key in REFUSED:
             raise _fail(where, key, f"{REFUSED[key]} is not supported by promptopt's lm-eval reader")
         if key not in READ | METADATA:
+            known = sorted(READ | METADATA | set(REFUSED))
+            close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.75)
+            hint = f"did you mean '{close[0]}'? " if close else ""
             raise _fail(
-                where, key, f"unknown or unsupported lm-eval task key (read: {', '.join(sorted(READ - {'include'}))})"
+                where,
+                key,
+                f"unknown or unsupported lm-eval task key ({hint}read: {', '.join(sorted(READ - {'include'}))})",
             )
 
 

@@ -19,9 +19,6 @@ from promptopt.tasks.sandbox_process import _LAUNCH, OUTPUT_LIMIT, _execute, _fa
 SANDBOX_ID = 2_000_000_000
 TMPFS_BYTES = 16 << 20  # each of /tmp, /work and /dev/shm in "bwrap" mode
 WORK = "/work"
-_BWRAP_WARNING = (
-    "bubblewrap not available: generated code runs with rlimits only, not isolated from files or the network"
-)
 
 
 def _run_bwrap(program: str, *, plan: str, limit_arg: str, **budget) -> tuple[int, bytes, str]:
@@ -182,14 +179,22 @@ _PROBE = (
 )
 
 _plan_lock = threading.Lock()
+_unavailable = ""  # why the last probe found no way to run bwrap
+
+
+def unavailable_reason() -> str:
+    """Why "bwrap" mode cannot run here (after a probe that returned None), in words."""
+    return _unavailable
 
 
 @functools.cache
 def _probe() -> str | None:
     """How bwrap works here, tried once per process with a tiny program: "userns" (as root, see _userns_fd),
-    "plain" (bwrap makes its own user namespace), or None (warned once; "bwrap" mode falls back to "rlimit")."""
+    "plain" (bwrap makes its own user namespace), or None, with the reason in `unavailable_reason()` ("bwrap" mode
+    then refuses to run anything: it never falls back to a weaker mode by itself)."""
+    global _unavailable
     if shutil.which("bwrap") is None:
-        warnings.warn(f"{_BWRAP_WARNING} (no bwrap on PATH; apt-get install bubblewrap)", RuntimeWarning, stacklevel=4)
+        _unavailable = "no bwrap on PATH"
         return None
     plans = (["userns"] if os.geteuid() == 0 and shutil.which("unshare") and shutil.which("nsenter") else []) + [
         "plain"
@@ -207,7 +212,7 @@ def _probe() -> str | None:
                 )
             return plan
         errors.append(f"{plan}: {reason or _failure(err, code)}")
-    warnings.warn(f"{_BWRAP_WARNING} ({'; '.join(errors)})", RuntimeWarning, stacklevel=4)
+    _unavailable = f"bwrap cannot create its namespaces here: {'; '.join(errors)}"
     return None
 
 

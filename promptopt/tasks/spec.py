@@ -43,7 +43,6 @@ from promptopt.prompts import PromptTemplate
 from promptopt.tasks.answers import ANSWER_TYPES, EXTRACTIONS, AnswerType, get_answer_type
 from promptopt.tasks.columns import parse_columns
 from promptopt.tasks.fields import FieldSpec
-from promptopt.tasks.sandbox import MODES as SANDBOX_MODES
 from promptopt.tasks.task_code import FunctionRef, refuse_untrusted_code, resolve
 from promptopt.yamlio import Fields
 
@@ -91,7 +90,6 @@ class TaskSpec:
     k: int
     template: PromptTemplate
     code_timeout: float = 10.0
-    code_sandbox: str | None = None  # bwrap | rlimit | none; None: $PROMPTOPT_SANDBOX, else bwrap
     description: str = ""
     extract: str = "default"  # "default": the answer type's own rule; "answer_line": an 'Answer: ...' line first
     allow_duplicate_choices: bool = False  # else two equal choices in a row are an error (a tie is never right)
@@ -216,6 +214,7 @@ def parse_task(data: dict, where: str, *, trust_task_code: bool = False) -> Task
         raise a.fail("extract", f"'default' (answer.type {answer_type} is scored by log-likelihood)", extract)
     if extract == "answer_line" and answer_type == "code":
         raise a.fail("extract", "'default' (code answers are run, not read from an answer line)", extract)
+    _sandbox_is_bwrap(a)
     fields = _parse_fields(f, answer, trust_task_code)
     allow_duplicates = a.get("allow_duplicate_choices", bool, False)
     if allow_duplicates and not answer.has_choices:
@@ -280,12 +279,26 @@ def parse_task(data: dict, where: str, *, trust_task_code: bool = False) -> Task
         k=k,
         template=template,
         code_timeout=float(a.get("timeout", (int, float), 10.0)),
-        code_sandbox=a.choice("sandbox", SANDBOX_MODES, None),
         allow_duplicate_choices=allow_duplicates,
         columns=parse_columns(data.get("columns"), where),
         process_docs=_process_docs(f, trust_task_code),
         order=sp.choice("order", ORDERS, "shuffled"),
     )
+
+
+def _sandbox_is_bwrap(a) -> None:
+    """answer.sandbox may only state the default: a task file never weakens the sandbox its data's test code runs in
+    (the person running promptopt may, on the command line: tasks/sandbox.py)."""
+    from promptopt.tasks.sandbox import UNSAFE_FLAG
+
+    value = a.data.get("sandbox")
+    if value is not None and value != "bwrap":
+        raise a.fail(
+            "sandbox",
+            "'bwrap' (a task file cannot weaken the code sandbox; without bubblewrap, whoever runs promptopt "
+            f"may pass `promptopt {UNSAFE_FLAG} rlimit ...`)",
+            value,
+        )
 
 
 _FUNCTION_KEYS = {*_LM_EVAL_FIELDS, "fields", "process_docs"}

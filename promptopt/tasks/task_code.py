@@ -19,6 +19,8 @@ from typing import Any
 import yaml
 
 from promptopt.errors import ConfigError
+from promptopt.yaml_bounds import BoundedSafeLoader
+from promptopt.yamlio import read_yaml_text, yaml_problem
 
 TRUST_FLAG = "--trust-task-code"
 
@@ -50,8 +52,9 @@ class TaskFunction:
             raise ref.fail(key, f"!function {self.name} failed: {type(exc).__name__}: {exc}") from None
 
 
-class _TaskLoader(yaml.SafeLoader):
-    """yaml.SafeLoader plus lm-eval's `!function` tag (read as a FunctionRef, never run)."""
+class _TaskLoader(BoundedSafeLoader):
+    """yaml.SafeLoader (within promptopt's limits on size, nesting and aliases) plus lm-eval's `!function` tag (read
+    as a FunctionRef, never run)."""
 
     folder: Path = Path(".")
     where: str = ""
@@ -71,12 +74,9 @@ def read_task_yaml(path: str | Path) -> dict:
         raise ConfigError(f"{path}: file not found")
     loader_class = type("TaskLoader", (_TaskLoader,), {"folder": path.resolve().parent, "where": str(path)})
     try:
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=loader_class)  # noqa: S506 (a SafeLoader)
+        data = yaml.load(read_yaml_text(path), Loader=loader_class)  # noqa: S506 (a SafeLoader)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(f"{path}: invalid YAML{at}: {problem}") from None
+        raise yaml_problem(path, exc, functions=True) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read: {exc}") from None
     if not isinstance(data, dict):

@@ -6,9 +6,10 @@ the recorded test metrics and each ensemble member) are as exported; the model's
 weights, tokenizer and chat template have the recorded fingerprints; the task file, data and carving are
 the recorded ones and hold the recorded items; the first test item renders to the recorded text and token
 ids; re-scored (no result cache) on the recorded test items, the accuracy lies inside the recorded 95%
-interval. Each difference is one line naming what changed (and, for items, which flipped). A card exported
-before the field hashes existed is verified as before, with a `note` line naming the fields it cannot check;
-an error met on a card whose fields were edited (a recorded model or task that is gone) names the edit too.
+interval. Each difference is one line naming what changed (and, for items, which flipped). A card without
+check.fields_sha256 (deleted, or exported before the field hashes existed) fails, naming the fields it cannot check
+(the rest is still checked); an error met on a card whose fields were edited (a recorded model or task that is
+gone) names the edit too.
 
 A model that differs from the recorded one is never used silently: the recorded model missing is an error
 (exit 2); another model given with `--model` is scored, and its fingerprint difference fails the check.
@@ -120,10 +121,9 @@ def verify_card(
     if scored is None:
         result.add(
             "card fields",
-            True,
-            f"not checked: exported before promptopt hashed them, so an edit of {unchecked_fields(card)} goes "
-            "unnoticed here (export the card again to cover them)",
-            note=True,
+            False,
+            f"check.fields_sha256 missing (deleted, or a card exported before promptopt hashed them), so an edit of "
+            f"{unchecked_fields(card)} cannot be found: export the card again",
         )
     else:
         result.add(
