@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from promptopt import progress
+
 
 def _compactable(processors) -> bool:
     """Finished rows may leave a batch when every processor is stateless across rows (temperature, top-p) or
@@ -95,7 +97,22 @@ class GenerationMixin:
         order = sorted(range(len(contexts)), key=lambda i: len(contexts[i]), reverse=True)
         results: list[GenerationResult | None] = [None] * len(contexts)
         batches = [order[i : i + size] for i in range(0, len(order), size)]
-        for batch in tqdm(batches, desc="generating", disable=not self.progress, leave=False):
+        meter = progress.meter("generating", len(contexts), "items")
+        work_total, items_before, work_before = max(1, sum(limits)), 0, 0
+        for number, batch in enumerate(tqdm(batches, desc="generating", disable=not self.progress, leave=False), 1):
+            where = f" of batch {number}/{len(batches)}" if len(batches) > 1 else ""
+            longest = max(limits[i] for i in batch)
+
+            def on_step(
+                finished, work, step, items_before=items_before, work_before=work_before, longest=longest, where=where
+            ):
+                # the share of the work done: an unfinished row is assumed to run to its limit, so the estimate leans long
+                meter.update(
+                    items_before + finished,
+                    fraction=(work_before + work) / work_total,
+                    note=f" (step {step}/{longest}{where})",
+                )
+
             outs = self._generate_batch(
                 [list(contexts[i]) for i in batch],
                 [limits[i] for i in batch],
@@ -104,12 +121,15 @@ class GenerationMixin:
                 temperature > 0,
                 generator,
                 keep_hidden,
+                on_step=on_step,
             )
             for i, out in zip(batch, outs):
                 results[i] = out
+            items_before += len(batch)
+            work_before += sum(limits[i] for i in batch)
         return results  # type: ignore[return-value]
 
-    def _generate_batch(self, contexts, limits, stop, processors, sample, generator, keep_hidden=True):
+    def _generate_batch(self, contexts, limits, stop, processors, sample, generator, keep_hidden=True, on_step=None):
         tok = self.lm.tokenizer
         dev = self.lm.device
         geometry = self.lm.output_head
@@ -140,7 +160,7 @@ class GenerationMixin:
         step_ids, step_pos = ids.to(dev), positions
         nxt = None
         with torch.inference_mode():
-            for _ in range(max(limits)):
+            for t in range(max(limits)):
                 hidden, cache = self._forward(step_ids, mask, step_pos, cache)
                 last = hidden[:, -1].float()
                 scores = geometry.logits(last.to(geometry.weight.device)).to(dev)
@@ -167,6 +187,12 @@ class GenerationMixin:
                     elif len(generated[row]) >= limits[row]:
                         done[row] = True  # its own limit: reason stays "length"
                     texts[row] = text
+                if on_step is not None:  # progress: rows finished, work done (a finished row: its whole limit)
+                    on_step(
+                        sum(done),
+                        sum(limits[r] if done[r] else len(generated[r]) for r in range(b)),
+                        t + 1,
+                    )
                 if all(done):
                     break
                 step_ids = nxt[:, None]

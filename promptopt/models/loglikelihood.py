@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from promptopt import progress
 from promptopt.models import last_layer
 
 
@@ -98,7 +99,9 @@ class LoglikelihoodMixin:
         pad = self.lm.tokenizer.pad_token_id or 0
         batches = [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
         cache_for = self._scoring_caches(prefix, rows=len(batches[0]), width=len(order[0]) - prefix_len)
+        meter, done = progress.meter("scoring", len(order), "inputs"), 0
         for batch in tqdm(batches, desc="scoring", disable=not self.progress, leave=False):
+            done += len(batch)
             suffixes = [seq[prefix_len:] for seq in batch]
             width = max(len(s) for s in suffixes)
             ids = torch.full((len(batch), width), pad, dtype=torch.long)
@@ -122,6 +125,7 @@ class LoglikelihoodMixin:
             for row, seq in enumerate(batch):
                 first = first_needed[seq] - prefix_len
                 states.add(seq, first_needed[seq], hidden[row, first : len(seq) - prefix_len].float().clone())
+            meter.update(done)
         return states
 
     def _project(self, requests, fed, states: States, tcb_targets, eps: float) -> list[LoglikelihoodResult]:
