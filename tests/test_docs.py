@@ -377,3 +377,85 @@ def card_folder(tmp_path_factory) -> Path:
 def test_runnable_block_runs(where, block, card_folder, monkeypatch):
     monkeypatch.chdir(card_folder)
     run_block(where, block)
+
+
+# --- help texts point to pages and sections that exist ---------------------------------------------------------------
+_REFERENCE = re.compile(r"\b(docs/[\w.-]+\.md)(?:#([\w-]+))?")
+_LOOSE = re.compile(r"\b(README|docs)\s*:\s*[A-Z]")  # "README: Search", "docs: Serving": no page a reader can open
+
+
+def anchors(path: Path) -> set[str]:
+    """The anchors of a Markdown page as mkdocs makes them: an explicit `{#id}`, else the heading's toc slug."""
+    import unicodedata
+
+    found = set()
+    for line in _outside_blocks(path.read_text(encoding="utf-8")).split("\n"):
+        heading = re.match(r"^#{1,6}\s+(.*?)\s*$", line)
+        if not heading:
+            continue
+        explicit = re.search(r"\{#([\w-]+)\}\s*$", heading.group(1))
+        if explicit:
+            found.add(explicit.group(1))
+            continue
+        text = re.sub(r"`|\*\*|\[|\]\([^)]*\)", "", heading.group(1))
+        text = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode()
+        found.add(re.sub(r"[-\s]+", "-", re.sub(r"[^\w\s-]", "", text).strip().lower()))
+    return found
+
+
+def help_texts(command, path=("promptopt",)):
+    """(where, text) for every command's help and every option's help of the CLI."""
+    yield " ".join(path), command.help or ""
+    for param in command.params:
+        yield (
+            f"{' '.join(path)} {'/'.join(getattr(param, 'opts', []) or [param.name])}",
+            getattr(param, "help", "") or "",
+        )
+    for name, sub in getattr(command, "commands", {}).items():
+        yield from help_texts(sub, (*path, name))
+
+
+def check_references(texts) -> list[str]:
+    """Every docs page a text names exists, with the section it names; a bare 'README: X' or 'docs: X' is
+    reported (the README's sections moved to docs/: a reference names the page, docs/PAGE.md#section)."""
+    problems = []
+    for where, text in texts:
+        text = " ".join(text.split())
+        for loose in _LOOSE.finditer(text):
+            problems.append(
+                f"{where}: {text[loose.start() : loose.start() + 40]!r}: name the page (docs/PAGE.md#section)"
+            )
+        for page, anchor in _REFERENCE.findall(text):
+            if not (REPO / page).is_file():
+                problems.append(f"{where}: {page}: no such page")
+            elif anchor and anchor not in anchors(REPO / page):
+                problems.append(f"{where}: {page}#{anchor}: no such section")
+    return problems
+
+
+def test_help_texts_point_to_pages_and_sections_that_exist():
+    texts = list(help_texts(cli_group()))
+    assert len(texts) > 200, "the help texts were not collected"
+    assert sum(bool(_REFERENCE.search(t)) for _, t in texts) >= 7, "no help text names a page: the search is broken"
+    problems = check_references(texts)
+    assert not problems, "\n".join(problems)
+
+
+def test_a_help_text_pointing_nowhere_is_reported():
+    assert check_references([("search --strategy", "tcb or ppl (README: Search)")])
+    assert check_references([("x", "see docs: Serving")])
+    assert check_references([("x", "(docs/searching.md)")]) == ["x: docs/searching.md: no such page"]
+    assert check_references([("x", "(docs/search.md#nope)")]) == ["x: docs/search.md#nope: no such section"]
+    assert not check_references([("x", "(docs/search.md#strategies), docs/diagnose.md, docs/search.md#proposals")])
+    assert {"strategies", "proposals", "screening", "robust-multi-fidelity"} <= anchors(REPO / "docs" / "search.md")
+
+
+def test_links_from_the_front_page_reach_their_sections():
+    """README.md and CONTRIBUTING.md links with a #section into docs/ (mkdocs checks only the links inside docs/)."""
+    broken = []
+    for doc in (REPO / "README.md", REPO / "CONTRIBUTING.md"):
+        for target, anchor in re.findall(r"\]\(([^)#\s]+\.md)#([^)\s]+)\)", doc.read_text(encoding="utf-8")):
+            page = doc.parent / target
+            if page.is_file() and anchor not in anchors(page):
+                broken.append(f"{doc.name}: {target}#{anchor}")
+    assert not broken, broken

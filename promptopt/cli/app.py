@@ -16,7 +16,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="Find prompts that are accurate and stable.",
 )
-diagnose_app = typer.Typer(no_args_is_help=True, help="Analyses of a run or a model (see README: Diagnose).")
+diagnose_app = typer.Typer(no_args_is_help=True, help="Analyses of a run or a model (docs/diagnose.md).")
 
 
 def quiet_libraries() -> None:
