@@ -459,3 +459,36 @@ def test_links_from_the_front_page_reach_their_sections():
             if page.is_file() and anchor not in anchors(page):
                 broken.append(f"{doc.name}: {target}#{anchor}")
     assert not broken, broken
+
+
+# --- docs/tasks.md's built-in list is the registry's -----------------------------------------------------------------
+_TASKS_START = "<!-- builtin-tasks: the registry's list, checked by tests/test_docs.py (it prints the new one) -->"
+_TASKS_END = "<!-- /builtin-tasks -->"
+
+
+def builtin_tasks_list() -> str:
+    """One line per built-in task, as `promptopt tasks` lists them: name, answer type, description."""
+    from promptopt.tasks import builtin_task_names, load_task_spec
+
+    lines = []
+    for name in builtin_task_names():
+        spec = load_task_spec(name)
+        lines.append(f"- `{name}` ({spec.answer_type}): {' '.join(spec.description.split())}")
+    return "\n".join(lines)
+
+
+def documented_tasks_list(text: str) -> str | None:
+    if _TASKS_START not in text or _TASKS_END not in text:
+        return None
+    return text.split(_TASKS_START, 1)[1].split(_TASKS_END, 1)[0].strip()
+
+
+def test_the_builtin_task_list_in_the_docs_is_the_registry_s():
+    text = (REPO / "docs" / "tasks.md").read_text(encoding="utf-8")
+    expected = builtin_tasks_list()
+    assert "`mrpc`" in expected and "`rte`" in expected and "`sst2`" in expected
+    assert documented_tasks_list(text) == expected, (
+        f"docs/tasks.md's built-in list differs from the registry; between its two markers put:\n{expected}"
+    )
+    stale = documented_tasks_list(text.replace("- `rte`", "- `rte_old`"))
+    assert stale != expected  # the check can fail: a renamed (or missing) task is caught
