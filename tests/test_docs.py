@@ -492,3 +492,25 @@ def test_the_builtin_task_list_in_the_docs_is_the_registry_s():
     )
     stale = documented_tasks_list(text.replace("- `rte`", "- `rte_old`"))
     assert stale != expected  # the check can fail: a renamed (or missing) task is caught
+
+
+# --- each time stated once ----------------------------------------------------------------------------------------
+_TIME_CLAIM = re.compile(r"`make (demo|test)`[^.\n]{0,60}\babout \d")
+
+
+def time_claims(text: str) -> list[str]:
+    """'`make demo` ... about N min' statements outside code blocks."""
+    return [m.group(0) for m in _TIME_CLAIM.finditer(_outside_blocks(text))]
+
+
+def test_the_set_up_times_are_stated_once():
+    """How long `make demo` and `make test` take is written in the README alone; getting-started.md includes those
+    lines from it (a snippet, so the built page shows them) and CONTRIBUTING.md links to it."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert len(time_claims(readme)) == 2, time_claims(readme)
+    elsewhere = {p.name: time_claims(p.read_text(encoding="utf-8")) for p in DOCS if p.name != "README.md"}
+    assert not any(elsewhere.values()), elsewhere
+    assert '--8<-- "README.md:setup-times"' in (REPO / "docs" / "getting-started.md").read_text(encoding="utf-8")
+    section = readme.split("[start:setup-times]", 1)[1].split("[end:setup-times]", 1)[0]
+    assert len(time_claims(section)) == 2  # the included lines are the README's statements
+    assert time_claims("`make test` about 5–6 min on 2 CPU cores") and not time_claims("`make test` runs the suite")
