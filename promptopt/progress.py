@@ -138,31 +138,37 @@ class Meter:
     (none for a loop that ends sooner) with the count, the time so far and the time left, estimated from the
     share of the work done (`fraction`, default done / total) at the rate so far."""
 
-    def __init__(self, desc: str, total: int | None, unit: str) -> None:
+    def __init__(self, desc: str, total: int | None, unit: str, *, warmup: bool = False) -> None:
+        """`warmup`: the time before the first `update` is a one-off (a prompt's prefill before the first decoding
+        step), so the time left is estimated at the pace from the first update on, not from the start."""
         self.desc, self.total, self.unit = desc, total, unit
         self.start = self.last = time.perf_counter()
+        self.origin: tuple[float, float] | None = None if warmup else (self.start, 0.0)
         self.lines = 0
 
     def update(self, done: int, *, fraction: float | None = None, note: str = "") -> None:
         if _current is None:
             return
         now = time.perf_counter()
+        if fraction is None and self.total:
+            fraction = done / self.total
+        if self.origin is None:  # the end of the warm-up: the pace is measured from here
+            self.origin = (now, fraction or 0.0)
         if now - self.last < METER_SECONDS:
             return
         self.last = now
-        elapsed = now - self.start
-        if fraction is None and self.total:
-            fraction = done / self.total
         counted = f"{done}/{self.total}" if self.total is not None else str(done)
-        text = f"{self.desc} {counted} {self.unit}{note}, {duration(elapsed)} so far"
-        if fraction is not None and fraction > 0:
-            text += f", about {duration(elapsed * (1 - min(fraction, 1.0)) / fraction)} left"
+        text = f"{self.desc} {counted} {self.unit}{note}, {duration(now - self.start)} so far"
+        since, before = self.origin
+        if fraction is not None and fraction > before and now > since:
+            pace = (now - since) / (fraction - before)  # seconds per whole job
+            text += f", about {duration(pace * (1 - min(fraction, 1.0)))} left"
         self.lines += 1
         step(f"{_current.stage}: {text}" if _current.stage else text)
 
 
-def meter(desc: str, total: int | None, unit: str) -> Meter:
-    return Meter(desc, total, unit)
+def meter(desc: str, total: int | None, unit: str, *, warmup: bool = False) -> Meter:
+    return Meter(desc, total, unit, warmup=warmup)
 
 
 __all__ = ["METER_SECONDS", "Meter", "bars", "duration", "enabled", "iterate", "meter", "reporting", "stage", "step"]

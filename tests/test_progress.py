@@ -269,6 +269,17 @@ def test_a_meter_says_where_it_is_every_few_seconds_with_what_remains(monkeypatc
         "stress: rank 2 (3/5): generating 3/4 items (step 9/512), 12 s so far, about 4 s left\n",
     ]
     assert progress.duration(185) == "3 min 05 s" and progress.duration(3725) == "1 h 02 min"
+    events.clear()  # with a warm-up (a prompt's 10 s prefill before the first step), the pace is read after it
+    clock[0] = 100.0
+    with contextlib.redirect_stderr(_Stream(events, "stderr")), progress.reporting("stress"):
+        meter = progress.meter("generating", 2, "items", warmup=True)
+        for fraction, at in ((0.01, 110.0), (0.21, 116.0)):
+            clock[0] = at
+            meter.update(0, fraction=fraction)
+    assert [text for _, _, text in events] == [
+        "stress: generating 0/2 items, 10 s so far\n",  # no pace yet: nothing said of what is left
+        "stress: generating 0/2 items, 16 s so far, about 24 s left\n",  # 6 s for 0.2 of the job; 0.79 to go
+    ]
 
 
 def test_taboo_stress_reports_each_rank_and_its_items_as_it_decodes(tiny_llama_dir, files, monkeypatch):

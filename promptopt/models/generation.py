@@ -97,7 +97,7 @@ class GenerationMixin:
         order = sorted(range(len(contexts)), key=lambda i: len(contexts[i]), reverse=True)
         results: list[GenerationResult | None] = [None] * len(contexts)
         batches = [order[i : i + size] for i in range(0, len(order), size)]
-        meter = progress.meter("generating", len(contexts), "items")
+        meter = progress.meter("generating", len(contexts), "items", warmup=True)  # the first step holds the prefill
         work_total, items_before, work_before = max(1, sum(limits)), 0, 0
         for number, batch in enumerate(tqdm(batches, desc="generating", disable=not self.progress, leave=False), 1):
             where = f" of batch {number}/{len(batches)}" if len(batches) > 1 else ""
