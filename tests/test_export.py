@@ -664,3 +664,32 @@ def test_every_export_path_warns_when_the_default_prompt_is_as_good(path, tiny_c
     assert any(NOT_BETTER in w for w in exported.warnings), (path, exported.warnings)
     if "ensemble" in EXPORT_PATHS[path] and EXPORT_PATHS[path].get("fmt") == "text":
         assert any("first of the ensemble's 2 prompts" in w for w in exported.warnings), exported.warnings
+
+
+SWAPPED_SPACE = """task: sst2
+description: prompts whose label words are swapped (a negative review reads "positive"): worse than the default
+instructions: {none: "", read: "Read the review."}
+exemplars: {candidates: 4, k: [0, 0]}
+templates:
+  swapped: {query: "Review: {question}\\nSentiment:", label_words: [positive, negative]}
+"""
+
+
+@pytest.mark.slow
+def test_an_ensemble_worse_than_the_default_prompt_is_warned_on_the_embedded_model(tmp_path):
+    """`export --ensemble 2` of a search whose every prompt swaps SST-2's label words (a real model reads the
+    words, so every member and the ensemble are worse than the task's default prompt): the warning on stderr."""
+    from promptopt.search import run_search
+
+    (tmp_path / "space.yaml").write_text(SWAPPED_SPACE)
+    config = SearchConfig.build(model="smollm2-135m-instruct", out=str(tmp_path / "run"), device="cpu", task="sst2",
+                                strategy="accuracy", trials=2, dev_limit=6, test_limit=16, pruning=False,
+                                space=str(tmp_path / "space.yaml"))  # fmt: skip
+    run_search(config, show_progress=False)
+    result = run_cli("export", tmp_path / "run", "--ensemble", "2", "--out", tmp_path / "ens.yaml")
+    assert result.code == 0, result.stderr
+    card = yaml.safe_load((tmp_path / "ens.yaml").read_text())
+    assert len(card["ensemble"]["members"]) == 2
+    assert "warning: the exported prompt is not better than the task's default prompt on the same 16 test items" in (
+        result.stderr
+    ), result.stderr

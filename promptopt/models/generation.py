@@ -98,18 +98,20 @@ class GenerationMixin:
         results: list[GenerationResult | None] = [None] * len(contexts)
         batches = [order[i : i + size] for i in range(0, len(order), size)]
         meter = progress.meter("generating", len(contexts), "items", warmup=True)  # the first step holds the prefill
-        work_total, items_before, work_before = max(1, sum(limits)), 0, 0
+        # the work is decoding steps: a batch runs until its longest row stops (at most its largest limit), and a
+        # step costs about the same whatever rows are left, so the estimate assumes the rest runs to that limit
+        steps_total = max(1, sum(max(limits[i] for i in batch) for batch in batches))
+        items_before, steps_before = 0, 0
         for number, batch in enumerate(tqdm(batches, desc="generating", disable=not self.progress, leave=False), 1):
             where = f" of batch {number}/{len(batches)}" if len(batches) > 1 else ""
             longest = max(limits[i] for i in batch)
 
             def on_step(
-                finished, work, step, items_before=items_before, work_before=work_before, longest=longest, where=where
+                finished, step, items_before=items_before, steps_before=steps_before, longest=longest, where=where
             ):
-                # the share of the work done: an unfinished row is assumed to run to its limit, so the estimate leans long
                 meter.update(
                     items_before + finished,
-                    fraction=(work_before + work) / work_total,
+                    fraction=(steps_before + step) / steps_total,
                     note=f" (step {step}/{longest}{where})",
                 )
 
@@ -126,7 +128,7 @@ class GenerationMixin:
             for i, out in zip(batch, outs):
                 results[i] = out
             items_before += len(batch)
-            work_before += sum(limits[i] for i in batch)
+            steps_before += longest
         return results  # type: ignore[return-value]
 
     def _generate_batch(self, contexts, limits, stop, processors, sample, generator, keep_hidden=True, on_step=None):
@@ -187,12 +189,8 @@ class GenerationMixin:
                     elif len(generated[row]) >= limits[row]:
                         done[row] = True  # its own limit: reason stays "length"
                     texts[row] = text
-                if on_step is not None:  # progress: rows finished, work done (a finished row: its whole limit)
-                    on_step(
-                        sum(done),
-                        sum(limits[r] if done[r] else len(generated[r]) for r in range(b)),
-                        t + 1,
-                    )
+                if on_step is not None:  # progress: rows finished, decoding steps done
+                    on_step(sum(done), t + 1)
                 if all(done):
                     break
                 step_ids = nxt[:, None]
