@@ -154,8 +154,8 @@ class Meter:
             fraction = done / self.total
         if self.origin is None:  # the end of the warm-up: the pace is measured from here
             self.origin = (now, fraction or 0.0)
-        if now - self.last < METER_SECONDS:
-            return
+        if now - self.last < METER_SECONDS or (fraction is not None and fraction >= 1):
+            return  # too soon after the last line, or the loop's end (the command's next line says what follows)
         self.last = now
         counted = f"{done}/{self.total}" if self.total is not None else str(done)
         text = f"{self.desc} {counted} {self.unit}{note}, {duration(now - self.start)} so far"

@@ -260,7 +260,7 @@ def test_a_meter_says_where_it_is_every_few_seconds_with_what_remains(monkeypatc
     events: list = []
     with contextlib.redirect_stderr(_Stream(events, "stderr")), progress.reporting("stress"):
         meter = progress.meter("generating", 4, "items")
-        for done, at in ((0, 101.0), (1, 104.0), (1, 106.0), (2, 107.0), (3, 112.0)):
+        for done, at in ((0, 101.0), (1, 104.0), (1, 106.0), (2, 107.0), (3, 112.0), (4, 120.0)):
             clock[0] = at
             with progress.stage("rank 2 (3/5)"):
                 meter.update(done, note=" (step 9/512)")
@@ -306,8 +306,13 @@ def test_taboo_stress_reports_each_rank_and_its_items_as_it_decodes(tiny_llama_d
 
 
 def test_verify_reports_its_scoring_as_it_goes(files, monkeypatch):
-    """verify re-scores the recorded items (minutes on a real card): a line per scoring batch with what is left."""
+    """verify re-scores the recorded items (minutes on a real card): a line per scoring batch with what is left
+    (batches of 2 rows here, so that the card's 6 items take several)."""
+    from promptopt.models.runner import Runner
+
     monkeypatch.setattr(progress, "METER_SECONDS", 0.0)
+    init = Runner.__init__
+    monkeypatch.setattr(Runner, "__init__", lambda self, lm, **kw: init(self, lm, **{**kw, "batch_size": 2}))
     code, events = run("verify", files["card"], "--device", "cpu")
     assert code == 0, "".join(text for _, name, text in events if name == "stderr")[-3000:]
     lines = progress_before_results(events, "verify:")
