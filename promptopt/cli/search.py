@@ -40,7 +40,10 @@ from promptopt.cli.render_propose import print_proposals, print_rounds
 from promptopt.cli.render_robustness import print_compare
 
 ProposeOpt = typer.Option(
-    None, "--propose", min=1, help="N instructions written by --proposer join the space first (docs/search.md#proposals)"
+    None,
+    "--propose",
+    min=1,
+    help="N instructions written by --proposer join the space first (docs/search.md#proposals)",
 )
 ShowRejectedOpt = typer.Option(
     False, "--show-rejected", help="--propose: print every rejected proposal with its reason (the record names them)"
@@ -58,7 +61,9 @@ def search_config(**flat):
 def search(
     task: str = TaskOpt,
     strategy: str = typer.Option(
-        "tcb", "--strategy", help="tcb, ppl, accuracy, pareto, acc_tcb, acc_ppl or ppl_solution (docs/search.md#strategies)"
+        "tcb",
+        "--strategy",
+        help="tcb, ppl, accuracy, pareto, acc_tcb, acc_ppl or ppl_solution (docs/search.md#strategies)",
     ),
     trials: int = typer.Option(20, "--trials", help="finished (complete or pruned) trials to reach"),
     model: str = ModelOpt,
