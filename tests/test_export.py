@@ -667,7 +667,7 @@ def test_every_export_path_warns_when_the_default_prompt_is_as_good(path, tiny_c
 
 
 SWAPPED_SPACE = """task: sst2
-description: prompts whose label words are swapped (a negative review reads "positive"): worse than the default
+description: "prompts whose label words are swapped, so a negative review reads positive: worse than the default"
 instructions: {none: "", read: "Read the review."}
 exemplars: {candidates: 4, k: [0, 0]}
 templates:
