@@ -296,7 +296,7 @@ def test_taboo_stress_reports_each_rank_and_its_items_as_it_decodes(tiny_llama_d
     lines = progress_before_results(events, "stress:")
     starts = [line for line in lines if re.match(r"stress: (baseline|rank \d) \(\d/3\): decoding 2 items", line)]
     assert [line.split(" (")[0] for line in starts] == ["stress: baseline", "stress: rank 1", "stress: rank 2"], lines
-    assert "left for 2 conditions" in starts[1] and "left for 1 conditions" in starts[2], starts
+    assert "left for 2 conditions" in starts[1] and "left for 1 condition at" in starts[2], starts
     for name, number in (("baseline", 1), ("rank 1", 2), ("rank 2", 3)):
         inside = [line for line in lines if line.startswith(f"stress: {name} ({number}/3): generating ")]
         assert inside, (name, lines)

@@ -94,7 +94,8 @@ def taboo_stress(
             return done
         left = conditions - number + 1
         estimate = (
-            f"; about {progress.duration(sum(took) / len(took) * left)} left for {left} conditions at the pace so far"
+            f"; about {progress.duration(sum(took) / len(took) * left)} left for {left} condition{'s' if left > 1 else ''}"
+            " at the pace so far"
             if took
             else ""
         )
