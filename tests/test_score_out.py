@@ -29,6 +29,8 @@ def test_score_out_types_gold_and_pred_as_compare_does(suffix, tiny_llama_dir, t
     config = SearchConfig.build(task="sst2", trials=1, model=str(tiny_llama_dir), out=str(tmp_path / "cmp"),
                                 dev_limit=4, test_limit=6, device="cpu")  # fmt: skip
     run_compare(config, ["accuracy"], suite=None, top_n=1, show_progress=False)
+    searched = pd.read_parquet(tmp_path / "cmp" / "accuracy" / "best_test_items.parquet")  # the search's own table
+    assert searched["gold"].dtype == scored["gold"].dtype and searched["pred"].dtype == scored["pred"].dtype
     compared = pd.read_parquet(tmp_path / "cmp" / "test_items.parquet")
     assert compared["gold"].dtype == scored["gold"].dtype and compared["pred"].dtype == scored["pred"].dtype
     baseline = compared[compared["strategy"] == "baseline"].reset_index(drop=True)
