@@ -8,6 +8,11 @@ redirects it (tests, `contextlib.redirect_stderr`) gets the lines.
 - `step(text)`: one line, "export: scoring the card on 40 test items" (on a terminal printed above any bar).
 - `iterate(items, desc)`: a tqdm bar on a terminal; otherwise one line as each item starts
   ("evaluate: family 2/4 typo"), so a log shows where a run is and what it was doing when it stopped.
+- `meter(desc, total, unit)`: the inside of one long loop (a model's decoding steps, its scoring batches): a line
+  at most every `METER_SECONDS` and never before, with what is done, the time so far and an estimate of what
+  remains ("stress: rank 2 (3/5): generating 1/3 items (step 140/512), 41 s so far, about 1 min 50 s left"), so
+  no command is silent for more than a few seconds however long one step of it takes. `stage(text)` names the
+  part of the command such lines belong to.
 """
 
 from __future__ import annotations
@@ -24,6 +29,10 @@ class _Reporter:
     command: str
     bar: bool  # a terminal: tqdm bars (steps are still lines)
     started: float
+    stage: str | None = None  # the part of the command a meter's lines belong to ("rank 2 (3/5)")
+
+
+METER_SECONDS = 5.0  # a meter's lines: at most this often, the first after this long (a short loop says nothing)
 
 
 _current: _Reporter | None = None
@@ -100,4 +109,66 @@ def iterate(items: Iterable, desc: str, *, total: int | None = None, label=None)
         yield item
 
 
-__all__ = ["bars", "enabled", "iterate", "reporting", "step"]
+@contextmanager
+def stage(text: str):
+    """Meter lines inside the block say which part of the command they belong to (`<command>: <text>: ...`)."""
+    if _current is None:
+        yield
+        return
+    reporter, outer = _current, _current.stage
+    reporter.stage = text
+    try:
+        yield
+    finally:
+        reporter.stage = outer
+
+
+def duration(seconds: float) -> str:
+    """'8 s', '3 min 05 s', '1 h 02 min'."""
+    seconds = max(0, int(round(seconds)))
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60:02d} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
+
+
+class Meter:
+    """Progress inside one long loop: `update(done)` as work is done; a line at most every `METER_SECONDS`
+    (none for a loop that ends sooner) with the count, the time so far and the time left, estimated from the
+    share of the work done (`fraction`, default done / total) at the rate so far."""
+
+    def __init__(self, desc: str, total: int | None, unit: str, *, warmup: bool = False) -> None:
+        """`warmup`: the time before the first `update` is a one-off (a prompt's prefill before the first decoding
+        step), so the time left is estimated at the pace from the first update on, not from the start."""
+        self.desc, self.total, self.unit = desc, total, unit
+        self.start = self.last = time.perf_counter()
+        self.origin: tuple[float, float] | None = None if warmup else (self.start, 0.0)
+        self.lines = 0
+
+    def update(self, done: int, *, fraction: float | None = None, note: str = "") -> None:
+        if _current is None:
+            return
+        now = time.perf_counter()
+        if fraction is None and self.total:
+            fraction = done / self.total
+        if self.origin is None:  # the end of the warm-up: the pace is measured from here
+            self.origin = (now, fraction or 0.0)
+        if now - self.last < METER_SECONDS or (fraction is not None and fraction >= 1):
+            return  # too soon after the last line, or the loop's end (the command's next line says what follows)
+        self.last = now
+        counted = f"{done}/{self.total}" if self.total is not None else str(done)
+        text = f"{self.desc} {counted} {self.unit}{note}, {duration(now - self.start)} so far"
+        since, before = self.origin
+        if fraction is not None and fraction > before and now > since:
+            pace = (now - since) / (fraction - before)  # seconds per whole job
+            text += f", about {duration(pace * (1 - min(fraction, 1.0)))} left"
+        self.lines += 1
+        step(f"{_current.stage}: {text}" if _current.stage else text)
+
+
+def meter(desc: str, total: int | None, unit: str, *, warmup: bool = False) -> Meter:
+    return Meter(desc, total, unit, warmup=warmup)
+
+
+__all__ = ["METER_SECONDS", "Meter", "bars", "duration", "enabled", "iterate", "meter", "reporting", "stage", "step"]

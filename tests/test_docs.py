@@ -530,3 +530,140 @@ def card_folder(tmp_path_factory) -> Path:
 def test_runnable_block_runs(where, block, card_folder, monkeypatch):
     monkeypatch.chdir(card_folder)
     run_block(where, block)
+
+
+# --- help texts point to pages and sections that exist ---------------------------------------------------------------
+_REFERENCE = re.compile(r"\b(docs/[\w.-]+\.md)(?:#([\w-]+))?")
+_LOOSE = re.compile(r"\b(README|docs)\s*:\s*[A-Z]")  # "README: Search", "docs: Serving": no page a reader can open
+
+
+def anchors(path: Path) -> set[str]:
+    """The anchors of a Markdown page as mkdocs makes them: an explicit `{#id}`, else the heading's toc slug."""
+    import unicodedata
+
+    found = set()
+    for line in _outside_blocks(path.read_text(encoding="utf-8")).split("\n"):
+        heading = re.match(r"^#{1,6}\s+(.*?)\s*$", line)
+        if not heading:
+            continue
+        explicit = re.search(r"\{#([\w-]+)\}\s*$", heading.group(1))
+        if explicit:
+            found.add(explicit.group(1))
+            continue
+        text = re.sub(r"`|\*\*|\[|\]\([^)]*\)", "", heading.group(1))
+        text = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode()
+        found.add(re.sub(r"[-\s]+", "-", re.sub(r"[^\w\s-]", "", text).strip().lower()))
+    return found
+
+
+def help_texts(command, path=("promptopt",)):
+    """(where, text) for every command's help and every option's help of the CLI."""
+    yield " ".join(path), command.help or ""
+    for param in command.params:
+        yield (
+            f"{' '.join(path)} {'/'.join(getattr(param, 'opts', []) or [param.name])}",
+            getattr(param, "help", "") or "",
+        )
+    for name, sub in getattr(command, "commands", {}).items():
+        yield from help_texts(sub, (*path, name))
+
+
+def check_references(texts) -> list[str]:
+    """Every docs page a text names exists, with the section it names; a bare 'README: X' or 'docs: X' is
+    reported (the README's sections moved to docs/: a reference names the page, docs/PAGE.md#section)."""
+    problems = []
+    for where, text in texts:
+        text = " ".join(text.split())
+        for loose in _LOOSE.finditer(text):
+            problems.append(
+                f"{where}: {text[loose.start() : loose.start() + 40]!r}: name the page (docs/PAGE.md#section)"
+            )
+        for page, anchor in _REFERENCE.findall(text):
+            if not (REPO / page).is_file():
+                problems.append(f"{where}: {page}: no such page")
+            elif anchor and anchor not in anchors(REPO / page):
+                problems.append(f"{where}: {page}#{anchor}: no such section")
+    return problems
+
+
+def test_help_texts_point_to_pages_and_sections_that_exist():
+    texts = list(help_texts(cli_group()))
+    assert len(texts) > 200, "the help texts were not collected"
+    assert sum(bool(_REFERENCE.search(t)) for _, t in texts) >= 7, "no help text names a page: the search is broken"
+    problems = check_references(texts)
+    assert not problems, "\n".join(problems)
+
+
+def test_a_help_text_pointing_nowhere_is_reported():
+    assert check_references([("search --strategy", "tcb or ppl (README: Search)")])
+    assert check_references([("x", "see docs: Serving")])
+    assert check_references([("x", "(docs/searching.md)")]) == ["x: docs/searching.md: no such page"]
+    assert check_references([("x", "(docs/search.md#nope)")]) == ["x: docs/search.md#nope: no such section"]
+    assert not check_references([("x", "(docs/search.md#strategies), docs/diagnose.md, docs/search.md#proposals")])
+    assert {"strategies", "proposals", "screening", "robust-multi-fidelity"} <= anchors(REPO / "docs" / "search.md")
+
+
+def test_links_from_the_front_page_reach_their_sections():
+    """README.md and CONTRIBUTING.md links with a #section into docs/ (mkdocs checks only the links inside docs/)."""
+    broken = []
+    for doc in (REPO / "README.md", REPO / "CONTRIBUTING.md"):
+        for target, anchor in re.findall(r"\]\(([^)#\s]+\.md)#([^)\s]+)\)", doc.read_text(encoding="utf-8")):
+            page = doc.parent / target
+            if page.is_file() and anchor not in anchors(page):
+                broken.append(f"{doc.name}: {target}#{anchor}")
+    assert not broken, broken
+
+
+# --- docs/tasks.md's built-in list is the registry's -----------------------------------------------------------------
+_TASKS_START = "<!-- builtin-tasks: the registry's list, checked by tests/test_docs.py (it prints the new one) -->"
+_TASKS_END = "<!-- /builtin-tasks -->"
+
+
+def builtin_tasks_list() -> str:
+    """One line per built-in task, as `promptopt tasks` lists them: name, answer type, description."""
+    from promptopt.tasks import builtin_task_names, load_task_spec
+
+    lines = []
+    for name in builtin_task_names():
+        spec = load_task_spec(name)
+        lines.append(f"- `{name}` ({spec.answer_type}): {' '.join(spec.description.split())}")
+    return "\n".join(lines)
+
+
+def documented_tasks_list(text: str) -> str | None:
+    if _TASKS_START not in text or _TASKS_END not in text:
+        return None
+    return text.split(_TASKS_START, 1)[1].split(_TASKS_END, 1)[0].strip()
+
+
+def test_the_builtin_task_list_in_the_docs_is_the_registry_s():
+    text = (REPO / "docs" / "tasks.md").read_text(encoding="utf-8")
+    expected = builtin_tasks_list()
+    assert "`mrpc`" in expected and "`rte`" in expected and "`sst2`" in expected
+    assert documented_tasks_list(text) == expected, (
+        f"docs/tasks.md's built-in list differs from the registry; between its two markers put:\n{expected}"
+    )
+    stale = documented_tasks_list(text.replace("- `rte`", "- `rte_old`"))
+    assert stale != expected  # the check can fail: a renamed (or missing) task is caught
+
+
+# --- each time stated once ----------------------------------------------------------------------------------------
+_TIME_CLAIM = re.compile(r"`make (demo|test)`[^.\n]{0,60}\babout \d")
+
+
+def time_claims(text: str) -> list[str]:
+    """'`make demo` ... about N min' statements outside code blocks."""
+    return [m.group(0) for m in _TIME_CLAIM.finditer(_outside_blocks(text))]
+
+
+def test_the_set_up_times_are_stated_once():
+    """How long `make demo` and `make test` take is written in the README alone; getting-started.md includes those
+    lines from it (a snippet, so the built page shows them) and CONTRIBUTING.md links to it."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert len(time_claims(readme)) == 2, time_claims(readme)
+    elsewhere = {p.name: time_claims(p.read_text(encoding="utf-8")) for p in DOCS if p.name != "README.md"}
+    assert not any(elsewhere.values()), elsewhere
+    assert '--8<-- "README.md:setup-times"' in (REPO / "docs" / "getting-started.md").read_text(encoding="utf-8")
+    section = readme.split("[start:setup-times]", 1)[1].split("[end:setup-times]", 1)[0]
+    assert len(time_claims(section)) == 2  # the included lines are the README's statements
+    assert time_claims("`make test` about 5–6 min on 2 CPU cores") and not time_claims("`make test` runs the suite")

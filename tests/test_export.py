@@ -611,3 +611,85 @@ def test_example_runs_a_generative_card(tmp_path):
     (tmp_path / "arith.yaml").write_text(card_yaml(card))
     example = run_example(tmp_path / "arith.yaml", process=True)  # one real process: the script as a user starts it
     assert example.returncode == 0, example.stdout + example.stderr
+
+
+# --- the default-prompt warning, on every export path -------------------------------------------------------------
+NOT_BETTER = "not better than the task's default prompt"
+
+
+@pytest.fixture(scope="module")
+def tiny_compare(tiny_llama_dir, tmp_path_factory) -> Path:
+    from promptopt.workflows.compare import run_compare
+
+    root = tmp_path_factory.mktemp("export-paths") / "cmp"
+    config = SearchConfig.build(
+        task="sst2", trials=3, model=str(tiny_llama_dir), out=str(root), dev_limit=6, test_limit=6, device="cpu"
+    )
+    run_compare(config, ["accuracy", "tcb"], suite=None, top_n=2, show_progress=False)
+    return root
+
+
+EXPORT_PATHS = {
+    "winner": {},
+    "strategy": {"strategy": "tcb"},
+    "trial": {"strategy": "tcb", "trial": 0},
+    "robust": {"select": "robust"},
+    "ensemble": {"ensemble": 2},
+    "ensemble-text": {"ensemble": 2, "fmt": "text"},
+    "messages": {"fmt": "messages"},
+}
+
+
+@pytest.mark.parametrize("path", list(EXPORT_PATHS))
+def test_every_export_path_warns_when_the_default_prompt_is_as_good(path, tiny_compare, tmp_path, monkeypatch):
+    """Every way `export` can write a card measures the task's default prompt on the card's test items and warns
+    when the card is not better: as measured (the warning iff the card's accuracy ≤ the default's), and with a
+    default prompt that answers every test item right (a card can never beat it: the warning must be there)."""
+    from promptopt.workflows.export import export_run, workflow
+
+    suffix = ".txt" if EXPORT_PATHS[path].get("fmt") == "text" else ".yaml"
+    exported = export_run(tiny_compare, out=tmp_path / f"card{suffix}", **EXPORT_PATHS[path])
+    assert exported.default is not None and exported.default["n"] == exported.card["metrics"]["test"]["n"]
+    warned = any(NOT_BETTER in w for w in exported.warnings)
+    assert warned == (exported.card["metrics"]["test"]["accuracy"] <= exported.default["accuracy"]), exported.warnings
+
+    measured = workflow.default_answers
+
+    def perfect(session):
+        default = measured(session)
+        return {**default, "accuracy": 1.0, "correct": [True] * default["n"]}
+
+    monkeypatch.setattr(workflow, "default_answers", perfect)
+    exported = export_run(tiny_compare, out=tmp_path / f"again{suffix}", **EXPORT_PATHS[path])
+    assert any(NOT_BETTER in w for w in exported.warnings), (path, exported.warnings)
+    if "ensemble" in EXPORT_PATHS[path] and EXPORT_PATHS[path].get("fmt") == "text":
+        assert any("first of the ensemble's 2 prompts" in w for w in exported.warnings), exported.warnings
+
+
+SWAPPED_SPACE = """task: sst2
+description: "prompts whose label words are swapped, so a negative review reads positive: worse than the default"
+instructions: {none: "", read: "Read the review."}
+exemplars: {candidates: 4, k: [0, 0]}
+templates:
+  swapped: {query: "Review: {question}\\nSentiment:", label_words: [positive, negative]}
+"""
+
+
+@pytest.mark.slow
+def test_an_ensemble_worse_than_the_default_prompt_is_warned_on_the_embedded_model(tmp_path):
+    """`export --ensemble 2` of a search whose every prompt swaps SST-2's label words (a real model reads the
+    words, so every member and the ensemble are worse than the task's default prompt): the warning on stderr."""
+    from promptopt.study import run_search
+
+    (tmp_path / "space.yaml").write_text(SWAPPED_SPACE)
+    config = SearchConfig.build(model="smollm2-135m-instruct", out=str(tmp_path / "run"), device="cpu", task="sst2",
+                                strategy="accuracy", trials=2, dev_limit=6, test_limit=16, pruning=False,
+                                space=str(tmp_path / "space.yaml"))  # fmt: skip
+    run_search(config, show_progress=False)
+    result = run_cli("export", tmp_path / "run", "--ensemble", "2", "--out", tmp_path / "ens.yaml")
+    assert result.code == 0, result.stderr
+    card = yaml.safe_load((tmp_path / "ens.yaml").read_text())
+    assert len(card["ensemble"]["members"]) == 2
+    assert "warning: the exported prompt is not better than the task's default prompt on the same 16 test items" in (
+        result.stderr
+    ), result.stderr

@@ -249,3 +249,72 @@ def test_lines_bars_quiet_and_silence_outside_a_command():
             assert list(progress.iterate(range(3), "families")) == [0, 1, 2]
     drawn = "".join(text for _, _, text in bars)
     assert "evaluate: families" in drawn and "\r" in drawn and "0/3" in drawn  # a tqdm bar, drawn in place
+
+
+# --- inside one long step: a meter ------------------------------------------------------------------------------------
+def test_a_meter_says_where_it_is_every_few_seconds_with_what_remains(monkeypatch):
+    """Lines at most every METER_SECONDS (none before: a short loop says nothing), each with the count, the time so
+    far and the time left at the pace so far; the stage names the part of the command."""
+    clock = [100.0]
+    monkeypatch.setattr(progress.time, "perf_counter", lambda: clock[0])
+    events: list = []
+    with contextlib.redirect_stderr(_Stream(events, "stderr")), progress.reporting("stress"):
+        meter = progress.meter("generating", 4, "items")
+        for done, at in ((0, 101.0), (1, 104.0), (1, 106.0), (2, 107.0), (3, 112.0), (4, 120.0)):
+            clock[0] = at
+            with progress.stage("rank 2 (3/5)"):
+                meter.update(done, note=" (step 9/512)")
+    assert [text for _, _, text in events] == [
+        "stress: rank 2 (3/5): generating 1/4 items (step 9/512), 6 s so far, about 18 s left\n",
+        "stress: rank 2 (3/5): generating 3/4 items (step 9/512), 12 s so far, about 4 s left\n",
+    ]
+    assert progress.duration(185) == "3 min 05 s" and progress.duration(3725) == "1 h 02 min"
+    events.clear()  # with a warm-up (a prompt's 10 s prefill before the first step), the pace is read after it
+    clock[0] = 100.0
+    with contextlib.redirect_stderr(_Stream(events, "stderr")), progress.reporting("stress"):
+        meter = progress.meter("generating", 2, "items", warmup=True)
+        for fraction, at in ((0.01, 110.0), (0.21, 116.0)):
+            clock[0] = at
+            meter.update(0, fraction=fraction)
+    assert [text for _, _, text in events] == [
+        "stress: generating 0/2 items, 10 s so far\n",  # no pace yet: nothing said of what is left
+        "stress: generating 0/2 items, 16 s so far, about 24 s left\n",  # 6 s for 0.2 of the job; 0.79 to go
+    ]
+
+
+def test_taboo_stress_reports_each_rank_and_its_items_as_it_decodes(tiny_llama_dir, files, monkeypatch):
+    """`stress` announces each condition (the baseline, then each rank) with the time left for the rest, and inside
+    one, its items and decoding steps with an estimate (a line every step here; every METER_SECONDS in use)."""
+    import re
+
+    monkeypatch.setattr(progress, "METER_SECONDS", 0.0)
+    protocol = files["folder"] / "protocol-two-ranks.yaml"
+    protocol.write_text(PROTOCOL.replace("ranks: [1]", "ranks: [1, 2]"))
+    code, events = run("stress", "--task", "triviaqa", "--model", tiny_llama_dir, "--device", "cpu",
+                       "--protocol", protocol)  # fmt: skip
+    assert code == 0, "".join(text for _, name, text in events if name == "stderr")[-3000:]
+    lines = progress_before_results(events, "stress:")
+    starts = [line for line in lines if re.match(r"stress: (baseline|rank \d) \(\d/3\): decoding 2 items", line)]
+    assert [line.split(" (")[0] for line in starts] == ["stress: baseline", "stress: rank 1", "stress: rank 2"], lines
+    assert "left for 2 conditions" in starts[1] and "left for 1 condition at" in starts[2], starts
+    for name, number in (("baseline", 1), ("rank 1", 2), ("rank 2", 3)):
+        inside = [line for line in lines if line.startswith(f"stress: {name} ({number}/3): generating ")]
+        assert inside, (name, lines)
+        assert all(re.search(r"generating \d/2 items \(step \d/3\), \d+ s so far", line) for line in inside), inside
+        assert any("left" in line for line in inside), inside
+        assert any(line.startswith(f"stress: {name} ({number}/3) done in ") for line in lines), lines
+
+
+def test_verify_reports_its_scoring_as_it_goes(files, monkeypatch):
+    """verify re-scores the recorded items (minutes on a real card): a line per scoring batch with what is left
+    (batches of 2 rows here, so that the card's 6 items take several)."""
+    from promptopt.models.runner import Runner
+
+    monkeypatch.setattr(progress, "METER_SECONDS", 0.0)
+    init = Runner.__init__
+    monkeypatch.setattr(Runner, "__init__", lambda self, lm, **kw: init(self, lm, **{**kw, "batch_size": 2}))
+    code, events = run("verify", files["card"], "--device", "cpu")
+    assert code == 0, "".join(text for _, name, text in events if name == "stderr")[-3000:]
+    lines = progress_before_results(events, "verify:")
+    scoring = [line for line in lines if line.startswith("verify: scoring ")]
+    assert any("left" in line for line in scoring), lines

@@ -936,3 +936,55 @@ def test_the_scatter_marks_winners_and_the_tcb_rule(compare_dir, search_dir):
         assert sum(1 for t in stars for w in t.marker.line.width if w == 3) == 1  # the ringed one: export's card
         lines = [sh for sh in fig.layout.shapes if sh.line.dash == "dash"]
         assert len(lines) == sum(1 for s in source.studies if s.run.config.study.strategy == "tcb")
+
+
+def test_the_recommendation_shows_compare_s_own_interval_for_the_same_pair(compare_dir, tmp_path):
+    """One comparison, one interval: the recommendation's Δ accuracy of the card against the default prompt and
+    against the next best is compare_paired.csv's row for that pair (read back, oriented card − other), never a
+    second bootstrap draw. On the real run the rows are equal; with the csv's intervals edited to numbers no
+    bootstrap gives, the first screen shows the edited ones."""
+    import html as html_lib
+
+    import pandas as pd
+
+    from promptopt.report.card import chosen_card
+    from promptopt.report.numbers import estimate
+    from promptopt.report.recommend import _next_best, _paired, _test_answers, recommendation
+    from promptopt.report.source import read_source
+
+    def pairs(source, chosen):
+        entry = chosen.exported.run.compare_row["strategy"]
+        ids = chosen.exported.default["item_ids"]
+        nxt, _ = _next_best(source, chosen)
+        return entry, ids, [other for other in ("baseline", nxt["strategy"]) if other != entry]
+
+    source = read_source(compare_dir)
+    chosen = chosen_card(source)
+    entry, ids, others = pairs(source, chosen)
+    paired = pd.read_csv(compare_dir / "compare_paired.csv")
+    for other in others:
+        mine, theirs = (_test_answers(compare_dir, name, 0, ids) for name in (entry, other))
+        shown = _paired(source, mine, theirs, ids, (entry, other))
+        stored = paired[paired["a"].isin([entry, other]) & paired["b"].isin([entry, other])].iloc[0]
+        sign = 1 if stored["a"] == entry else -1
+        assert shown["delta_acc"] == pytest.approx(sign * stored["delta_acc"])
+        bounds = sorted([sign * stored["delta_acc_ci_low"], sign * stored["delta_acc_ci_high"]])
+        assert [shown["delta_acc_ci_low"], shown["delta_acc_ci_high"]] == pytest.approx(bounds)
+        assert shown["mcnemar_p"] == pytest.approx(stored["mcnemar_p"])
+
+    run = tmp_path / "cmp"
+    shutil.copytree(compare_dir, run)
+    edited = pd.read_csv(run / "compare_paired.csv")
+    edited["delta_acc"], edited["delta_acc_ci_low"], edited["delta_acc_ci_high"] = 0.0371, -0.0123, 0.0618
+    edited["only_a_correct"], edited["only_b_correct"], edited["mcnemar_p"], edited["significant"] = 3, 2, 0.5, False
+    edited.to_csv(run / "compare_paired.csv", index=False)
+    reseal(run)
+    source = read_source(run)
+    chosen = chosen_card(source)
+    text = " ".join(html_lib.unescape(re.sub(r"<[^>]+>", " ", recommendation(source, chosen))).split())
+    entry, ids, others = pairs(source, chosen)
+    for other in others:
+        stored = edited[edited["a"].isin([entry, other]) & edited["b"].isin([entry, other])].iloc[0]
+        sign = 1 if stored["a"] == entry else -1
+        low, high = sorted([sign * stored["delta_acc_ci_low"], sign * stored["delta_acc_ci_high"]])
+        assert f"Δ accuracy {estimate(sign * stored['delta_acc'], low, high, signed=True)}" in text, (other, text)

@@ -46,7 +46,7 @@ def export_command(
         None,
         "--flag-rate",
         help="R: record a fragility threshold that flags a share R of the dev answers (e.g. 0.2), with what it meant "
-        "on dev under the search suite: flip rates of flagged and unflagged answers (docs: Serving)",
+        "on dev under the search suite: flip rates of flagged and unflagged answers (docs/serving.md#fragility-threshold)",
     ),
     flag_signal: str = typer.Option(
         "auto",

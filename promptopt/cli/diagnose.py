@@ -222,7 +222,7 @@ def diagnose_conflicts(
     seed: int = typer.Option(0, "--seed", help="seeds the exemplar redraws and the search's sampler"),
     limit: int | None = typer.Option(12, "--limit", min=1, help="dev items and test items (each) to characterise"),
     trials: int = typer.Option(5, "--trials", help="finished trials of the targeted search on the AQ dev items"),
-    strategy: str = typer.Option("tcb", "--strategy", help="search strategy (README: Search)"),
+    strategy: str = typer.Option("tcb", "--strategy", help="search strategy (docs/search.md#strategies)"),
     suite: str = typer.Option("quick", "--suite", help="perturbation suite for Table 3's perturbed columns"),
     confidence: str = typer.Option(
         "top_prob", "--confidence", help="confidence signal of the classes: top_prob (P(top1)), margin or v_eff"

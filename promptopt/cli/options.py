@@ -43,7 +43,7 @@ TrustTaskCodeOpt = typer.Option(
     False,
     "--trust-task-code",
     help="run the task file's own Python (lm-eval's !function hooks: process_docs, doc_to_*), in this process; "
-    "off by default (docs: Guarantees, Task code)",
+    "off by default (docs/guarantees.md#task-code)",
 )
 CardOpt = typer.Option(None, "--prompt", help="prompt card (YAML); default: the task's own prompt")
 SubsetsOpt = typer.Option(None, "--subsets", help="comma-separated subsets (e.g. MMLU subjects), or 'all'")
@@ -80,7 +80,7 @@ DecisionOpt = typer.Option(
     None,
     "--decision",
     help="decide every trial's answers by one rule: argmax, contextual, batch, batch-adaptive or affine "
-    "(optionally :acc or :acc_norm); default: the space's decision: dimension, else argmax (docs: Decision rules)",
+    "(optionally :acc or :acc_norm); default: the space's decision: dimension, else argmax (docs/decisions.md#the-rules)",
 )
 DevLimitOpt = typer.Option(None, "--dev-limit", min=1, help="use only the first N dev items")
 TestLimitOpt = typer.Option(None, "--test-limit", min=1, help="use only the first N test items")
@@ -122,5 +122,5 @@ ScreenItemsOpt = typer.Option(
     "--screen-items",
     min=0,
     help="proposals: dev items each filtered proposal is screened on against the space's best hand-written "
-    "instruction (default 32; 0: no screening; docs: Search, Proposals)",
+    "instruction (default 32; 0: no screening; docs/search.md#screening)",
 )

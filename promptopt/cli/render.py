@@ -51,7 +51,18 @@ def print_summary(summary: dict, title: str) -> None:
 
 
 def pm(value, sd) -> str:
-    return fmt(value) if sd is None or sd != sd else f"{fmt(value)} ± {fmt(sd)}"
+    """'0.8 ± 0.05'; a spread that is float residue of equal values (|sd| ≤ 1e-12 of the value) prints as 0."""
+    if sd is None or sd != sd:
+        return fmt(value)
+    if isinstance(value, float) and math.isfinite(value) and abs(sd) <= 1e-12 * max(1.0, abs(value)):
+        sd = 0.0
+    return f"{fmt(value)} ± {fmt(float(sd))}"
+
+
+def name_column(table: Table, header: str, names) -> None:
+    """A left column of names (strategies, pairs) that a wide table never cuts: two names that share a prefix
+    (accuracy@batch-adaptive, accuracy@batch-adaptive+ens5) would both print as the same 'accuracy@batch-ad…'."""
+    table.add_column(header, justify="left", no_wrap=True, min_width=max([len(header), *(len(str(n)) for n in names)]))
 
 
 def ci(low, high) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from promptopt.cli.render import ci, console, fmt, pm, print_frame, print_summary
+from promptopt.cli.render import ci, console, fmt, name_column, pm, print_frame, print_summary
 
 
 def _nan(row, key):
@@ -24,8 +24,9 @@ def print_compare(result, task: str, model: str) -> None:
     for split in splits:
         columns += [f"AccVar_pert {split}", f"PDR {split}", f"Acc_worst {split}", f"Acc_worst {split} 95% CI"]
     columns += ["taboo R(i=1)", "search s"]
-    for name in columns:
-        table.add_column(name, justify="left" if name == "strategy" else "right")
+    name_column(table, "strategy", result.table["strategy"])
+    for name in columns[1:]:
+        table.add_column(name, justify="right")
     for _, r in result.table.iterrows():
         cells = [
             r.strategy,
@@ -56,8 +57,10 @@ def print_compare(result, task: str, model: str) -> None:
     names = ["a", "b", "Δ Acc", "95% CI", "McNemar p"]
     for split in splits:
         names += [f"Δ Acc_worst {split}", f"95% CI {split} ", f"Δ PDR {split}", f"95% CI {split}  "]
-    for name in names:
-        paired.add_column(name, justify="left" if name in ("a", "b") else "right")
+    for name in ("a", "b"):
+        name_column(paired, name, result.paired[name] if name in result.paired else [])
+    for name in names[2:]:
+        paired.add_column(name, justify="right")
     for _, r in result.paired.iterrows():
         cells = [
             r.a,

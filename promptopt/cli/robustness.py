@@ -136,25 +136,26 @@ def stress(
                 "a sweep (--models/--tasks) needs --out FOLDER: finished conditions are kept there, so a rerun resumes"
             )
         task_list = names(tasks or task)
-        result = stress_sweep.sweep_from_options(
-            tasks=task_list,
-            models=names(models or model),
-            protocol=the_protocol,
-            ranks=rank_list,
-            mode=mode,
-            temperature=temperature,
-            seed=seed,
-            split=split,
-            limit=limit,
-            out=out,
-            subsets=split_subsets(subsets),
-            device=device,
-            dtype=dtype,
-            quantize=quantize,
-            batch_size=batch_size,
-            log=console.print,
-            trust_task_code=trust_task_code,
-        )
+        with progress.reporting("stress", quiet=quiet):  # each condition's decoding reports as it goes
+            result = stress_sweep.sweep_from_options(
+                tasks=task_list,
+                models=names(models or model),
+                protocol=the_protocol,
+                ranks=rank_list,
+                mode=mode,
+                temperature=temperature,
+                seed=seed,
+                split=split,
+                limit=limit,
+                out=out,
+                subsets=split_subsets(subsets),
+                device=device,
+                dtype=dtype,
+                quantize=quantize,
+                batch_size=batch_size,
+                log=console.print,
+                trust_task_code=trust_task_code,
+            )
         print_stress_sweep(result, task_list, mode, the_protocol.name if the_protocol else None, out)
         return
     if task is None:

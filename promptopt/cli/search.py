@@ -41,7 +41,10 @@ from promptopt.cli.render_propose import print_proposals, print_rounds
 from promptopt.cli.render_robustness import print_compare
 
 ProposeOpt = typer.Option(
-    None, "--propose", min=1, help="N instructions written by --proposer join the space first (README: Proposals)"
+    None,
+    "--propose",
+    min=1,
+    help="N instructions written by --proposer join the space first (docs/search.md#proposals)",
 )
 ShowRejectedOpt = typer.Option(
     False, "--show-rejected", help="--propose: print every rejected proposal with its reason (the record names them)"
@@ -54,7 +57,7 @@ def search(
     strategy: str = listing_option(
         "tcb",
         "--strategy",
-        help="one of {names} (docs/search.md: Strategies)",
+        help="one of {names} (docs/search.md#strategies)",
         registry="promptopt.study.strategies:STRATEGIES",
     ),
     trials: int = typer.Option(20, "--trials", help="finished (complete or pruned) trials to reach"),

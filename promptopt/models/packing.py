@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from promptopt import progress
 from promptopt.models import last_layer
 
 MIN_SAVING = 0.2  # of the tokens run after the prefix
@@ -131,7 +132,9 @@ def run(runner, groups: list[Group], first_needed: dict, prefix_len: int, prefix
     dev = runner.lm.device
     cache_for = runner._scoring_caches(prefix, rows=max(map(len, batches)), width=len(rows[0][1]))
     states = States()
+    meter, done = progress.meter("scoring", len(rows), "packed rows"), 0
     for batch in tqdm(batches, desc="scoring", disable=not runner.progress, leave=False):
+        done += len(batch)
         width = len(batch[0][1])
         ids = torch.full((len(batch), width), pad, dtype=torch.long)
         segment = torch.full((len(batch), width), -1, dtype=torch.long)
@@ -152,4 +155,5 @@ def run(runner, groups: list[Group], first_needed: dict, prefix_len: int, prefix
             hidden, _ = runner._forward(ids.to(dev), mask.to(dev), positions.to(dev), cache_for(len(batch)))
         for b, group, seq, at in reads:
             states.add(seq, first_needed[seq], hidden[b, at.to(dev)].float().clone(), group.key, group.shared)
+        meter.update(done)
     return states

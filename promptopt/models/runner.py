@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from promptopt import progress
 from promptopt.models import last_layer
 from promptopt.models.attention import GROUPED_SDPA as _GROUPED_SDPA
 from promptopt.models.attention import use_grouped_sdpa
@@ -227,7 +228,9 @@ class Runner:
         pad = self.lm.tokenizer.pad_token_id or 0
         batches = [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
         cache_for = self._scoring_caches(prefix, rows=len(batches[0]), width=len(order[0]) - prefix_len)
+        meter, done = progress.meter("scoring", len(order), "inputs"), 0
         for batch in tqdm(batches, desc="scoring", disable=not self.progress, leave=False):
+            done += len(batch)
             suffixes = [seq[prefix_len:] for seq in batch]
             width = max(len(s) for s in suffixes)
             ids = torch.full((len(batch), width), pad, dtype=torch.long)
@@ -251,6 +254,7 @@ class Runner:
             for row, seq in enumerate(batch):
                 first = first_needed[seq] - prefix_len
                 states.add(seq, first_needed[seq], hidden[row, first : len(seq) - prefix_len].float().clone())
+            meter.update(done)
         return states
 
     def _project(self, requests, fed, states: States, tcb_targets, eps: float) -> list[LoglikelihoodResult]:
@@ -380,7 +384,24 @@ class Runner:
         order = sorted(range(len(contexts)), key=lambda i: len(contexts[i]), reverse=True)
         results: list[GenerationResult | None] = [None] * len(contexts)
         batches = [order[i : i + size] for i in range(0, len(order), size)]
-        for batch in tqdm(batches, desc="generating", disable=not self.progress, leave=False):
+        meter = progress.meter("generating", len(contexts), "items", warmup=True)  # the first step holds the prefill
+        # the work is decoding steps: a batch runs until its longest row stops (at most its largest limit), and a
+        # step costs about the same whatever rows are left, so the estimate assumes the rest runs to that limit
+        steps_total = max(1, sum(max(limits[i] for i in batch) for batch in batches))
+        items_before, steps_before = 0, 0
+        for number, batch in enumerate(tqdm(batches, desc="generating", disable=not self.progress, leave=False), 1):
+            where = f" of batch {number}/{len(batches)}" if len(batches) > 1 else ""
+            longest = max(limits[i] for i in batch)
+
+            def on_step(
+                finished, step, items_before=items_before, steps_before=steps_before, longest=longest, where=where
+            ):
+                meter.update(
+                    items_before + finished,
+                    fraction=(steps_before + step) / steps_total,
+                    note=f" (step {step}/{longest}{where})",
+                )
+
             outs = self._generate_batch(
                 [list(contexts[i]) for i in batch],
                 [limits[i] for i in batch],
@@ -389,12 +410,15 @@ class Runner:
                 temperature > 0,
                 generator,
                 keep_hidden,
+                on_step=on_step,
             )
             for i, out in zip(batch, outs):
                 results[i] = out
+            items_before += len(batch)
+            steps_before += longest
         return results  # type: ignore[return-value]
 
-    def _generate_batch(self, contexts, limits, stop, processors, sample, generator, keep_hidden=True):
+    def _generate_batch(self, contexts, limits, stop, processors, sample, generator, keep_hidden=True, on_step=None):
         tok = self.lm.tokenizer
         dev = self.lm.device
         geometry = self.lm.output_head
@@ -425,7 +449,7 @@ class Runner:
         step_ids, step_pos = ids.to(dev), positions
         nxt = None
         with torch.inference_mode():
-            for _ in range(max(limits)):
+            for t in range(max(limits)):
                 hidden, cache = self._forward(step_ids, mask, step_pos, cache)
                 last = hidden[:, -1].float()
                 scores = geometry.logits(last.to(geometry.weight.device)).to(dev)
@@ -452,6 +476,8 @@ class Runner:
                     elif len(generated[row]) >= limits[row]:
                         done[row] = True  # its own limit: reason stays "length"
                     texts[row] = text
+                if on_step is not None:  # progress: rows finished, decoding steps done
+                    on_step(sum(done), t + 1)
                 if all(done):
                     break
                 step_ids = nxt[:, None]

@@ -4,9 +4,11 @@ prints about it.
 The card is the one `promptopt export RUN_DIR` writes, built by export itself (card.py), so it is chosen by
 export's rule on dev numbers only (workflows/export/select.py) and the warnings are export's own
 (`Exported.warnings`, from export/workflow.py's `warnings_for`). The next best candidate is export's rule applied
-to the other search winners (`select_by_dev`). Both comparisons pair answers on the same test items with compare's
-own function (`paired_table`): Δ accuracy with its paired-bootstrap interval, the exact McNemar p, and the one
-significance rule (both must agree; where they do not, the text says which one held). When the card does not beat
+to the other search winners (`select_by_dev`). Both comparisons pair answers on the same test items: where compare
+already paired the same two answer vectors, its row of compare_paired.csv is shown (one comparison, one interval,
+on every page and table); otherwise compare's own function (`paired_table`) with compare's seed. Δ accuracy with its
+paired-bootstrap interval, the exact McNemar p, and the one significance rule (both must agree; where they do not,
+the text says which one held). When the card does not beat
 the task's default prompt on the test items, the page says that first."""
 
 from __future__ import annotations
@@ -19,11 +21,53 @@ from promptopt.report.numbers import esc, estimate, finite, note, num
 from promptopt.report.verdict import disagreement, pvalue
 
 
-def _paired(a: list[bool], b: list[bool], ids: list[str]) -> dict:
+def _paired(source, a: list[bool], b: list[bool], ids: list[str], names: tuple[str, str] | None = None) -> dict:
+    """Δ accuracy of answers `a` − `b` on the items `ids`, paired. Where compare already paired the same two
+    answer vectors (`names`: the two entries of compare_paired.csv, whose test answers in test_items.parquet are
+    `a` and `b`), its row is read back, so the report shows the interval compare wrote, never a second draw of the
+    same bootstrap; otherwise compare's own function with compare's seed."""
+    row = compare_row(source, names, a, b, ids) if names is not None else None
+    if row is not None:
+        return row
     from promptopt.workflows.compare import Evaluated, paired_table
 
     tables = [Evaluated(pd.DataFrame({"item_id": ids, "correct": list(x)})) for x in (a, b)]
-    return paired_table({"a": [tables[0]], "b": [tables[1]]}, seed=0).iloc[0].to_dict()
+    return paired_table({"a": [tables[0]], "b": [tables[1]]}, seed=_seed(source)).iloc[0].to_dict()
+
+
+def _seed(source) -> int:
+    """The bootstrap seed compare used (its base study's), 0 for a run without one."""
+    return int(source.config.study.seed) if source.config is not None else 0
+
+
+def compare_row(source, names: tuple[str, str], a: list[bool], b: list[bool], ids: list[str]) -> dict | None:
+    """compare_paired.csv's row for `names` (first − second; a row stored the other way round is flipped), when
+    the compare has one seed and its test answers of both entries are exactly `a` and `b`: the same pair, the
+    same numbers. None where compare did not pair these answers."""
+    if source.kind != "compare" or source.paired is None or source.seeds != 1:
+        return None
+    first, second = names
+    if _test_answers(source.root, first, 0, ids) != list(a) or _test_answers(source.root, second, 0, ids) != list(b):
+        return None
+    for _, row in source.paired.iterrows():
+        if (row["a"], row["b"]) == (first, second):
+            return row.to_dict()
+        if (row["a"], row["b"]) == (second, first):
+            return flipped(row.to_dict())
+    return None
+
+
+def flipped(row: dict) -> dict:
+    """A paired row read the other way round (b − a): every Δ negated with its interval mirrored, the discordant
+    counts swapped; p-values and the significance flag are symmetric."""
+    out = dict(row, a=row["b"], b=row["a"], only_a_correct=row["only_b_correct"], only_b_correct=row["only_a_correct"])
+    for key in row:
+        if key.startswith("delta_") and not key.endswith(("_ci_low", "_ci_high")):
+            out[key] = -row[key]
+            low, high = row.get(f"{key}_ci_low"), row.get(f"{key}_ci_high")
+            if low is not None and high is not None:
+                out[f"{key}_ci_low"], out[f"{key}_ci_high"] = -high, -low
+    return out
 
 
 def against(row: dict, first: str, second: str) -> str:
@@ -41,6 +85,12 @@ def against(row: dict, first: str, second: str) -> str:
     if row["significant"]:
         return text + f", significant (favours {first if row['delta_acc'] > 0 else second})"
     return text + ", not significant" + disagreement(low, high, p)
+
+
+def _entry(exported) -> str | None:
+    """The compare entry (strategy) whose winner export picked, or None outside a compare."""
+    row = exported.run.compare_row or {}
+    return row.get("strategy")
 
 
 def _card_answers(card: dict, default: dict) -> list[bool] | None:
@@ -125,8 +175,11 @@ def recommendation(source, chosen) -> str:
     parts = [f"accuracy {estimate(test['accuracy'], low, high)} on {test['n']} test items", _worst_unseen(card)]
     ours = _card_answers(card, default) if default else None
     beats = default is None or test["accuracy"] > default["accuracy"]
+    entry = _entry(exported)
     if ours is not None:
-        vs_default = _paired(ours, default["correct"], default["item_ids"])
+        vs_default = _paired(
+            source, ours, default["correct"], default["item_ids"], (entry, "baseline") if entry else None
+        )
     if ours is not None and beats:
         parts.append(
             f"against the task's default prompt ({num(default['accuracy'], 3)} on the same items): "
@@ -141,7 +194,12 @@ def recommendation(source, chosen) -> str:
         theirs = _test_answers(source.root, nxt["strategy"], int(nxt["seed"]), default["item_ids"]) if ours else None
         head = f"against the next best by the same rule ({other}, trial {int(nxt['trial'])}, dev accuracy {num(nxt['dev_accuracy'], 3)}): "
         parts.append(
-            head + against(_paired(ours, theirs, default["item_ids"]), name, other)
+            head
+            + against(
+                _paired(source, ours, theirs, default["item_ids"], (entry, nxt["strategy"]) if entry else None),
+                name,
+                other,
+            )
             if theirs is not None
             else head + "not paired (test_items.parquet does not hold its answers)"
         )

@@ -9,12 +9,14 @@ a 95% Wilson interval on |Q_correct|; marginal retention Acc_taboo / Acc_base; i
 
 from __future__ import annotations
 
+import time
 from collections.abc import MutableMapping
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
+from promptopt import progress
 from promptopt.errors import UserError
 from promptopt.metrics.stats import wilson_interval
 from promptopt.prompts import Prompt
@@ -79,13 +81,30 @@ def taboo_stress(
     store = {} if store is None else store
     ids = [item.id for item in items]
 
+    conditions, took = 1 + len(ranks), []  # the baseline and each rank; seconds of each condition decoded here
+
     def condition(rank: int, factory) -> pd.DataFrame:
         done = store.get(rank)
+        number = 1 + (ranks.index(rank) + 1 if rank else 0)
+        name = f"rank {rank}" if rank else "baseline"
         if done is not None:
             if done["item_id"].astype(str).tolist() != ids:
                 raise UserError(f"the stored rank-{rank} condition was run on other items; it is not mixed with these")
+            progress.step(f"{name} ({number}/{conditions}): kept from an earlier run")
             return done
-        store[rank] = _run(scorer, prompt, items, factory=factory, temperature=temperature, seed=seed)
+        left = conditions - number + 1
+        estimate = (
+            f"; about {progress.duration(sum(took) / len(took) * left)} left for {left} condition{'s' if left > 1 else ''}"
+            " at the pace so far"
+            if took
+            else ""
+        )
+        progress.step(f"{name} ({number}/{conditions}): decoding {len(items)} items{estimate}")
+        start = time.perf_counter()
+        with progress.stage(f"{name} ({number}/{conditions})"):
+            store[rank] = _run(scorer, prompt, items, factory=factory, temperature=temperature, seed=seed)
+        took.append(time.perf_counter() - start)
+        progress.step(f"{name} ({number}/{conditions}) done in {progress.duration(took[-1])}")
         return store[rank]
 
     base = condition(0, None)

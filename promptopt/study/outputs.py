@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from promptopt.scoring.stored import answer_columns
 from promptopt.study.config import redact
 from promptopt.study.context import SearchContext, SearchResult, decode, note
 from promptopt.study.recovery import fault_point
@@ -54,8 +55,9 @@ def write_outputs(ctx: SearchContext, study, cached, wall: float, hits_before: i
     fault_point("rescore")
     dev_table, test_table, rule = _winner_tables(ctx, cached, prompt)
     dev, test = summarize(dev_table), summarize(test_table)
-    tables.frame("best_test_items.parquet", test_table)
-    tables.frame("best_test_items.csv", test_table)
+    stored = answer_columns(test_table)  # gold and pred typed as `score --out` and compare's tables type them
+    tables.frame("best_test_items.parquet", stored)
+    tables.frame("best_test_items.csv", stored)
     fault_point("card")
     provenance = {
         "task": ctx.data.spec.name,

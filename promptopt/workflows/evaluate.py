@@ -54,9 +54,9 @@ def score(session: Session, *, card: Path | None, split: str, limit: int | None,
             table = answer_table(session.scorer, members, items)
             result = ScoreResult(table, summarize(table), None)
     if out is not None:
-        table = result.table.copy()
-        table["gold"] = table["gold"].astype(str)  # golds mix ints and strings across tasks
-        write_table(table, out)
+        from promptopt.scoring.stored import answer_columns
+
+        write_table(answer_columns(result.table), out)  # gold and pred typed as compare's tables type them
         atomic_write_text(out.with_suffix(".json"), json.dumps(result.summary, indent=1))
     return result
 

@@ -38,7 +38,10 @@ def winner_robustness_answers(winners: dict) -> pd.DataFrame | None:
 def winner_test_answers(winners: dict) -> pd.DataFrame | None:
     """Every winner's test answers, one row per (strategy, seed, item). With `select="robust"` a winner need not
     be its search's best trial, whose table is the run directory's."""
-    return _winner_rows(winners, lambda ev: ev.test)
+    from promptopt.scoring.stored import answer_columns
+
+    rows = _winner_rows(winners, lambda ev: ev.test)
+    return None if rows is None else answer_columns(rows)  # gold and pred as `score --out` types them
 
 
 def write_outputs(

@@ -136,16 +136,30 @@ def export_run(
         flag_test=compare_test_items(run) if flag is not None and winner else None,
     )
     paths = formats.write(card, fmt, out, items=session.items("test"))
+    default, warnings = _checked(session, card, run, prompt, fmt)
+    return Exported(card=card, paths=paths, run=run, trial=chosen.number, warnings=warnings, default=default)
+
+
+def _checked(session: Session, card: dict, run: Run, prompt: Prompt, fmt: str) -> tuple[dict, list[str]]:
+    """The task's default prompt on the card's test items and the warnings: every export path (a winner, a named
+    trial, --select robust, a rounds run, --ensemble, every format) ends here, so none ships a card worse than the
+    default prompt without saying so."""
     progress.step(f"the task's default prompt on the same {len(session.items('test'))} test items (warnings)")
     default = default_answers(session)
     warnings = warnings_for(session, card, run, prompt, default)
     rule = card.get("decision", {}).get("rule", "argmax")
-    if fmt in ("messages", "text") and rule != "argmax":
+    members = (card.get("ensemble") or {}).get("members") or []
+    if fmt in ("messages", "text") and members:
+        warnings.append(
+            f"--format {fmt} holds the first of the ensemble's {len(members)} prompts only: the recorded accuracy is "
+            "the ensemble's (serve --format card with promptopt.load_prompt), not this prompt's"
+        )
+    elif fmt in ("messages", "text") and rule != "argmax":
         warnings.append(
             f"--format {fmt} holds the prompt only: decide its answers by the card's {rule} rule "
             "(promptopt.load_prompt(card).decide), else the recorded accuracy does not hold"
         )
-    return Exported(card=card, paths=paths, run=run, trial=chosen.number, warnings=warnings, default=default)
+    return default, warnings
 
 
 def _flag_request(root: Path, rate: float | None, signal: str):
@@ -196,7 +210,8 @@ def _export_ensemble(root, out, k, objective, strategy, trial, fmt, device, sele
         session, first_prompt, dev_items=dev_items, test_items=test_items, search=search, ensemble=chosen, flag=flag
     )
     paths = formats.write(card, fmt, Path(out), items=test_items)
-    return Exported(card=card, paths=paths, run=runs[0], trial=first["trial"], warnings=[])
+    default, warnings = _checked(session, card, runs[0], first_prompt, fmt)
+    return Exported(card=card, paths=paths, run=runs[0], trial=first["trial"], warnings=warnings, default=default)
 
 
 def compare_families(run: Run) -> dict | None:
