@@ -138,3 +138,56 @@ def test_a_real_one_item_gap_is_a_tie_at_40_items_and_a_clear_win_at_2000():
 
     assert choose(pair(40), tie_break="cost").winner.key == "b"
     assert choose(pair(2000), tie_break="cost").winner.key == "a"
+
+
+# --- a search's winner goes through the rule (the constructed scorer of test_multi_fidelity: no model) ---------------
+def _search(tmp_path, name, scorer_class=None, **kw):
+    from promptopt.search import run_search
+    from tests.test_multi_fidelity import ConstructedScorer, _config
+
+    config = _config(tmp_path / name, strategy="accuracy", pruning=False, **kw)
+    data = config.data.load()
+    scorer = (scorer_class or ConstructedScorer)(data, config.data.dev(data), tmp_path / name / "cache.sqlite")
+    return run_search(config, scorer=scorer, data=data, show_progress=False)
+
+
+def test_a_searchs_winner_goes_through_the_rule(tmp_path):
+    """The six prompts of test_multi_fidelity's case on 24 dev items: `sharp` (22 right) is the best point estimate;
+    `steady` (20) and `fair` (18) are not significantly worse (their misses are nested in its hits), the rest are. The
+    default tie-break (stability, here rising with accuracy) keeps `sharp`; `--tie-break cost` takes the cheapest
+    prompt of the tie set, `fair`, and both runs record the same tie set."""
+    import json
+
+    import yaml
+
+    default = _search(tmp_path, "default")
+    cheap = _search(tmp_path, "cheap", tie_break="cost")
+    assert default.prompt.instruction.startswith("Sharp") and cheap.prompt.instruction.startswith("Fair")
+    for result in (default, cheap):
+        summary = json.loads((result.card_path.parent / "summary.json").read_text())
+        detail = summary["selection_detail"]
+        tied = {result.trials.set_index("number").loc[r["candidate"], "params_instruction"] for r in detail["tie_set"]}
+        assert tied == {"sharp", "steady", "fair"} and detail["n_dev_items"] == 24 and detail["n_candidates"] == 6
+        assert summary["selection"] == result.selection and "no test number was read" in result.selection
+        provenance = yaml.safe_load(result.card_path.read_text())["provenance"]
+        assert (
+            provenance["tie_break"] == detail["tie_break"]
+            and "3 of 6 candidates tie with the best" in provenance["selection"]
+        )
+    assert json.loads((cheap.card_path.parent / "summary.json").read_text())["selection_detail"]["tie_break"] == "cost"
+
+
+def test_test_items_never_change_a_searchs_choice(tmp_path):
+    """The same dev answers beside other test answers (every test item right, or every one wrong, for every prompt):
+    the same winner, for the same reason."""
+    from tests.test_multi_fidelity import ConstructedScorer
+
+    class TestRight(ConstructedScorer):
+        def score_table(self, prompt, items):
+            table = super().score_table(prompt, items)
+            test = [i.id not in self.rank for i in items]
+            return table.assign(correct=[c or t for c, t in zip(table["correct"], test)])
+
+    wrong, right = _search(tmp_path, "wrong"), _search(tmp_path, "right", scorer_class=TestRight)
+    assert wrong.test["accuracy"] == 0 and right.test["accuracy"] == 1  # the test numbers did differ
+    assert wrong.best_params == right.best_params and wrong.selection == right.selection

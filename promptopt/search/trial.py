@@ -102,6 +102,12 @@ def trial_summary(table: pd.DataFrame) -> dict:
     return out
 
 
+def correct_bits(table: pd.DataFrame) -> str:
+    """A finished trial's per-item dev correctness, in dev order, as "0"/"1" characters (user attr `dev_correct`):
+    what the selection rule pairs trials on (metrics/stats/selection.py)."""
+    return "".join("1" if c else "0" for c in table["correct"].astype(bool))
+
+
 def make_objective(ctx: SearchContext, cached: CachingScorer, worker: str):
     """The trial function; `objective.current` is the id of the trial it is running (for `give_back`)."""
     import optuna
@@ -147,6 +153,7 @@ def make_objective(ctx: SearchContext, cached: CachingScorer, worker: str):
                 raise optuna.TrialPruned()  # Optuna keeps the last per-item report as the value; see partial_value
         full = pd.concat(frames, ignore_index=True) if strategy.needs_variants else decider.decided()
         trial.set_user_attr("metrics", trial_summary(full))
+        trial.set_user_attr("dev_correct", correct_bits(full))
         values = strategy.values(full)
         return values if strategy.multi_objective else values[0]
 
@@ -202,6 +209,7 @@ def multi_fidelity_value(ctx: SearchContext, cached: CachingScorer, trial, promp
             raise _prune(trial, clean, "variants", (robust + open_items) / n)
     full = pd.concat(frames, ignore_index=True)
     trial.set_user_attr("metrics", trial_summary(full))
+    trial.set_user_attr("dev_correct", correct_bits(full))
     trial.set_user_attr("rung", "variants")
     return strategy.values(full)[0]
 

@@ -106,8 +106,8 @@ class Selection:
             why = (
                 f"{len(self.tie_set)} of {self.n_candidates} candidates tie with the best ({b.name}, dev accuracy "
                 f"{b.accuracy:.3f}; not significantly worse, paired: exact McNemar p ≥ {self.alpha:g} or the 95% "
-                f"bootstrap interval reaching 0); tie-break '{self.tie_break}' ({TIE_BREAKS[self.tie_break]}) chose "
-                f"{w.name}{_attribute_text(w, self.tie_break)}"
+                f"bootstrap interval reaching 0): {', '.join(c.name for c in self.tie_set)}; tie-break "
+                f"'{self.tie_break}' ({TIE_BREAKS[self.tie_break]}) chose {w.name}{_attribute_text(w, self.tie_break)}"
             )
         return (
             f"{w.name} (dev accuracy {w.accuracy:.3f} on {self.n_items} items): {why}; the smallest difference "
