@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from promptopt.metrics.stats.selection import decode_answers, encode_answers
 from promptopt.search.config import redact
 from promptopt.search.context import SearchContext, SearchResult, decode, note
 from promptopt.search.recovery import fault_point
@@ -95,6 +96,7 @@ def write_outputs(ctx: SearchContext, study, cached, wall: float, hits_before: i
         hit_rate,
         pareto,
         selection=selection,
+        selection_detail=chosen.record(),
         ranking=_ranking(ctx.strategy, candidates, winner, config.study.tie_break),
         duplicates_skipped=duplicates,
         pairs_scored=pairs_scored,
@@ -167,10 +169,10 @@ def _candidates(study, strategy, ctx: SearchContext | None = None, cached=None) 
 
             running = RunningDecision(cached, prompt)
             running.add(ctx.dev)
-            bits = "".join("1" if c else "0" for c in running.decided()["correct"].astype(bool))
-        if bits is None:
+            bits = encode_answers(running.decided()["correct"].astype(bool))
+        if decode_answers(bits) is None:
             raise ValueError(f"trial {t.number}: no per-item dev answers recorded (dev_correct) to choose with")
-        entry["correct"] = [b == "1" for b in bits]
+        entry["correct"] = decode_answers(bits)
         if prompt is not None:
             entry["cost"] = prompt.characters
             entry["calibrated"] = prompt.decision not in ("argmax", None)

@@ -103,9 +103,11 @@ def trial_summary(table: pd.DataFrame) -> dict:
 
 
 def correct_bits(table: pd.DataFrame) -> str:
-    """A finished trial's per-item dev correctness, in dev order, as "0"/"1" characters (user attr `dev_correct`):
+    """A finished trial's per-item dev correctness, in dev order, "+" right and "-" wrong (user attr `dev_correct`):
     what the selection rule pairs trials on (metrics/stats/selection.py)."""
-    return "".join("1" if c else "0" for c in table["correct"].astype(bool))
+    from promptopt.metrics.stats.selection import encode_answers
+
+    return encode_answers(table["correct"].astype(bool))
 
 
 def make_objective(ctx: SearchContext, cached: CachingScorer, worker: str):

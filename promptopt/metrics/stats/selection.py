@@ -149,6 +149,19 @@ class Selection:
         }
 
 
+def encode_answers(correct) -> str:
+    """Per-item correctness as text, one character an item: "+" right, "-" wrong (what a trial's `dev_correct` and a
+    compare_runs.csv row carry; not digits, so no table reader takes it for a number)."""
+    return "".join("+" if c else "-" for c in correct)
+
+
+def decode_answers(text) -> list[bool] | None:
+    """`encode_answers` undone; None for anything else (a missing value, a number a reader made of it)."""
+    if not isinstance(text, str) or not text or text.strip("+-"):
+        return None
+    return [c == "+" for c in text]
+
+
 def check_tie_break(name: str) -> str:
     if name not in TIE_BREAKS:
         raise ConfigError(f"tie-break: unknown tie-break {name!r} (use one of {', '.join(TIE_BREAKS)})")
@@ -307,7 +320,9 @@ __all__ = [
     "check_tie_break",
     "choose",
     "compare_with_best",
+    "decode_answers",
     "dev_items_for",
     "discordance",
+    "encode_answers",
     "minimum_detectable_effect",
 ]
