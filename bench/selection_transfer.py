@@ -123,5 +123,144 @@ def main() -> None:
     )
 
 
+def analyze(out: Path = OUT) -> dict:
+    """What the candidates say, dev only: Spearman's ρ (95% bootstrap interval over candidates) of each dev-side
+    signal against dev Acc_worst under the unseen families; the same within each tie set of the selection rule; and
+    leave-one-family-out: does Acc_worst under the other families rank the candidates as the held-out family does?"""
+    import numpy as np
+    import pandas as pd
+
+    from promptopt.metrics.stats import spearman, spearman_interval
+    from promptopt.metrics.stats.selection import Candidate, choose
+
+    cands = pd.read_csv(out / "candidates.csv")
+    items = pd.read_parquet(out / "items.parquet")
+    cands["cheap_rate"] = cands["cheap_acc_worst"] / cands["dev_accuracy"]  # robust share of the right answers
+    cands["unseen_rate"] = cands["unseen_acc_worst"] / cands["dev_accuracy"]
+    cands["calibrated"] = (cands["decision"] != "argmax").astype(float)
+    report: dict = {"n_candidates": len(cands), "n_prompts": int(cands["trial"].nunique())}
+
+    def rho(x, y):
+        x, y = np.asarray(x, float), np.asarray(y, float)
+        return round(spearman(x, y), 3), [round(v, 3) for v in spearman_interval(x, y, seed=0)]
+
+    signals = {
+        "dev_accuracy": cands["dev_accuracy"],
+        "stability": cands["signed_stability"],
+        "-cost": -cands["prompt_tokens"],
+        "cheap_acc_worst": cands["cheap_acc_worst"],
+    }
+    report["rho_vs_unseen_acc_worst"] = {k: rho(v, cands["unseen_acc_worst"]) for k, v in signals.items()}
+    report["rho_vs_unseen_rate"] = {
+        **{k: rho(v, cands["unseen_rate"]) for k, v in signals.items() if k != "cheap_acc_worst"},
+        "cheap_rate": rho(cands["cheap_rate"], cands["unseen_rate"]),
+    }
+    pivot = cands.pivot(index="trial", columns="decision", values="unseen_acc_worst")
+    if {"argmax", "batch"} <= set(pivot.columns):
+        diff = (pivot["batch"] - pivot["argmax"]).to_numpy()
+        boots = np.random.default_rng(0).choice(diff, (2000, len(diff))).mean(axis=1)
+        report["calibrated_minus_argmax_unseen_acc_worst"] = [
+            round(float(diff.mean()), 3),
+            [round(float(np.quantile(boots, q)), 3) for q in (0.025, 0.975)],
+            f"batch better on {int((diff > 0).sum())}, worse on {int((diff < 0).sum())} of {len(diff)} prompts",
+        ]
+    # per-family: which unseen families does the cheap suite's Acc_worst rank the candidates by?
+    fams = [c for c in cands.columns if c.startswith("unseen:") and cands[c].notna().all()]
+    report["rho_cheap_acc_worst_vs_unseen_family_acc"] = {
+        f.split(":", 1)[1]: rho(cands["cheap_acc_worst"], cands[f]) for f in fams
+    }
+    # leave one family out over every family (cheap and unseen): Acc_worst under the rest vs accuracy under it
+    variants = items[items["suite"] != "clean"]
+    clean = items[items["suite"] == "clean"]
+    keys = ["trial", "decision"]
+    lofo = {}
+    for fam in sorted(variants["family"].unique()):
+        rest = variants[variants["family"] != fam].groupby([*keys, "item_id"])["correct"].all()
+        ok = clean.set_index([*keys, "item_id"])["correct"].astype(bool)
+        worst_rest = (ok & rest.reindex(ok.index, fill_value=True)).groupby(keys).mean()
+        held = variants[variants["family"] == fam].groupby(keys)["correct"].mean()
+        both = pd.concat([worst_rest.rename("rest"), held.rename("held")], axis=1).dropna()
+        if len(both) > 3:
+            lofo[fam] = rho(both["rest"], both["held"])
+    report["leave_one_family_out"] = lofo
+    # within tie sets: among candidates dev cannot tell apart, which tie-break picks the higher unseen Acc_worst?
+    correct = clean.pivot_table(index=keys, columns="item_id", values="correct", aggfunc="first").astype(bool)
+    rows = cands.set_index(keys)
+    picks = {}
+    for tie_break in ("stability", "cost", "calibrated", "value"):
+        cs = [
+            Candidate(
+                key=k,
+                label=f"{k[0]}/{k[1]}",
+                correct=correct.loc[k].tolist(),
+                order=j,
+                stability=float(rows.loc[k, "signed_stability"]),
+                cost=float(rows.loc[k, "prompt_tokens"]),
+                calibrated=k[1] != "argmax",
+                value=float(rows.loc[k, "dev_accuracy"]),
+            )
+            for j, k in enumerate(correct.index)
+        ]
+        sel = choose(cs, tie_break=tie_break)
+        tied = [c.key for c in sel.tie_set]
+        picks[tie_break] = {
+            "winner": sel.winner.label,
+            "unseen_acc_worst": round(float(rows.loc[sel.winner.key, "unseen_acc_worst"]), 3),
+            "tie_set": len(tied),
+            "tie_set_unseen_acc_worst_mean": round(float(rows.loc[tied, "unseen_acc_worst"].mean()), 3),
+            "rank_in_tie_set": int(
+                (rows.loc[tied, "unseen_acc_worst"] > rows.loc[sel.winner.key, "unseen_acc_worst"]).sum()
+            )
+            + 1,
+            "mde": round(sel.mde, 3),
+        }
+    report["tie_breaks"] = picks
+    # every pair dev cannot tell apart (the rule's paired test): how often does each tie-break prefer the one with the
+    # higher unseen Acc_worst (pairs equal on it, or on the tie-break, left out)?
+    from promptopt.metrics.stats.selection import compare_with_best
+
+    by_key = {c.key: c for c in cs}
+    tied_pairs = []
+    for i, a in enumerate(cs):
+        for b in cs[i + 1 :]:
+            first, second = (a, b) if a.accuracy >= b.accuracy else (b, a)
+            if not compare_with_best(first, [second])[0].worse:
+                tied_pairs.append((first.key, second.key))
+    unseen = rows["unseen_acc_worst"]
+    prefer = {
+        "stability": lambda k: rows.loc[k, "signed_stability"],
+        "cost": lambda k: -rows.loc[k, "prompt_tokens"],
+        "calibrated": lambda k: float(k[1] != "argmax"),
+        "value": lambda k: rows.loc[k, "dev_accuracy"],
+        "cheap_acc_worst": lambda k: rows.loc[k, "cheap_acc_worst"],
+    }
+    concord = {}
+    for name, f in prefer.items():
+        agree = disagree = 0
+        for x, y in tied_pairs:
+            dx, du = f(x) - f(y), unseen[x] - unseen[y]
+            if dx == 0 or du == 0:
+                continue
+            agree += (dx > 0) == (du > 0)
+            disagree += (dx > 0) != (du > 0)
+        concord[name] = {"agree": agree, "disagree": disagree, "rate": round(agree / max(1, agree + disagree), 3)}
+    report["tied_pairs"] = len(tied_pairs)
+    report["tie_break_concordance_on_tied_pairs"] = concord
+    del by_key
+    # within the tie set: Spearman of each signal against unseen Acc_worst, tie-set members only
+    tied_keys = [tuple(k) for k in [c.key for c in choose(cs, tie_break="value").tie_set]]
+    sub = rows.loc[tied_keys]
+    report["within_tie_set_rho_vs_unseen_acc_worst"] = {
+        "stability": rho(sub["signed_stability"], sub["unseen_acc_worst"]),
+        "-cost": rho(-sub["prompt_tokens"], sub["unseen_acc_worst"]),
+        "calibrated": rho((np.array([k[1] for k in tied_keys]) != "argmax").astype(float), sub["unseen_acc_worst"]),
+        "cheap_acc_worst": rho(sub["cheap_acc_worst"], sub["unseen_acc_worst"]),
+    }
+    return report
+
+
 if __name__ == "__main__":
-    main()
+    if os.environ.get("SEL_ANALYZE"):
+        print(json.dumps(analyze(), indent=1))
+    else:
+        main()

@@ -75,7 +75,7 @@ def test_select_robust_picks_the_more_robust_of_two_candidates():
     evaluator.robustness = lambda prompt, items, f=evaluator.robustness: measured.append(prompt) or f(prompt, items)
     chosen, how = choose_winner("robust", ranked, None, evaluator, dev=[])
     assert chosen["number"] == 7 and "tie-break 'robust'" in how and "2 of 3 candidates tie" in how, how
-    assert "(robust 0.7)" in how and measured == ["brittle", "sturdy"]  # the significantly worse one is not stressed
+    assert "(robust 0.700)" in how and measured == ["brittle", "sturdy"]  # the significantly worse one is not stressed
 
     class _Result:
         selection = "best tcb value on dev"

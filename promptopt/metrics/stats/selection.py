@@ -296,7 +296,7 @@ def _attribute_text(c: Candidate, tie_break: str) -> str:
         return f" ({'calibrated or ensembled' if value else 'argmax'})"
     if isinstance(value, float) and math.isnan(value):
         return f" (its {tie_break} not measured: by dev accuracy, then order)"
-    return f" ({tie_break} {value:.4g})" if isinstance(value, float) else f" ({tie_break} {value})"
+    return f" ({tie_break} {value:.3f})" if isinstance(value, float) else f" ({tie_break} {value})"
 
 
 def _mde_text(mde: float) -> str:
