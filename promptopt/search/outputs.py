@@ -173,6 +173,10 @@ def _candidates(study, strategy, ctx: SearchContext | None = None, cached=None) 
         if decode_answers(bits) is None:
             raise ValueError(f"trial {t.number}: no per-item dev answers recorded (dev_correct) to choose with")
         entry["correct"] = decode_answers(bits)
+        if strategy.criterion != "correct":  # what the strategy's tie set pairs on (robust: robust_correct)
+            entry["criterion"] = decode_answers(t.user_attrs.get(f"dev_{strategy.criterion}"))
+            if entry["criterion"] is None:
+                raise ValueError(f"trial {t.number}: no per-item dev {strategy.criterion} recorded to choose with")
         if prompt is not None:
             entry["cost"] = prompt.characters
             entry["calibrated"] = prompt.decision not in ("argmax", None)

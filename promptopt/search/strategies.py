@@ -14,15 +14,18 @@ so per-item values can be reported to a paired pruner (Optuna's WilcoxonPruner) 
 | `tcb`          | correct_i + 0.25·sign_i·stability_i                   | `stability`: the most stable trial   |
 | `acc_tcb`      | same value as `tcb`                                   | `value` (the former `tcb`)           |
 | `pareto`       | (accuracy, mean signed stability), NSGA-II            | `stability`, among the front         |
-| `robust`       | correct_i ∧ every cheap perturbed variant of i        | `value` (robust dev accuracy)        |
-|                | correct (synonym, keyboard typo, exemplar reorder);   |                                      |
+| `robust`       | correct_i ∧ every cheap perturbed variant of i        | `value` (robust dev accuracy; its    |
+|                | correct (synonym, keyboard typo, exemplar reorder);   |   tie set pairs robust_correct)      |
 |                | multi-fidelity, see below                             |                                      |
 
 The winner (every strategy, one rule: promptopt/metrics/stats/selection.py): the trials not significantly worse than
 the most accurate on the same dev items (paired: exact McNemar and the 95% paired bootstrap interval, both) tie, and
 the tie-break chooses among them (remaining ties: higher dev accuracy, then the lower trial number). A strategy that
 stands for a guide (PPL, δ_TCB, robustness) breaks ties by it, so each guide chooses where dev accuracy cannot;
-`--tie-break` overrides it for every strategy. The card and summary.json record the tie set and why.
+`--tie-break` overrides it for every strategy. The card and summary.json record the tie set and why. Only COMPLETE
+trials are candidates: a trial the paired pruner stopped was likely worse, and one `robust`'s bound stopped could
+not beat the incumbent (with `--tie-break` other than `value` it might have tied: the tie set then holds the
+trials that completed).
 
 stability_i = (clip(log10 δ_TCB,i, −1, 5) + 1) / 6 ∈ [0, 1] (scale-free: δ spans 1 … 50,000);
 sign_i = +1 when item i is correct, −1 when wrong, so a stably wrong answer is penalized, never rewarded.
@@ -124,7 +127,7 @@ def candidate_of(trial: dict):
     return Candidate(
         key=trial["number"],
         label=f"#{trial['number']}",
-        correct=list(trial["correct"]),
+        correct=list(trial.get("criterion") or trial["correct"]),
         order=trial["number"],
         stability=float(trial.get("signed_stability", float("nan"))),
         cost=float(trial.get("cost", float("nan"))),
@@ -145,6 +148,10 @@ class Strategy:
 
     name: str
     description: str
+    # the per-item dev answers the tie set is paired on: clean correctness, or `robust_correct` (right on the clean
+    # prompt and every variant) for `robust`, whose multi-fidelity bound then stays exact: with its tie-break `value`
+    # the winner is the highest robust value, the incumbent the bound compares with (trial.py `cannot_win`)
+    criterion: str = "correct"
     # how the winner is chosen within the tie set (metrics/stats/selection.py TIE_BREAKS); None: the run's
     # --tie-break, else DEFAULT_TIE_BREAK. A strategy that stands for a guide other than accuracy breaks ties by it.
     tie_break: str | None = None
@@ -256,6 +263,7 @@ for _strategy in (
         needs_variants=True,
         multi_fidelity=True,
         screen_values=accuracy_values,
+        criterion="robust_correct",
         tie_break="value",
         version=2,
     ),
