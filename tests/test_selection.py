@@ -191,3 +191,19 @@ def test_test_items_never_change_a_searchs_choice(tmp_path):
     wrong, right = _search(tmp_path, "wrong"), _search(tmp_path, "right", scorer_class=TestRight)
     assert wrong.test["accuracy"] == 0 and right.test["accuracy"] == 1  # the test numbers did differ
     assert wrong.best_params == right.best_params and wrong.selection == right.selection
+
+
+def test_compare_prints_what_the_dev_size_can_detect(capsys):
+    from promptopt.cli.render_robustness import print_dev_choices
+
+    mde = minimum_detectable_effect(48, 0.15)
+    print_dev_choices(
+        [
+            {"strategy": "tcb", "seed": 0, "tied": 4, "n_candidates": 12, "n_dev_items": 48, "mde": mde},
+            {"strategy": "accuracy", "seed": 0, "tied": 1, "n_candidates": 12, "n_dev_items": 48, "mde": mde},
+        ]
+    )
+    out = capsys.readouterr().out
+    assert f"48 dev items detect a difference of {mde:.3f}" in out and "tcb/0 4 of 12, accuracy/0 1 of 12" in out
+    print_dev_choices([])  # a compare from before the rule: nothing to say
+    assert capsys.readouterr().out == ""
