@@ -102,6 +102,8 @@ class Selection:
             why = f"a clear winner: every other of the {self.n_candidates} candidates is significantly worse"
             if self.n_candidates == 1:
                 why = "the only candidate"
+            if _measured(_attribute(w, self.tie_break)):
+                why += _attribute_text(w, self.tie_break)
         else:
             why = (
                 f"{len(self.tie_set)} of {self.n_candidates} candidates tie with the best ({b.name}, dev accuracy "
@@ -177,8 +179,9 @@ def choose(
     n_boot: int = N_BOOT,
     fill: Callable[[list[Candidate]], list[Candidate]] | None = None,
 ) -> Selection:
-    """The winner among `candidates` (module docstring). `fill`, when given, is called with the tie set only and
-    returns it with a tie-break's attribute measured (e.g. `robust`, which costs a stress run per candidate)."""
+    """The winner among `candidates` (module docstring). `fill`, when given, is called with the tie set only (a clear
+    winner alone) and returns it with a tie-break's attribute measured (e.g. `robust`, which costs a stress run per
+    candidate)."""
     check_tie_break(tie_break)
     candidates = list(candidates)
     if not candidates:
@@ -195,7 +198,7 @@ def choose(
     others = [c for c in candidates if c is not best]
     paired = dict(zip([c.name for c in others], compare_with_best(best, others, alpha=alpha, seed=seed, n_boot=n_boot)))
     tied = [best] + [c for c in others if not paired[c.name].worse]
-    if fill is not None and len(tied) > 1:
+    if fill is not None:  # measured for the winner too when it is clear: the record says what it was
         tied = list(fill(tied))
     winner = max(tied, key=lambda c: (_key(c, tie_break), c.accuracy, -c.order))
     rate = discordance(best, others)
@@ -288,6 +291,10 @@ def _key(c: Candidate, tie_break: str) -> tuple:
 
 def _attribute(c: Candidate, tie_break: str):
     return c.calibrated if tie_break == "calibrated" else getattr(c, tie_break)
+
+
+def _measured(value) -> bool:
+    return isinstance(value, bool) or not (value is None or (isinstance(value, float) and math.isnan(value)))
 
 
 def _attribute_text(c: Candidate, tie_break: str) -> str:
