@@ -261,6 +261,6 @@ def analyze(out: Path = OUT) -> dict:
 
 if __name__ == "__main__":
     if os.environ.get("SEL_ANALYZE"):
-        print(json.dumps(analyze(), indent=1))
+        print(json.dumps(analyze(), indent=1, default=lambda v: v.item() if hasattr(v, "item") else str(v)))
     else:
         main()

@@ -207,3 +207,18 @@ def test_compare_prints_what_the_dev_size_can_detect(capsys):
     assert f"48 dev items detect a difference of {mde:.3f}" in out and "tcb/0 4 of 12, accuracy/0 1 of 12" in out
     print_dev_choices([])  # a compare from before the rule: nothing to say
     assert capsys.readouterr().out == ""
+
+
+def test_an_unknown_tie_break_is_one_error_line(tmp_path):
+    from tests.clirun import assert_one_line_error, promptopt
+
+    for command in ("search", "compare"):
+        assert_one_line_error(
+            promptopt(command, "--task", "sst2", "--tie-break", "cheapest", "--out", str(tmp_path / command)),
+            "unknown tie-break 'cheapest'",
+        )
+    assert not (tmp_path / "search").exists() and not (tmp_path / "compare").exists()
+    assert_one_line_error(
+        promptopt("export", str(tmp_path), "--out", str(tmp_path / "c.yaml"), "--tie-break", "cheapest"),
+        "unknown tie-break 'cheapest'",
+    )
