@@ -34,7 +34,7 @@ N_BOOT = 2000
 # name -> what it prefers (the sentence a card records). Higher is better except for cost.
 TIE_BREAKS = {
     "stability": "the higher mean signed stability on dev (δ_TCB read on the distribution the decision reads)",
-    "cost": "the cheaper card (fewer prompt characters per input, times its members)",
+    "cost": "the cheaper card (fewer prompt characters the model reads per input)",
     "calibrated": "a calibrated or ensembled candidate before a plain argmax one (then the higher stability)",
     "robust": "the higher dev Acc_worst under the search suite",
     "value": "the higher value of the strategy's own objective on dev",
