@@ -144,12 +144,20 @@ def analyze(out: Path = OUT) -> dict:
         x, y = np.asarray(x, float), np.asarray(y, float)
         return round(spearman(x, y), 3), [round(v, 3) for v in spearman_interval(x, y, seed=0)]
 
+    cheap_fams = [c for c in cands.columns if c.startswith("cheap:")]
+    cands["cheap_family_mean"] = cands[cheap_fams].mean(axis=1)  # mean accuracy over the families that apply
+    cands["cheap_families_applied"] = cands[cheap_fams].notna().sum(axis=1)
+    unseen_fams = [c for c in cands.columns if c.startswith("unseen:")]
+    cands["unseen_family_mean"] = cands[unseen_fams].mean(axis=1)
     signals = {
         "dev_accuracy": cands["dev_accuracy"],
         "stability": cands["signed_stability"],
         "-cost": -cands["prompt_tokens"],
         "cheap_acc_worst": cands["cheap_acc_worst"],
+        "cheap_family_mean": cands["cheap_family_mean"],
+        "-cheap_families_applied": -cands["cheap_families_applied"],
     }
+    report["rho_vs_unseen_family_mean"] = {k: rho(v, cands["unseen_family_mean"]) for k, v in signals.items()}
     report["rho_vs_unseen_acc_worst"] = {k: rho(v, cands["unseen_acc_worst"]) for k, v in signals.items()}
     report["rho_vs_unseen_rate"] = {
         **{k: rho(v, cands["unseen_rate"]) for k, v in signals.items() if k != "cheap_acc_worst"},
@@ -186,6 +194,7 @@ def analyze(out: Path = OUT) -> dict:
     # within tie sets: among candidates dev cannot tell apart, which tie-break picks the higher unseen Acc_worst?
     correct = clean.pivot_table(index=keys, columns="item_id", values="correct", aggfunc="first").astype(bool)
     rows = cands.set_index(keys)
+    rows["cheap_family_mean"] = cands.set_index(keys)["cheap_family_mean"]
     picks = {}
     for tie_break in ("stability", "cost", "calibrated", "value"):
         cs = [
@@ -233,6 +242,7 @@ def analyze(out: Path = OUT) -> dict:
         "calibrated": lambda k: float(k[1] != "argmax"),
         "value": lambda k: rows.loc[k, "dev_accuracy"],
         "cheap_acc_worst": lambda k: rows.loc[k, "cheap_acc_worst"],
+        "cheap_family_mean": lambda k: rows.loc[k, "cheap_family_mean"],
     }
     concord = {}
     for name, f in prefer.items():
