@@ -40,7 +40,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/promptopt compare --task sst2 --strategies ppl,tcb,accuracy,accuracy@batch --trials 12 --dev-limit 48 --test-limit 150 --robust-limit 30 --top-n 1 --out runs/demo $(if $(wildcard runs/demo/study.db),--resume,)
+	$(BIN)/promptopt compare --task sst2 --strategies ppl,tcb,accuracy,accuracy@batch --trials 12 --dev-limit 80 --test-limit 150 --robust-limit 30 --top-n 1 --out runs/demo $(if $(wildcard runs/demo/study.db),--resume,)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -rs -p no:cacheprovider -n 2 --dist loadfile --no-loadscope-reorder --durations=15

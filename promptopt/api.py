@@ -60,6 +60,7 @@ def search(
     test_limit: int | None = None,
     space: str | None = None,
     decision: str | None = None,
+    tie_break: str | None = None,
     seed: int = 1234,
     storage: str | None = None,
     study_name: str | None = None,
@@ -100,6 +101,7 @@ def search(
         minibatch=minibatch,
         pruning=pruning,
         decision=decision,
+        tie_break=tie_break,
         dev_limit=dev_limit,
         test_limit=test_limit,
         subsets=subsets,
@@ -135,6 +137,7 @@ def compare(
     ensembles: Sequence[int] = (),
     ensemble_of: str | Sequence[str] | None = None,
     ensemble_objective: str = "accuracy",
+    tie_break: str | None = None,
     space: str | None = None,
     seed: int = 1234,
     storage: str | None = None,
@@ -176,6 +179,7 @@ def compare(
         n_workers=n_workers,
         minibatch=minibatch,
         pruning=pruning,
+        tie_break=tie_break,
         dev_limit=dev_limit,
         test_limit=test_limit,
         subsets=subsets,
@@ -213,10 +217,12 @@ def export(
     ensemble: int | None = None,
     flag_rate: float | None = None,
     flag_signal: str = "auto",
+    tie_break: str | None = None,
     device: str | None = None,
 ):
     """`promptopt export RUN`: the winner of a search or compare run (chosen on dev numbers only; `select="robust"`:
-    dev Acc_worst among the accurate), or a named trial, or an ensemble of `ensemble` members, written to `out` as a
+    dev Acc_worst among the accurate; `tie_break` decides among the candidates dev cannot tell apart,
+    promptopt/metrics/stats/selection.py), or a named trial, or an ensemble of `ensemble` members, written to `out` as a
     card (or chat messages, a text template, an lm-eval task). Returns `Exported` (`.card`, `.card_path`,
     `.warnings`: read them, they say when the card is worse than the task's default prompt)."""
     from promptopt.workflows.export import export_run
@@ -232,6 +238,7 @@ def export(
         ensemble=ensemble,
         flag_rate=flag_rate,
         flag_signal=flag_signal,
+        tie_break=tie_break,
     )
 
 

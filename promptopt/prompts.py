@@ -195,6 +195,12 @@ class Prompt:
             card["provenance"] = provenance
         return card
 
+    @property
+    def characters(self) -> int:
+        """Characters the model reads per input besides the input itself (instruction, exemplars, the query's
+        template): what a card costs to serve, before its decision rule and members (selection's `cost`)."""
+        return sum(len(m["content"]) for m in self.messages("", None))
+
     def with_(self, **changes) -> Prompt:
         return replace(self, **changes)
 

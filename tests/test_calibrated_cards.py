@@ -178,7 +178,7 @@ def test_select_robust_decides_each_prompt_by_its_own_rule(compared, monkeypatch
     assert prompt.decision == "batch" and isinstance(scorer, DecidingScorer)
     rule = scorer.rule
     assert rule.kind == "batch" and rule.fitted_on["split"] == "dev" and rule.fitted_on["n"] == len(items) == 8
-    reported = float(re.match(r"best dev Acc_worst \(([0-9.]+)", row["selection"]).group(1))
+    reported = float(re.search(r"\(robust ([0-9.]+)\)", row["selection"]).group(1))
     assert reported == pytest.approx(acc_worst, abs=5e-4)
 
 

@@ -57,14 +57,24 @@ class _FakeEvaluator:
 
 
 def test_select_robust_picks_the_more_robust_of_two_candidates():
-    ranked = [
-        {"number": 3, "prompt": "brittle", "accuracy": 0.80, "n": 50},
-        {"number": 7, "prompt": "sturdy", "accuracy": 0.76, "n": 50},  # inside the best one's interval
-        {"number": 9, "prompt": "sturdier", "accuracy": 0.40, "n": 50},
-    ]  # more robust but far less accurate
+    """--select robust is the selection rule with tie-break `robust`: Acc_worst measured for the tied trials only."""
+
+    def entry(number, prompt, right, n=50):
+        return {
+            "number": number,
+            "prompt": prompt,
+            "accuracy": right / n,
+            "n": n,
+            "correct": [i < right for i in range(n)],
+        }
+
+    ranked = [entry(3, "brittle", 40), entry(7, "sturdy", 38), entry(9, "sturdier", 20)]  # sturdier: far less accurate
     evaluator = _FakeEvaluator({"brittle": 0.50, "sturdy": 0.70, "sturdier": 0.90})
+    measured = []
+    evaluator.robustness = lambda prompt, items, f=evaluator.robustness: measured.append(prompt) or f(prompt, items)
     chosen, how = choose_winner("robust", ranked, None, evaluator, dev=[])
-    assert chosen["number"] == 7 and "best dev Acc_worst (0.700)" in how and "2 of the top 3" in how
+    assert chosen["number"] == 7 and "tie-break 'robust'" in how and "2 of 3 candidates tie" in how, how
+    assert "(robust 0.700)" in how and measured == ["brittle", "sturdy"]  # the significantly worse one is not stressed
 
     class _Result:
         selection = "best tcb value on dev"

@@ -400,6 +400,7 @@ def test_export_from_a_compare_directory_never_reads_the_test_set(tiny_llama_dir
     card is chosen, and the card says by which rule. Named trials and robust picks after the fact too."""
     from promptopt.workflows.compare import run_compare
     from promptopt.workflows.export import compare_candidates, export_run, open_run
+    from promptopt.workflows.export.select import select_by_dev
     from tests.test_table_sets import reseal
 
     config = SearchConfig.build(
@@ -421,6 +422,8 @@ def test_export_from_a_compare_directory_never_reads_the_test_set(tiny_llama_dir
         "dev accuracy" in exported.card["search"]["selection"]
         and "no test number" in exported.card["search"]["selection"]
     )
+    rule = exported.card["search"]["selection_rule"]  # which winners tied, and why the tie-break chose
+    assert rule["tie_break"] == "stability" and rule["n_dev_items"] == 6 and rule["tie_set"]
     from promptopt.workflows.session import Session
 
     session = Session(model=config.model, data=config.data)
@@ -429,9 +432,7 @@ def test_export_from_a_compare_directory_never_reads_the_test_set(tiny_llama_dir
     assert warned == (exported.card["metrics"]["test"]["accuracy"] <= default)
 
     runs = pd.read_csv(root / "compare_runs.csv")
-    dev_best = (
-        compare_candidates(root).query("winner").sort_values(["dev_accuracy", "order"], ascending=[False, True]).iloc[0]
-    )
+    dev_best, _, _ = select_by_dev(compare_candidates(root))  # the selection rule, on dev columns only
     picked = open_run(root)
     assert (picked.config.study.strategy, picked.winner_trial) == (dev_best["strategy"], int(dev_best["trial"]))
     test_columns = [
@@ -452,9 +453,10 @@ def test_export_from_a_compare_directory_never_reads_the_test_set(tiny_llama_dir
 
     robust = export_run(root, out=tmp_path / "robust.yaml", select="robust")
     assert (
-        robust.card["search"]["selection"].startswith("best dev Acc_worst")
+        robust.card["search"]["selection"].startswith("--select robust")
         and "no test number" in robust.card["search"]["selection"]
     )
+    assert robust.card["search"]["selection_rule"]["tie_break"] == "robust"
     named = export_run(root, out=tmp_path / "named.yaml", strategy="tcb", trial=0).card
     assert named["search"]["trial"] == 0 and "--trial" in named["search"]["selection"]
 

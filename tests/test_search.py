@@ -85,26 +85,34 @@ def test_stability_transform_and_strategies():
         get_strategy("best")
 
 
-def test_tcb_selects_the_most_stable_trial_inside_the_best_accuracy_interval():
+def test_tcb_selects_the_most_stable_trial_among_those_dev_cannot_tell_from_the_best():
+    """Every strategy chooses through the one selection rule (metrics/stats/selection.py): the trials not significantly
+    worse than the most accurate on the same dev items (paired) tie; the strategy's tie-break chooses among them."""
     from promptopt.study.strategies import select_winner
 
+    def trial(number, right, value, stability, n=48):
+        return {
+            "number": number,
+            "value": value,
+            "accuracy": right / n,
+            "n": n,
+            "signed_stability": stability,
+            "correct": [i < right for i in range(n)],  # nested: the less accurate trial's right items are the best's
+        }
+
     trials = [
-        {"number": 0, "value": 0.80, "accuracy": 0.75, "n": 48, "signed_stability": 0.20},
-        {"number": 1, "value": 0.86, "accuracy": 0.81, "n": 48, "signed_stability": 0.22},  # best accuracy
-        {
-            "number": 2,
-            "value": 0.78,
-            "accuracy": 0.70,
-            "n": 48,
-            "signed_stability": 0.45,
-        },  # inside [0.675, ...]: most stable
-        {"number": 3, "value": 0.50, "accuracy": 0.50, "n": 48, "signed_stability": 0.90},  # stabler, but clearly worse
+        trial(0, 36, 0.80, 0.20),
+        trial(1, 39, 0.86, 0.22),  # best accuracy
+        trial(2, 34, 0.78, 0.45),  # 5 items behind, all discordant one way: McNemar p = 0.0625, a tie; most stable
+        trial(3, 24, 0.50, 0.90),  # stabler, but significantly worse
     ]
     winner, how = select_winner(get_strategy("tcb"), trials)
-    assert winner["number"] == 2 and "inside the best trial's 95% interval" in how
-    assert select_winner(get_strategy("acc_tcb"), trials)[0]["number"] == 1
-    assert select_winner(get_strategy("accuracy"), [dict(t, value=t["accuracy"]) for t in trials])[0]["number"] == 1
-    tight = [dict(t, n=100000) for t in trials]  # with huge n the interval shrinks to the best trial itself
+    assert winner["number"] == 2 and "tie-break 'stability'" in how and "#0, #1, #2" in how, how
+    assert select_winner(get_strategy("acc_tcb"), trials)[0]["number"] == 1  # its own value breaks the tie
+    # accuracy breaks ties by the run's --tie-break, `stability` by default (it took the best point estimate, #1)
+    assert select_winner(get_strategy("accuracy"), trials)[0]["number"] == 2
+    assert select_winner(get_strategy("accuracy"), trials, tie_break="value")[0]["number"] == 1
+    tight = [dict(t, correct=t["correct"] * 50, n=2400) for t in trials]  # 50× the items: #2 is significantly worse
     assert select_winner(get_strategy("tcb"), tight)[0]["number"] == 1
 
 

@@ -8,7 +8,7 @@ import typer
 
 from promptopt import progress
 from promptopt.cli.app import ANALYSE, SHIP, app, quiet_libraries
-from promptopt.cli.options import DeviceOpt, QuietOpt
+from promptopt.cli.options import DeviceOpt, QuietOpt, TieBreakOpt
 from promptopt.cli.render import console, print_export
 
 
@@ -21,13 +21,16 @@ def export_command(
     strategy: str | None = typer.Option(
         None,
         "--strategy",
-        help="compare directories: this strategy's winner (default: the highest dev accuracy among the searches' winners)",
+        help="compare directories: this strategy's winner (default: the selection rule's choice among the searches' winners)",
     ),
     select: str = typer.Option(
         "dev",
         "--select",
-        help="compare directories: dev (the winner with the highest dev accuracy) or robust (best dev Acc_worst among the evaluated candidates as accurate as the best on dev); test items never choose",
+        help="compare directories: dev (the selection rule among the searches' winners: those dev cannot tell from the "
+        "most accurate tie, --tie-break chooses) or robust (the same rule over every evaluated candidate, tie-break: "
+        "dev Acc_worst under the search suite); test items never choose",
     ),
+    tie_break: str | None = TieBreakOpt,
     trial: int | None = typer.Option(None, "--trial", help="this trial number instead of the winner"),
     fmt: str = typer.Option(
         "card", "--format", help="card (YAML, version 2), messages (chat JSON), text, or lm-eval (task YAML)"
@@ -71,6 +74,7 @@ def export_command(
             ensemble=ensemble,
             flag_rate=flag_rate,
             flag_signal=flag_signal,
+            tie_break=tie_break,
         )
     print_export(exported)
     if exported.card.get("fragility"):

@@ -82,6 +82,8 @@ def print_search_result(result) -> None:
         f"{decision}",
         markup=False,
     )
+    if result.selection:  # the tie set, the tie-break's reason and the smallest difference the dev size detects
+        console.print(f"chosen by: {result.selection}", markup=False, highlight=False)
     rows = []
     for split, summary in (("dev", result.dev), ("test", result.test)):
         rows.append(

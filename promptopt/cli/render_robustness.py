@@ -13,6 +13,24 @@ def _nan(row, key):
     return float("nan") if value is None else value
 
 
+def print_dev_choices(choices: list[dict]) -> None:
+    """How the searches chose on dev: how many trials tied with the best, and the smallest accuracy difference the
+    dev size detects (paired, 80% power) — a dev set too small to choose shows here."""
+    import statistics
+
+    known = [c for c in choices if c.get("mde") is not None]
+    if not known:
+        return
+    tied = ", ".join(f"{c['strategy']}/{c['seed']} {c['tied']} of {c['n_candidates']}" for c in choices)
+    mde = statistics.median(c["mde"] for c in known)
+    console.print(
+        f"dev choice: {known[0]['n_dev_items']} dev items detect a difference of {mde:.3f} in accuracy (median over "
+        f"the searches; paired, 80% power); trials tied with the best: {tied}",
+        markup=False,
+        highlight=False,
+    )
+
+
 def print_compare(result, task: str, model: str) -> None:
     s = result.summary
     seen, unseen = s.get("families_seen") or [], s.get("families_unseen") or []
@@ -51,6 +69,7 @@ def print_compare(result, task: str, model: str) -> None:
             markup=False,
             highlight=False,
         )
+    print_dev_choices(s.get("dev_choices") or [])
     paired = Table(
         title="paired on the same test items (a − b): 95% paired-bootstrap intervals, exact McNemar; * = significant at 0.05"
     )

@@ -114,7 +114,8 @@ def _test_answers(root: Path, strategy: str, seed: int, ids: list[str]) -> list[
 
 
 def _next_best(source, chosen) -> tuple[dict | None, str]:
-    """The candidate export's rule ranks next (the other search winners, by dev accuracy), or why there is none."""
+    """The candidate export's rule ranks next (the selection rule over the other search winners), or why there is
+    none."""
     if source.kind != "compare":
         return None, (
             "a single search measures only its winner on test items (`promptopt compare` pairs several winners)"
@@ -132,7 +133,7 @@ def _next_best(source, chosen) -> tuple[dict | None, str]:
     ]
     if not others["winner"].astype(bool).any():
         return None, "no other search winner in this compare"
-    best, _ = select_by_dev(others)
+    best, _, _ = select_by_dev(others)
     return best.to_dict(), ""
 
 

@@ -24,12 +24,16 @@ def _winner_trials(source) -> set[tuple[str, int, int]]:
     }
 
 
-def tcb_bound(trials: list) -> float:
-    """The tcb strategy's constraint on a study's finished trials: the lower end of the best-valued trial's 95%
-    Wilson interval on dev accuracy (study/strategies.py `stable_within_ci`); its winner is the most stable trial
-    at or above it."""
+def tcb_bound(trials: list, summary: dict | None = None) -> float:
+    """Where the tcb strategy's tie set ends on a study's dev accuracy: the lowest dev accuracy among the trials that
+    tied with the best (the selection rule's record in summary.json, metrics/stats/selection.py; its winner is the
+    most stable of them). A run from before the paired rule recorded none: the lower end of the best-valued trial's
+    95% Wilson interval, the bound it used then."""
     from promptopt.metrics.stats import wilson_interval
 
+    tied = ((summary or {}).get("selection_detail") or {}).get("tie_set")
+    if tied:
+        return min(float(t["dev_accuracy"]) for t in tied)
     best = max(trials, key=lambda t: (t.value, -t.number))
     m = best.user_attrs.get("metrics", {})
     return wilson_interval(round(m["accuracy"] * m["n"]), m["n"])[0]
@@ -51,7 +55,7 @@ def trials_frame(source, chosen=None) -> pd.DataFrame:
     for s in source.studies:
         done = s.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
         low = (
-            tcb_bound(done)
+            tcb_bound(done, s.run.summary)
             if done and s.run.config.study.strategy == "tcb" and not len(s.study.directions) > 1
             else math.nan
         )

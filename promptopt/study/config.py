@@ -38,6 +38,9 @@ class StudyConfig:
     # one decision rule for every trial (promptopt/decision.py: argmax, contextual, batch, batch-adaptive, affine);
     # None: the space's `decision:` dimension if it has one, else argmax
     decision: str | None = None
+    # how the winner is chosen among the trials dev cannot tell apart (metrics/stats/selection.py TIE_BREAKS);
+    # None: the strategy's own (accuracy: `stability`). Not part of the study's identity: it reads finished trials.
+    tie_break: str | None = None
     heartbeat_interval: int = 20
     grace_period: int = 60
 
@@ -51,6 +54,10 @@ class StudyConfig:
             from promptopt.decision import parse_rule
 
             parse_rule(self.decision)  # a typo fails here, naming the rule
+        if self.tie_break is not None:
+            from promptopt.metrics.stats.selection import check_tie_break
+
+            check_tie_break(self.tie_break)
         if self.study_name is not None and not re.fullmatch(r"[A-Za-z0-9_.:-]+", self.study_name):
             raise ConfigError(f"study_name: expected letters, digits, '_', '-', '.' or ':', got {self.study_name!r}")
 

@@ -31,6 +31,7 @@ class SearchResult:
     cache_hit_rate: float
     pareto: pd.DataFrame | None = None
     selection: str = ""  # how the winner was chosen, in words
+    selection_detail: dict = field(default_factory=dict)  # the selection rule's record (tie set, tie-break, mde)
     ranking: list = field(default_factory=list)  # distinct trials in the strategy's order of preference
     duplicates_skipped: int = 0  # sampled points that decoded to a prompt already evaluated (not counted)
     pairs_scored: int = 0  # distinct (prompt, item) pairs this process scored for the trials (result-cache misses)

@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pandas as pd
 
+from promptopt.metrics.stats.selection import decode_answers, encode_answers
 from promptopt.scoring.stored import answer_columns
 from promptopt.study.config import redact
 from promptopt.study.context import SearchContext, SearchResult, decode, note
 from promptopt.study.recovery import fault_point
-from promptopt.study.strategies import select_winner
+from promptopt.study.strategies import select_winner, selection_of
 from promptopt.study.tableset import TableSet
 from promptopt.study.trial import is_duplicate
 
@@ -47,8 +48,9 @@ def write_outputs(ctx: SearchContext, study, cached, wall: float, hits_before: i
         )
         tables.frame("pareto_front.parquet", pareto)
         tables.frame("pareto_front.csv", pareto)
-    candidates = _candidates(study, ctx.strategy)
-    winner, selection = select_winner(ctx.strategy, candidates)
+    candidates = _candidates(study, ctx.strategy, ctx, cached)
+    chosen = selection_of(ctx.strategy, candidates, tie_break=config.study.tie_break)
+    winner, selection = next(c for c in candidates if c["number"] == chosen.winner.key), chosen.describe()
     best = next(t for t in study.trials if t.number == winner["number"])
     prompt = decode(ctx, best.params)
     pairs_scored = cached.cache.misses - misses_before  # the search's own cost, before the winner's test items
@@ -66,6 +68,7 @@ def write_outputs(ctx: SearchContext, study, cached, wall: float, hits_before: i
         "study": config.name,
         "trial": best.number,
         "selection": selection,
+        "tie_break": chosen.tie_break,
         "seed": config.study.seed,
         "dev": {k: dev[k] for k in ("n", "accuracy", "tcb_mean", "tcb_geomean", "ppl_mean")},
         "test": {k: test[k] for k in ("n", "accuracy", "tcb_mean", "tcb_geomean", "ppl_mean")},
@@ -95,7 +98,8 @@ def write_outputs(ctx: SearchContext, study, cached, wall: float, hits_before: i
         hit_rate,
         pareto,
         selection=selection,
-        ranking=_ranking(ctx.strategy, candidates, winner),
+        selection_detail=chosen.record(),
+        ranking=_ranking(ctx.strategy, candidates, winner, config.study.tie_break),
         duplicates_skipped=duplicates,
         pairs_scored=pairs_scored,
     )
@@ -107,6 +111,7 @@ def write_outputs(ctx: SearchContext, study, cached, wall: float, hits_before: i
         "best_trial": best.number,
         "best_params": best.params,
         "selection": selection,
+        "selection_detail": chosen.record(),
         "dev": dev,
         "test": test,
         "wall_seconds": wall,
@@ -134,8 +139,11 @@ def _winner_tables(ctx: SearchContext, cached, prompt):
     return running.decided(), DecidingScorer(cached, rule).score_table(prompt, ctx.test), rule
 
 
-def _candidates(study, strategy) -> list[dict]:
-    """Finished trials as the selection rule sees them (the Pareto front for multi-objective studies)."""
+def _candidates(study, strategy, ctx: SearchContext | None = None, cached=None) -> list[dict]:
+    """Finished trials as the selection rule sees them (the Pareto front for multi-objective studies): their dev
+    numbers, per-item dev correctness (user attr `dev_correct`; a trial recorded before it existed is re-read
+    through the result cache, `cached`), and, with the run's context, each prompt's cost and whether it decides
+    by a calibrated rule."""
     from optuna.trial import TrialState
 
     trials = (
@@ -146,28 +154,45 @@ def _candidates(study, strategy) -> list[dict]:
     out = []
     for t in trials:
         metrics = t.user_attrs.get("metrics", {})
-        out.append(
-            {
-                "number": t.number,
-                "ordinal": t.user_attrs.get("ordinal", t.number),
-                "params": t.params,
-                "value": t.value if not strategy.multi_objective else None,
-                "values": t.values,
-                "accuracy": metrics.get("accuracy", float("nan")),
-                "n": metrics.get("n", 0),
-                "signed_stability": metrics.get("signed_stability", float("-inf")),
-            }
-        )
+        entry = {
+            "number": t.number,
+            "ordinal": t.user_attrs.get("ordinal", t.number),
+            "params": t.params,
+            "value": t.value if not strategy.multi_objective else None,
+            "values": t.values,
+            "accuracy": metrics.get("accuracy", float("nan")),
+            "n": metrics.get("n", 0),
+            "signed_stability": metrics.get("signed_stability", float("-inf")),
+        }
+        bits = t.user_attrs.get("dev_correct")
+        prompt = decode(ctx, t.params) if ctx is not None else None
+        if bits is None and prompt is not None and cached is not None:
+            from promptopt.scoring.calibration import RunningDecision
+
+            running = RunningDecision(cached, prompt)
+            running.add(ctx.dev)
+            bits = encode_answers(running.decided()["correct"].astype(bool))
+        if decode_answers(bits) is None:
+            raise ValueError(f"trial {t.number}: no per-item dev answers recorded (dev_correct) to choose with")
+        entry["correct"] = decode_answers(bits)
+        if strategy.criterion != "correct":  # what the strategy's tie set pairs on (robust: robust_correct)
+            entry["criterion"] = decode_answers(t.user_attrs.get(f"dev_{strategy.criterion}"))
+            if entry["criterion"] is None:
+                raise ValueError(f"trial {t.number}: no per-item dev {strategy.criterion} recorded to choose with")
+        if prompt is not None:
+            entry["cost"] = prompt.characters
+            entry["calibrated"] = prompt.decision not in ("argmax", None)
+        out.append(entry)
     return out
 
 
-def _ranking(strategy, candidates: list[dict], winner: dict) -> list[dict]:
-    """Trials in the order the strategy prefers them (the winner first, then by the same rule), one per
+def _ranking(strategy, candidates: list[dict], winner: dict, tie_break: str | None = None) -> list[dict]:
+    """Trials in the order the strategy prefers them (the winner first, then by the same rule on the rest), one per
     distinct prompt: what `compare --top-n` evaluates."""
     rest = [c for c in candidates if c["number"] != winner["number"]]
     ranked = [winner]
     while rest:
-        nxt, _ = select_winner(strategy, rest)
+        nxt, _ = select_winner(strategy, rest, tie_break=tie_break)
         ranked.append(nxt)
         rest = [c for c in rest if c["number"] != nxt["number"]]
     seen, distinct = set(), []

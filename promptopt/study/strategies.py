@@ -3,30 +3,39 @@
 Each single-objective strategy scores an item i and the trial's value is the mean over the dev items,
 so per-item values can be reported to a paired pruner (Optuna's WilcoxonPruner) as they arrive.
 
-| strategy       | trial value (mean over dev items)                     | winner                               |
+| strategy       | trial value (mean over dev items)                     | tie-break (winner, below)            |
 |----------------|-------------------------------------------------------|--------------------------------------|
-| `accuracy`     | correct_i                                             | best value                           |
-| `ppl`          | −nll_i: NLL per token of the gold *final answer*      | best value (the δ_TCB paper's        |
-|                | (after the reference reasoning for GSM8K-style golds) |   PPL-guided baseline; nothing else) |
-| `ppl_solution` | −NLL per token of the whole reference target          | best value                           |
-| `acc_ppl`      | correct_i − 0.1·NLL per token of the whole target     | best value (the former `ppl` blend)  |
-| `tcb`          | correct_i + 0.25·sign_i·stability_i                   | constrained: the most stable trial   |
-|                |                                                       |   among those whose dev accuracy is  |
-|                |                                                       |   inside the best one's 95% interval |
-| `acc_tcb`      | same value as `tcb`                                   | best value (the former `tcb`)        |
-| `pareto`       | (accuracy, mean signed stability), NSGA-II            | highest accuracy on the front        |
-| `robust`       | correct_i ∧ every cheap perturbed variant of i        | best value (robust dev accuracy)     |
-|                | correct (synonym, keyboard typo, exemplar reorder);   |                                      |
+| `accuracy`     | correct_i                                             | the run's `--tie-break` (default     |
+|                |                                                       |   `stability`)                       |
+| `ppl`          | −nll_i: NLL per token of the gold *final answer*      | `value`: the lowest answer NLL (the  |
+|                | (after the reference reasoning for GSM8K-style golds) |   δ_TCB paper's PPL-guided baseline) |
+| `ppl_solution` | −NLL per token of the whole reference target          | `value`                              |
+| `acc_ppl`      | correct_i − 0.1·NLL per token of the whole target     | `value` (the former `ppl` blend)     |
+| `tcb`          | correct_i + 0.25·sign_i·stability_i                   | `stability`: the most stable trial   |
+| `acc_tcb`      | same value as `tcb`                                   | `value` (the former `tcb`)           |
+| `pareto`       | (accuracy, mean signed stability), NSGA-II            | `stability`, among the front         |
+| `robust`       | correct_i ∧ every cheap perturbed variant of i        | `value` (robust dev accuracy; its    |
+|                | correct (synonym, keyboard typo, exemplar reorder);   |   tie set pairs robust_correct)      |
 |                | multi-fidelity, see below                             |                                      |
+
+The winner (every strategy, one rule: promptopt/metrics/stats/selection.py): the trials not significantly worse than
+the most accurate on the same dev items (paired: exact McNemar and the 95% paired bootstrap interval, both) tie, and
+the tie-break chooses among them (remaining ties: higher dev accuracy, then the lower trial number). A strategy that
+stands for a guide (PPL, δ_TCB, robustness) breaks ties by it, so each guide chooses where dev accuracy cannot;
+`--tie-break` overrides it for every strategy. The card and summary.json record the tie set and why. Only COMPLETE
+trials are candidates: a trial the paired pruner stopped was likely worse, and one `robust`'s bound stopped could
+not beat the incumbent (with `--tie-break` other than `value` it might have tied: the tie set then holds the
+trials that completed).
 
 stability_i = (clip(log10 δ_TCB,i, −1, 5) + 1) / 6 ∈ [0, 1] (scale-free: δ spans 1 … 50,000);
 sign_i = +1 when item i is correct, −1 when wrong, so a stably wrong answer is penalized, never rewarded.
 
 Why `tcb` selects with a constraint: as a weighted sum, stability moved a trial's value by 0.015–0.035
-while accuracy moved it by 0.25 on the demo, so δ_TCB never changed a decision. The constraint gives it
-a decision to make that accuracy cannot: among prompts whose dev accuracies are statistically
-indistinguishable from the best (inside its 95% Wilson interval), take the one whose answers are most
-stable. The blend still guides the sampler (and the pruner); `acc_tcb` keeps the plain best value.
+while accuracy moved it by 0.25 on the demo, so δ_TCB never changed a decision. The tie set gives it a decision to
+make that accuracy cannot: among prompts whose dev accuracies are statistically indistinguishable from the best,
+take the one whose answers are most stable. (It was the best one's 95% Wilson interval before the paired rule: an
+unpaired interval, which ignored that the prompts answer the same items.) The blend still guides the sampler (and
+the pruner); `acc_tcb` keeps the plain best value.
 
 `robust` is multi-fidelity: an item's perturbed variants are scored only for trials still alive under
 the accuracy pruner (not successive-halving rungs). Two rungs per trial (study/trial.py runs them):
@@ -55,7 +64,6 @@ import numpy as np
 import pandas as pd
 
 from promptopt.errors import ConfigError
-from promptopt.metrics.stats import wilson_interval
 from promptopt.registry import Registry
 
 LAMBDA_PPL = 0.1
@@ -108,28 +116,25 @@ def robust_values(table: pd.DataFrame) -> np.ndarray:
     return table["robust_correct"].to_numpy(dtype=float)
 
 
-# --- winner rules: finished trials (dicts with number, value or values, accuracy, signed_stability, n) -> (winner, how) --
-def best_value(name: str, candidates: list[dict]) -> tuple[dict, str]:
-    best = max(candidates, key=lambda t: (t["value"], -t["number"]))
-    return best, f"best {name} value on dev"
+# --- the winner: every strategy chooses through the one selection rule (metrics/stats/selection.py) ---------------
+# Candidates are finished trials (dicts with number, value or values, accuracy, signed_stability, correct: the
+# per-item dev correctness, and optionally cost and calibrated). The tie set is the trials not significantly worse
+# than the most accurate on the same dev items (paired); the strategy's tie-break chooses within it.
+def candidate_of(trial: dict):
+    """A finished trial as the selection rule sees it (dev numbers only)."""
+    from promptopt.metrics.stats.selection import Candidate
 
-
-def stable_within_ci(name: str, candidates: list[dict]) -> tuple[dict, str]:
-    """The most stable trial among those whose dev accuracy is inside the best value's 95% Wilson interval."""
-    best = max(candidates, key=lambda t: (t["value"], -t["number"]))
-    low, _ = wilson_interval(round(best["accuracy"] * best["n"]), best["n"])
-    eligible = [t for t in candidates if t["accuracy"] >= low]
-    winner = max(eligible, key=lambda t: (t["signed_stability"], t["accuracy"], -t["number"]))
-    how = (
-        f"most stable (mean signed stability {winner['signed_stability']:.3f}) of {len(eligible)} trials whose dev "
-        f"accuracy is inside the best trial's 95% interval (≥ {low:.3f}; best #{best['number']} at {best['accuracy']:.3f})"
+    value = trial.get("value")
+    return Candidate(
+        key=trial["number"],
+        label=f"#{trial['number']}",
+        correct=list(trial.get("criterion") or trial["correct"]),
+        order=trial["number"],
+        stability=float(trial.get("signed_stability", float("nan"))),
+        cost=float(trial.get("cost", float("nan"))),
+        calibrated=bool(trial.get("calibrated", False)),
+        value=float("nan") if value is None else float(value),
     )
-    return winner, how
-
-
-def front_best_accuracy(name: str, candidates: list[dict]) -> tuple[dict, str]:
-    best = max(candidates, key=lambda t: (t["values"][0], t["values"][1], -t["number"]))
-    return best, "highest dev accuracy on the Pareto front (ties: higher signed stability)"
 
 
 def pareto_values(table: pd.DataFrame) -> tuple[float, float]:
@@ -144,7 +149,13 @@ class Strategy:
 
     name: str
     description: str
-    choose: Callable[[str, list[dict]], tuple[dict, str]] = best_value
+    # the per-item dev answers the tie set is paired on: clean correctness, or `robust_correct` (right on the clean
+    # prompt and every variant) for `robust`, whose multi-fidelity bound then stays exact: with its tie-break `value`
+    # the winner is the highest robust value, the incumbent the bound compares with (trial.py `cannot_win`)
+    criterion: str = "correct"
+    # how the winner is chosen within the tie set (metrics/stats/selection.py TIE_BREAKS); None: the run's
+    # --tie-break, else DEFAULT_TIE_BREAK. A strategy that stands for a guide other than accuracy breaks ties by it.
+    tie_break: str | None = None
     item_values: Callable[[pd.DataFrame], np.ndarray] | None = None
     trial_values: Callable[[pd.DataFrame], tuple[float, ...]] | None = None
     needs_variants: bool = False  # the trial value reads perturbed variants of the dev items
@@ -177,11 +188,20 @@ class Strategy:
         return (float(self.item_values(table).mean()),)
 
 
-def select_winner(strategy: Strategy, candidates: list[dict]) -> tuple[dict, str]:
-    """The winning trial and a sentence saying how it was chosen."""
+def select_winner(strategy: Strategy, candidates: list[dict], *, tie_break: str | None = None) -> tuple[dict, str]:
+    """The winning trial and a sentence saying how it was chosen (`selection_of`)."""
+    selection = selection_of(strategy, candidates, tie_break=tie_break)
+    return next(c for c in candidates if c["number"] == selection.winner.key), selection.describe()
+
+
+def selection_of(strategy: Strategy, candidates: list[dict], *, tie_break: str | None = None):
+    """The selection rule's decision among `candidates` (metrics/stats/selection.Selection): the tie set on dev
+    correctness, broken by `tie_break` (the run's choice), else the strategy's own, else the default."""
+    from promptopt.metrics.stats.selection import DEFAULT_TIE_BREAK, choose
+
     if not candidates:
         raise ValueError("no finished trial to choose from")
-    return strategy.choose(strategy.name, candidates)
+    return choose([candidate_of(c) for c in candidates], tie_break=tie_break or strategy.tie_break or DEFAULT_TIE_BREAK)
 
 
 # A new strategy is one entry (its values and its winner rule): `register_strategy(Strategy(...))` in-process, or an
@@ -196,33 +216,39 @@ for _strategy in (
         name="ppl",
         description="−NLL per token of the gold final answer (the δ_TCB paper's PPL-guided baseline)",
         item_values=answer_nll_values,
+        tie_break="value",
     ),
     Strategy(
-        name="ppl_solution", description="−NLL per token of the whole reference target", item_values=solution_nll_values
+        name="ppl_solution",
+        description="−NLL per token of the whole reference target",
+        item_values=solution_nll_values,
+        tie_break="value",
     ),
     Strategy(
         name="acc_ppl",
         description=f"accuracy − {LAMBDA_PPL}·NLL per token of the whole target",
         item_values=accuracy_ppl_values,
+        tie_break="value",
     ),
     Strategy(
         name="tcb",
         description="most stable prompt among those as accurate as the best (95% interval)",
         item_values=accuracy_tcb_values,
-        choose=stable_within_ci,
+        tie_break="stability",
         reads_tcb=True,
     ),
     Strategy(
         name="acc_tcb",
         description=f"accuracy + {LAMBDA_TCB}·mean signed stability",
         item_values=accuracy_tcb_values,
+        tie_break="value",
         reads_tcb=True,
     ),
     Strategy(
         name="pareto",
         description="Pareto front of (accuracy, mean signed stability)",
         trial_values=pareto_values,
-        choose=front_best_accuracy,
+        tie_break="stability",
         reads_tcb=True,
     ),
     Strategy(
@@ -233,6 +259,8 @@ for _strategy in (
         needs_variants=True,
         multi_fidelity=True,
         screen_values=accuracy_values,
+        criterion="robust_correct",
+        tie_break="value",
         version=2,
     ),
 ):

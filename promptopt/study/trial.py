@@ -102,6 +102,17 @@ def trial_summary(table: pd.DataFrame) -> dict:
     return out
 
 
+def record_answers(trial, table: pd.DataFrame) -> None:
+    """A finished trial's per-item dev answers, in dev order, "+" right and "-" wrong: user attr `dev_correct` (clean
+    correctness, what every selection pairs on) and, for `robust`, `dev_robust_correct` (its criterion:
+    study/strategies.py). The selection rule pairs trials on them (metrics/stats/selection.py)."""
+    from promptopt.metrics.stats.selection import encode_answers
+
+    trial.set_user_attr("dev_correct", encode_answers(table["correct"].astype(bool)))
+    if "robust_correct" in table:
+        trial.set_user_attr("dev_robust_correct", encode_answers(table["robust_correct"].astype(bool)))
+
+
 def make_objective(ctx: SearchContext, cached: CachingScorer, worker: str):
     """The trial function; `objective.current` is the id of the trial it is running (for `give_back`)."""
     import optuna
@@ -147,6 +158,7 @@ def make_objective(ctx: SearchContext, cached: CachingScorer, worker: str):
                 raise optuna.TrialPruned()  # Optuna keeps the last per-item report as the value; see partial_value
         full = pd.concat(frames, ignore_index=True) if strategy.needs_variants else decider.decided()
         trial.set_user_attr("metrics", trial_summary(full))
+        record_answers(trial, full)
         values = strategy.values(full)
         return values if strategy.multi_objective else values[0]
 
@@ -202,6 +214,7 @@ def multi_fidelity_value(ctx: SearchContext, cached: CachingScorer, trial, promp
             raise _prune(trial, clean, "variants", (robust + open_items) / n)
     full = pd.concat(frames, ignore_index=True)
     trial.set_user_attr("metrics", trial_summary(full))
+    record_answers(trial, full)
     trial.set_user_attr("rung", "variants")
     return strategy.values(full)[0]
 

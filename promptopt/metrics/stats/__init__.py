@@ -4,6 +4,8 @@ robustness metrics (PDR, AccVar, worst case, FormatSpread), correlations and AUR
 - binomial.py: Wilson interval, exact McNemar, the median's order-statistic interval
 - bootstrap.py: seeded item resamples and percentile intervals · robustness.py: PDR, Acc_worst, AccVar, FormatSpread
 - correlation.py: ranks, Spearman, Pearson, their intervals, log fit · roc.py: AUROC and its (clustered) intervals
+- selection.py: the one rule that chooses among candidates on dev (a paired tie set, then a named tie-break) and the
+  smallest difference a dev size detects (imported from there, not re-exported here: callers name it)
 
 Which numbers come from where. From scipy, where scipy has the very statistic: the exact McNemar p-value
 (`mcnemar_exact`: `scipy.stats.binomtest(min(n01, n10), n01 + n10, 0.5).pvalue`), Spearman's ρ (`spearman`:

@@ -1,28 +1,33 @@
-"""Which of a search's top trials wins: the strategy's own choice, or (`select="robust"`) the best dev Acc_worst
-under the search suite among the trials whose dev accuracy is inside the best one's 95% interval. Dev items
-only: the test items stay held out."""
+"""Which of a search's top trials wins: the strategy's own choice, or (`select="robust"`) the selection rule
+(metrics/stats/selection.py) over the top-N with tie-break `robust`: among the trials not significantly worse than
+the most accurate on the same dev items (paired), the best dev Acc_worst under the search suite, measured for the
+tied trials only. Dev items only: the test items stay held out."""
 
 from __future__ import annotations
-
-from promptopt.metrics.stats import wilson_interval
 
 SELECTIONS = ("strategy", "robust")
 
 
 def choose_winner(select, ranked, result, evaluator, dev):
-    """(the winning entry of `ranked`, how it was chosen): `evaluator.robustness` measures each eligible trial."""
-    if select == "strategy":
+    """(the winning entry of `ranked`, how it was chosen): `evaluator.robustness` measures each tied trial."""
+    if select == "strategy" or len(ranked) == 1:
         return ranked[0], result.selection
-    best = max(ranked, key=lambda e: (e["accuracy"], -e["number"]))
-    low, _ = wilson_interval(round(best["accuracy"] * best["n"]), best["n"])
-    eligible = [e for e in ranked if e["accuracy"] >= low]
-    scored = []
-    for entry in eligible:  # robustness measured on dev items: the test items stay held out
-        summary, _, _ = evaluator.robustness(entry["prompt"], dev[: evaluator.robust_limit])
-        scored.append((summary["acc_worst"], entry["accuracy"], -entry["number"], entry))
-    acc_worst, _, _, chosen = max(scored, key=lambda x: x[:3])
+    from dataclasses import replace
+
+    from promptopt.metrics.stats.selection import choose
+    from promptopt.study.strategies import candidate_of
+
     under = getattr(evaluator, "search_suite_name", None)
-    return chosen, (
-        f"best dev Acc_worst ({acc_worst:.3f}{f', search suite {under}' if under else ''}) among {len(eligible)} of the top {len(ranked)} trials whose dev "
-        f"accuracy is inside the best one's 95% interval (≥ {low:.3f})"
-    )
+
+    def measure(tied):  # robustness measured on dev items: the test items stay held out
+        by_number = {e["number"]: e for e in ranked}
+        out = []
+        for c in tied:
+            summary, _, _ = evaluator.robustness(by_number[c.key]["prompt"], dev[: evaluator.robust_limit])
+            out.append(replace(c, robust=float(summary["acc_worst"])))
+        return out
+
+    selection = choose([candidate_of(e) for e in ranked], tie_break="robust", fill=measure)
+    chosen = next(e for e in ranked if e["number"] == selection.winner.key)
+    suite = f" (search suite {under})" if under else ""
+    return chosen, f"--select robust among the top {len(ranked)} trials{suite}: {selection.describe()}"

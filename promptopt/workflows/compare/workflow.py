@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from promptopt.errors import ConfigError
+from promptopt.metrics.stats.selection import encode_answers
 from promptopt.study import SearchConfig, get_strategy, run_search
 from promptopt.study.config import default_storage_url
 from promptopt.study.recovery import fault_point
@@ -27,6 +28,8 @@ from promptopt.workflows.compare.tables import run_row, strategy_table
 from promptopt.workflows.compare.write import winner_robustness_answers, winner_test_answers, write_outputs
 from promptopt.workflows.session import Session
 from promptopt.yamlio import atomic_write_text, check_output, remove_empty_dirs, remove_orphaned_temporaries
+
+_CHOICE_KEYS = ("n_dev_items", "n_candidates", "tie_break", "mde", "discordance", "winner", "best")
 
 
 @dataclass
@@ -230,12 +233,22 @@ def _compare(
     winners: dict[str, list[Evaluated]] = {"baseline": [baseline] * seeds}
     baseline_seconds = time.perf_counter() - start  # evaluating the default prompt: it is not searched
     walls: dict[str, float] = {}
+    choices: list[dict] = []  # each search's dev choice: tie set size, tie-break, the detectable difference
     if marker is not None:  # written where the robust studies are about to be: they were searched under it
         atomic_write_text(out / SEARCH_SUITE_FILE, json.dumps(marker, indent=1))
     for (name, s), config in configs.items():
         fault_point("compare-search")
         result = run_search(config, scorer=session.scorer, expand=expand, show_progress=show_progress)
         walls[name] = walls.get(name, 0.0) + result.wall_seconds
+        detail = result.selection_detail or {}
+        choices.append(
+            {
+                "strategy": name,
+                "seed": s,
+                "tied": len(detail.get("tie_set", [])),
+                **{k: detail.get(k) for k in _CHOICE_KEYS},
+            }
+        )
         ranked = result.ranking[:top_n] or [
             {
                 "number": result.best_number,
@@ -259,6 +272,10 @@ def _compare(
                     extra={
                         "trial": entry["number"],
                         "dev_accuracy": entry.get("accuracy"),
+                        # what export's selection pairs candidates on (dev only): answers, stability, cost
+                        "dev_correct": encode_answers(entry["correct"]) if "correct" in entry else None,
+                        "dev_signed_stability": entry.get("signed_stability"),
+                        "cost": entry.get("cost"),
                         "card": str(result.card_path) if entry["number"] == result.best_number else "",
                     },
                 )
@@ -303,6 +320,7 @@ def _compare(
         "variant_embedding_hit_rate": evaluator.similarity.hit_rate if evaluator.similarity else None,
         "paraphrase_memo_hits": session.paraphrases.hits,
         "paraphrase_memo_misses": session.paraphrases.misses,
+        "dev_choices": choices,
         "table": json.loads(table.to_json(orient="records")),
         "paired": json.loads(paired.to_json(orient="records")),
     }

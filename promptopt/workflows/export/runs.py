@@ -31,26 +31,29 @@ class Run:
     compare_row: dict | None = None  # its row of compare_runs.csv: the numbers compare measured for it
     winner_trial: int | None = None  # the trial compare chose, when it is not simply the study's best
     selection: str = ""  # how it was chosen, in words (recorded in the card)
+    selection_detail: dict | None = None  # the selection rule's record: tie set, tie-break, detectable difference
 
 
-def open_run(run_dir: str | Path, *, strategy: str | None = None, pick: dict | None = None) -> Run:
+def open_run(
+    run_dir: str | Path, *, strategy: str | None = None, pick: dict | None = None, tie_break: str | None = None
+) -> Run:
     """A search run directory, or one search of a compare directory: `pick` (a compare_runs.csv row chosen by
-    `select_robust`), else the dev-accuracy winner (`select_by_dev`) of `strategy` or of every strategy.
-    Errors name the directory and what is missing."""
+    `select_robust`), else the selection rule's choice (`select_by_dev`, `tie_break`) among the winners of
+    `strategy` or of every strategy. Errors name the directory and what is missing."""
     from promptopt.study import SearchConfig
 
     root = Path(run_dir)
-    winner_trial, selection = None, ""
+    winner_trial, selection, detail = None, "", None
     if not root.is_dir():
         raise UserError(f"{root}: no such run directory")
     compare_row = None
     if is_compare_dir(root):
         candidates = strategy_rows(compare_candidates(root), strategy, root)
         if pick is None:
-            pick, selection = select_by_dev(candidates)
+            pick, selection, detail = select_by_dev(candidates, tie_break=tie_break)
             pick = plain_row(pick)
         else:
-            selection = pick.pop("selection", "")
+            selection, detail = pick.pop("selection", ""), pick.pop("selection_detail", None)
         strategy = str(pick["strategy"])
         compare_row = pick
         seed_dir = root / strategy / f"seed{int(pick['seed'])}"
@@ -83,6 +86,7 @@ def open_run(run_dir: str | Path, *, strategy: str | None = None, pick: dict | N
         compare_row=compare_row,
         winner_trial=winner_trial,
         selection=selection or summary.get("selection", ""),
+        selection_detail=detail or (summary.get("selection_detail") if not selection else None),
     )
 
 

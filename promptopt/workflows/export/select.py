@@ -1,5 +1,6 @@
 """Which prompt a compare directory exports, by dev numbers alone: its candidates (compare_runs.csv: each search's
-top-N with its dev accuracy) and the dev-accuracy winner. Test numbers are never read."""
+top-N with its dev answers) and the winner the selection rule chooses among the searches' winners
+(metrics/stats/selection.py: the tie set on the same dev items, then the tie-break). Test numbers are never read."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from promptopt.errors import UserError
 from promptopt.study.tableset import check_table_set
 
 SELECTIONS = ("dev", "robust")
-_CANDIDATE_COLUMNS = {"strategy", "seed", "rank", "winner", "trial", "dev_accuracy"}
+_CANDIDATE_COLUMNS = {"strategy", "seed", "rank", "winner", "trial", "dev_accuracy", "dev_correct"}
 
 
 def is_compare_dir(root: Path) -> bool:
@@ -41,18 +42,51 @@ def compare_candidates(root: Path):
     return searched.assign(order=range(len(searched)))
 
 
-def select_by_dev(candidates, strategy: str | None = None):
-    """Among the searches' own winners (of `strategy`, else of every strategy), the highest dev accuracy; ties go
-    to the strategy compared first, then the lower seed. -> (row, how). Test numbers are never read."""
+def select_by_dev(candidates, strategy: str | None = None, *, tie_break: str | None = None):
+    """Among the searches' own winners (of `strategy`, else of every strategy), the selection rule's choice: the
+    winners not significantly worse than the most dev-accurate on the same dev items tie, and `tie_break` (default
+    `DEFAULT_TIE_BREAK`) chooses; full ties go to the strategy compared first, then the lower seed.
+    -> (row, how, the rule's record). Test numbers are never read."""
+    from promptopt.metrics.stats.selection import DEFAULT_TIE_BREAK, choose
+
     winners = candidates[candidates["winner"].astype(bool)]
     if strategy is not None:
         winners = winners[winners["strategy"] == strategy]
-    best = winners.sort_values(["dev_accuracy", "order"], ascending=[False, True], kind="stable").iloc[0]
+    selection = choose([candidate_of(row) for _, row in winners.iterrows()], tie_break=tie_break or DEFAULT_TIE_BREAK)
+    best = winners[winners["order"] == selection.winner.key].iloc[0]
     among = f"the {len(winners)} {strategy + ' ' if strategy else ''}search winners"
-    return best, (
-        f"highest dev accuracy ({best['dev_accuracy']:.3f}) among {among} (ties: the strategy compared first, "
-        "then the lower seed); no test number was read"
+    return best, f"among {among}: {selection.describe()}", selection.record()
+
+
+def candidate_of(row):
+    """A compare_runs.csv row as the selection rule sees it: its dev answers and dev-side numbers (never a test
+    column). A strategy entry `name@rule` with a calibrated rule is a calibrated candidate."""
+    from promptopt.decision import CALIBRATED, parse_rule
+    from promptopt.metrics.stats.selection import Candidate, decode_answers
+
+    entry = str(row["strategy"])
+    rule = entry.split("@", 1)[1] if "@" in entry else "argmax"
+    correct = decode_answers(row["dev_correct"])
+    if correct is None:
+        raise UserError(
+            f"compare_runs.csv: {entry} seed {row['seed']}: no per-item dev answers (dev_correct): rerun the compare"
+        )
+    return Candidate(
+        key=int(row["order"]),
+        label=f"{entry} seed {int(row['seed'])} trial {int(row['trial'])}",
+        correct=correct,
+        order=int(row["order"]),
+        stability=_number(row.get("dev_signed_stability")),
+        cost=_number(row.get("cost")),
+        calibrated=parse_rule(rule).kind in CALIBRATED,
     )
+
+
+def _number(value) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
 
 
 def strategy_rows(candidates, strategy: str | None, root: Path):

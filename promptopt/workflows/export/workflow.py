@@ -58,6 +58,7 @@ def export_run(
     ensemble_objective: str = "accuracy",
     flag_rate: float | None = None,
     flag_signal: str = "auto",
+    tie_break: str | None = None,
 ) -> Exported:
     """Pick a trial of a finished run by dev numbers only (`select`: dev accuracy, or robust: dev Acc_worst among the
     trials as accurate as the best), build its card (measured on the run's dev and test items: the test numbers
@@ -70,6 +71,12 @@ def export_run(
         raise UserError(f"--format {fmt}: expected one of {', '.join(FORMATS)}")
     if select not in SELECTIONS:
         raise UserError(f"--select {select}: expected one of {', '.join(SELECTIONS)}")
+    if tie_break is not None:
+        from promptopt.metrics.stats.selection import check_tie_break
+
+        check_tie_break(tie_break)
+        if select == "robust":
+            raise UserError(f"--tie-break {tie_break}: --select robust breaks ties by dev Acc_worst; drop one of them")
     out = Path(out)
     if out.is_dir():
         raise UserError(f"--out {out}: is a directory; give a file name")
@@ -93,7 +100,7 @@ def export_run(
         pick, session = select_robust(root, strategy_rows(compare_candidates(root), strategy, root), device=device)
         run = open_run(root, pick=pick)
     else:
-        run = open_run(root, strategy=strategy)
+        run = open_run(root, strategy=strategy, tie_break=tie_break)
     study = load_study(run)
     chosen = pick_trial(run, study, trial)
     progress.step(f"trial {chosen.number} of {run.path} ({run.selection or 'named by --trial'})")
@@ -112,6 +119,8 @@ def export_run(
         "selection": selection,
         "params": clean(dict(chosen.params)),
     }
+    if trial is None and run.selection_detail:  # which candidates tied, and why the tie-break chose this one
+        search["selection_rule"] = clean(run.selection_detail)
     proposed = instruction_provenance(config, session.data, chosen.params)
     if proposed:
         search["instruction_provenance"] = proposed
