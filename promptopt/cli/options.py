@@ -15,7 +15,16 @@ ModelOpt = typer.Option(
 )
 DeviceOpt = typer.Option("auto", "--device", help="cpu, cuda, cuda:N or auto")
 DtypeOpt = typer.Option(None, "--dtype", help="float32, bfloat16, float16 (default: float32 on CPU, bf16 on GPU)")
-QuantizeOpt = typer.Option(None, "--quantize", help="4bit or 8bit through bitsandbytes (CUDA only)")
+QuantizeOpt = typer.Option(
+    None,
+    "--quantize",
+    help="4bit (NF4) or 8bit (LLM.int8) through bitsandbytes, on CUDA or, with bitsandbytes 0.46.1 or later, the CPU",
+)
+CardQuantizeOpt = typer.Option(
+    None,
+    "--quantize",
+    help="4bit, 8bit or none (full precision); default: the card's precision (model.quantization)",
+)
 TaskOpt = typer.Option(
     ..., "--task", help="built-in task name, a task YAML (promptopt's schema or lm-eval's as it is), or lmeval:NAME"
 )

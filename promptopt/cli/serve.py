@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from promptopt.cli.app import app, quiet_libraries
-from promptopt.cli.options import DeviceOpt, QuantizeOpt
+from promptopt.cli.options import CardQuantizeOpt, DeviceOpt
 from promptopt.errors import UserError
 
 
@@ -41,7 +41,7 @@ def serve_command(
     batch_size: int = typer.Option(16, "--batch-size", min=1, help="rows per forward pass (the scorer's)"),
     device: str = DeviceOpt,
     dtype: str | None = typer.Option(None, "--dtype", help="float32, bfloat16, float16 (default: the card's)"),
-    quantize: str | None = QuantizeOpt,
+    quantize: str | None = CardQuantizeOpt,
     log_level: str = typer.Option("info", "--log-level", help="uvicorn's: critical, error, warning, info, debug"),
 ) -> None:
     """Serve a card over HTTP: POST /v1/answer (one input or a batch) returns the answer, label log-probs, δ_TCB and

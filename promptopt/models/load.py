@@ -119,7 +119,9 @@ def _dequantized_head(head: torch.nn.Module) -> torch.Tensor:
         import bitsandbytes.functional as bnb_functional
 
         state = weight.quant_state
-        return bnb_functional.dequantize_4bit(weight.data, state).to(getattr(head, "compute_dtype", None) or state.dtype)
+        return bnb_functional.dequantize_4bit(weight.data, state).to(
+            getattr(head, "compute_dtype", None) or state.dtype
+        )
     if kind == "Int8Params":
         codes, scales = weight.data, getattr(weight, "SCB", None)
         if scales is None:  # not quantized yet (has_fp16_weights): the float weights are the ones used
@@ -305,9 +307,8 @@ def precision_name(dtype: str | None, quantization: dict | None) -> str:
 
 def quantize_of(quantization: dict | None) -> str | None:
     """The `quantize` value that loads what a card's model.quantization recorded (None: full precision)."""
-    if not quantization:
-        return None
-    return f"{quantization['bits']}bit"
+    bits = quantization.get("bits") if isinstance(quantization, dict) else None
+    return f"{bits}bit" if bits in (4, 8) else None
 
 
 def load_model(

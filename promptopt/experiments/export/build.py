@@ -96,6 +96,19 @@ def answer_section(spec, items) -> dict:
     return {"type": spec.answer_type, "metric": spec.metric, "gold_format": spec.gold_format, "choices": fixed}
 
 
+def _versions(model) -> dict:
+    """The package versions export records, with bitsandbytes' when it quantized the model."""
+    import importlib.metadata
+
+    from promptopt.experiments.fingerprint import versions
+    from promptopt.models.load import quantization_info
+
+    out = versions()
+    if quantization_info(model) is not None:
+        out["bitsandbytes"] = importlib.metadata.version("bitsandbytes")
+    return out
+
+
 def build_card(
     session: Session,
     prompt: Prompt,
@@ -121,14 +134,15 @@ def build_card(
         model_fingerprint,
         task_sha256,
         tokenizer_sha256,
-        versions,
     )
+    from promptopt.models.load import quantization_info
     from promptopt.production import card_prompt
 
     if not test_items:
         raise UserError(f"task {prompt.task}: no test items to measure the card on")
     scorer, data, spec = session.scorer, session.data, session.data.spec
     lm = scorer.lm
+    quantization = quantization_info(lm.model)
     prompts = [prompt] if ensemble is None else [p for p, _ in ensemble["members"]]
     members = fitted_members(scorer, prompts, dev_items)
     test_table = answer_table(scorer, members, test_items)
@@ -156,6 +170,7 @@ def build_card(
             "dtype": str(lm.model.dtype).removeprefix("torch."),
             "device": lm.device.type,
             "context_length": lm.context_length,
+            **({"quantization": quantization} if quantization else {}),  # absent: the weights in `dtype`
         },
         "data": {
             "task": session.data_config.task,
@@ -173,7 +188,7 @@ def build_card(
         **({"ensemble": _ensemble_section(scorer, ensemble, members, test_items)} if ensemble else {}),
         "metrics": metrics,
         **({"fragility": _fragility(session, members, dev_items, flag, flag_test, test_table)} if flag else {}),
-        "versions": versions(),
+        "versions": _versions(lm.model),
         "check": {
             "item_id": first.id,
             "text_sha256": sha256_text(text),
