@@ -213,6 +213,15 @@ def test_a_4bit_card_verifies_serves_as_the_scorer_and_fails_verify_in_float32(c
     assert [a["tcb"] for a in served] == pytest.approx([float(t) for t in table["tcb"]], rel=1e-6)
     assert "".join("1" if c else "0" for c in table["correct"]) == card["metrics"]["test"]["correct"]
 
+    auto = Server(card_4bit, device="cpu", batch_size="auto")  # serving with --batch-size auto, OOM above 16 rows
+    from tests.test_batch_size import _fits_only
+
+    seen: list[int] = []
+    _fits_only(auto.scorer.runner, 16, seen)
+    again = auto.answer([{"question": i.question} for i in items])
+    assert auto.scorer.runner.batch_size == 16 and max(seen) > 16
+    assert [a["index"] for a in again] == [a["index"] for a in served]
+
     card["model"]["quantization"] = None  # an edit of the recorded precision is named
     assert edited_scored_fields(card) == ["model.quantization"]
 

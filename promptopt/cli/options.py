@@ -36,7 +36,20 @@ TrustTaskCodeOpt = typer.Option(
 )
 CardOpt = typer.Option(None, "--prompt", help="prompt card (YAML); default: the task's own prompt")
 SubsetsOpt = typer.Option(None, "--subsets", help="comma-separated subsets (e.g. MMLU subjects), or 'all'")
-BatchOpt = typer.Option(16, "--batch-size", min=1)
+
+
+def _batch_size(value: str) -> int | str:
+    from promptopt.models.batch_size import parse_batch_size
+
+    return parse_batch_size(value)
+
+
+BatchOpt = typer.Option(
+    "16",
+    "--batch-size",
+    callback=_batch_size,
+    help="rows per forward pass, or auto: the largest that fits, halving on out-of-memory",
+)
 SearchSuiteOpt = typer.Option(
     "cheap",
     "--search-suite",

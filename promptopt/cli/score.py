@@ -44,7 +44,7 @@ def score(
     ),
     trust_task_code: bool = TrustTaskCodeOpt,
     subsets: str | None = SubsetsOpt,
-    batch_size: int = BatchOpt,
+    batch_size: str = BatchOpt,
     out: Path | None = typer.Option(
         None, "--out", help="write the per-item table (.parquet or .csv) and a .json summary"
     ),

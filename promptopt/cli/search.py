@@ -75,7 +75,7 @@ def search(
     dev_limit: int | None = DevLimitOpt,
     test_limit: int | None = TestLimitOpt,
     subsets: str | None = SubsetsOpt,
-    batch_size: int = BatchOpt,
+    batch_size: str = BatchOpt,
     device: str = DeviceOpt,
     dtype: str | None = DtypeOpt,
     quantize: str | None = QuantizeOpt,
@@ -163,7 +163,7 @@ def compare(
     dev_limit: int | None = DevLimitOpt,
     test_limit: int | None = TestLimitOpt,
     subsets: str | None = SubsetsOpt,
-    batch_size: int = BatchOpt,
+    batch_size: str = BatchOpt,
     suite: str = typer.Option(
         "unseen",
         "--suite",
@@ -294,7 +294,7 @@ def propose_command(
     cache: Path | None = typer.Option(
         None, "--cache", help="where proposals are remembered by content hash (default: $PROMPTOPT_CACHE/proposals)"
     ),
-    batch_size: int = BatchOpt,
+    batch_size: str = BatchOpt,
     device: str = DeviceOpt,
     dtype: str | None = DtypeOpt,
     quantize: str | None = QuantizeOpt,

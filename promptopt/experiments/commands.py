@@ -149,7 +149,7 @@ def propose(
     subsets,
     dev_limit,
     test_limit,
-    batch_size: int,
+    batch_size: int | str,
     request,
     space: str | None,
     out: Path,
@@ -311,7 +311,7 @@ def stress(
     mode: str,
     temperature: float,
     seed: int,
-    batch_size: int,
+    batch_size: int | str,
     out: Path | None = None,
 ) -> StressRun:
     """`promptopt stress --task`: taboo decoding at each rank on one task, with the task's prompt (or a card), or
@@ -358,7 +358,7 @@ def stress_sweep(
     device: str,
     dtype,
     quantize,
-    batch_size: int,
+    batch_size: int | str,
     log=print,
     trust_task_code: bool = False,
 ):

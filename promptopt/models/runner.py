@@ -52,9 +52,14 @@ def common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
 class Runner(LoglikelihoodMixin, GenerationMixin):
     """Scores and generates with one model, reusing the KV cache of the longest shared token prefix."""
 
-    def __init__(self, lm: LoadedModel, *, batch_size: int = 16, progress: bool = False) -> None:
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    def __init__(self, lm: LoadedModel, *, batch_size: int | str = 16, progress: bool = False) -> None:
+        from promptopt.models.batch_size import AUTO, AUTO_START
+
+        self.auto_batch = batch_size == AUTO  # the largest batch that fits, found by halving (batch_size.py)
+        if self.auto_batch:
+            batch_size = AUTO_START
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1 or 'auto', got {batch_size!r}")
         self.lm = lm
         self.batch_size = batch_size
         self.progress = progress
@@ -77,6 +82,24 @@ class Runner(LoglikelihoodMixin, GenerationMixin):
         use_grouped_sdpa(lm.model)
         if lm.device.type == "cpu":
             keep_freed_memory()  # else a process's first scoring call page-faults ~2 GB back in (cpu_memory.py)
+
+    # --- batch size auto -------------------------------------------------------------------------
+    def loglikelihood(self, *args, **kwargs) -> list[LoglikelihoodResult]:
+        return self._fitting(lambda: LoglikelihoodMixin.loglikelihood(self, *args, **kwargs))
+
+    def generate(self, *args, **kwargs) -> list[GenerationResult]:
+        return self._fitting(lambda: GenerationMixin.generate(self, *args, **kwargs))
+
+    loglikelihood.__doc__ = LoglikelihoodMixin.loglikelihood.__doc__
+    generate.__doc__ = GenerationMixin.generate.__doc__
+
+    def _fitting(self, call):
+        """`call()`; with batch_size auto, run again at half the rows while it runs out of memory (batch_size.py)."""
+        if not self.auto_batch:
+            return call()
+        from promptopt.models.batch_size import run_fitting
+
+        return run_fitting(call, get=lambda: self.batch_size, set_=lambda n: setattr(self, "batch_size", n))
 
     # --- prefix cache --------------------------------------------------------------------------
     def _prefix(self, sequences: Sequence[Sequence[int]], limit: int) -> tuple[int, Cache | None]:

@@ -58,7 +58,7 @@ class Server:
         device: str = "auto",
         dtype: str | None = None,
         quantize: str | None = None,
-        batch_size: int = 16,
+        batch_size: int | str = 16,
         limits: Limits | None = None,
     ) -> None:
         from promptopt.models.load import ModelConfig, quantize_of
