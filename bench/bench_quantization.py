@@ -134,6 +134,9 @@ def compare_to(base: dict, other: dict) -> dict:
         rel = np.abs(to[finite] - tb[finite]) / tb[finite]
         acc_b = [sum(c) / len(c) for c in b["candidates"]]
         acc_o = [sum(c) / len(c) for c in o["candidates"]]
+        win_b, win_o = winner(b["candidates"]), winner(o["candidates"])
+        # float32's winner, scored in this precision, against this precision's winner on the same dev items
+        tie_p = 1.0 if win_b == win_o else mcnemar_exact(o["candidates"][win_o], o["candidates"][win_b])[2]
         rows[task] = {
             "n": n,
             "agreement": same / n,
@@ -146,9 +149,11 @@ def compare_to(base: dict, other: dict) -> dict:
             "tcb_rel_diff_median": float(np.median(rel)) if len(rel) else None,
             "tcb_rel_diff_worst": float(rel.max()) if len(rel) else None,
             "tcb_compared": int(finite.sum()),
-            "winner_float32": winner(b["candidates"]),
-            "winner": winner(o["candidates"]),
-            "same_winner": winner(b["candidates"]) == winner(o["candidates"]),
+            "winner_float32": win_b,
+            "winner": win_o,
+            "same_winner": win_b == win_o,
+            "float32_winner_gap": acc_o[win_o] - acc_o[win_b],
+            "float32_winner_gap_p": tie_p,
             "candidate_spearman": spearman(acc_b, acc_o) if len(set(acc_b)) > 1 and len(set(acc_o)) > 1 else None,
             "candidate_accuracies_float32": acc_b,
             "candidate_accuracies": acc_o,
@@ -161,7 +166,7 @@ def compare_to(base: dict, other: dict) -> dict:
 def render(results: dict) -> str:
     lines = [
         "| task | precision | agreement (95% CI) | accuracy fp32 → q | Δ accuracy (95% CI) | McNemar p | "
-        "δ_TCB rel. diff median / worst | compare winner = fp32's (Spearman) |",
+        "δ_TCB rel. diff median / worst | compare winner = fp32's? (its dev gap, McNemar p; Spearman) |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for precision, per_task in results["against_float32"].items():
@@ -173,7 +178,12 @@ def render(results: dict) -> str:
                 f"| {task} ({r['n']}) | {precision} | {r['agreement']:.3f} [{lo:.3f}, {hi:.3f}] | "
                 f"{r['accuracy_float32']:.3f} → {r['accuracy']:.3f} | {r['accuracy_diff']:+.3f} [{dlo:+.3f}, {dhi:+.3f}] | "
                 f"{r['mcnemar']['p']:.3g} | {r['tcb_rel_diff_median']:.3f} / {r['tcb_rel_diff_worst']:.3f} | "
-                f"{'yes' if r['same_winner'] else 'no'} ({r['winner_float32']} vs {r['winner']}; {rho}) |"
+                + (
+                    f"yes (#{r['winner']}; {rho}) |"
+                    if r["same_winner"]
+                    else f"no: #{r['winner']}, fp32's #{r['winner_float32']} {r['float32_winner_gap']:.2f} below "
+                    f"(p {r['float32_winner_gap_p']:.2g}; {rho}) |"
+                )
             )
     return "\n".join(lines)
 
@@ -181,7 +191,14 @@ def render(results: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="write every number (and the per-item predictions) as JSON")
+    parser.add_argument("--table", metavar="JSON", help="print the table of an earlier --out file (no scoring)")
     args = parser.parse_args()
+    if args.table:
+        saved = json.load(open(args.table, encoding="utf-8"))
+        base = saved["per_item"]["float32"]
+        saved["against_float32"] = {p: compare_to(base, r) for p, r in saved["per_item"].items() if p != "float32"}
+        print(render(saved))
+        return
     quiet_libraries()
     import torch
 
