@@ -14,6 +14,7 @@ runner itself, its prefix cache and the forward both jobs run.
 
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -84,14 +85,13 @@ class Runner(LoglikelihoodMixin, GenerationMixin):
             keep_freed_memory()  # else a process's first scoring call page-faults ~2 GB back in (cpu_memory.py)
 
     # --- batch size auto -------------------------------------------------------------------------
+    @functools.wraps(LoglikelihoodMixin.loglikelihood)  # its signature and docs (the contract test reads them)
     def loglikelihood(self, *args, **kwargs) -> list[LoglikelihoodResult]:
         return self._fitting(lambda: LoglikelihoodMixin.loglikelihood(self, *args, **kwargs))
 
+    @functools.wraps(GenerationMixin.generate)
     def generate(self, *args, **kwargs) -> list[GenerationResult]:
         return self._fitting(lambda: GenerationMixin.generate(self, *args, **kwargs))
-
-    loglikelihood.__doc__ = LoglikelihoodMixin.loglikelihood.__doc__
-    generate.__doc__ = GenerationMixin.generate.__doc__
 
     def _fitting(self, call):
         """`call()`; with batch_size auto, run again at half the rows while it runs out of memory (batch_size.py)."""
