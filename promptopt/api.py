@@ -1,7 +1,7 @@
 """The Python API: one call per thing a user does, with the CLI's names, defaults and errors.
 
     import promptopt
-    found = promptopt.search(task="sst2", trials=20, out="runs/sst2")       # an Optuna study -> a card
+    found = promptopt.study(task="sst2", trials=20, out="runs/sst2")       # an Optuna study -> a card
     found.trials, found.study, found.card_path
     result = promptopt.compare(task="sst2", strategies=["ppl", "tcb", "accuracy"], out="runs/cmp")
     result.table, result.paired                                              # pandas, with intervals
@@ -242,9 +242,17 @@ def export(
     )
 
 
-def verify(card: str | Path, *, limit: int | None = None, model: str | None = None, device: str = "auto"):
+def verify(
+    card: str | Path,
+    *,
+    limit: int | None = None,
+    model: str | None = None,
+    device: str = "auto",
+    quantize: str | None = None,
+):
     """`promptopt verify CARD`: the card re-scored on its recorded items with its recorded model, every fingerprint
-    and hash checked. Returns a `Verification` (`.ok`, `.checks`, `.lines()`)."""
+    and hash checked, loaded in the card's recorded precision unless `quantize` ("4bit", "8bit", "none") says
+    otherwise. Returns a `Verification` (`.ok`, `.checks`, `.lines()`)."""
     from promptopt.workflows.verify import verify_card
 
-    return verify_card(card, limit=limit, model=model, device=device)
+    return verify_card(card, limit=limit, model=model, device=device, quantize=quantize)

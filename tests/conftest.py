@@ -162,6 +162,9 @@ FILE_SECONDS = {
     "test_table_sets": 25,
     "test_tasks_rte_mrpc": 5,
     "test_serve": 145,  # busy runs on 2026-12-04: the embedded model scores 50 + 17 items twice
+    "test_gpu_check": 230,  # busy run, 2026-12-05: prepare (two cards) and the CPU dry run, in subprocesses
+    "test_quantization": 150,  # busy runs, 2026-12-05
+    "test_batch_size": 60,
     "test_serve_export": 50,
     "test_serve_units": 10,
     "test_propose": 128,

@@ -352,7 +352,7 @@ def sweep_from_options(
     device: str,
     dtype,
     quantize,
-    batch_size: int,
+    batch_size: int | str,
     log=print,
     trust_task_code: bool = False,
 ):

@@ -139,7 +139,7 @@ def session(
     dtype,
     quantize,
     subsets,
-    batch_size: int = 16,
+    batch_size: int | str = 16,
     out=None,
     *,
     trust_task_code: bool = False,

@@ -8,7 +8,7 @@ import typer
 
 from promptopt import progress
 from promptopt.cli.app import ANALYSE, SHIP, app, quiet_libraries
-from promptopt.cli.options import DeviceOpt, QuietOpt, TieBreakOpt
+from promptopt.cli.options import CardQuantizeOpt, DeviceOpt, QuietOpt, TieBreakOpt
 from promptopt.cli.render import console, print_export
 
 
@@ -112,14 +112,16 @@ def verify_command(
         help="score with this model instead of the recorded one (its fingerprint difference fails the check)",
     ),
     device: str = DeviceOpt,
+    quantize: str | None = CardQuantizeOpt,
     quiet: bool = QuietOpt,
 ) -> None:
-    """Re-score a card on its recorded items with its recorded model; exit 1 with the differences if anything changed."""
+    """Re-score a card on its recorded items with its recorded model (in its recorded precision); exit 1 with the
+    differences if anything changed."""
     import promptopt.api as api
 
     quiet_libraries()
     with progress.reporting("verify", quiet=quiet):
-        result = api.verify(card, limit=limit, model=model, device=device)
+        result = api.verify(card, limit=limit, model=model, device=device, quantize=quantize)
     for line in result.lines():
         console.print(line, markup=False, highlight=False, soft_wrap=True)  # whole lines: each names what it checked
     if not result.ok:

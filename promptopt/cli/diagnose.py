@@ -254,7 +254,7 @@ def diagnose_conflicts(
     out: Path = DiagnoseOutOpt,
     model: str = ModelOpt,
     subsets: str | None = SubsetsOpt,
-    batch_size: int = BatchOpt,
+    batch_size: str = BatchOpt,
     device: str = DeviceOpt,
     dtype: str | None = DtypeOpt,
     quantize: str | None = QuantizeOpt,

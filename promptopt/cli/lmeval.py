@@ -25,7 +25,7 @@ def check_lmeval_command(
     ),
     out: Path | None = typer.Option(None, "--out", help="write the per-item comparison (.csv or .parquet)"),
     rows: int = typer.Option(0, "--rows", min=0, help="how many item rows to print (disagreements first)"),
-    batch_size: int = BatchOpt,
+    batch_size: str = BatchOpt,
     device: str = DeviceOpt,
     dtype: str | None = DtypeOpt,
     trust_task_code: bool = TrustTaskCodeOpt,

@@ -35,7 +35,16 @@ ModelOpt = typer.Option(
 )
 DeviceOpt = typer.Option("auto", "--device", help="cpu, cuda, cuda:N or auto")
 DtypeOpt = typer.Option(None, "--dtype", help="float32, bfloat16, float16 (default: float32 on CPU, bf16 on GPU)")
-QuantizeOpt = typer.Option(None, "--quantize", help="4bit or 8bit through bitsandbytes (CUDA only)")
+QuantizeOpt = typer.Option(
+    None,
+    "--quantize",
+    help="4bit (NF4) or 8bit (LLM.int8) through bitsandbytes, on CUDA or, with bitsandbytes 0.46.1 or later, the CPU",
+)
+CardQuantizeOpt = typer.Option(
+    None,
+    "--quantize",
+    help="4bit, 8bit or none (full precision); default: the card's precision (model.quantization)",
+)
 TaskOpt = typer.Option(
     ..., "--task", help="built-in task name, a task YAML (promptopt's schema or lm-eval's as it is), or lmeval:NAME"
 )
@@ -47,7 +56,20 @@ TrustTaskCodeOpt = typer.Option(
 )
 CardOpt = typer.Option(None, "--prompt", help="prompt card (YAML); default: the task's own prompt")
 SubsetsOpt = typer.Option(None, "--subsets", help="comma-separated subsets (e.g. MMLU subjects), or 'all'")
-BatchOpt = typer.Option(16, "--batch-size", min=1)
+
+
+def _batch_size(value: str) -> int | str:
+    from promptopt.models.batch_size import parse_batch_size
+
+    return parse_batch_size(value)
+
+
+BatchOpt = typer.Option(
+    "16",
+    "--batch-size",
+    callback=_batch_size,
+    help="rows per forward pass, or auto: the largest that fits, halving on out-of-memory",
+)
 SearchSuiteOpt = typer.Option(
     "cheap",
     "--search-suite",

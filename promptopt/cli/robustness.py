@@ -98,7 +98,7 @@ def stress(
     limit: int | None = typer.Option(
         None, "--limit", min=1, help="the first N items (of the protocol's subsample, with --protocol)"
     ),
-    batch_size: int = BatchOpt,
+    batch_size: str = BatchOpt,
     out: Path | None = typer.Option(
         None,
         "--out",

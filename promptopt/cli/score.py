@@ -14,7 +14,6 @@ from promptopt.cli.options import (
     DeviceOpt,
     DtypeOpt,
     ModelOpt,
-    QuantizeOpt,
     QuietOpt,
     SubsetsOpt,
     TaskOpt,
@@ -45,14 +44,19 @@ def score(
     ),
     trust_task_code: bool = TrustTaskCodeOpt,
     subsets: str | None = SubsetsOpt,
-    batch_size: int = BatchOpt,
+    batch_size: str = BatchOpt,
     out: Path | None = typer.Option(
         None, "--out", help="write the per-item table (.parquet or .csv) and a .json summary"
     ),
     rows: int = typer.Option(20, "--rows", min=0, help="how many item rows to print"),
     device: str = DeviceOpt,
     dtype: str | None = DtypeOpt,
-    quantize: str | None = QuantizeOpt,
+    quantize: str | None = typer.Option(
+        None,
+        "--quantize",
+        help="4bit (NF4) or 8bit (LLM.int8) through bitsandbytes, or none; default: the --prompt card's precision "
+        "(model.quantization), else full precision",
+    ),
     quiet: bool = QuietOpt,
 ) -> None:
     """Score a prompt on a task: per-item correctness, δ_TCB, V_eff, margin and PPL, then a summary."""
@@ -61,6 +65,7 @@ def score(
 
     if out is not None:
         check_table_path(out)
+    dtype, quantize = card_precision(prompt, dtype, quantize)
     the_session = session(
         task, model, device, dtype, quantize, subsets, batch_size, trust_task_code=trust_task_code, order=order
     )
@@ -69,6 +74,23 @@ def score(
     print_score(result, the_session.data.spec.name, split, the_session.lm.name, rows)
     if out is not None:
         console.print(f"wrote {out} and {out.with_suffix('.json')}")
+
+
+def card_precision(card: Path | None, dtype: str | None, quantize: str | None) -> tuple[str | None, str | None]:
+    """(dtype, quantize) that `score --prompt CARD` loads: the flags where given, else a version-2 card's recorded
+    model.dtype and model.quantization, so the card is scored in the precision it was measured in; `none`: full
+    precision."""
+    if card is not None and (dtype is None or quantize is None):
+        from promptopt.models.load import quantize_of
+        from promptopt.yamlio import load_yaml
+
+        data = load_yaml(card)
+        recorded = data.get("model") if data.get("promptopt_card") == 2 and isinstance(data.get("model"), dict) else {}
+        if dtype is None and recorded.get("dtype") in ("float32", "bfloat16", "float16"):
+            dtype = recorded["dtype"]
+        if quantize is None:
+            quantize = quantize_of(recorded.get("quantization"))
+    return dtype, None if quantize == "none" else quantize
 
 
 @app.command(rich_help_panel=ANALYSE)

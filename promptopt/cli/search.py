@@ -77,7 +77,7 @@ def search(
     dev_limit: int | None = DevLimitOpt,
     test_limit: int | None = TestLimitOpt,
     subsets: str | None = SubsetsOpt,
-    batch_size: int = BatchOpt,
+    batch_size: str = BatchOpt,
     device: str = DeviceOpt,
     dtype: str | None = DtypeOpt,
     quantize: str | None = QuantizeOpt,
@@ -179,7 +179,7 @@ def compare(
     dev_limit: int | None = DevLimitOpt,
     test_limit: int | None = TestLimitOpt,
     subsets: str | None = SubsetsOpt,
-    batch_size: int = BatchOpt,
+    batch_size: str = BatchOpt,
     suite: str = typer.Option(
         "unseen",
         "--suite",
@@ -301,7 +301,7 @@ def propose_command(
     cache: Path | None = typer.Option(
         None, "--cache", help="where proposals are remembered by content hash (default: $PROMPTOPT_CACHE/proposals)"
     ),
-    batch_size: int = BatchOpt,
+    batch_size: str = BatchOpt,
     device: str = DeviceOpt,
     dtype: str | None = DtypeOpt,
     quantize: str | None = QuantizeOpt,

@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from promptopt.cli.app import SHIP, app, quiet_libraries
-from promptopt.cli.options import DeviceOpt, QuantizeOpt
+from promptopt.cli.options import BatchOpt, CardQuantizeOpt, DeviceOpt
 from promptopt.errors import UserError
 
 
@@ -38,10 +38,10 @@ def serve_command(
     rate_limit: float = typer.Option(20.0, "--rate-limit", min=0.001, help="requests per second per client address"),
     burst: int = typer.Option(40, "--burst", min=1, help="requests a client may send at once before --rate-limit"),
     max_queue: int = typer.Option(256, "--max-queue", min=1, help="requests waiting to be answered; beyond, 503"),
-    batch_size: int = typer.Option(16, "--batch-size", min=1, help="rows per forward pass (the scorer's)"),
+    batch_size: str = BatchOpt,
     device: str = DeviceOpt,
     dtype: str | None = typer.Option(None, "--dtype", help="float32, bfloat16, float16 (default: the card's)"),
-    quantize: str | None = QuantizeOpt,
+    quantize: str | None = CardQuantizeOpt,
     log_level: str = typer.Option("info", "--log-level", help="uvicorn's: critical, error, warning, info, debug"),
 ) -> None:
     """Serve a card over HTTP: POST /v1/answer (one input or a batch) returns the answer, label log-probs, δ_TCB and

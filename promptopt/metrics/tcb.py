@@ -8,6 +8,13 @@ With a logit scale or a final soft-cap (z_i = cap·tanh(scale·s_i / cap), s = W
 factor g_i = dz_i/ds_i = scale·sech²(scale·s_i / cap) multiplies its row: the same formula holds with
 w'_i = g_i w_i, and it is exact.
 
+Which W: the matrix the logits promptopt scores with come from (the runner projects h through this module), so
+log-probs, answers and δ_TCB read one W. Quantized (bitsandbytes, `--quantize`): transformers keeps `lm_head`, and a
+head tied to the input embedding, in float, so δ_TCB reads that float head while h carries the 4/8-bit layers' error;
+a quantized head is de-quantized once (models/load.py) and δ_TCB is exact for it. LLM.int8's own matmul also
+quantizes h, so its logits differ from W h by ~1% (the load checks the bound); promptopt's numbers are W h's. δ_TCB
+of a quantized model is not its float32 original's (docs/models.md measures the gap): a card records its precision.
+
 Numerics. The expanded form Σ o_i²(‖w_i‖² − 2 w_i·μ + ‖μ‖²) cancels catastrophically when o_top → 1 (the
 "very stable" states). Here the sum is anchored on the top token t: with u_i = w'_i − w'_t and
 c = μ − w'_t = Σ_{j≠t} o_j u_j (summed from the small terms, never via 1 − o_t),

@@ -1,12 +1,17 @@
 """Resolve a model spec and load it: hub id, local HF folder, .gguf file, or the embedded default.
 
 A GGUF file is de-quantized once into the model cache (promptopt/models/gguf_cache.py) and loaded from there.
+`quantize` ("4bit": NF4 with double quantization, computing in the load's dtype; "8bit": LLM.int8) goes through
+bitsandbytes on any device the installed bitsandbytes supports (`bitsandbytes.supported_torch_devices`: CUDA, and
+CPUs from 0.46 on); `quantization_info` says what was loaded, for the card.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import inspect
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,6 +40,7 @@ _ASSEMBLED = {
     ),
 }
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+QUANTIZE = ("4bit", "8bit")
 
 
 @dataclass
@@ -87,10 +93,11 @@ def output_geometry(model: torch.nn.Module) -> OutputGeometry:
     head = model.get_output_embeddings()
     if head is None or not hasattr(head, "weight"):
         raise UnsupportedError(f"{type(model).__name__} has no linear output head; δ_TCB needs one")
-    weight = head.weight
+    weight = _dequantized_head(head)
     if not weight.is_floating_point():
         raise UnsupportedError(
-            f"the output head of {type(model).__name__} is quantized ({weight.dtype}); keep lm_head in float"
+            f"the output head of {type(model).__name__} is quantized ({weight.dtype}) in a format promptopt cannot "
+            "de-quantize; keep lm_head in float"
         )
     cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     scale = getattr(cfg, "logit_scale", None)  # Cohere: logits * logit_scale
@@ -98,6 +105,29 @@ def output_geometry(model: torch.nn.Module) -> OutputGeometry:
         scale = (scale or 1.0) / cfg.logits_scaling
     softcap = getattr(cfg, "final_logit_softcapping", None)  # Gemma 2/3
     return OutputGeometry(weight.detach(), bias=getattr(head, "bias", None), logit_scale=scale, logit_softcap=softcap)
+
+
+def _dequantized_head(head: torch.nn.Module) -> torch.Tensor:
+    """The head's W as the logits promptopt scores with are computed from it: a bitsandbytes 4-bit head (NF4/FP4)
+    de-quantized to its compute dtype, an 8-bit (LLM.int8) head to float32 (each row's int8 codes times its scale
+    / 127); a float head (the default: transformers keeps lm_head, and a tied input embedding, unquantized) as it
+    is. The scorer computes its logits as W h from this matrix (metrics/tcb.py), so log-probs and δ_TCB read the
+    same weights."""
+    weight = head.weight
+    kind = type(weight).__name__
+    if kind == "Params4bit":
+        import bitsandbytes.functional as bnb_functional
+
+        state = weight.quant_state
+        return bnb_functional.dequantize_4bit(weight.data, state).to(
+            getattr(head, "compute_dtype", None) or state.dtype
+        )
+    if kind == "Int8Params":
+        codes, scales = weight.data, getattr(weight, "SCB", None)
+        if scales is None:  # not quantized yet (has_fp16_weights): the float weights are the ones used
+            return weight.detach()
+        return codes.float() * (scales.float().unsqueeze(1) / 127.0)
+    return weight.detach()
 
 
 def verify_geometry(lm: LoadedModel) -> float:
@@ -115,6 +145,8 @@ def verify_geometry(lm: LoadedModel) -> float:
     tol = 1e-3 * max(1.0, float(theirs.abs().max()))
     if lm.output_head.weight.dtype != torch.float32:
         tol *= 50
+    if type(lm.model.get_output_embeddings().weight).__name__ == "Int8Params":
+        tol *= 50  # LLM.int8 quantizes the activations too (rows to int8, outliers in float16): ~1% of a logit
     if not diff <= tol:
         raise UnsupportedError(
             f"cannot reproduce {type(lm.model).__name__}'s logits from its output head (max |Δ| = {diff:.3g}); "
@@ -184,15 +216,32 @@ def _pick_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
     return _DTYPES[dtype]
 
 
-def _quantization_config(quantize: str | None, dtype: torch.dtype):
+def bitsandbytes_for(quantize: str, device_type: str) -> str:
+    """The installed bitsandbytes version, once it is known to quantize on `device_type`; else one UnsupportedError
+    naming the version (or how to install it)."""
+    if quantize not in QUANTIZE:
+        raise UnsupportedError(f"unknown quantize '{quantize}': use 4bit or 8bit")
+    if importlib.util.find_spec("bitsandbytes") is None:
+        raise UnsupportedError(f"--quantize {quantize} needs bitsandbytes: pip install bitsandbytes")
+    version = importlib.metadata.version("bitsandbytes")
+    # bitsandbytes logs a failed kernel-hub download at import on some CPUs, and every LLM.int8 matmul's float16
+    # cast: neither is something a user acts on
+    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
+    import bitsandbytes
+
+    supported = getattr(bitsandbytes, "supported_torch_devices", None) or {"cuda"}  # before 0.46: CUDA only
+    if device_type not in supported:
+        raise UnsupportedError(
+            f"--quantize {quantize} on {device_type}: bitsandbytes {version} quantizes on "
+            f"{', '.join(sorted(supported))} only (0.46.1 and later also on CPUs: pip install -U bitsandbytes)"
+        )
+    return version
+
+
+def _quantization_config(quantize: str | None, dtype: torch.dtype, device_type: str):
     if quantize is None:
         return None
-    if quantize not in ("4bit", "8bit"):
-        raise UnsupportedError(f"unknown quantize '{quantize}': use 4bit or 8bit")
-    if not torch.cuda.is_available():
-        raise UnsupportedError(f"quantize={quantize} uses bitsandbytes, which needs a CUDA device; none was found")
-    if importlib.util.find_spec("bitsandbytes") is None:
-        raise UnsupportedError(f"quantize={quantize} needs bitsandbytes: pip install bitsandbytes")
+    bitsandbytes_for(quantize, device_type)
     from transformers import BitsAndBytesConfig
 
     if quantize == "4bit":
@@ -200,6 +249,66 @@ def _quantization_config(quantize: str | None, dtype: torch.dtype):
             load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=dtype, bnb_4bit_use_double_quant=True
         )
     return BitsAndBytesConfig(load_in_8bit=True)
+
+
+def quantization_info(model: torch.nn.Module) -> dict | None:
+    """What a bitsandbytes load quantized, as the card records it (None for a model in full precision): bits, the
+    quantization type, double quantization and the compute dtype (4-bit), the outlier threshold (8-bit), how many
+    linear layers were quantized and their names (the last part of each path: q_proj, ...), the modules the
+    quantizer kept in float, and the output head δ_TCB reads."""
+    config = getattr(model.config, "quantization_config", None)
+    if config is None or getattr(model, "hf_quantizer", None) is None:
+        return None
+    get = config.get if isinstance(config, dict) else lambda key, default=None: getattr(config, key, default)
+    bits = 4 if get("load_in_4bit") else 8 if get("load_in_8bit") else None
+    if bits is None:
+        return None
+    quantized = [
+        name for name, module in model.named_modules() if type(module).__name__ in ("Linear4bit", "Linear8bitLt")
+    ]
+    head = model.get_output_embeddings()
+    head_kind = type(getattr(head, "weight", None)).__name__
+    tied = head is not None and head.weight is getattr(model.get_input_embeddings(), "weight", None)
+    info: dict = {"method": "bitsandbytes", "bits": bits}
+    if bits == 4:
+        compute = get("bnb_4bit_compute_dtype")
+        info.update(
+            quant_type=str(get("bnb_4bit_quant_type")),
+            double_quant=bool(get("bnb_4bit_use_double_quant")),
+            compute_dtype=str(compute).removeprefix("torch.") if compute is not None else "float32",
+        )
+    else:
+        info.update(quant_type="llm.int8", outlier_threshold=float(get("llm_int8_threshold", 6.0)))
+    info.update(
+        n_quantized=len(quantized),
+        quantized=sorted({name.rsplit(".", 1)[-1] for name in quantized}),
+        kept=sorted(getattr(model.hf_quantizer, "modules_to_not_convert", None) or []),
+        head=(
+            f"{bits}-bit, de-quantized"
+            if head_kind in ("Params4bit", "Int8Params")
+            else "float, tied to the input embedding"
+            if tied
+            else "float"
+        ),
+    )
+    return info
+
+
+def precision_name(dtype: str | None, quantization: dict | None) -> str:
+    """One phrase for what a card or a load computed in: `float32`, `4-bit nf4 (double quant, compute float32)`,
+    `8-bit llm.int8 (outlier threshold 6.0)`."""
+    if not quantization:
+        return dtype or "float32"
+    if quantization.get("bits") == 4:
+        double = "double quant, " if quantization.get("double_quant") else ""
+        return f"4-bit {quantization.get('quant_type')} ({double}compute {quantization.get('compute_dtype')})"
+    return f"{quantization.get('bits')}-bit {quantization.get('quant_type')} (outlier threshold {quantization.get('outlier_threshold')})"
+
+
+def quantize_of(quantization: dict | None) -> str | None:
+    """The `quantize` value that loads what a card's model.quantization recorded (None: full precision)."""
+    bits = quantization.get("bits") if isinstance(quantization, dict) else None
+    return f"{bits}bit" if bits in (4, 8) else None
 
 
 def load_model(
@@ -212,21 +321,21 @@ def load_model(
 ) -> LoadedModel:
     """Load `spec` (hub id, local HF folder, .gguf file or the embedded default) for scoring.
 
-    `quantize` ("4bit"/"8bit") goes through bitsandbytes and needs CUDA. `trust_remote_code` is never
-    enabled: only architectures that transformers ships are loaded.
+    `quantize` ("4bit"/"8bit") goes through bitsandbytes, on any device the installed version supports (CUDA; CPUs
+    from 0.46 on). `trust_remote_code` is never enabled: only architectures that transformers ships are loaded.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kind, location, gguf_file = _resolve(spec)
     target_device = _pick_device(device)
     torch_dtype = _pick_dtype(dtype, target_device)
-    quant = _quantization_config(quantize, torch_dtype)
+    quant = _quantization_config(quantize, torch_dtype, target_device.type)
     if kind == "gguf":
         location = _dequantized_folder(Path(location), gguf_file)
     kwargs: dict = {"dtype": torch_dtype, "trust_remote_code": False}
     if quant is not None:
         kwargs["quantization_config"] = quant
-        kwargs["device_map"] = "auto"
+        kwargs["device_map"] = "auto" if target_device.type == "cuda" and device == "auto" else str(target_device)
     elif target_device.type == "cuda" and device == "auto":
         kwargs["device_map"] = "auto"  # spreads a 70B model over the visible GPUs
     try:
@@ -266,19 +375,17 @@ class ModelConfig:
             raise ModelNotFoundError("model: expected a hub id, a local folder, a .gguf file or smollm2-135m-instruct")
         if self.dtype is not None and self.dtype not in _DTYPES:
             raise UnsupportedError(f"dtype {self.dtype!r}: expected one of {', '.join(_DTYPES)}")
-        if self.quantize not in (None, "4bit", "8bit"):
+        if self.quantize not in (None, *QUANTIZE):
             raise UnsupportedError(f"quantize {self.quantize!r}: expected 4bit or 8bit")
         if self.device != "auto" and not (self.device == "cpu" or self.device.startswith("cuda")):
             raise UnsupportedError(f"device {self.device!r}: expected cpu, cuda, cuda:N or auto")
 
     def check(self) -> None:
-        """What can be known without loading: the model resolves, the device exists, 4/8-bit has CUDA."""
+        """What can be known without loading: the model resolves, the device exists, bitsandbytes quantizes there."""
         _resolve(self.spec)
         device = _pick_device(self.device)
-        if self.quantize is not None and device.type != "cuda":
-            raise UnsupportedError(
-                f"quantize={self.quantize} needs a CUDA device (bitsandbytes); this run is on {device.type}"
-            )
+        if self.quantize is not None:
+            bitsandbytes_for(self.quantize, device.type)
 
     def resolved_device_type(self) -> str:
         """cpu or cuda: where a load would run (auto picks CUDA when there is one)."""

@@ -83,9 +83,14 @@ class GenerationResult:
 class Runner:
     """Scores and generates with one model, reusing the KV cache of the longest shared token prefix."""
 
-    def __init__(self, lm: LoadedModel, *, batch_size: int = 16, progress: bool = False) -> None:
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    def __init__(self, lm: LoadedModel, *, batch_size: int | str = 16, progress: bool = False) -> None:
+        from promptopt.models.batch_size import AUTO, AUTO_START
+
+        self.auto_batch = batch_size == AUTO  # the largest batch that fits, found by halving (batch_size.py)
+        if self.auto_batch:
+            batch_size = AUTO_START
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1 or 'auto', got {batch_size!r}")
         self.lm = lm
         self.batch_size = batch_size
         self.progress = progress
@@ -108,6 +113,31 @@ class Runner:
         use_grouped_sdpa(lm.model)
         if lm.device.type == "cpu":
             keep_freed_memory()  # else a process's first scoring call page-faults ~2 GB back in (cpu_memory.py)
+
+    # --- batch size auto -------------------------------------------------------------------------
+    def loglikelihood(
+        self,
+        requests: Sequence[tuple[Sequence[int], Sequence[int]]],
+        *,
+        tcb_targets: Sequence[int] | None = None,
+        eps: float = 1.0,
+        groups: Sequence | None = None,
+    ) -> list[LoglikelihoodResult]:
+        """log p(continuation | context) for (context ids, continuation ids) pairs (`_score`), at the batch size
+        that fits when it is `auto`."""
+        return self._fitting(lambda: self._score(requests, tcb_targets=tcb_targets, eps=eps, groups=groups))
+
+    def generate(self, contexts: Sequence[Sequence[int]], **options) -> list[GenerationResult]:
+        """Decode each context (`_decode`: its options), at the batch size that fits when it is `auto`."""
+        return self._fitting(lambda: self._decode(contexts, **options))
+
+    def _fitting(self, call):
+        """`call()`; with batch_size auto, run again at half the rows while it runs out of memory (batch_size.py)."""
+        if not self.auto_batch:
+            return call()
+        from promptopt.models.batch_size import run_fitting
+
+        return run_fitting(call, get=lambda: self.batch_size, set_=lambda n: setattr(self, "batch_size", n))
 
     # --- prefix cache --------------------------------------------------------------------------
     def _prefix(self, sequences: Sequence[Sequence[int]], limit: int) -> tuple[int, Cache | None]:
@@ -179,7 +209,7 @@ class Runner:
         return out.last_hidden_state, cache
 
     # --- scoring ------------------------------------------------------------------------------------
-    def loglikelihood(
+    def _score(
         self,
         requests: Sequence[tuple[Sequence[int], Sequence[int]]],
         *,
@@ -327,7 +357,7 @@ class Runner:
         return out, argmax, None if tcb is None else found
 
     # --- generation ---------------------------------------------------------------------------------
-    def generate(
+    def _decode(
         self,
         contexts: Sequence[Sequence[int]],
         *,

@@ -17,7 +17,7 @@ class ScorerFactory:
     model: ModelConfig
     data: DataConfig
     cache_path: str | None = None  # SQLite result cache shared by every worker on this machine; None: no cache
-    batch_size: int = 16
+    batch_size: int | str = 16  # or "auto" (models/batch_size.py)
     keep_hidden: bool = False  # the cache also keeps critical hidden states (calibrated decisions read δ_TCB from them)
 
     def build(self, data: TaskData | None = None, *, progress: bool = False) -> Scorer | CachedScorer:

@@ -44,7 +44,7 @@ class Scorer:
     """Scores prompts of one task on one model; holds the runner so prefix caches survive across calls."""
 
     def __init__(
-        self, lm: LoadedModel, data: TaskData, *, batch_size: int = 16, progress: bool = False, eps: float = 1.0
+        self, lm: LoadedModel, data: TaskData, *, batch_size: int | str = 16, progress: bool = False, eps: float = 1.0
     ):
         self.lm, self.data, self.eps = lm, data, eps
         self.runner = Runner(lm, batch_size=batch_size, progress=progress)

@@ -45,8 +45,9 @@ class Server:
     """A card loaded with a model, answering inputs as the scorer does. Thread-safe: one scoring call at a time.
 
     `card`: a card file (version 2, validated) or its mapping. `model`: any model spec the CLI takes (default: the
-    card's `model.spec`); `lm`: an already loaded model to use instead (tests and benchmarks share one). `dtype`:
-    default the card's recorded one, so the numbers are the ones export measured."""
+    card's `model.spec`); `lm`: an already loaded model to use instead (tests and benchmarks share one). `dtype` and
+    `quantize` (4bit, 8bit, or "none" for full precision): default the card's recorded ones (model.dtype,
+    model.quantization), so the numbers are the ones export measured."""
 
     def __init__(
         self,
@@ -57,10 +58,10 @@ class Server:
         device: str = "auto",
         dtype: str | None = None,
         quantize: str | None = None,
-        batch_size: int = 16,
+        batch_size: int | str = 16,
         limits: Limits | None = None,
     ) -> None:
-        from promptopt.models.load import ModelConfig
+        from promptopt.models.load import ModelConfig, quantize_of
         from promptopt.production import card_prompt, load_prompt
         from promptopt.scoring import Scorer
         from promptopt.scoring.card_answers import card_members
@@ -95,6 +96,8 @@ class Server:
         if lm is None:
             if dtype is None and recorded.get("dtype") in ("float32", "bfloat16", "float16"):
                 dtype = recorded["dtype"]
+            quantize = quantize_of(recorded.get("quantization")) if quantize is None else quantize
+            quantize = None if quantize == "none" else quantize  # "none": full precision, whatever the card's
             lm = ModelConfig(spec=self.model_spec, device=device, dtype=dtype, quantize=quantize).load()
         else:
             self.model_spec = model or getattr(lm, "name", self.model_spec)

@@ -72,11 +72,13 @@ class SearchConfig:
     data: DataConfig
     study: StudyConfig = field(default_factory=StudyConfig)
     out: str = "runs/search"  # run directory
-    batch_size: int = 16
+    batch_size: int | str = 16  # or "auto": the largest that fits (models/batch_size.py)
 
     def __post_init__(self) -> None:
-        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
-            raise ConfigError(f"batch_size: expected a positive integer, got {self.batch_size!r}")
+        if self.batch_size != "auto" and (
+            isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1
+        ):
+            raise ConfigError(f"batch_size: expected a positive integer or auto, got {self.batch_size!r}")
 
     # --- flat names ---------------------------------------------------------------------------------
     @classmethod

@@ -167,7 +167,7 @@ def stress(
     mode: str,
     temperature: float,
     seed: int,
-    batch_size: int,
+    batch_size: int | str,
     out: Path | None = None,
 ) -> StressRun:
     """`promptopt stress --task`: taboo decoding at each rank on one task, with the task's prompt (or a card), or

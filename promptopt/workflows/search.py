@@ -100,7 +100,7 @@ def propose(
     subsets,
     dev_limit,
     test_limit,
-    batch_size: int,
+    batch_size: int | str,
     request,
     space: str | None,
     out: Path,

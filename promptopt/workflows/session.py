@@ -28,7 +28,7 @@ class Session:
         model: ModelConfig,
         data: DataConfig,
         out: str | Path | None = None,
-        batch_size: int = 16,
+        batch_size: int | str = 16,
         progress: bool = False,
         keep_hidden: bool = False,
     ) -> None:

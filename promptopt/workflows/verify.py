@@ -3,7 +3,9 @@
 Checks, in the order a difference is cheapest to find: the prompt fields and every other field that decides the
 score (check.fields_sha256: the task, rendering, answer, generation, decision, model, data — test ids included —,
 the recorded test metrics and each ensemble member) are as exported; the model's
-weights, tokenizer and chat template have the recorded fingerprints; the task file, data and carving are
+weights, tokenizer and chat template have the recorded fingerprints; the model loads in the recorded precision
+(model.dtype and model.quantization: a 4-bit card is loaded in 4-bit, and a load in another precision, asked for with
+`quantize`, fails the check); the task file, data and carving are
 the recorded ones and hold the recorded items; the first test item renders to the recorded text and token
 ids; re-scored (no result cache) on the recorded test items, the accuracy lies inside the recorded 95%
 interval. Each difference is one line naming what changed (and, for items, which flipped). A card without
@@ -105,10 +107,19 @@ def read_card(path: str | Path) -> dict:
 
 
 def verify_card(
-    path: str | Path, *, limit: int | None = None, model: str | None = None, device: str = "auto"
+    path: str | Path,
+    *,
+    limit: int | None = None,
+    model: str | None = None,
+    device: str = "auto",
+    quantize: str | None = None,
 ) -> Verification:
+    """Verify the card at `path` (see the module's docs). `quantize`: load in 4bit, 8bit or "none" (full precision)
+    instead of the card's recorded precision (model.quantization); a load whose precision differs fails the check."""
     import time
 
+    if quantize not in (None, "none", "4bit", "8bit"):
+        raise UserError(f"--quantize {quantize}: expected 4bit, 8bit or none (default: the card's precision)")
     start = time.perf_counter()
     card = read_card(path)
     spec = model or card["model"]["spec"]
@@ -134,7 +145,7 @@ def verify_card(
             else f"{', '.join(scored)} edited after export",
         )
     try:
-        _verify(card, str(path), result, limit=limit, model=model, device=device)
+        _verify(card, str(path), result, limit=limit, model=model, device=device, quantize=quantize)
     except UserError as exc:  # e.g. a recorded model or task that is gone: when fields were edited, say which
         changed = edited + (scored or [])
         if not changed:
@@ -144,11 +155,20 @@ def verify_card(
     return result
 
 
-def _verify(card: dict, where: str, result: Verification, *, limit: int | None, model: str | None, device: str):
+def _verify(
+    card: dict,
+    where: str,
+    result: Verification,
+    *,
+    limit: int | None,
+    model: str | None,
+    device: str,
+    quantize: str | None = None,
+):
     """Steps 2-5 of verify_card: the model, the task and items, the rendering, the re-score."""
     from promptopt.errors import ModelNotFoundError
     from promptopt.metrics.stats import wilson_interval
-    from promptopt.models.load import ModelConfig
+    from promptopt.models.load import ModelConfig, precision_name, quantization_info, quantize_of
     from promptopt.production import card_prompt
     from promptopt.prompts import prompt_from_card
     from promptopt.tasks.data import DataConfig
@@ -192,8 +212,12 @@ def _verify(card: dict, where: str, result: Verification, *, limit: int | None, 
         task=card["data"]["task"], subsets=tuple(card["data"]["subsets"]) if card["data"].get("subsets") else None
     )
     dtype = recorded_model.get("dtype") if recorded_model.get("dtype") in ("float32", "bfloat16", "float16") else None
+    recorded_quantization = recorded_model.get("quantization") or None
+    load_quantize = quantize_of(recorded_quantization) if quantize is None else None if quantize == "none" else quantize
     try:  # a session without a run directory: its scorer has no result cache, so every item is scored anew
-        session = Session(model=ModelConfig(spec=spec, device=device, dtype=dtype), data=data_config)
+        session = Session(
+            model=ModelConfig(spec=spec, device=device, dtype=dtype, quantize=load_quantize), data=data_config
+        )
     except UserError as exc:
         raise UserError(f"{where}: data.task: cannot load the recorded task '{card['data']['task']}' ({exc})") from None
     data = session.data
@@ -211,8 +235,15 @@ def _verify(card: dict, where: str, result: Verification, *, limit: int | None, 
     if not items:
         raise UserError(f"{where}: data.test_ids: none of the recorded test items is in task '{card['data']['task']}'")
 
-    # 4. tokenizer, chat template, rendering
+    # 4. precision (what the load quantized), tokenizer, chat template, rendering
     lm = session.lm
+    recorded_precision = precision_name(recorded_model.get("dtype"), recorded_quantization)
+    now_dtype, now_quantization = str(lm.model.dtype).removeprefix("torch."), quantization_info(lm.model)
+    now_precision = precision_name(now_dtype, now_quantization)
+    if recorded_model.get("dtype") in (None, now_dtype) and recorded_quantization == now_quantization:
+        result.add("precision", True, now_precision)
+    else:
+        result.add("precision", False, f"recorded {recorded_precision}, got {now_precision}")
     _same(result, "tokenizer", recorded_model["tokenizer_sha256"], tokenizer_sha256(lm.tokenizer))
     _same(result, "chat template", card["rendering"]["chat_template_sha256"], chat_template_sha256(lm.tokenizer))
     prompt = prompt_from_card(card, where)

@@ -96,6 +96,19 @@ def answer_section(spec, items) -> dict:
     return {"type": spec.answer_type, "metric": spec.metric, "gold_format": spec.gold_format, "choices": fixed}
 
 
+def _versions(model) -> dict:
+    """The package versions export records, with bitsandbytes' when it quantized the model."""
+    import importlib.metadata
+
+    from promptopt.models.load import quantization_info
+    from promptopt.workflows.fingerprint import versions
+
+    out = versions()
+    if quantization_info(model) is not None:
+        out["bitsandbytes"] = importlib.metadata.version("bitsandbytes")
+    return out
+
+
 def build_card(
     session: Session,
     prompt: Prompt,
@@ -115,6 +128,7 @@ def build_card(
     (`prompt` is members[0]'s). `flag`: a FlagRequest (export/fragility.py) for the card's fragility threshold,
     chosen on the dev items; `flag_test`: the compare's test answers of this card, whose flip rates at τ are
     recorded beside. The light loader must reproduce the scored text byte for byte, or nothing is built."""
+    from promptopt.models.load import quantization_info
     from promptopt.production import card_prompt
     from promptopt.workflows.fingerprint import (
         data_sha256,
@@ -122,13 +136,13 @@ def build_card(
         model_fingerprint,
         task_sha256,
         tokenizer_sha256,
-        versions,
     )
 
     if not test_items:
         raise UserError(f"task {prompt.task}: no test items to measure the card on")
     scorer, data, spec = session.scorer, session.data, session.data.spec
     lm = scorer.lm
+    quantization = quantization_info(lm.model)
     prompts = [prompt] if ensemble is None else [p for p, _ in ensemble["members"]]
     members = fitted_members(scorer, prompts, dev_items)
     test_table = answer_table(scorer, members, test_items)
@@ -156,6 +170,7 @@ def build_card(
             "dtype": str(lm.model.dtype).removeprefix("torch."),
             "device": lm.device.type,
             "context_length": lm.context_length,
+            **({"quantization": quantization} if quantization else {}),  # absent: the weights in `dtype`
         },
         "data": {
             "task": session.data_config.task,
@@ -173,7 +188,7 @@ def build_card(
         **({"ensemble": _ensemble_section(scorer, ensemble, members, test_items)} if ensemble else {}),
         "metrics": metrics,
         **({"fragility": _fragility(session, members, dev_items, flag, flag_test, test_table)} if flag else {}),
-        "versions": versions(),
+        "versions": _versions(lm.model),
         "check": {
             "item_id": first.id,
             "text_sha256": sha256_text(text),
