@@ -494,7 +494,7 @@ def code_task(folder: Path, marker: Path, answer: dict) -> Path:
 def test_a_task_file_cannot_choose_a_weaker_sandbox(tmp_path, weaker):
     """`answer: {type: code, sandbox: none}` once ran the data file's test code on the host, with no flag and
     no warning: now the task is refused in one line before anything runs (nor any model loads)."""
-    from promptopt.tasks.spec import load_task_spec
+    from promptopt.tasks.catalog import load_task_spec
     from tests.clirun import assert_one_line_error, promptopt
 
     marker = tmp_path / "ran-on-the-host"
