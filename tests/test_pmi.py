@@ -137,3 +137,35 @@ def test_load_prompt_decides_pmi_as_the_scorer(arc, tiny_lm):
         assert card.decide_batch(logprobs, choices, content_free) == [int(p) for p in decided["pred"]]
         with pytest.raises(ConfigError, match="pass content_free="):
             card.decide_batch(logprobs, choices)
+
+
+def test_a_pmi_trial_reads_its_decided_tcb(arc):
+    """A search trial under pmi (search/trial.py's RunningDecision, as `tcb@pmi` runs it): its dev rows are decided
+    by pmi and δ_TCB is read on the decided distribution, the same numbers DecidingScorer gives."""
+    from promptopt.scoring.calibration import RunningDecision
+
+    task, scorer, prompt = arc
+
+    class Cached:  # the caching scorer's two entry points on a plain scorer
+        def __getattr__(self, name):
+            return getattr(scorer, name)
+
+        def score_table(self, p, items):
+            return scorer.score(p, items).table
+
+        def score_with_hidden(self, p, items):
+            result = scorer.score(p, items)
+            return result.table, result.hidden
+
+    pmi = prompt.with_(decision="pmi")
+    running = RunningDecision(Cached(), pmi, hidden=True)
+    items = task.dev[:6]
+    first = running.add(items[:4])
+    assert len(first) == 4 and (first["decision"] == "pmi").all()
+    running.add(items[4:])
+    decided = running.decided()
+    expect = DecidingScorer(scorer, running.fitted()).score(pmi, items).table
+    assert list(decided["pred"]) == list(expect["pred"])
+    assert (decided["tcb_basis"] == "calibrated").all()
+    assert np.allclose(decided["tcb"], expect["tcb"], rtol=1e-9)
+    assert np.allclose(decided["tcb_raw"], scorer.score(prompt, items).table["tcb"], rtol=1e-9)

@@ -29,6 +29,23 @@ o_top = 1 − η it is O(η²) out of O(1) terms, wrong below η ≈ 1e-7 and +i
 the top token's term uses 1 − 2 o_t + S2 = η² + Σ_{j≠t} o_j², with η summed from the small terms; for
 every other token o_j ≤ 1/2, so each term is a product of non-negative factors. Its diffuse limit
 (1 − 2 o_j + S2 → 1) is tcb_diffuse = ε / sqrt(dσ² Σ_j g_j² o_j²) = ε sqrt(V_eff / (dσ²)) when G = I.
+
+Decided distributions (`shift_tokens` / `shift_values`). A calibrated decision rule (promptopt/decision.py) adds a
+constant to some logits at the read position: z' = z + Δ with Δ independent of h, so ∂z'/∂h = ∂z/∂h and
+J' = (diag(o') − o' o'ᵀ) W' with o' = softmax(z + Δ). Everything above then holds with o replaced by o'; the
+closed form is as exact for o' as for o (tests/test_tcb.py: float64 Jacobian of the shifted logits, ≤ 1e-6
+relative). Δ may differ per position: a per-label bias (contextual, batch) is the same row for every item, pmi's
+reference −r_k is each item's own (its choices' content-free log-likelihoods), and both are exact in this sense.
+What is a *reading* rather than exact is which Δ stands for the decision (scoring/calibration.py,
+`first_token_shifts`): the decision compares whole choices, and only their first tokens live at the read position.
+- One-token choices with distinct tokens (SST-2's labels, letters): o' restricted to the choices is exactly the
+  decision's distribution; exact.
+- Multi-token choices with distinct first tokens (most of ARC): Δ_k = the choice's shift on its first token, so o'
+  reweights the first tokens as the decision reweights the choices; the continuation's tokens, which also enter ℓ_k,
+  are read by neither raw nor decided δ_TCB (the critical point is the first answer token for both).
+- Choices sharing a first token (COPA's "the ..." / "the ..."): that token gets log Σ_k e^(ℓ_k+Δ_k) − log Σ_k e^(ℓ_k)
+  over the choices it starts, the factor by which the decision reweights their mass; the decision between them is
+  made after the read position, which δ_TCB here does not see.
 """
 
 from __future__ import annotations
