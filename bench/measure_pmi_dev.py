@@ -1,7 +1,11 @@
 """Dev accuracy of the per-item-choice decision rules on the embedded model: argmax (acc, acc_norm) against pmi with
 different content-free inputs and readings, each task's default prompt, dev items only (test never read). One
 scoring pass per task; every rule decides the same rows. Differences are paired on the same items (95% paired
-bootstrap over items; exact McNemar p).
+bootstrap over items; exact McNemar p). Last, ARC-Easy with its space's lettered template (options listed, a letter
+scored): argmax, pmi (the content-free prompt lists the item's options too, so its reference is the prompt's
+position bias for that item), and batch calibration over letter positions (a bias per position, fit on the dev items
+themselves: what a batch rule over letters would do; items whose choice count differs from the most common keep
+argmax).
 
     .venv/bin/python bench/measure_pmi_dev.py        # PMI_DEV=100: dev items per task (COPA has 40)
 """
@@ -81,6 +85,51 @@ def main() -> None:
                     f"  {label:32s} acc {values.mean():.3f}   − argmax:acc {values.mean() - base.mean():+.3f} "
                     f"[{low:+.3f}, {high:+.3f}] McNemar p {p:.3f}"
                 )
+        letters(lm)
+
+
+def letters(lm) -> None:
+    from collections import Counter
+
+    from promptopt.decision import DecisionRule, batch_bias
+    from promptopt.metrics.stats import mcnemar_exact
+    from promptopt.metrics.stats.bootstrap import bootstrap_resamples, percentile_interval
+    from promptopt.prompts import Prompt
+    from promptopt.scoring import Scorer
+    from promptopt.scoring.calibration import decide_table, with_references
+    from promptopt.search.space import load_space
+    from promptopt.tasks import load_task
+
+    task = load_task("arc_easy")
+    items = task.dev[:DEV]
+    space = load_space("arc_easy")
+    default = task.default_prompt()
+    prompt = Prompt(task="arc_easy", template=space.templates["letters"], exemplars=default.exemplars)
+    scorer = Scorer(lm, task)
+    raw = scorer.score(prompt, items).table
+    argmax = raw["acc"].to_numpy()
+    rule = DecisionRule(kind="pmi", reading="acc", content_free=("",))
+    pmi = decide_table(rule, with_references(scorer, rule, prompt, items, raw))["correct"].to_numpy()
+    rows = [list(r) for r in raw["choice_logprobs"]]
+    k = Counter(len(r) for r in rows).most_common(1)[0][0]
+    bias = batch_bias([r for r in rows if len(r) == k])
+    batch = np.array(
+        [
+            (int(np.argmax(np.array(r) - np.log(np.exp(r).sum()) - bias)) if len(r) == k else int(np.argmax(r))) == g
+            for r, g in zip(rows, raw["gold"])
+        ]
+    )
+    draws = bootstrap_resamples(len(items), n_boot=2000, seed=0)
+    print(f"arc_easy, lettered template (options listed; k={len(prompt.exemplars)}): {len(items)} dev items")
+    print(f"  letter-position bias fit on the dev items ({k} choices): {', '.join(f'{b:+.2f}' for b in bias)}")
+    for label, values in (("argmax", argmax), ("pmi", pmi), ("batch over letter positions", batch)):
+        diff = [float(values[d].mean() - argmax[d].mean()) for d in draws]
+        low, high = percentile_interval(np.array(diff))
+        p = mcnemar_exact(values, argmax)[2]
+        print(
+            f"  {label:32s} acc {values.mean():.3f}   − argmax {values.mean() - argmax.mean():+.3f} "
+            f"[{low:+.3f}, {high:+.3f}] McNemar p {p:.3f}"
+        )
 
 
 if __name__ == "__main__":
