@@ -43,49 +43,59 @@ def pmi_card(tmp_path_factory):
     return tmp / "cmp", card_path, exported.card
 
 
-def test_a_pmi_card_round_trips_to_load_prompt_and_serve(pmi_card, embedded_lm):
+def test_a_pmi_card_round_trips_to_load_prompt_and_serve(pmi_card):
     import httpx
 
     import promptopt
+    from promptopt.experiments.session import Session
     from promptopt.experiments.verify import verify_card
+    from promptopt.models.load import ModelConfig
     from promptopt.production import Server
-    from promptopt.scoring import Scorer
     from promptopt.scoring.card_answers import answer_table, card_members
     from promptopt.serving.app import create_app
-    from promptopt.tasks import load_task
+    from promptopt.tasks.data import DataConfig
     from tests.serve_helpers import running
 
-    _, card_path, card = pmi_card
+    out, card_path, card = pmi_card
     assert card["decision"] == {"rule": "pmi", "reading": "acc_norm", "content_free": [""]}  # ARC reads acc_norm
     assert card["metrics"]["test"]["n"] == 100
     verified = verify_card(card_path, device="cpu")
     assert verified.ok, verified.lines()
     assert verified.accuracy == card["metrics"]["test"]["accuracy"] and not verified.flipped
 
-    task = load_task("arc_easy")
-    by_id = {i.id: i for role in ("dev", "test") for i in task.split(role)}
+    # the scorer's answers, its rows from the compare's result cache (verify re-scored them uncached)
+    session = Session(
+        model=ModelConfig(spec=card["model"]["spec"], device="cpu"), data=DataConfig(task="arc_easy"), out=out
+    )
+    by_id = {i.id: i for role in ("dev", "test") for i in session.data.split(role)}
     items = [by_id[i] for i in card["data"]["test_ids"]]
-    scorer = Scorer(embedded_lm, task)
-    members = card_members(card)
-    expected = [int(p) for p in answer_table(scorer, members, items)["pred"]]
+    scorer, members = session.scorer, card_members(card)
+    table = answer_table(scorer, members, items)
+    expected = [int(p) for p in table["pred"]]
     assert "".join("1" if p == i.gold else "0" for p, i in zip(expected, items)) == card["metrics"]["test"]["correct"]
 
-    # load_prompt: the caller scores render()'s continuations and content_free_requests(), the card decides
+    # load_prompt: the caller scores render()'s continuations (the scorer's log-likelihoods stand for the caller's
+    # model here, as in test_calibrated_cards) and content_free_requests() (scored here from the texts it names)
     loaded = promptopt.load_prompt(card_path)
     prompt = members[0].prompt
-    logprobs, content_free = [], []
+    logprobs = [list(r) for r in table["choice_logprobs"]]
+    contexts, conts = [], []
     for item in items:
-        conts = loaded.continuations(item.choices)
-        pairs = scorer._pairs([loaded.render(item.question, item.choices)] * len(conts), conts, prompt, [item.id] * 4)
-        logprobs.append([r.logprob for r in scorer.runner.loglikelihood(pairs)])
-        requests = loaded.content_free_requests(item.choices)
-        pairs = scorer._pairs([c for c, _ in requests], [t for _, t in requests], prompt, [item.id] * len(requests))
-        content_free.append([r.logprob for r in scorer.runner.loglikelihood(pairs)])
+        for context, cont in loaded.content_free_requests(item.choices):
+            contexts.append(context)
+            conts.append(cont)
+    ids = [str(i) for i in range(len(contexts))]
+    inner = scorer.scorer  # the result cache's plain scorer: its encoding
+    flat = [r.logprob for r in scorer.runner.loglikelihood(inner._pairs(contexts, conts, prompt, ids))]
+    content_free, at = [], 0
+    for item in items:
+        content_free.append(flat[at : at + len(item.choices)])
+        at += len(item.choices)
     choices = [item.choices for item in items]
     assert loaded.decide_batch(logprobs, choices, content_free) == expected  # 100/100
 
     # promptopt serve: the HTTP app under uvicorn, in requests of at most 32 inputs
-    server = Server(card_path, lm=embedded_lm)
+    server = Server(card_path, lm=scorer.lm)
     assert server.identity["decision"] == "pmi"
     served = []
     with running(create_app(server)) as url:

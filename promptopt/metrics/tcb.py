@@ -30,22 +30,13 @@ the top token's term uses 1 − 2 o_t + S2 = η² + Σ_{j≠t} o_j², with η su
 every other token o_j ≤ 1/2, so each term is a product of non-negative factors. Its diffuse limit
 (1 − 2 o_j + S2 → 1) is tcb_diffuse = ε / sqrt(dσ² Σ_j g_j² o_j²) = ε sqrt(V_eff / (dσ²)) when G = I.
 
-Decided distributions (`shift_tokens` / `shift_values`). A calibrated decision rule (promptopt/decision.py) adds a
-constant to some logits at the read position: z' = z + Δ with Δ independent of h, so ∂z'/∂h = ∂z/∂h and
-J' = (diag(o') − o' o'ᵀ) W' with o' = softmax(z + Δ). Everything above then holds with o replaced by o'; the
-closed form is as exact for o' as for o (tests/test_tcb.py: float64 Jacobian of the shifted logits, ≤ 1e-6
-relative). Δ may differ per position: a per-label bias (contextual, batch) is the same row for every item, pmi's
-reference −r_k is each item's own (its choices' content-free log-likelihoods), and both are exact in this sense.
-What is a *reading* rather than exact is which Δ stands for the decision (scoring/calibration.py,
-`first_token_shifts`): the decision compares whole choices, and only their first tokens live at the read position.
-- One-token choices with distinct tokens (SST-2's labels, letters): o' restricted to the choices is exactly the
-  decision's distribution; exact.
-- Multi-token choices with distinct first tokens (most of ARC): Δ_k = the choice's shift on its first token, so o'
-  reweights the first tokens as the decision reweights the choices; the continuation's tokens, which also enter ℓ_k,
-  are read by neither raw nor decided δ_TCB (the critical point is the first answer token for both).
-- Choices sharing a first token (COPA's "the ..." / "the ..."): that token gets log Σ_k e^(ℓ_k+Δ_k) − log Σ_k e^(ℓ_k)
-  over the choices it starts, the factor by which the decision reweights their mass; the decision between them is
-  made after the read position, which δ_TCB here does not see.
+Decided distributions (`shift_tokens` / `shift_values`): a calibrated rule adds constants Δ to some logits, so
+∂z'/∂h = ∂z/∂h and J' = (diag(o') − o' o'ᵀ) W' with o' = softmax(z + Δ): the closed form is exact for o', whether
+Δ is one row for every item (contextual, batch) or each item's own (pmi: −r_k of its choices). Which Δ stands for
+a decision over whole choices is a *reading* (scoring/calibration.py, `first_token_shifts`): exact for one-token
+choices; for longer ones each choice's shift goes on its first token, and a token that starts several choices
+(COPA's "the …") gets log Σ_k e^(ℓ_k+Δ_k) − log Σ_k e^(ℓ_k) over them; what follows the first token, where
+such choices are told apart, is read by neither raw nor decided δ_TCB.
 """
 
 from __future__ import annotations
