@@ -169,3 +169,18 @@ def test_a_pmi_trial_reads_its_decided_tcb(arc):
     assert (decided["tcb_basis"] == "calibrated").all()
     assert np.allclose(decided["tcb"], expect["tcb"], rtol=1e-9)
     assert np.allclose(decided["tcb_raw"], scorer.score(prompt, items).table["tcb"], rtol=1e-9)
+
+
+def test_searches_take_pmi_on_per_item_choices_and_still_refuse_label_biases(arc):
+    """`--decision pmi` / `accuracy@pmi` / a space's `decision: [argmax, pmi]` pass the up-front check on ARC-Easy;
+    a per-label bias is still refused there in one line, pointing to pmi."""
+    from promptopt.search.context import _check_decisions
+    from promptopt.search.space import load_space
+
+    task = arc[0]
+    space = load_space("arc_easy")
+    _check_decisions("pmi", space, task)
+    _check_decisions("pmi:acc", space, task)
+    with pytest.raises(ConfigError) as exc:
+        _check_decisions("batch", space, task)
+    assert "use pmi there" in str(exc.value) and "\n" not in str(exc.value)
