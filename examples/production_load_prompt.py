@@ -12,7 +12,8 @@ What production code needs from promptopt is only `load_prompt` (no torch import
                    (lm-eval's encoding: trailing context spaces move into the continuation), then
                    card.decide_batch(rows, choices) decides as the scorer did: the card's decision rule
                    (argmax; acc_norm per character; a calibrated rule's bias; an ensemble card's members,
-                   each rendered by member.render, combined)
+                   each rendered by member.render, combined); a pmi card also takes, per input, the
+                   log-likelihoods of card.content_free_requests(choices) (cached here per pair)
   generative:      greedy decoding with card.generation (max_new_tokens, stop strings), then
                    card.parse(output) — the task's own answer extraction.
 The model is the folder `promptopt model-folder --model SPEC` prints; the items' text comes from the task's
@@ -37,6 +38,9 @@ def continuation_logprob(model, tokenizer, context: str, continuation: str, add_
     ctx_ids = tokenizer(context, add_special_tokens=add_special_tokens)["input_ids"]
     whole_ids = tokenizer(context + continuation, add_special_tokens=add_special_tokens)["input_ids"]
     cont_ids = whole_ids[len(ctx_ids) :]
+    if not ctx_ids:  # an empty context (a pmi card's content-free one): after BOS (EOS without one), as lm-eval
+        prefix = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+        whole_ids = [prefix, *cont_ids]
     with torch.inference_mode():
         logits = model(torch.tensor([whole_ids])).logits[0].float()
     logprobs = torch.log_softmax(logits[len(whole_ids) - len(cont_ids) - 1 : -1], dim=-1)
@@ -99,8 +103,19 @@ def main() -> int:
 
     items = [by_id[item_id] for item_id in ids]
     if card.generation is None:  # log-likelihood multiple choice: every member's log-probabilities, then the rule
-        rows = []
+        rows, content_free, cache = [], [], {}
+
+        def scored(pairs, add_special_tokens):
+            """log-likelihoods of (context, continuation) pairs, each pair scored once (the content-free
+            context is the same for every input)."""
+            for pair in pairs:
+                if (pair, add_special_tokens) not in cache:
+                    cache[pair, add_special_tokens] = continuation_logprob(model, tokenizer, *pair, add_special_tokens)
+            return [cache[pair, add_special_tokens] for pair in pairs]
+
         for item in items:
+            free = [scored(m.content_free_requests(item.choices), m.add_special_tokens) for m in card.members]
+            content_free.append(free[0] if len(free) == 1 else free)
             per_member = [
                 [
                     continuation_logprob(
@@ -111,7 +126,8 @@ def main() -> int:
                 for m in card.members
             ]
             rows.append(per_member[0] if len(per_member) == 1 else per_member)
-        decided = card.decide_batch(rows, [item.choices for item in items])
+        pmi = any(m.decision.per_item for m in card.members)
+        decided = card.decide_batch(rows, [item.choices for item in items], content_free if pmi else None)
         correct = sum(int(d == item.gold) for d, item in zip(decided, items))
     else:
         correct = sum(

@@ -16,12 +16,22 @@ argmax_k s_k with
 |              |                     |   *stored* (the dev items', frozen in the card) or *adaptive* (the      |
 |              |                     |   batch being answered, when it has ≥ `min_batch` inputs)               |
 | `affine`     | a_k ñ_k + b_k       | fit on dev labels (L2-regularized towards a = 1, b = 0)                  |
+| `pmi`        | ℓ_k − r_k           | r_k = log mean_j P(c_k | prompt, x_j): the item's own choices scored  |
+|              |                     |   after the same prompt rendered with content-free inputs x_j in place  |
+|              |                     |   of the question (domain-conditional PMI, Holtzman et al. 2021); no    |
+|              |                     |   fitted parameters, so it serves per-item choices (ARC, COPA, SciQ)    |
 
 Biases are centered (Σ_k b_k = 0): a common constant never changes a decision, and centering fixes the
 one constant δ_TCB would otherwise depend on. δ_TCB of a decision (scoring/calibration.py) is read on the
 distribution shifted by `logit_shift` at the label tokens: −b_k for `contextual` and `batch` (exact: a
 constant shift of the logits), and the item's own s_k − ñ_k, centered and held constant, for `affine`
-(exact where a_k = 1; a first-order reading otherwise).
+(exact where a_k = 1; a first-order reading otherwise), and −r_k, the item's own, for `pmi` (a per-item
+constant: exact for one-token choices; what it means for longer ones is said in promptopt/metrics/tcb.py).
+
+`pmi`'s reference r is per item, not per label: `scores(ll, reference)` takes the item's r (the module
+table's `reference_row` of the content-free log-likelihoods), and so does `decide(rows, references)`.
+With one content-free input "" and a prompt that renders it as the empty text, r_k = log P(c_k | BOS) is
+lm-eval's unconditional `acc_mutual_info` reference.
 """
 
 from __future__ import annotations
@@ -33,11 +43,13 @@ from dataclasses import dataclass, field, replace
 
 from promptopt.errors import ConfigError
 
-RULES = ("argmax", "contextual", "batch", "affine")
-CALIBRATED = ("contextual", "batch", "affine")
+RULES = ("argmax", "contextual", "batch", "affine", "pmi")
+CALIBRATED = ("contextual", "batch", "affine", "pmi")
+PER_ITEM = ("pmi",)  # rules whose reference comes with each item (its own choices), not one parameter per label
 BATCH_MODES = ("stored", "adaptive")
 READINGS = ("acc", "acc_norm")
 CONTENT_FREE = ("N/A", "", "[MASK]")
+PMI_CONTENT_FREE = ("",)  # pmi's default content-free input: the prompt with an empty question (the domain premise)
 MIN_BATCH = 16  # adaptive batch calibration re-estimates its bias only from at least this many inputs
 
 
@@ -67,6 +79,15 @@ def batch_bias(rows: list[list[float]]) -> list[float]:
     return centered([sum(col) / len(normal) for col in zip(*normal)])
 
 
+def reference_row(content_free: list[list[float]]) -> list[float]:
+    """pmi's reference r_k for one item from its content-free log-likelihoods, one list per content-free input
+    (each: every choice's summed log-likelihood): r_k = log mean_j exp(ℓ_jk)."""
+    if not content_free:
+        raise ValueError("pmi needs the log-likelihoods of at least one content-free input")
+    n = len(content_free)
+    return [logsumexp(list(col)) - math.log(n) for col in zip(*content_free)]
+
+
 def argmax(values: list[float]) -> int:
     """The first index of the largest value (ties go to the lower index, as numpy's argmax)."""
     best = 0
@@ -86,7 +107,7 @@ class DecisionRule:
     labels: tuple[str, ...] | None = None  # the fixed labels the parameters belong to, in order
     bias: tuple[float, ...] | None = None
     scale: tuple[float, ...] | None = None  # affine only
-    content_free: tuple[str, ...] = ()  # contextual only: the inputs b came from
+    content_free: tuple[str, ...] = ()  # contextual: the inputs b came from; pmi: the inputs its references read
     min_batch: int = MIN_BATCH
     fitted_on: dict = field(default_factory=dict)  # {split, n, ids_sha256, ids}: what the parameters came from
 
@@ -103,8 +124,13 @@ class DecisionRule:
         return self.kind in CALIBRATED
 
     @property
+    def per_item(self) -> bool:
+        """Its reference comes with each item (pmi), so it needs no fixed labels and no fit."""
+        return self.kind in PER_ITEM
+
+    @property
     def fitted(self) -> bool:
-        return not self.calibrated or self.bias is not None
+        return not self.calibrated or self.per_item or self.bias is not None
 
     @property
     def name(self) -> str:
@@ -129,9 +155,17 @@ class DecisionRule:
         return None if self.bias is None else list(self.bias)
 
     def scores(self, ll: list[float], bias: list[float] | None = None) -> list[float]:
-        """s_k for one item (module table); `bias`: the batch's (from `bias_for`), else the stored one."""
+        """s_k for one item (module table); `bias`: the batch's (from `bias_for`), else the stored one; for pmi
+        the item's reference r (required)."""
         if self.kind == "argmax":
             return list(ll)
+        if self.per_item:
+            if bias is None or len(bias) != len(ll):
+                raise ConfigError(
+                    f"decision {self.name}: each input needs its content-free log-likelihood of every choice "
+                    f"({len(ll)} choices, got {None if bias is None else len(bias)})"
+                )
+            return [v - r for v, r in zip(ll, bias)]
         self._need_fit(len(ll))
         b = list(self.bias) if bias is None else bias
         n = normalized(ll)
@@ -139,10 +173,18 @@ class DecisionRule:
             return [a * v + c for a, v, c in zip(self.scale, n, b)]
         return [v - c for v, c in zip(n, b)]
 
-    def decide(self, rows: list[list[float]]) -> list[int]:
-        """The chosen label index of every row of a batch (adaptive batch calibration reads the whole batch)."""
-        bias = self.bias_for(rows) if self.calibrated else None
-        return [argmax(self.scores(r, bias)) for r in rows]
+    def biases(self, rows: list[list[float]], references: list[list[float]] | None = None) -> list:
+        """The bias each row of a batch is decided with: pmi's per-row references, else `bias_for` the batch."""
+        if self.per_item:
+            if references is None or len(references) != len(rows):
+                raise ConfigError(f"decision {self.name}: every input needs its content-free reference")
+            return [list(r) for r in references]
+        return [self.bias_for(rows) if self.calibrated else None] * len(rows)
+
+    def decide(self, rows: list[list[float]], references: list[list[float]] | None = None) -> list[int]:
+        """The chosen label index of every row of a batch (adaptive batch calibration reads the whole batch;
+        pmi reads each row's reference)."""
+        return [argmax(self.scores(r, b)) for r, b in zip(rows, self.biases(rows, references))]
 
     def logit_shift(self, ll: list[float], bias: list[float] | None = None) -> list[float]:
         """The constant added to each label token's logit that δ_TCB reads (module docstring), centered."""
@@ -158,12 +200,12 @@ class DecisionRule:
             out["mode"] = self.mode
             if self.mode == "adaptive":
                 out["min_batch"] = self.min_batch
-        if self.calibrated:
+        if self.calibrated and not self.per_item:
             out["labels"] = list(self.labels or [])
             out["bias"] = None if self.bias is None else [float(b) for b in self.bias]
         if self.kind == "affine":
             out["scale"] = None if self.scale is None else [float(a) for a in self.scale]
-        if self.kind == "contextual":
+        if self.kind in ("contextual", "pmi"):
             out["content_free"] = list(self.content_free)
         if self.fitted_on:
             out["fitted_on"] = dict(self.fitted_on)
@@ -202,7 +244,9 @@ def rule_from_card(section: dict | None, where: str = "decision") -> DecisionRul
         min_batch=int(section.get("min_batch", MIN_BATCH)),
         fitted_on=dict(section.get("fitted_on") or {}),
     )
-    if rule.calibrated and rule.bias is None:
+    if rule.per_item and not rule.content_free:
+        raise ConfigError(f"{where}.content_free: rule pmi needs its content-free inputs (a list of strings)")
+    if rule.calibrated and not rule.per_item and rule.bias is None:
         raise ConfigError(f"{where}.bias: rule {rule.kind} needs its fitted bias")
     if rule.kind == "affine" and (rule.scale is None or len(rule.scale) != len(rule.bias)):
         raise ConfigError(f"{where}.scale: rule affine needs one scale per label")
@@ -213,14 +257,18 @@ def rule_from_card(section: dict | None, where: str = "decision") -> DecisionRul
 
 def parse_rule(text: str) -> DecisionRule:
     """A rule as written on a command line or in a space file: argmax, contextual, batch, batch-adaptive,
-    affine, each optionally with :acc or :acc_norm (else it reads the task's metric). Unfitted."""
+    affine, pmi, each optionally with :acc or :acc_norm (else it reads the task's metric). Unfitted (pmi: with
+    its default content-free input)."""
     name, _, reading = text.partition(":")
     kind, mode = ("batch", "adaptive") if name == "batch-adaptive" else (name, "stored")
     if kind not in RULES:
-        raise ConfigError(
-            f"decision: unknown rule {text!r} (use one of argmax, contextual, batch, batch-adaptive, affine)"
-        )
-    return DecisionRule(kind=kind, mode=mode, reading=reading)
+        raise ConfigError(f"decision: unknown rule {text!r} (use one of {RULE_NAMES})")
+    return DecisionRule(
+        kind=kind, mode=mode, reading=reading, content_free=PMI_CONTENT_FREE if kind in PER_ITEM else ()
+    )
+
+
+RULE_NAMES = "argmax, contextual, batch, batch-adaptive, affine, pmi"
 
 
 def ensemble_scores(member_scores: list[list[float]]) -> list[float]:
@@ -234,11 +282,15 @@ __all__ = [
     "CALIBRATED",
     "CONTENT_FREE",
     "DecisionRule",
+    "PER_ITEM",
+    "PMI_CONTENT_FREE",
+    "RULE_NAMES",
     "RULES",
     "argmax",
     "batch_bias",
     "ensemble_scores",
     "normalized",
     "parse_rule",
+    "reference_row",
     "rule_from_card",
 ]

@@ -95,37 +95,84 @@ class CardPrompt:
             )
         return out
 
-    def _member_scores(self, member: CardPrompt, rows: list[list[float]], choices: list) -> list[list[float]]:
-        rule = member.decision
-        if rule.reading == "acc_norm":  # lm-eval's acc_norm: per character of what is scored for each choice
-            rows = [[v / len(t) for v, t in zip(r, member.choice_texts(c))] for r, c in zip(rows, choices, strict=True)]
-        bias = rule.bias_for(rows) if rule.calibrated else None
-        return [rule.scores(r, bias) for r in rows]
+    def _member_scores(
+        self, member: CardPrompt, rows: list[list[float]], choices: list, content_free: list | None = None
+    ) -> list[list[float]]:
+        from promptopt.decision import reference_row
 
-    def decide_batch(self, logprobs: list, choices: list | None = None) -> list[int]:
+        rule = member.decision
+        refs = None
+        if rule.per_item:
+            if content_free is None:
+                raise ConfigError(
+                    f"{member.where}: decision pmi: pass content_free= (per input, the log-likelihoods of "
+                    "content_free_requests(choices), in order)"
+                )
+            refs = []
+            for flat, row in zip(content_free, rows, strict=True):
+                k = len(row)
+                flat = [float(v) for v in flat]
+                if len(flat) != k * len(rule.content_free):
+                    raise ConfigError(
+                        f"{member.where}: decision pmi: {len(flat)} content-free log-likelihoods for {k} choices "
+                        f"× {len(rule.content_free)} content-free inputs"
+                    )
+                refs.append(reference_row([flat[j * k : (j + 1) * k] for j in range(len(rule.content_free))]))
+        if rule.reading == "acc_norm":  # lm-eval's acc_norm: per character of what is scored for each choice
+            lengths = [[len(t) for t in member.choice_texts(c)] for c in choices]
+            rows = [[v / n for v, n in zip(r, ln)] for r, ln in zip(rows, lengths, strict=True)]
+            if refs is not None:
+                refs = [[v / n for v, n in zip(r, ln)] for r, ln in zip(refs, lengths)]
+        biases = rule.biases(rows, refs)
+        return [rule.scores(r, b) for r, b in zip(rows, biases)]
+
+    def decide_batch(self, logprobs: list, choices: list | None = None, content_free: list | None = None) -> list[int]:
         """The chosen choice index for each input of a batch, by the card's rule. `logprobs[i]`: input i's
         log-likelihood of each continuation (summed over its tokens, as `continuations()` gives them) — for an
         ensemble card, one such list per member (`members`, each rendered by its own `render`). `choices[i]`:
         input i's choices (needed by per-item choice tasks; default: the card's fixed ones). An adaptive batch
-        rule re-estimates its bias from the batch, as the scorer does."""
+        rule re-estimates its bias from the batch, as the scorer does. `content_free[i]` (a `pmi` card): the
+        log-likelihoods of `content_free_requests(choices[i])`, in order (per member for an ensemble card) —
+        the same for every input with the same choices, so cache them per choice tuple."""
         from promptopt.decision import argmax, ensemble_scores
 
         choices = [self._choices(None)] * len(logprobs) if choices is None else [self._choices(c) for c in choices]
         members = self.members
         if len(members) == 1:
-            return [argmax(s) for s in self._member_scores(self, [list(r) for r in logprobs], choices)]
+            rows = [list(r) for r in logprobs]
+            return [argmax(s) for s in self._member_scores(self, rows, choices, content_free)]
         if any(len(row) != len(members) for row in logprobs):
             raise ConfigError(
                 f"{self.where}: an ensemble card needs one log-probability list per member ({len(members)})"
             )
         per_member = [
-            self._member_scores(m, [list(row[k]) for row in logprobs], choices) for k, m in enumerate(members)
+            self._member_scores(
+                m,
+                [list(row[k]) for row in logprobs],
+                choices,
+                None if content_free is None else [row[k] for row in content_free],
+            )
+            for k, m in enumerate(members)
         ]
         return [argmax(ensemble_scores([scores[i] for scores in per_member])) for i in range(len(logprobs))]
 
-    def decide(self, logprobs: list, choices=None) -> int:
+    def decide(self, logprobs: list, choices=None, content_free: list | None = None) -> int:
         """One input's chosen choice index (a batch of one: an adaptive rule keeps its stored bias)."""
-        return self.decide_batch([logprobs], None if choices is None else [choices])[0]
+        return self.decide_batch(
+            [logprobs], None if choices is None else [choices], None if content_free is None else [content_free]
+        )[0]
+
+    def content_free_requests(self, choices=None) -> list[tuple[str, str]]:
+        """A `pmi` card: the (context, continuation) texts whose log-likelihoods `decide`'s content_free takes, for
+        one input's choices — each of the card's content-free inputs rendered in place of the question, followed by
+        each continuation. The context is the same for every input, so the log-likelihoods can be cached per
+        (card, choice text). Score them as `continuations()` are scored; an empty context is scored after the
+        tokenizer's BOS (EOS where it has none), as lm-eval scores its unconditional requests. Empty for other rules."""
+        rule = self.decision
+        if not rule.per_item:
+            return []
+        conts = self.continuations(choices)
+        return [(self.render(text, choices), cont) for text in rule.content_free for cont in conts]
 
     # --- rendering ----------------------------------------------------------------------------------
     def _choices(self, choices) -> tuple[str, ...] | None:

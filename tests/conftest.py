@@ -156,6 +156,8 @@ def tiny_lm(tiny_llama_dir):
 FILE_SECONDS = {
     "test_full_disk": 130,  # estimates from busy runs on 2026-12-04 (no quiet measurement yet)
     "test_calibrated_cards": 100,
+    "test_pmi_cards": 200,  # a busy run on 2026-12-05 (load 10-15): 390 s; lm-eval's check (skipped in CI) 640 s more
+    "test_pmi": 25,
     "test_docs": 50,
     "test_decision": 10,
     "test_card_integrity": 35,  # busy runs, 2026-12-04

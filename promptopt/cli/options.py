@@ -101,14 +101,15 @@ PruningOpt = typer.Option(True, "--pruning/--no-pruning", help="Wilcoxon paired 
 DecisionOpt = typer.Option(
     None,
     "--decision",
-    help="decide every trial's answers by one rule: argmax, contextual, batch, batch-adaptive or affine "
-    "(optionally :acc or :acc_norm); default: the space's decision: dimension, else argmax (docs/decisions.md#the-rules)",
+    help="decide every trial's answers by one rule: argmax, contextual, batch, batch-adaptive, affine, or pmi "
+    "(per-item choices: ARC, COPA; optionally :acc or :acc_norm); default: the space's decision: dimension, "
+    "else argmax (docs/decisions.md#the-rules)",
 )
 TieBreakOpt = typer.Option(
     None,
     "--tie-break",
     help="how the winner is chosen among the trials dev cannot tell apart (paired tie set): stability, cost, "
-    "calibrated, robust or value; default: the strategy's own (accuracy: stability) (docs: Selection)",
+    "calibrated, robust or value; default: the strategy's own (accuracy: stability) (docs/search.md#choosing-the-winner)",
 )
 DevLimitOpt = typer.Option(None, "--dev-limit", min=1, help="use only the first N dev items")
 TestLimitOpt = typer.Option(None, "--test-limit", min=1, help="use only the first N test items")

@@ -36,6 +36,14 @@ o_top = 1 − η it is O(η²) out of O(1) terms, wrong below η ≈ 1e-7 and +i
 the top token's term uses 1 − 2 o_t + S2 = η² + Σ_{j≠t} o_j², with η summed from the small terms; for
 every other token o_j ≤ 1/2, so each term is a product of non-negative factors. Its diffuse limit
 (1 − 2 o_j + S2 → 1) is tcb_diffuse = ε / sqrt(dσ² Σ_j g_j² o_j²) = ε sqrt(V_eff / (dσ²)) when G = I.
+
+Decided distributions (`shift_tokens` / `shift_values`): a calibrated rule adds constants Δ to some logits, so
+∂z'/∂h = ∂z/∂h and J' = (diag(o') − o' o'ᵀ) W' with o' = softmax(z + Δ): the closed form is exact for o', whether
+Δ is one row for every item (contextual, batch) or each item's own (pmi: −r_k of its choices). Which Δ stands for
+a decision over whole choices is a *reading* (scoring/calibration.py, `first_token_shifts`): exact for one-token
+choices; for longer ones each choice's shift goes on its first token, and a token that starts several choices
+(COPA's "the …") gets log Σ_k e^(ℓ_k+Δ_k) − log Σ_k e^(ℓ_k) over them; what follows the first token, where
+such choices are told apart, is read by neither raw nor decided δ_TCB.
 """
 
 from __future__ import annotations

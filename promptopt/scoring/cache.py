@@ -195,6 +195,10 @@ class CachedScorer:
     def generate_answers(self, *args, **kwargs):
         return self.scorer.generate_answers(*args, **kwargs)
 
+    def content_free_logprobs(self, *args, **kwargs):
+        """The scorer's (kept in memory per (context, continuation) ids; cheap next to the rows cached here)."""
+        return self.scorer.content_free_logprobs(*args, **kwargs)
+
     def judge(self, *args, **kwargs):
         return self.scorer.judge(*args, **kwargs)
 

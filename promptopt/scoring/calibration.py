@@ -4,8 +4,10 @@ distribution the decision reads (the rules and their formulas: promptopt/decisio
 A wrapper, like the result cache: `DecidingScorer(scorer, rule)` scores exactly as the scorer does and then
 decides by the rule, so search, robustness and compare use calibrated answers without knowing about them.
 What calibration costs: `contextual` scores three content-free inputs per prompt; `batch` and `affine` read
-the log-probabilities the scorer computes anyway; δ_TCB of a calibrated decision is one more δ_TCB pass over
-the kept critical hidden states (no forward).
+the log-probabilities the scorer computes anyway; `pmi` scores each input's choices once more after the prompt's
+content-free context (shared by every input of the prompt; a (context, choice) pair seen before is free:
+`Scorer.content_free_logprobs`); δ_TCB of a calibrated decision is one more δ_TCB pass over the kept critical
+hidden states (no forward).
 """
 
 from __future__ import annotations
@@ -17,7 +19,16 @@ import numpy as np
 import pandas as pd
 import torch
 
-from promptopt.decision import CONTENT_FREE, DecisionRule, batch_bias, centered, normalized
+from promptopt.decision import (
+    CONTENT_FREE,
+    PMI_CONTENT_FREE,
+    DecisionRule,
+    batch_bias,
+    centered,
+    logsumexp,
+    normalized,
+    reference_row,
+)
 from promptopt.errors import ConfigError
 from promptopt.prompts import Prompt
 from promptopt.scoring.scorer import ScoreResult, summarize
@@ -42,10 +53,10 @@ def need_fixed_labels(rule: DecisionRule, items: list[Item], task: str) -> tuple
     labels = fixed_labels(items)
     if rule.calibrated and all(i.choices is None for i in items):
         raise ConfigError(f"decision {rule.name}: task {task} has no choices to decide between (a generative task)")
-    if rule.calibrated and labels is None:
+    if rule.calibrated and not rule.per_item and labels is None:
         raise ConfigError(
             f"decision {rule.name}: needs the same labels on every item (a bias per label), but task {task} gives "
-            "each item its own choices; use argmax there (or an ensemble of argmax members)"
+            "each item its own choices; use pmi there (each choice against its content-free log-likelihood)"
         )
     return labels
 
@@ -59,6 +70,37 @@ def rows_of(table: pd.DataFrame, rule: DecisionRule) -> list[list[float]]:
     column = rule.column()
     if column not in table:
         raise ConfigError(f"decision {rule.name}: the scored rows have no {column} (a generative task?)")
+    return [list(map(float, r)) for r in table[column]]
+
+
+REFERENCE_SUFFIX = "_cf"  # pmi's references beside the column they belong to: choice_logprobs_cf, ..._norm_cf
+
+
+def with_references(scorer, rule: DecisionRule, prompt: Prompt, items: list[Item], table: pd.DataFrame) -> pd.DataFrame:
+    """`table` (the scorer's rows of `items`) with pmi's references added: `choice_logprobs_cf` (r_k, the
+    content-free log-likelihoods of each item's choices combined over the rule's content-free inputs) and
+    `choice_logprobs_norm_cf` (r_k per character of the choice's scored text, for acc_norm). Other rules: as is."""
+    if not rule.per_item or f"choice_logprobs{REFERENCE_SUFFIX}" in table:
+        return table
+    raw = scorer.content_free_logprobs(prompt, items, rule.content_free or PMI_CONTENT_FREE)
+    refs = [reference_row(r) for r in raw]
+    lengths = [
+        [1.0] * len(item.choices) if item.partial else [float(len(t)) for t in prompt.choice_texts(item.choices)]
+        for item in items
+    ]
+    out = table.copy()
+    out[f"choice_logprobs{REFERENCE_SUFFIX}"] = refs
+    out[f"choice_logprobs_norm{REFERENCE_SUFFIX}"] = [[v / n for v, n in zip(r, ln)] for r, ln in zip(refs, lengths)]
+    return out
+
+
+def references_of(table: pd.DataFrame, rule: DecisionRule) -> list[list[float]] | None:
+    """pmi's per-row references for the rule's reading (None for rules without them)."""
+    if not rule.per_item:
+        return None
+    column = rule.column() + REFERENCE_SUFFIX
+    if column not in table:
+        raise ConfigError(f"decision {rule.name}: the rows carry no content-free references ({column})")
     return [list(map(float, r)) for r in table[column]]
 
 
@@ -118,6 +160,8 @@ def fit_rule(rule: DecisionRule, scorer, prompt: Prompt, items: list[Item], *, s
     labels = need_fixed_labels(rule, items, spec.name)
     if not rule.calibrated:
         return rule
+    if rule.per_item:  # nothing to fit: each input brings its own reference
+        return rule.with_params(labels=labels, content_free=rule.content_free or PMI_CONTENT_FREE, fitted_on={})
     if rule.kind == "contextual":
         cf_rows = rows_of(scorer.score(prompt, content_free_items(labels)).table, rule)
         mean_p = np.mean([np.exp(normalized(r)) for r in cf_rows], axis=0)
@@ -175,8 +219,8 @@ def decide_table(
     companions are read on the shifted distribution (`tcb_basis` says which one the row's numbers are on).
     `decisions`: precomputed (e.g. cross-fitted) choices to use instead of the rule's own."""
     rows = rows_of(table, rule)
-    bias = rule.bias_for(rows) if rule.calibrated else None
-    scores = [rule.scores(r, bias) for r in rows]
+    biases = rule.biases(rows, references_of(table, rule))
+    scores = [rule.scores(r, b) for r, b in zip(rows, biases)]
     preds = decisions if decisions is not None else [int(np.argmax(s)) for s in scores]
     raw_pred = table["pred" if rule.reading == "acc" else "pred_norm"].to_numpy()
     out = table.copy()
@@ -188,18 +232,39 @@ def decide_table(
     out["decision_scores"] = scores
     out["tcb_basis"] = "raw"
     if rule.calibrated and hidden is not None and head is not None and len(out):
-        _calibrated_tcb(out, rule, rows, bias, hidden, head, eps)
+        _calibrated_tcb(out, rule, rows, biases, hidden, head, eps)
     return out
 
 
-def _calibrated_tcb(out, rule, rows, bias, hidden, head, eps) -> None:
+def first_token_shifts(tokens: list[int], ll: list[float], shift: list[float]) -> tuple[list[int], list[float]]:
+    """The shift of each distinct first token at the read position, for choices whose decision scores are
+    ℓ_k + shift_k (rule.logit_shift): a token that starts one choice gets that choice's shift (exact: the decided
+    distribution is then o' = softmax(z + shift)); a token that starts several gets the factor by which the
+    decision reweights their mass, log Σ_k e^(ℓ_k + shift_k) − log Σ_k e^(ℓ_k) over those choices (a reading:
+    the decision between them is made after the read position)."""
+    groups: dict[int, list[int]] = {}
+    for k, t in enumerate(tokens):
+        groups.setdefault(int(t), []).append(k)
+    ids, values = [], []
+    for t, ks in groups.items():
+        ids.append(t)
+        if len(ks) == 1:
+            values.append(shift[ks[0]])
+        else:
+            values.append(logsumexp([ll[k] + shift[k] for k in ks]) - logsumexp([ll[k] for k in ks]))
+    return ids, values
+
+
+def _calibrated_tcb(out, rule, rows, biases, hidden, head, eps) -> None:
+    """δ_TCB and its companions on the decided distribution: the read position's logits shifted at each choice's
+    first token (`first_token_shifts`); rows of different choice counts are padded with zero shifts."""
     tokens = [list(map(int, t)) for t in out["choice_first_tokens"]]
-    usable = [len(set(t)) == len(t) for t in tokens]  # labels sharing a first token cannot be shifted apart
-    idx = [i for i, ok in enumerate(usable) if ok]
-    if not idx:
-        return
-    shifts = torch.tensor([rule.logit_shift(rows[i], bias) for i in idx], dtype=torch.float64)
-    ids = torch.tensor([tokens[i] for i in idx], dtype=torch.long)
+    raw_rows = [list(map(float, r)) for r in out["choice_logprobs"]]
+    idx = list(range(len(out)))
+    per_row = [first_token_shifts(tokens[i], raw_rows[i], rule.logit_shift(rows[i], biases[i])) for i in idx]
+    width = max(len(ids) for ids, _ in per_row)
+    ids = torch.tensor([t + [t[0]] * (width - len(t)) for t, _ in per_row], dtype=torch.long)
+    shifts = torch.tensor([v + [0.0] * (width - len(v)) for _, v in per_row], dtype=torch.float64)
     golds = out["gold"].to_numpy()
     target = torch.tensor([tokens[i][int(golds[i])] for i in idx], dtype=torch.long)
     with torch.inference_mode():
@@ -245,6 +310,7 @@ class DecidingScorer:
         else:
             raw = self.scorer.score(prompt, items)
             table, hidden = raw.table, raw.hidden
+        table = with_references(self.scorer, self.rule, prompt, items, table)
         decided = decide_table(self.rule, table, hidden=hidden, head=self.scorer.lm.output_head, eps=self.eps)
         return ScoreResult(decided, summarize(decided), hidden)
 
@@ -268,7 +334,7 @@ class RunningDecision:
         self.tables: list[pd.DataFrame] = []
         self.states: list[torch.Tensor] = []
         self.items: list[Item] = []
-        if self.rule.kind == "contextual":  # its labels from the task's items; its inputs are content-free
+        if self.rule.kind == "contextual" or self.rule.per_item:  # labels from the task's items; content-free inputs
             self.rule = fit_rule(self.rule, scorer, prompt, scorer.data.dev + scorer.data.test)
 
     def add(self, items: list[Item]) -> pd.DataFrame:
@@ -278,6 +344,7 @@ class RunningDecision:
             self.states.append(hidden)
         else:
             table = self.scorer.score_table(self.prompt, items)
+        table = with_references(self.scorer, self.rule, self.prompt, items, table)
         self.tables.append(table)
         self.items.extend(items)
         if not self.rule.calibrated:
@@ -303,7 +370,7 @@ class RunningDecision:
 
     def fitted(self) -> DecisionRule:
         """The rule fit on every item scored so far (contextual: on its content-free inputs)."""
-        if not self.rule.calibrated or self.rule.kind == "contextual":
+        if not self.rule.calibrated or self.rule.kind == "contextual" or self.rule.per_item:
             return self.rule
         table = pd.concat(self.tables, ignore_index=True)
         rows, labels = rows_of(table, self.rule), fixed_labels(self.items)
@@ -319,8 +386,15 @@ class RunningDecision:
 
 def describe(rule: DecisionRule) -> str:
     """One line for messages and cards: the rule and where its parameters came from."""
+    per_char = "per-character " if rule.reading == "acc_norm" else ""
     if not rule.calibrated:
-        return f"argmax over the {'per-character ' if rule.reading == 'acc_norm' else ''}label log-likelihoods"
+        return f"argmax over the {per_char}label log-likelihoods"
+    if rule.per_item:
+        inputs = ", ".join(repr(t) for t in rule.content_free)
+        return (
+            f"pmi: each choice's {per_char}log-likelihood minus its log-likelihood after the prompt with the "
+            f"content-free input {inputs} in place of the question"
+        )
     where = rule.fitted_on
     came = f"{where.get('n')} {where.get('split')} items" if where else "content-free inputs"
     biases = ", ".join(f"{label}: {b:+.3f}" for label, b in zip(rule.labels or (), rule.bias or ()))
@@ -340,7 +414,10 @@ __all__ = [
     "describe",
     "fit_affine",
     "fit_rule",
+    "first_token_shifts",
     "fixed_labels",
     "need_fixed_labels",
+    "references_of",
     "resolved",
+    "with_references",
 ]

@@ -28,6 +28,7 @@ from promptopt.scoring.tokens import encode_texts
 from promptopt.tasks import Item, TaskData
 from promptopt.tasks.answers import Judgement
 
+_CF_CACHE = 1 << 16  # content-free log-likelihoods kept per scorer (the pmi rule's references): ~10 MB at most
 _TCB_COLUMNS = ("tcb", "jacobian_norm", "v_eff", "margin", "entropy", "top_prob", "tcb_approx", "tcb_diffuse")
 
 
@@ -148,6 +149,66 @@ class Scorer:
                 texts.append(text)
                 owners.append(idx)
         return contexts, conts, texts, owners
+
+    # --- content-free references (the pmi decision rule) ------------------------------------------------
+    def content_free_logprobs(
+        self, prompt: Prompt, items: list[Item], texts: tuple[str, ...]
+    ) -> list[list[list[float]]]:
+        """Per item, per content-free text x_j, each choice's summed log-likelihood after the prompt rendered with
+        x_j in place of the item's question: the same instruction, exemplars, template and the item's own choices
+        (lm-eval's encoding, as `_pairs`). A context that renders to no tokens reads the first choice token after
+        the tokenizer's BOS (EOS where it has none), as lm-eval does for its unconditional requests.
+
+        What it costs: the content-free context is the same for every input of one prompt, so per input it is the
+        input's choices scored after that shared context (one short forward each, the context's prefix reused), and
+        nothing at all for a (context, choice) pair seen before: the log-likelihoods are kept per (context ids,
+        continuation ids) for the life of this scorer (`_CF_CACHE` entries at most). A partial-evaluation item
+        (its choices are contexts) has one shared continuation, whose content-free reference is the same for every
+        choice: zeros, which decide as argmax."""
+        from dataclasses import replace
+
+        cache = self.__dict__.setdefault("_content_free", {})
+        out: list[list[list[float]]] = [[[0.0] * len(item.choices) for _ in texts] for item in items]
+        cf_items, where = [], []
+        for i, item in enumerate(items):
+            if item.partial or item.choices is None:
+                continue
+            for j, text in enumerate(texts):
+                cf_items.append(replace(item, id=f"{item.id}#content-free-{j}", question=text))
+                where.append((i, j))
+        if not cf_items:
+            return out
+        contexts, conts, _, owners = self._choice_requests(prompt, cf_items)
+        pairs = []
+        for ctx, cont, owner in zip(contexts, conts, owners):
+            if ctx.strip(" "):
+                pairs.extend(self._pairs([ctx], [cont], prompt, [cf_items[owner].id]))
+                continue
+            # an empty context: lm-eval's unconditional request ("", continuation) -> [prefix token] + continuation
+            cont_ids = self._encode([ctx + cont], prompt)[0]
+            tok = self.lm.tokenizer
+            prefix = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
+            if cont_ids and cont_ids[0] == prefix:
+                cont_ids = cont_ids[1:]
+            if not cont_ids:
+                raise UserError(f"item {cf_items[owner].id}: the answer tokenizes to nothing")
+            pairs.append(([prefix], cont_ids))
+        keys = [(tuple(c), tuple(t)) for c, t in pairs]
+        values = {k: cache[k] for k in keys if k in cache}
+        missing = list(dict.fromkeys(k for k in keys if k not in values))
+        if missing:
+            results = self.runner.loglikelihood([(list(c), list(t)) for c, t in missing])
+            fresh = {k: float(r.logprob) for k, r in zip(missing, results)}
+            values.update(fresh)
+            if len(cache) + len(fresh) > _CF_CACHE:
+                cache.clear()
+            cache.update(fresh)
+        cursor = 0
+        for (i, j), cf in zip(where, cf_items):
+            n = len(cf.choices)
+            out[i][j] = [values[k] for k in keys[cursor : cursor + n]]
+            cursor += n
+        return out
 
     # --- scoring --------------------------------------------------------------------------------
     def score(self, prompt: Prompt, items: list[Item]) -> ScoreResult:

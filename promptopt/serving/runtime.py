@@ -7,6 +7,10 @@ generated and read by the task's own extraction. What an answer returns: the ans
 the rule's decision scores, δ_TCB and the cheap signals at the critical point (on the distribution the decision
 reads), and the card's fragility flag with its signal's value and τ.
 
+A `pmi` card also scores each input's choices after the prompt rendered with its content-free input: that context
+is the same for every input, and the scorer keeps each (context, choice) log-likelihood, so an input costs its
+choices' tokens once more and a choice text served before costs nothing (bench/bench_decision.py measures it).
+
 A *batch* is one call's inputs (one HTTP request): an adaptive batch rule re-estimates its bias from a batch of at
 least `min_batch` inputs and uses its stored bias below that (a single input always does). `answer_groups` scores
 several batches in one pass over the model and still decides each on its own, so a request's answers never depend
@@ -208,7 +212,7 @@ class Server:
 
     def _tables(self, batches: list[list]) -> list:
         """Per batch, its answer table as `scoring.card_answers.answer_table` gives it for those items alone."""
-        from promptopt.scoring.calibration import decide_table
+        from promptopt.scoring.calibration import decide_table, with_references
         from promptopt.scoring.ensemble import ensemble_test
 
         flat = [item for batch in batches for item in batch]
@@ -223,6 +227,9 @@ class Server:
         per_member = []
         for member in self.members:
             raw = self.scorer.score(member.prompt, flat)
+            # pmi: each input's choices after the prompt's content-free context (shared by every input; the
+            # scorer keeps each (context, choice) log-likelihood, so a choice text seen before costs nothing)
+            raw.table = with_references(self.scorer, member.rule, member.prompt, flat, raw.table)
             per_member.append(
                 [
                     decide_table(

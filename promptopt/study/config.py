@@ -35,7 +35,7 @@ class StudyConfig:
     n_workers: int = 1
     minibatch: int = 16  # dev items per pruning step
     pruning: bool = True
-    # one decision rule for every trial (promptopt/decision.py: argmax, contextual, batch, batch-adaptive, affine);
+    # one decision rule for every trial (promptopt/decision.py: argmax, contextual, batch, batch-adaptive, affine, pmi);
     # None: the space's `decision:` dimension if it has one, else argmax
     decision: str | None = None
     # how the winner is chosen among the trials dev cannot tell apart (metrics/stats/selection.py TIE_BREAKS);
