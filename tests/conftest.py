@@ -43,7 +43,7 @@ def models_loaded_once_per_test_process():
     """Every in-process load of one model with one set of options returns the same LoadedModel: a load of the
     embedded model costs ~5 s (weights, tokenizer, head check) and the suite's in-process CLI calls, compares
     and sessions would otherwise repeat it dozens of times. Failures are not remembered. Loading itself is
-    tested on the real function (tests/test_models.py binds it at import); a test that changes a loaded
+    tested on the real function (tests/models/test_models.py binds it at import); a test that changes a loaded
     model's tokenizer works on its own copy (dataclasses.replace), and one about a model's lifetime asks for
     `models_loaded_fresh`."""
     import inspect

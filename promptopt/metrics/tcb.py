@@ -71,7 +71,7 @@ _VOCAB_CHUNK = 16384
 # with both at 2^20, 0.42–0.45 s with the logits at 2^24 and the rest, product included, at 2^20; that product
 # alone took 0.40 s in 21-position steps and 0.19 s in one, and δ_TCB as a whole went 0.80 -> 0.55 s with these
 # groups (the same numbers, torch.equal; another, slower machine, 2026-12-02).
-# tests/test_tcb.py checks that the numbers do not depend on these sizes.
+# tests/metrics/test_tcb.py checks that the numbers do not depend on these sizes.
 _LOGIT_ELEMENTS = 1 << 24
 _WORK_ELEMENTS = 1 << 20
 _PRODUCT_ELEMENTS = 1 << 23

@@ -9,7 +9,7 @@ Winogrande's contexts, which differ after the blank, share what comes before it)
 
 with their true positions (each tail continues from the end of the common part), and a mask under which every
 token sees what it would see in its own input: the common part causally, its own tail causally, never another
-tail. Each choice's log-probs are then those of its own forward, up to float rounding (tests/test_packing.py
+tail. Each choice's log-probs are then those of its own forward, up to float rounding (tests/models/test_packing.py
 checks them against plain, uncached forwards). The common part is found in token space (the longest common prefix
 of the group's fully tokenized inputs), as the few-shot prefix is, so no seam between context and choice can be
 tokenized differently from a full-prompt run.

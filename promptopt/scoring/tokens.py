@@ -6,7 +6,7 @@ core, ~2-3% of a 200-item call on 2 CPU threads and much more beside a GPU's for
 (unset, tokenizers turns it off in the fork, with a warning). Plain Python threads over slices of the batch keep no
 pool: a fast tokenizer's Rust encoder releases the GIL, and the threads end with the call. Where tokenizers' pool
 is on, it already spreads each call over the cores, and the batch goes in one call. The ids are the one call's,
-in order (tests/test_scoring.py).
+in order (tests/scoring/test_scoring.py).
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ _FAULT_SEEN: dict[str, int] = {}
 
 
 def fault_point(phase: str) -> None:
-    """Test hook for tests/test_faults.py: with PROMPTOPT_FAULT_SLEEP=<phase>:<seconds>[:<n>] the run
+    """Test hook for tests/workflows/test_faults.py: with PROMPTOPT_FAULT_SLEEP=<phase>:<seconds>[:<n>] the run
     announces `fault-point <phase>` on stderr and sleeps there (the n-th time it gets there, default the
     first), so a test can kill it at a known point. Phases: ask (a trial started, before its parameters are
     sampled), trial (after a trial's first minibatch), rescore (before the winner is re-scored), card (after

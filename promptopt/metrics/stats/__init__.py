@@ -12,7 +12,7 @@ Which numbers come from where. From scipy, where scipy has the very statistic: t
 `scipy.stats.spearmanr`), Pearson's r and its 95% Fisher-z interval (`pearson`, `pearson_interval`:
 `scipy.stats.pearsonr(x, y).statistic` and `.confidence_interval()`), and AUROC (`auroc`: the Mann–Whitney U of
 `scipy.stats.mannwhitneyu` over n_pos · n_neg). promptopt computed these itself before; AUROC is the same to the last
-bit, the others agree to 4e-14 relative or better and to every digit printed (tests/test_stats.py pins the earlier
+bit, the others agree to 4e-14 relative or better and to every digit printed (tests/metrics/test_stats.py pins the earlier
 outputs). Our own code, where scipy has no function for the same number: the seeded item bootstrap every interval
 here shares (`bootstrap_resamples`: one generator, so paired statistics and several numbers read the same resamples;
 `scipy.stats.bootstrap` draws its own, so it could not reproduce a recorded interval) and its percentile intervals —
