@@ -16,8 +16,8 @@ LAYERS = {
     "yamlio": 0,
     "yaml_bounds": 0,
     "progress": 0,
-    "registry": 0,
-    "moved": 0,  # old import paths, one release (a meta-path finder)  # the one shape of every extension point (strategies, families, answer types, rules, loaders)
+    "registry": 0,  # the one shape of the extension points (strategies, perturbation operators, answer types)
+    "moved": 0,  # old import paths, one release (a meta-path finder)
     "metrics": 1,
     "models": 2,
     "decision": 2,

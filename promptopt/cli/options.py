@@ -28,10 +28,11 @@ def fill_registry_help() -> None:
         option.help = template.format(names=", ".join(load_reference(reference).names()))
 
 
-ModelOpt = typer.Option(
+ModelOpt = listing_option(
     "smollm2-135m-instruct",
     "--model",
-    help="hub id, local HF folder, .gguf file, or an embedded model: smollm2-135m-instruct, gemma3-270m",
+    help="hub id, local HF folder, .gguf file, or a model by name: {names}",
+    registry="promptopt.models.load:MODELS",
 )
 DeviceOpt = typer.Option("auto", "--device", help="cpu, cuda, cuda:N or auto")
 DtypeOpt = typer.Option(None, "--dtype", help="float32, bfloat16, float16 (default: float32 on CPU, bf16 on GPU)")

