@@ -18,6 +18,7 @@ from tests.serve_helpers import running
 
 pytestmark = pytest.mark.slow
 N = 50
+JSON = {"Content-Type": "application/json"}
 
 
 @pytest.fixture(scope="module")
@@ -149,8 +150,8 @@ def test_bad_requests_get_one_json_line_each_and_the_server_keeps_serving(server
         ({"json": {}}, 400, "request.question: missing"),
         ({"json": {"question": ["a"]}}, 400, "request.question: expected a string, got array"),
         ({"json": {"inputs": [{"question": "ok"}, {"question": 7}]}}, 400, "inputs[1].question: expected a string"),
-        ({"content": b'{"question": "x"'}, 400, "not valid JSON"),
-        ({"content": b"{" + b" " * 400_000 + b"}"}, 413, "over this server's limit of 300,000 bytes"),
+        ({"content": b'{"question": "x"', "headers": JSON}, 400, "not valid JSON"),
+        ({"content": b"{" + b" " * 400_000 + b"}", "headers": JSON}, 413, "over this server's limit of 300,000 bytes"),
         ({"json": {"inputs": [{"question": "a"}] * 40}}, 413, "40 inputs, over this server's limit of 32"),
         ({"json": {"question": overflow}}, 422, "takes 8192"),
         ({"json": {"question": "fine", "choices": ["good", "bad"]}}, 400, "fixed choices"),
