@@ -122,6 +122,7 @@ def test_the_server_answers_as_the_scorer_on_50_items_batched_and_in_order(serve
         body = response.json()
         assert body["card"] == server.identity and body["card"]["task"] == "sst2"
         _same(body, rows.loc[item.id])
+        assert "batch_adaptive" not in body  # an argmax card re-estimates nothing
         answered += 1
     for batch, response in zip(batches, responses[25:]):
         answers = response.json()["answers"]
@@ -209,15 +210,28 @@ def test_an_adaptive_batch_rule_decides_each_request_on_its_own_batch(card_path,
     expect_batch = DecidingScorer(server.scorer, rule).score(prompt, batch).table
     expect_single = DecidingScorer(server.scorer, rule).score(prompt, [single]).table
     for answer, (_, row) in zip(answers[0], expect_batch.iterrows()):
+        assert answer["batch_adaptive"] == {"batch_size": 16, "min_batch": 16, "bias": "batch"}  # it says so
         assert answer["index"] == int(row["pred"])
         np.testing.assert_allclose(list(answer["decision_scores"].values()), row["decision_scores"], atol=2e-4)
     (answer,) = answers[1]
+    assert answer["batch_adaptive"] == {"batch_size": 1, "min_batch": 16, "bias": "stored"}
     assert answer["index"] == int(expect_single["pred"].iloc[0])
     np.testing.assert_allclose(
         list(answer["decision_scores"].values()), expect_single["decision_scores"].iloc[0], atol=2e-4
     )
     stored = rule.scores(list(answer["label_logprobs"].values()))  # the stored bias
     np.testing.assert_allclose(list(answer["decision_scores"].values()), stored, atol=1e-6)
+    import httpx
+
+    from promptopt.serving.app import ServeSettings, create_app
+
+    with running(create_app(server, ServeSettings(rate=1000, burst=1000))) as url:  # over HTTP, as a client reads it
+        many = httpx.post(f"{url}/v1/answer", json={"inputs": [{"question": i.question} for i in batch]}, timeout=600)
+        one = httpx.post(f"{url}/v1/answer", json={"question": single.question}, timeout=600)
+    assert [a["batch_adaptive"]["bias"] for a in many.json()["answers"]] == ["batch"] * 16
+    assert [a["index"] for a in many.json()["answers"]] == [a["index"] for a in answers[0]]
+    assert one.json()["batch_adaptive"] == {"batch_size": 1, "min_batch": 16, "bias": "stored"}
+    assert one.json()["card"]["decision"] == "batch-adaptive"
     first = answers[0][0]  # the batch's own bias, not the stored one
     assert not np.allclose(
         list(first["decision_scores"].values()), rule.scores(list(first["label_logprobs"].values())), atol=1e-3
