@@ -136,6 +136,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         server = Server(_card(lm, Path(folder)), lm=lm)
     settings = ServeSettings(max_batch=32, max_wait_ms=5, rate=1e6, burst=10**6)
+    server.warm()  # as `promptopt serve` does
     _scorer_rate(server, items[:8])  # warm-up: the output head's one-time statistics, the prefix cache
     app = create_app(server, settings)
     questions = [i.question for i in items]

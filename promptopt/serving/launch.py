@@ -46,6 +46,7 @@ def prepare(card: str | Path, *, listen: Listen, api_key_file: str | Path | None
     check_port(listen)
     settings = replace(settings, api_key=key)
     server = Server(card, limits=settings.limits, **model)
+    server.warm()  # the prompt's shared block cached: the first request costs what every later one does
     return create_app(server, settings), server
 
 

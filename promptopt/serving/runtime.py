@@ -137,6 +137,17 @@ class Server:
         """Inputs must bring their choices: a choice task whose items each have their own."""
         return self.fixed_choices is None and self.scorer.data.spec.answer.has_choices
 
+    def warm(self) -> None:
+        """One pass over two placeholder inputs that differ from their first character: the card prompt's shared
+        block (instruction, exemplars, the template up to the question) lands in the runner's prefix cache, and
+        the output head's one-time statistics are computed, before the first request. A lone first request then
+        runs its own tokens behind that block instead of the whole prompt. Generative cards are not warmed (their
+        pass would generate)."""
+        if self.generative:
+            return
+        choices = ("a", "b") if self.needs_choices else None
+        self.answer_groups([[Input("a", choices), Input("b", choices)]])
+
     # --- answering ----------------------------------------------------------------------------------
     def answer(self, inputs: list) -> list[dict]:
         """One batch's answers, in order (`inputs`: Input objects or {"question", "choices"} mappings). A bad input

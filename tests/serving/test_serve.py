@@ -137,6 +137,17 @@ def test_the_server_answers_as_the_scorer_on_50_items_batched_and_in_order(serve
     assert sum(int(k) * v for k, v in stats["inputs_per_call"].items()) == N
 
 
+def test_a_warmed_server_answers_one_input_behind_the_cached_prompt(server, items, reference):
+    """After `warm` the card's few-shot block is cached; a lone input runs behind it (no new cache slot for its
+    whole context) and is answered as the scorer answered it in a batch."""
+    server.warm()
+    slots = list(server.scorer.runner._prefixes)
+    assert slots
+    (answer,) = server.answer([{"question": items[7].question}])
+    assert list(server.scorer.runner._prefixes) == slots
+    _same(answer, reference.set_index("item_id").loc[items[7].id])
+
+
 def test_bad_requests_get_one_json_line_each_and_the_server_keeps_serving(server, items, reference):
     import httpx
 
