@@ -149,9 +149,12 @@ def main() -> None:
         for r in range(ROUNDS):  # the machine's speed drifts: each level is paired with the scorer measured just before
             for concurrency in CONCURRENCY if r % 2 == 0 else CONCURRENCY[::-1]:
                 scorer_rates.append(_scorer_rate(server, items))
-                before = dict(stats.as_dict()["requests_per_call"])
+                before, busy = dict(stats.as_dict()["requests_per_call"]), stats.busy_seconds
                 wall, latencies = asyncio.run(_load(url, questions, concurrency))
-                passes[concurrency].append(_passes(before, stats.as_dict()["requests_per_call"]))
+                shapes = _passes(before, stats.as_dict()["requests_per_call"])
+                passes[concurrency].append(
+                    f"{shapes} (worker busy {(stats.busy_seconds - busy) / wall:.0%} of the wall)"
+                )
                 rate = len(items) / wall
                 server_rows[concurrency].append(
                     (rate, rate / scorer_rates[-1], _p(latencies, 0.5), _p(latencies, 0.95))

@@ -178,6 +178,7 @@ def test_the_batcher_batches_concurrent_requests_and_answers_each_in_order():
     assert isinstance(failed[0], RuntimeError)
     assert after == [{"answer": "still", "group_size": 1}]
     assert max(int(k) for k in stats.as_dict()["requests_per_call"]) > 1
+    assert stats.busy_seconds >= 0.05 * (len(runtime.calls) - 1) * 0.9  # every call but the failing one slept 0.05 s
 
 
 # --- the app under uvicorn, with the stand-in runtime ----------------------------------------------------------
