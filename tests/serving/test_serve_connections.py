@@ -22,7 +22,7 @@ import pytest
 from promptopt.serving.app import ServeSettings, create_app
 from tests.serve_helpers import EchoRuntime, free_port, running
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 JSON = {"Content-Type": "application/json"}
 
 
