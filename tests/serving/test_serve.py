@@ -25,6 +25,7 @@ JSON = {"Content-Type": "application/json"}
 def card_path(tmp_path_factory, embedded_lm):
     """SST-2's default prompt with one shot as a card (argmax), built by export's own builder, with a fragility
     section (δ_TCB below 3.0) written in by hand: the flag's mechanics, not its choice, are tested here."""
+    from promptopt.card import field_hashes
     from promptopt.models import ModelConfig
     from promptopt.tasks import DataConfig
     from promptopt.workflows.export import build_card
@@ -39,6 +40,7 @@ def card_path(tmp_path_factory, embedded_lm):
     prompt = prompt.with_(exemplars=prompt.exemplars[:1])
     card = build_card(session, prompt, dev_items=session.items("dev"), test_items=session.items("test"))
     card["fragility"] = _fragility_section(3.0)
+    card["check"]["fields_sha256"] = field_hashes(card)  # sealed again, as export seals what it writes
     path = tmp_path_factory.mktemp("serve") / "card.yaml"
     path.write_text(card_yaml(card))
     return path
@@ -199,6 +201,7 @@ def test_with_a_key_a_request_without_it_gets_401(server):
 def test_an_adaptive_batch_rule_decides_each_request_on_its_own_batch(card_path, embedded_lm, items):
     """Two requests answered in one pass: 16 inputs (re-estimated bias) and 1 input (the stored bias), each exactly
     as the scorer decides those items alone."""
+    from promptopt.card import field_hashes
     from promptopt.decision import rule_from_card
     from promptopt.scoring.calibration import DecidingScorer
     from promptopt.serving import Server
@@ -213,6 +216,7 @@ def test_an_adaptive_batch_rule_decides_each_request_on_its_own_batch(card_path,
         "labels": ["negative", "positive"],
         "bias": [1.5, -1.5],  # a stored bias far from any batch's: the two paths must differ
     }
+    card["check"]["fields_sha256"] = field_hashes(card)
     server = Server(card, lm=embedded_lm)
     rule = rule_from_card(card["decision"])
     batch, single = items[:16], items[16]
