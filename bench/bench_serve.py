@@ -5,11 +5,16 @@
     drifts), and each server rate is divided by it: the paired ratio, its median over rounds printed.
 [2] The server: the same N inputs sent as N single-input HTTP requests (httpx against uvicorn on a loopback port,
     the real app: batching, limits, JSON) by C concurrent clients, C = 1, 8, 32: requests per second and the p50 /
-    p95 latency of a request. The target: at C = 32, at least 0.8x the scorer's items per second.
+    p95 latency of a request, and how the requests were grouped into passes over the model. The target: at C = 32,
+    at least 0.9x the scorer's items per second.
+[3] One request's latency: for L inputs, each answered by a direct `Server.answer` call (the runtime, no HTTP) and
+    by one HTTP request, alternating; the ratio of the HTTP time to the direct time per input, its median printed.
+    The target: at most 1.5x.
 
 Both share one loaded model and one runner (its prefix cache warm for both after a warm-up call).
 
-    .venv/bin/python bench/bench_serve.py   # BENCH_ITEMS=64 BENCH_ROUNDS=2, BENCH_CARD=<a card> (default: SST-2's own)
+    .venv/bin/python bench/bench_serve.py   # BENCH_ITEMS=64 BENCH_ROUNDS=2 BENCH_SINGLE=8, BENCH_CARD=<a card>
+                                            # (default: SST-2's own)
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/serve_h
 
 ITEMS = int(os.environ.get("BENCH_ITEMS", "64"))
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "2"))
+SINGLE = int(os.environ.get("BENCH_SINGLE", "8"))
 CONCURRENCY = (1, 8, 32)
 
 
@@ -82,6 +88,34 @@ async def _load(url: str, questions: list[str], concurrency: int) -> tuple[float
         return time.perf_counter() - start, latencies
 
 
+def _single_latency(url: str, server, questions: list[str]) -> list[tuple[float, float]]:
+    """(direct Server.answer seconds, HTTP request seconds) per question, the two alternating in order."""
+    import httpx
+
+    from promptopt.serving.inputs import Input
+
+    pairs = []
+    with httpx.Client(base_url=url, timeout=600) as client:
+        client.post("/v1/answer", json={"question": questions[0]}).raise_for_status()  # the connection, warm
+        for k, question in enumerate(questions):
+            times = {}
+            for how in ("direct", "http") if k % 2 == 0 else ("http", "direct"):
+                start = time.perf_counter()
+                if how == "direct":
+                    server.answer([Input(question)])
+                else:
+                    client.post("/v1/answer", json={"question": question}).raise_for_status()
+                times[how] = time.perf_counter() - start
+            pairs.append((times["direct"], times["http"]))
+    return pairs
+
+
+def _passes(before: dict, after: dict) -> str:
+    """Requests per pass over the model between two snapshots of the batcher's stats, as 'size x count'."""
+    counts = {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)}
+    return " ".join(f"{k}x{v}" for k, v in sorted(counts.items(), key=lambda kv: int(kv[0])))
+
+
 def _p(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
@@ -102,20 +136,30 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         server = Server(_card(lm, Path(folder)), lm=lm)
     settings = ServeSettings(max_batch=32, max_wait_ms=5, rate=1e6, burst=10**6)
+    server.warm()  # as `promptopt serve` does
     _scorer_rate(server, items[:8])  # warm-up: the output head's one-time statistics, the prefix cache
     app = create_app(server, settings)
     questions = [i.question for i in items]
     scorer_rates, server_rows = [], {c: [] for c in CONCURRENCY}
+    passes = {c: [] for c in CONCURRENCY}
+    singles: list[tuple[float, float]] = []
+    stats = app.state.batcher.stats
     with running(app) as url:
         asyncio.run(_load(url, questions[:4], 1))  # warm-up over HTTP
         for r in range(ROUNDS):  # the machine's speed drifts: each level is paired with the scorer measured just before
             for concurrency in CONCURRENCY if r % 2 == 0 else CONCURRENCY[::-1]:
                 scorer_rates.append(_scorer_rate(server, items))
+                before, busy = dict(stats.as_dict()["requests_per_call"]), stats.busy_seconds
                 wall, latencies = asyncio.run(_load(url, questions, concurrency))
+                shapes = _passes(before, stats.as_dict()["requests_per_call"])
+                passes[concurrency].append(
+                    f"{shapes} (worker busy {(stats.busy_seconds - busy) / wall:.0%} of the wall)"
+                )
                 rate = len(items) / wall
                 server_rows[concurrency].append(
                     (rate, rate / scorer_rates[-1], _p(latencies, 0.5), _p(latencies, 0.95))
                 )
+            singles += _single_latency(url, server, questions[r * SINGLE : (r + 1) * SINGLE] or questions[:SINGLE])
     print(
         f"{ITEMS} SST-2 test items, card {server.identity['decision']} on {server.identity['model']}, CPU threads "
         f"{torch.get_num_threads()}, {ROUNDS} rounds (medians)"
@@ -128,14 +172,21 @@ def main() -> None:
     for concurrency, rows in server_rows.items():
         rate, ratio, p50, p95 = (statistics.median(column) for column in zip(*rows))
         print(f"{concurrency:>11}  {rate:>10.2f}  {ratio:>8.2f}  {p50:>7.3f}  {p95:>7.3f}")
+    for concurrency, shapes in passes.items():
+        print(f"passes at concurrency {concurrency} (requests in a pass x passes), by round: {' | '.join(shapes)}")
     ratios = [ratio for _, ratio, _, _ in server_rows[32]]
     at32 = statistics.median(ratios)
     print(
-        f"target: >= 0.8x the scorer's items/s at concurrency 32: {at32:.2f}x, rounds "
-        f"{', '.join(f'{v:.2f}' for v in ratios)} ({'met' if at32 >= 0.8 else 'NOT met'})"
+        f"target: >= 0.9x the scorer's items/s at concurrency 32: {at32:.2f}x, rounds "
+        f"{', '.join(f'{v:.2f}' for v in ratios)} ({'met' if at32 >= 0.9 else 'NOT met'})"
     )
+    direct, http = (statistics.median(column) for column in zip(*singles))
+    single = statistics.median(h / d for d, h in singles)
     print(
-        f"passes over the model, by requests answered in one: {app.state.batcher.stats.as_dict()['requests_per_call']}"
+        f"one request: direct Server.answer p50 {direct:.3f} s, over HTTP p50 {http:.3f} s ({len(singles)} inputs, "
+        f"alternating); target: HTTP / direct <= 1.5x: {single:.2f}x, median of per-input ratios, range "
+        f"{min(h / d for d, h in singles):.2f}-{max(h / d for d, h in singles):.2f} "
+        f"({'met' if single <= 1.5 else 'NOT met'})"
     )
 
 

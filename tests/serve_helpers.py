@@ -10,10 +10,14 @@ import time
 
 @contextlib.contextmanager
 def running(app, *, timeout: float = 30.0):
-    """Serve `app` on 127.0.0.1 (a port the OS picks) for the `with` block; yields its base URL."""
+    """Serve `app` on 127.0.0.1 (a port the OS picks) for the `with` block, configured as `promptopt serve`
+    configures uvicorn (`launch.uvicorn_config`: read deadlines, keep-alive, connection limit); yields its base
+    URL."""
     import uvicorn
 
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on"))
+    from promptopt.serving.launch import Listen, uvicorn_config
+
+    server = uvicorn.Server(uvicorn_config(app, Listen("127.0.0.1", 0), log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + timeout
@@ -27,3 +31,28 @@ def running(app, *, timeout: float = 30.0):
     finally:
         server.should_exit = True
         thread.join(timeout)
+
+
+class EchoRuntime:
+    """A stand-in for `Server` (no model): each input's answer is its question, after `delay` seconds a pass;
+    `started`: a file written when a pass starts (a test in another process waits for it)."""
+
+    def __init__(self, delay: float = 0.0, started=None) -> None:
+        from promptopt.serving.inputs import Limits
+
+        self.delay, self.started = delay, started
+        self.identity, self.limits, self.needs_choices = {"card_sha256": "e" * 64}, Limits(max_inputs=4), False
+
+    def answer_groups(self, groups):
+        if self.started is not None:
+            open(self.started, "w").close()
+        time.sleep(self.delay)
+        return [[{"answer": i.question} for i in inputs] for inputs in groups]
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

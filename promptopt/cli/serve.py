@@ -38,6 +38,25 @@ def serve_command(
     rate_limit: float = typer.Option(20.0, "--rate-limit", min=0.001, help="requests per second per client address"),
     burst: int = typer.Option(40, "--burst", min=1, help="requests a client may send at once before --rate-limit"),
     max_queue: int = typer.Option(256, "--max-queue", min=1, help="requests waiting to be answered; beyond, 503"),
+    auth_failures: int = typer.Option(
+        10, "--auth-failures", min=1, help="wrong API keys per minute per client address; beyond, 429 for a while"
+    ),
+    header_timeout: float = typer.Option(
+        10.0,
+        "--header-timeout",
+        min=0.001,
+        help="seconds for a request's headers to arrive; then the connection closes",
+    ),
+    body_timeout: float = typer.Option(
+        30.0, "--body-timeout", min=0.001, help="seconds for a request's body to arrive after its headers; then closed"
+    ),
+    keep_alive: float = typer.Option(5.0, "--keep-alive", min=0.001, help="seconds an idle connection stays open"),
+    shutdown_timeout: float = typer.Option(
+        10.0, "--shutdown-timeout", min=0.001, help="seconds SIGTERM waits for requests in flight before cutting them"
+    ),
+    max_connections: int = typer.Option(
+        1000, "--max-connections", min=1, help="connections (and requests) at once; beyond, 503"
+    ),
     batch_size: str = BatchOpt,
     device: str = DeviceOpt,
     dtype: str | None = typer.Option(None, "--dtype", help="float32, bfloat16, float16 (default: the card's)"),
@@ -62,6 +81,12 @@ def serve_command(
             rate=rate_limit,
             burst=burst,
             limits=Limits(max_inputs=max_inputs, max_chars=max_chars),
+            auth_failures=auth_failures,
+            header_timeout=header_timeout,
+            body_timeout=body_timeout,
+            keep_alive=keep_alive,
+            shutdown_timeout=shutdown_timeout,
+            max_connections=max_connections,
         )
     except ValueError as exc:
         raise UserError(str(exc)) from None

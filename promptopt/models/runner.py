@@ -148,9 +148,11 @@ class Runner:
         if lcp <= 0:
             return 0, None
         first = tuple(sequences[0][:lcp])
-        # Reuse the longest cached prefix that all sequences share, if it covers most of the LCP.
+        # Reuse the longest cached prefix that all sequences share, if it covers most of the LCP, or if running the
+        # rest of the LCP in every row costs no more than running the LCP once (always, for one row: a single
+        # input's LCP is its whole context, which would otherwise run again in full behind a cached few-shot block)
         best = max((k for k in self._prefixes if len(k) <= lcp and first[: len(k)] == k), key=len, default=None)
-        if best is not None and len(best) * 10 >= lcp * 9:
+        if best is not None and (len(best) * 10 >= lcp * 9 or len(sequences) * (lcp - len(best)) <= lcp):
             self._prefixes.move_to_end(best)
             return len(best), self._prefixes[best]
         from promptopt.models import prefix_cache

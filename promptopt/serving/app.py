@@ -4,7 +4,9 @@ Every response is one line of JSON. An answer carries the card's identity (`card
 `{"error": {"status": S, "message": "..."}}` with one message naming what was wrong (and the card's identity,
 except on 401 and 429) — never a stack trace: a bug is logged on the server and answered 500 with one line.
 Requests are batched (`batcher.py`), checked against the API key (`security.py`) and the limits in
-`ServeSettings`: body bytes, inputs per request, characters per question, requests per second per client.
+`ServeSettings`: body bytes, inputs per request, characters per question, requests per second per client, wrong
+keys per minute per client, a JSON content type. The connection limits (read deadlines, keep-alive, the shutdown
+deadline, connections at once) are uvicorn's, set from the same `ServeSettings` by `launch.uvicorn_config`.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from promptopt.serving.batcher import Batcher, Busy
 from promptopt.serving.inputs import InputError, Limits, parse_request
@@ -38,10 +41,23 @@ class ServeSettings:
     burst: int = 40
     limits: Limits = field(default_factory=Limits)
     api_key: str | None = field(default=None, repr=False)
+    auth_failures: int = 10  # wrong or missing keys per minute per client address; beyond, 429 for every request
+    # connections (uvicorn's, see launch.uvicorn_config; read deadlines: protocol.py)
+    header_timeout: float = 10.0  # seconds for a request's headers to arrive
+    body_timeout: float = 30.0  # seconds for its body to arrive, after the headers
+    keep_alive: float = 5.0  # seconds an idle keep-alive connection stays open
+    shutdown_timeout: float = 10.0  # seconds SIGTERM waits for requests in flight; then they are cut
+    max_connections: int = 1000  # connections (and requests) at once; beyond, 503
+    max_drain_bytes: int = 16_000_000  # body bytes read and thrown away to deliver an early answer (DrainBody)
 
     def __post_init__(self) -> None:
         if self.max_batch < 1 or self.max_queue < 1 or self.max_body_bytes < 1 or self.max_wait_ms < 0:
             raise ValueError("max_batch, max_queue, max_body_bytes must be >= 1 and max_wait_ms >= 0")
+        if self.auth_failures < 1 or self.max_connections < 1 or self.max_drain_bytes < 0:
+            raise ValueError("auth_failures and max_connections must be >= 1 and max_drain_bytes >= 0")
+        for name in ("header_timeout", "body_timeout", "keep_alive", "shutdown_timeout"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)!r}")
         if self.limits.max_inputs > self.max_batch:
             raise ValueError(
                 f"limits.max_inputs ({self.limits.max_inputs}) exceeds max_batch ({self.max_batch}): "
@@ -54,6 +70,55 @@ def _error(status: int, message: str, identity: dict | None = None, headers: dic
     if identity is not None:
         body["card"] = identity
     return JSONResponse(body, status_code=status, headers=headers)
+
+
+class DrainBody:
+    """Pure ASGI middleware: before an answer starts, what the app left of the request body is read and thrown
+    away, up to `limit` bytes, so that the client sees the answer.
+
+    Why: a server that answers before reading the whole body (a 413 on the Content-Length, a 401, a 415) and then
+    closes leaves unread bytes in its socket, and the kernel answers them with a reset. A client that sends its
+    whole body before reading (Python's urllib, requests) then sees "connection reset by peer", not the answer.
+    uvicorn throws away a body that arrives after the answer on a keep-alive connection, but closes at once when the
+    client said `Connection: close`, as urllib does. Reading first costs at most `limit` bytes, and the body read
+    deadline (protocol.py) bounds the time; a body declared longer than `limit` is not read, and its answer closes
+    the connection (a client that reads while it sends, like curl, still sees it)."""
+
+    def __init__(self, app, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope["headers"])
+        length = headers.get(b"content-length", b"")
+        declared = int(length) if length.isdigit() else None
+        done = (declared is None or declared == 0) and b"transfer-encoding" not in headers  # no body to read
+        too_long = declared is not None and declared > self.limit
+
+        async def receive_tracked():
+            nonlocal done
+            message = await receive()
+            if message["type"] == "http.disconnect" or not message.get("more_body", False):
+                done = True
+            return message
+
+        async def send_after_drain(message) -> None:
+            nonlocal done
+            if message["type"] == "http.response.start" and not done:
+                drained = 0
+                while not done and not too_long and drained <= self.limit:
+                    drained += len((await receive_tracked()).get("body", b""))
+                if not done:  # not read to its end: the connection cannot carry another request
+                    message = {**message, "headers": [*message.get("headers", []), (b"connection", b"close")]}
+            await send(message)
+
+        await self.app(scope, receive_tracked, send_after_drain)
+
+
+def _is_json(content_type: str | None) -> bool:
+    """application/json, with or without parameters (charset=utf-8)."""
+    return (content_type or "").split(";", 1)[0].strip().lower() == "application/json"
 
 
 async def _read_body(request, limit: int) -> bytes:
@@ -95,6 +160,7 @@ def create_app(server, settings: ServeSettings | None = None):
     )
     key_check = KeyCheck(settings.api_key) if settings.api_key is not None else None
     rate = RateLimit(settings.rate, settings.burst)
+    failures = RateLimit(settings.auth_failures / 60, settings.auth_failures)  # wrong keys, per client
     identity = server.identity
 
     @asynccontextmanager
@@ -105,11 +171,13 @@ def create_app(server, settings: ServeSettings | None = None):
 
     app = FastAPI(title="promptopt serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.batcher = batcher
+    app.state.settings = settings
 
     @app.middleware("http")
     async def guard(request: Request, call_next):
-        if key_check is not None and not key_check(request.headers):
-            return _error(401, "missing or wrong API key (Authorization: Bearer KEY, or X-API-Key: KEY)")
+        """Every request takes a token of its client's rate limit, then (on a server with a key) is checked; a
+        wrong or missing key takes a token of the client's wrong-key limit, and a client out of those is answered
+        429 before its key is looked at, so keys cannot be guessed at the request rate."""
         client = request.client.host if request.client else "unknown"
         wait = rate.allow(client)
         if wait > 0:
@@ -118,6 +186,17 @@ def create_app(server, settings: ServeSettings | None = None):
                 f"rate limit: {settings.rate:g} requests per second per client (bursts of {settings.burst})",
                 headers={"Retry-After": str(max(1, round(wait)))},
             )
+        if key_check is not None:
+            wait = failures.waiting(client)
+            if wait > 0:
+                return _error(
+                    429,
+                    f"too many wrong API keys: {settings.auth_failures} per minute per client",
+                    headers={"Retry-After": str(max(1, round(wait)))},
+                )
+            if not key_check(request.headers):
+                failures.allow(client)
+                return _error(401, "missing or wrong API key (Authorization: Bearer KEY, or X-API-Key: KEY)")
         try:
             return await call_next(request)
         except Exception:  # a bug below the routes: one line, logged here
@@ -143,6 +222,11 @@ def create_app(server, settings: ServeSettings | None = None):
     async def answer(request: Request):
         is_batch = False
         try:
+            if not _is_json(request.headers.get("content-type")):
+                given = request.headers.get("content-type")
+                raise InputError(
+                    f"request: Content-Type must be application/json, got {given[:80] if given else 'none'}", 415
+                )
             body = _parse_json(await _read_body(request, settings.max_body_bytes))
             inputs, is_batch = parse_request(body, limits, needs_choices=server.needs_choices)
             answers = await batcher.submit(inputs)
@@ -151,6 +235,8 @@ def create_app(server, settings: ServeSettings | None = None):
             if not is_batch and message.startswith("inputs[0]"):  # the runtime numbers inputs; this was one
                 message = "request" + message[len("inputs[0]") :]
             return _error(exc.status, message, identity)
+        except ClientDisconnect:  # the client went away (or was cut by the body deadline): nobody to answer
+            return _error(400, "request: the client disconnected", identity)
         except Busy as exc:
             return _error(503, f"busy: {exc}; retry later", identity, headers={"Retry-After": "1"})
         except Exception:
@@ -160,7 +246,8 @@ def create_app(server, settings: ServeSettings | None = None):
             return JSONResponse({"card": identity, "answers": answers})
         return JSONResponse({"card": identity, **answers[0]})
 
+    app.add_middleware(DrainBody, limit=settings.max_drain_bytes)  # added last: outside the guard
     return app
 
 
-__all__ = ["ServeSettings", "create_app"]
+__all__ = ["DrainBody", "ServeSettings", "create_app"]

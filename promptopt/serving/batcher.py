@@ -31,15 +31,18 @@ class _Pending:
 
 @dataclass
 class BatchStats:
-    """What the worker did: calls made, and how many requests and inputs each call answered."""
+    """What the worker did: calls made, how many requests and inputs each call answered, and the seconds it spent
+    in them (`busy_seconds`: against the wall time, how much of it went to the model and the runtime)."""
 
     calls: int = 0
+    busy_seconds: float = 0.0
     requests: Counter = field(default_factory=Counter)  # requests per call -> how many calls
     inputs: Counter = field(default_factory=Counter)  # inputs per call -> how many calls
 
     def as_dict(self) -> dict:
         return {
             "calls": self.calls,
+            "busy_seconds": round(self.busy_seconds, 6),
             "requests_per_call": {str(k): v for k, v in sorted(self.requests.items())},
             "inputs_per_call": {str(k): v for k, v in sorted(self.inputs.items())},
         }
@@ -123,11 +126,13 @@ class Batcher:
             self.stats.calls += 1
             self.stats.requests[len(batch)] += 1
             self.stats.inputs[sum(len(p.inputs) for p in batch)] += 1
+            started = loop.time()
             try:
                 results = await loop.run_in_executor(self._executor, self.answer_groups, [p.inputs for p in batch])
             except Exception as exc:  # a bug: every request of the batch gets a 500, the server keeps serving
                 log.exception("answering a batch of %d requests failed", len(batch))
                 results = [exc] * len(batch)
+            self.stats.busy_seconds += loop.time() - started
             for pending, result in zip(batch, results):
                 if pending.future.done():
                     continue

@@ -12,7 +12,8 @@ is the same for every input, and the scorer keeps each (context, choice) log-lik
 choices' tokens once more and a choice text served before costs nothing (bench/bench_decision.py measures it).
 
 A *batch* is one call's inputs (one HTTP request): an adaptive batch rule re-estimates its bias from a batch of at
-least `min_batch` inputs and uses its stored bias below that (a single input always does). `answer_groups` scores
+least `min_batch` inputs and uses its stored bias below that (a single input always does); each answer of such a
+card says which it was, and on how many inputs (`batch_adaptive`). `answer_groups` scores
 several batches in one pass over the model and still decides each on its own, so a request's answers never depend
 on another request's inputs.
 """
@@ -136,6 +137,17 @@ class Server:
         """Inputs must bring their choices: a choice task whose items each have their own."""
         return self.fixed_choices is None and self.scorer.data.spec.answer.has_choices
 
+    def warm(self) -> None:
+        """One pass over two placeholder inputs that differ from their first character: the card prompt's shared
+        block (instruction, exemplars, the template up to the question) lands in the runner's prefix cache, and
+        the output head's one-time statistics are computed, before the first request. A lone first request then
+        runs its own tokens behind that block instead of the whole prompt. Generative cards are not warmed (their
+        pass would generate)."""
+        if self.generative:
+            return
+        choices = ("a", "b") if self.needs_choices else None
+        self.answer_groups([[Input("a", choices), Input("b", choices)]])
+
     # --- answering ----------------------------------------------------------------------------------
     def answer(self, inputs: list) -> list[dict]:
         """One batch's answers, in order (`inputs`: Input objects or {"question", "choices"} mappings). A bad input
@@ -250,7 +262,27 @@ class Server:
 
     def _answers(self, table, items) -> list[dict]:
         rows = table.drop(columns=[c for c in _GOLD_COLUMNS if c in table]).to_dict("records")
-        return [self._answer(row, item) for row, item in zip(rows, items)]
+        answers = [self._answer(row, item) for row, item in zip(rows, items)]
+        adaptive = self._batch_adaptive(len(items))
+        if adaptive is not None:
+            for answer in answers:
+                answer["batch_adaptive"] = adaptive
+        return answers
+
+    def _batch_adaptive(self, size: int) -> dict | None:
+        """How a batch-adaptive rule decided a batch of `size` inputs (None for any other rule): on a bias
+        re-estimated from this batch (`bias: "batch"`, at least `min_batch` inputs, as `DecisionRule.bias_for`
+        decides) or on the card's stored one. An ensemble's adaptive members are listed in member order."""
+        if self.generative:
+            return None
+        rules = [m.rule for m in self.members if m.rule.kind == "batch" and m.rule.mode == "adaptive"]
+        if not rules:
+            return None
+        bias = ["batch" if size >= r.min_batch else "stored" for r in rules]
+        min_batch = [r.min_batch for r in rules]
+        if len(rules) == 1:
+            bias, min_batch = bias[0], min_batch[0]
+        return {"batch_size": size, "min_batch": min_batch, "bias": bias}
 
     def _answer(self, row: dict, item) -> dict:
         signals = {s.name: _number(row.get(s.name)) for s in SIGNALS}

@@ -5,7 +5,8 @@
   from a command-line value (which every user of the machine sees in `ps`). A key is at least 16 characters.
 - A request carries the key as `Authorization: Bearer KEY` or `X-API-Key: KEY`; both sides are hashed (SHA-256)
   and compared with `hmac.compare_digest`, so neither the key's characters nor its length show in the timing.
-- Rate: a token bucket per client address, `rate` requests per second with bursts of `burst`.
+- Rate: a token bucket per client address, `rate` requests per second with bursts of `burst`; wrong keys have a
+  bucket of their own per client (the app's `auth_failures` per minute), checked before the key.
 """
 
 from __future__ import annotations
@@ -98,6 +99,14 @@ class RateLimit:
         self.rate, self.burst, self.clients, self.clock = rate, burst, clients, clock
         self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # client -> (tokens, when)
         self._lock = threading.Lock()
+
+    def waiting(self, client: str) -> float:
+        """0.0 when `client` has a token, else the seconds until it has one; takes nothing."""
+        now = self.clock()
+        with self._lock:
+            tokens, when = self._buckets.get(client, (float(self.burst), now))
+            tokens = min(float(self.burst), tokens + (now - when) * self.rate)
+            return 0.0 if tokens >= 1 else (1 - tokens) / self.rate
 
     def allow(self, client: str) -> float:
         """0.0 when the request may go ahead (a token is taken), else the seconds until one is free."""

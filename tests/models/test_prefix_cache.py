@@ -91,6 +91,23 @@ def test_scoring_gives_what_the_runner_gave_before(model, batch_size, request):
     assert_matches_reference(lm, _requests(lm.tokenizer), batch_size=batch_size)
 
 
+def test_one_input_runs_behind_the_cached_few_shot_prefix(tiny_lm):
+    """A single input's common prefix is its whole context; the cached few-shot block covers less than 90% of it,
+    yet running the rest in its one row costs less than running the whole context again (what a served request
+    did: `promptopt serve` answering one input at a time)."""
+    tok = tiny_lm.tokenizer
+    runner = Runner(tiny_lm, batch_size=4)
+    runner.loglikelihood(_requests(tok))  # a batch: the shared few-shot block is cached
+    (cached,) = runner._prefixes
+    text = SHOTS + "Review: an unexpected delight, start to finish\nSentiment:"
+    ctx = tok(text)["input_ids"]
+    cont = tok(text + " positive")["input_ids"][len(ctx) :]
+    assert len(cached) * 10 < (len(ctx) - 1) * 9  # the old rule's case: the block alone covers < 90%
+    (result,) = runner.loglikelihood([(ctx, cont)])
+    assert list(runner._prefixes) == [cached]  # reused; no slot (and no forward) for this input's whole context
+    assert result.token_logprobs == pytest.approx(_plain(tiny_lm, ctx, cont)[0], abs=1e-5)
+
+
 def test_the_last_mlp_runs_where_the_hidden_state_is_read_only(tiny_lm):
     """Each row's positions from its context's last token to its end, no padding, nothing earlier."""
     requests = _requests(tiny_lm.tokenizer)

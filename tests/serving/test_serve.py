@@ -18,12 +18,14 @@ from tests.serve_helpers import running
 
 pytestmark = pytest.mark.slow
 N = 50
+JSON = {"Content-Type": "application/json"}
 
 
 @pytest.fixture(scope="module")
 def card_path(tmp_path_factory, embedded_lm):
     """SST-2's default prompt with one shot as a card (argmax), built by export's own builder, with a fragility
     section (δ_TCB below 3.0) written in by hand: the flag's mechanics, not its choice, are tested here."""
+    from promptopt.card import field_hashes
     from promptopt.models import ModelConfig
     from promptopt.tasks import DataConfig
     from promptopt.workflows.export import build_card
@@ -38,6 +40,7 @@ def card_path(tmp_path_factory, embedded_lm):
     prompt = prompt.with_(exemplars=prompt.exemplars[:1])
     card = build_card(session, prompt, dev_items=session.items("dev"), test_items=session.items("test"))
     card["fragility"] = _fragility_section(3.0)
+    card["check"]["fields_sha256"] = field_hashes(card)  # sealed again, as export seals what it writes
     path = tmp_path_factory.mktemp("serve") / "card.yaml"
     path.write_text(card_yaml(card))
     return path
@@ -121,6 +124,7 @@ def test_the_server_answers_as_the_scorer_on_50_items_batched_and_in_order(serve
         body = response.json()
         assert body["card"] == server.identity and body["card"]["task"] == "sst2"
         _same(body, rows.loc[item.id])
+        assert "batch_adaptive" not in body  # an argmax card re-estimates nothing
         answered += 1
     for batch, response in zip(batches, responses[25:]):
         answers = response.json()["answers"]
@@ -133,6 +137,17 @@ def test_the_server_answers_as_the_scorer_on_50_items_batched_and_in_order(serve
     assert max(int(k) for k in stats["requests_per_call"]) > 1, stats  # concurrent requests shared a pass
     assert all(int(k) <= 16 for k in stats["inputs_per_call"]), stats
     assert sum(int(k) * v for k, v in stats["inputs_per_call"].items()) == N
+
+
+def test_a_warmed_server_answers_one_input_behind_the_cached_prompt(server, items, reference):
+    """After `warm` the card's few-shot block is cached; a lone input runs behind it (no new cache slot for its
+    whole context) and is answered as the scorer answered it in a batch."""
+    server.warm()
+    slots = list(server.scorer.runner._prefixes)
+    assert slots
+    (answer,) = server.answer([{"question": items[7].question}])
+    assert list(server.scorer.runner._prefixes) == slots
+    _same(answer, reference.set_index("item_id").loc[items[7].id])
 
 
 def test_bad_requests_get_one_json_line_each_and_the_server_keeps_serving(server, items, reference):
@@ -149,8 +164,8 @@ def test_bad_requests_get_one_json_line_each_and_the_server_keeps_serving(server
         ({"json": {}}, 400, "request.question: missing"),
         ({"json": {"question": ["a"]}}, 400, "request.question: expected a string, got array"),
         ({"json": {"inputs": [{"question": "ok"}, {"question": 7}]}}, 400, "inputs[1].question: expected a string"),
-        ({"content": b'{"question": "x"'}, 400, "not valid JSON"),
-        ({"content": b"{" + b" " * 400_000 + b"}"}, 413, "over this server's limit of 300,000 bytes"),
+        ({"content": b'{"question": "x"', "headers": JSON}, 400, "not valid JSON"),
+        ({"content": b"{" + b" " * 400_000 + b"}", "headers": JSON}, 413, "over this server's limit of 300,000 bytes"),
         ({"json": {"inputs": [{"question": "a"}] * 40}}, 413, "40 inputs, over this server's limit of 32"),
         ({"json": {"question": overflow}}, 422, "takes 8192"),
         ({"json": {"question": "fine", "choices": ["good", "bad"]}}, 400, "fixed choices"),
@@ -186,6 +201,7 @@ def test_with_a_key_a_request_without_it_gets_401(server):
 def test_an_adaptive_batch_rule_decides_each_request_on_its_own_batch(card_path, embedded_lm, items):
     """Two requests answered in one pass: 16 inputs (re-estimated bias) and 1 input (the stored bias), each exactly
     as the scorer decides those items alone."""
+    from promptopt.card import field_hashes
     from promptopt.decision import rule_from_card
     from promptopt.scoring.calibration import DecidingScorer
     from promptopt.serving import Server
@@ -200,6 +216,7 @@ def test_an_adaptive_batch_rule_decides_each_request_on_its_own_batch(card_path,
         "labels": ["negative", "positive"],
         "bias": [1.5, -1.5],  # a stored bias far from any batch's: the two paths must differ
     }
+    card["check"]["fields_sha256"] = field_hashes(card)
     server = Server(card, lm=embedded_lm)
     rule = rule_from_card(card["decision"])
     batch, single = items[:16], items[16]
@@ -208,15 +225,28 @@ def test_an_adaptive_batch_rule_decides_each_request_on_its_own_batch(card_path,
     expect_batch = DecidingScorer(server.scorer, rule).score(prompt, batch).table
     expect_single = DecidingScorer(server.scorer, rule).score(prompt, [single]).table
     for answer, (_, row) in zip(answers[0], expect_batch.iterrows()):
+        assert answer["batch_adaptive"] == {"batch_size": 16, "min_batch": 16, "bias": "batch"}  # it says so
         assert answer["index"] == int(row["pred"])
         np.testing.assert_allclose(list(answer["decision_scores"].values()), row["decision_scores"], atol=2e-4)
     (answer,) = answers[1]
+    assert answer["batch_adaptive"] == {"batch_size": 1, "min_batch": 16, "bias": "stored"}
     assert answer["index"] == int(expect_single["pred"].iloc[0])
     np.testing.assert_allclose(
         list(answer["decision_scores"].values()), expect_single["decision_scores"].iloc[0], atol=2e-4
     )
     stored = rule.scores(list(answer["label_logprobs"].values()))  # the stored bias
     np.testing.assert_allclose(list(answer["decision_scores"].values()), stored, atol=1e-6)
+    import httpx
+
+    from promptopt.serving.app import ServeSettings, create_app
+
+    with running(create_app(server, ServeSettings(rate=1000, burst=1000))) as url:  # over HTTP, as a client reads it
+        many = httpx.post(f"{url}/v1/answer", json={"inputs": [{"question": i.question} for i in batch]}, timeout=600)
+        one = httpx.post(f"{url}/v1/answer", json={"question": single.question}, timeout=600)
+    assert [a["batch_adaptive"]["bias"] for a in many.json()["answers"]] == ["batch"] * 16
+    assert [a["index"] for a in many.json()["answers"]] == [a["index"] for a in answers[0]]
+    assert one.json()["batch_adaptive"] == {"batch_size": 1, "min_batch": 16, "bias": "stored"}
+    assert one.json()["card"]["decision"] == "batch-adaptive"
     first = answers[0][0]  # the batch's own bias, not the stored one
     assert not np.allclose(
         list(first["decision_scores"].values()), rule.scores(list(first["label_logprobs"].values())), atol=1e-3

@@ -178,9 +178,13 @@ def test_the_batcher_batches_concurrent_requests_and_answers_each_in_order():
     assert isinstance(failed[0], RuntimeError)
     assert after == [{"answer": "still", "group_size": 1}]
     assert max(int(k) for k in stats.as_dict()["requests_per_call"]) > 1
+    assert stats.busy_seconds >= 0.05 * (len(runtime.calls) - 1) * 0.9  # every call but the failing one slept 0.05 s
 
 
 # --- the app under uvicorn, with the stand-in runtime ----------------------------------------------------------
+JSON = {"Content-Type": "application/json"}
+
+
 @pytest.fixture
 def fake_app_url():
     from promptopt.serving.app import ServeSettings, create_app
@@ -202,8 +206,14 @@ def test_the_app_answers_in_one_json_line_and_every_error_is_one_json_line(fake_
     batch = httpx.post(f"{url}/v1/answer", json={"inputs": [{"question": "a"}, {"question": "b"}]})
     assert [a["answer"] for a in batch.json()["answers"]] == ["a", "b"]
     cases = [
-        (httpx.post, "/v1/answer", {"content": b"{not json"}, 400, "not valid JSON"),
-        (httpx.post, "/v1/answer", {"content": b"x" * 3_000}, 413, "over this server's limit of 2,000 bytes"),
+        (httpx.post, "/v1/answer", {"content": b"{not json", "headers": JSON}, 400, "not valid JSON"),
+        (
+            httpx.post,
+            "/v1/answer",
+            {"content": b"x" * 3_000, "headers": JSON},
+            413,
+            "over this server's limit of 2,000 bytes",
+        ),
         (httpx.post, "/v1/answer", {"json": {"question": "bad"}}, 422, "request: too long for the model"),
         (httpx.post, "/v1/answer", {"json": {"text": "x"}}, 400, "request.text: unknown field"),
         (httpx.get, "/v1/answer", {}, 405, "method not allowed"),
