@@ -80,7 +80,7 @@ def root(
         "--unsafe-sandbox",
         metavar="rlimit",
         help="run code answers (HumanEval) with rlimits only, without bubblewrap's isolation: files, network and "
-        "processes stay reachable; warned on every run (docs: Guarantees, Generated code)",
+        "processes stay reachable; warned on every run (docs/guarantees.md#generated-code)",
     ),
 ) -> None:
     """Find prompts that are accurate and stable."""

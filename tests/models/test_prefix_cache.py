@@ -301,8 +301,11 @@ def test_the_cli_asks_torch_for_huge_pages_before_torch_is_imported():
     assert probe(_HUGE_PAGES_PROBE, THP_MEM_ALLOC_ENABLE="0") == ["False", "0", "False"]
     late = "import torch\nfrom promptopt.cli.app import huge_pages_for_large_tensors\nprint(huge_pages_for_large_tensors())"
     assert probe(late) == ["False"]
+    # `--help` imports torch (it lists the registries): the variable must already be set when torch arrives
     cli = (
-        "import os, sys\nfrom promptopt.cli import main\nsys.argv = ['promptopt', '--help']\ntry:\n    main()\n"
-        "except SystemExit:\n    pass\nprint(os.environ.get('THP_MEM_ALLOC_ENABLE'), 'torch' in sys.modules)"
+        "import os, sys\nseen = []\nclass Watch:\n    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'torch' and not seen:\n            seen.append(os.environ.get('THP_MEM_ALLOC_ENABLE'))\n"
+        "sys.meta_path.insert(0, Watch())\nfrom promptopt.cli import main\nsys.argv = ['promptopt', '--help']\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\nprint(seen[0] if seen else 'never')"
     )
-    assert probe(cli)[-2:] == ["1", "False"]
+    assert probe(cli)[-1] == "1"
