@@ -65,6 +65,11 @@ class ServeSettings:
             )
 
 
+def _too_many(message: str, wait: float):
+    """429 with the seconds to wait (at least 1) in Retry-After."""
+    return _error(429, message, headers={"Retry-After": str(max(1, round(wait)))})
+
+
 def _error(status: int, message: str, identity: dict | None = None, headers: dict | None = None):
     body = {"error": {"status": status, "message": message}}
     if identity is not None:
@@ -181,19 +186,13 @@ def create_app(server, settings: ServeSettings | None = None):
         client = request.client.host if request.client else "unknown"
         wait = rate.allow(client)
         if wait > 0:
-            return _error(
-                429,
-                f"rate limit: {settings.rate:g} requests per second per client (bursts of {settings.burst})",
-                headers={"Retry-After": str(max(1, round(wait)))},
+            return _too_many(
+                f"rate limit: {settings.rate:g} requests per second per client (bursts of {settings.burst})", wait
             )
         if key_check is not None:
             wait = failures.waiting(client)
             if wait > 0:
-                return _error(
-                    429,
-                    f"too many wrong API keys: {settings.auth_failures} per minute per client",
-                    headers={"Retry-After": str(max(1, round(wait)))},
-                )
+                return _too_many(f"too many wrong API keys: {settings.auth_failures} per minute per client", wait)
             if not key_check(request.headers):
                 failures.allow(client)
                 return _error(401, "missing or wrong API key (Authorization: Bearer KEY, or X-API-Key: KEY)")
