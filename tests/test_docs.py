@@ -334,6 +334,18 @@ def test_links_from_the_front_page_resolve():
     assert not broken, broken
 
 
+def test_links_inside_the_site_stay_inside_it():
+    """mkdocs --strict (make docs, CI) fails on a relative link out of docs/; this finds one without the docs extra."""
+    docs = (REPO / "docs").resolve()
+    leaving = []
+    for page in sorted(docs.rglob("*.md")):
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text(encoding="utf-8")):
+            if "://" not in target and not target.startswith("mailto:"):
+                if docs not in (page.parent / target).resolve().parents:
+                    leaving.append(f"{page.relative_to(REPO)}: {target}")
+    assert not leaving, leaving
+
+
 # --- guide pages guide; run logs live in the Lab notebook --------------------------------------------------
 GUIDE_PAGES = sorted((REPO / "docs").glob("*.md"))
 LAB = REPO / "docs" / "lab"
