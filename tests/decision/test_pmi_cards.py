@@ -26,8 +26,22 @@ def pmi_card(tmp_path_factory):
     from promptopt.workflows.export import export_run
 
     tmp = tmp_path_factory.mktemp("pmi")
+    # ARC-Easy 0-shot, its default prompt (the compare's baseline) too, and a 0-shot space with an instruction (the
+    # content-free prompt is then not the empty text): the built-in 3-shot prompts made this module 200 s of the suite
+    builtin = (REPO / "promptopt/tasks/builtin/arc_easy.yaml").read_text()
+    assert "name: arc_easy\n" in builtin and "  k: 3\n" in builtin
+    task = tmp / "arc_easy_0shot.yaml"
+    task.write_text(builtin.replace("name: arc_easy\n", "name: arc_easy_0shot\n").replace("  k: 3\n", "  k: 0\n"))
+    space = tmp / "space.yaml"
+    space.write_text(
+        "task: arc_easy_0shot\n"
+        'instructions: {task_specific: "Answer the grade-school science question."}\n'
+        "exemplars: {candidates: 4, k: [0, 0]}\n"
+        'templates: {question_answer: {query: "Question: {question}\\nAnswer:"}}\n'
+    )
     config = SearchConfig.build(
-        task="arc_easy",
+        task=str(task),
+        space=str(space),
         trials=2,
         dev_limit=8,
         test_limit=100,
@@ -40,7 +54,7 @@ def pmi_card(tmp_path_factory):
     assert set(result.table["strategy"]) >= {"accuracy@pmi"}
     card_path = tmp / "pmi.yaml"
     exported = export_run(tmp / "cmp", out=card_path, strategy="accuracy@pmi")
-    return tmp / "cmp", card_path, exported.card
+    return tmp / "cmp", card_path, exported.card, task
 
 
 def test_a_pmi_card_round_trips_to_load_prompt_and_serve(pmi_card):
@@ -48,15 +62,15 @@ def test_a_pmi_card_round_trips_to_load_prompt_and_serve(pmi_card):
 
     import promptopt
     from promptopt.models.load import ModelConfig
-    from promptopt.production import Server
     from promptopt.scoring.card_answers import answer_table, card_members
+    from promptopt.serving import Server
     from promptopt.serving.app import create_app
     from promptopt.tasks.data import DataConfig
     from promptopt.workflows.session import Session
     from promptopt.workflows.verify import verify_card
     from tests.serve_helpers import running
 
-    out, card_path, card = pmi_card
+    out, card_path, card, task = pmi_card
     assert card["decision"] == {"rule": "pmi", "reading": "acc_norm", "content_free": [""]}  # ARC reads acc_norm
     assert card["metrics"]["test"]["n"] == 100
     verified = verify_card(card_path, device="cpu")
@@ -65,7 +79,7 @@ def test_a_pmi_card_round_trips_to_load_prompt_and_serve(pmi_card):
 
     # the scorer's answers, its rows from the compare's result cache (verify re-scored them uncached)
     session = Session(
-        model=ModelConfig(spec=card["model"]["spec"], device="cpu"), data=DataConfig(task="arc_easy"), out=out
+        model=ModelConfig(spec=card["model"]["spec"], device="cpu"), data=DataConfig(task=str(task)), out=out
     )
     by_id = {i.id: i for role in ("dev", "test") for i in session.data.split(role)}
     items = [by_id[i] for i in card["data"]["test_ids"]]
@@ -108,7 +122,7 @@ def test_a_pmi_card_round_trips_to_load_prompt_and_serve(pmi_card):
 
 
 def test_the_production_helper_stays_torch_free_for_pmi(pmi_card):
-    _, card_path, _ = pmi_card
+    _, card_path, _, _ = pmi_card
     code = (
         "import sys, promptopt; c = promptopt.load_prompt(sys.argv[1]); ch = ['a b', 'cd']; "
         "r = c.content_free_requests(ch); "

@@ -270,8 +270,16 @@ def test_generate_until_refusals(tmp_path, changes, message):
 
 
 def test_a_hub_dataset_offline_fails_in_one_line_saying_so(tmp_path, monkeypatch):
+    import datasets.config
+    import huggingface_hub.constants
+
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    # the libraries read the variables once, at import: an earlier test in this process imported them online, and
+    # load_dataset then spent ~20 s in connection retries before failing
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     path = _lm_eval_file(tmp_path, dataset_path="allenai/no-such-dataset-here", dataset_kwargs=None)
     with pytest.raises(DataError) as caught:
         _load(path)

@@ -177,7 +177,7 @@ def test_reflect_shows_answers_a_perturbation_changed(sst2_session, tmp_path):
         assert flip.answer in flip.item.choices and flip.perturbed_answer in flip.item.choices
     made = propose_space(
         sst2_session,
-        ProposeRequest(n=1, mode="reflect", seed=0),
+        ProposeRequest(n=1, mode="reflect", seed=0, screen_items=0),
         space=None,
         out=tmp_path / "r.yaml",
         cache_dir=tmp_path / "cache",
@@ -403,7 +403,7 @@ def test_history_proposals_start_from_the_spaces_own_instructions_scored_on_dev(
     assert history[2][2] == by_hand["correct"].mean()
     made = propose_space(
         sst2_session,
-        ProposeRequest(n=1, mode="history", seed=1),
+        ProposeRequest(n=1, mode="history", seed=1, screen_items=0),
         space=None,
         out=tmp_path / "h.yaml",
         cache_dir=tmp_path / "cache",
