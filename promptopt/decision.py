@@ -39,13 +39,12 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from promptopt.errors import ConfigError
+from promptopt.registry import Registry, load_reference
 
-RULES = ("argmax", "contextual", "batch", "affine", "pmi")
-CALIBRATED = ("contextual", "batch", "affine", "pmi")
-PER_ITEM = ("pmi",)  # rules whose reference comes with each item (its own choices), not one parameter per label
 BATCH_MODES = ("stored", "adaptive")
 READINGS = ("acc", "acc_norm")
 CONTENT_FREE = ("N/A", "", "[MASK]")
@@ -97,6 +96,104 @@ def argmax(values: list[float]) -> int:
     return best
 
 
+# --- what a rule is: the registry's entries ------------------------------------------------------------------------
+FIT_ON = ("nothing", "content_free", "references", "dev", "dev_labels")
+
+
+@dataclass(frozen=True)
+class RuleKind:
+    """One decision rule as the registry holds it: how it scores an item's labels, and what its parameters are fit on.
+
+    `fit_on`: "nothing" (argmax); "content_free" (contextual: one bias per label from content-free inputs scored
+    under the prompt); "references" (pmi: each item's own content-free log-likelihoods, nothing fitted); "dev"
+    (batch: the dev items' label log-probabilities, labels unread); "dev_labels" (affine: the dev items and their
+    labels; a search's dev accuracy for such a rule is cross-fitted, so an in-sample fit cannot flatter it).
+    A rule of your own is fit on "dev" or "dev_labels": `fit(rows, golds)` returns (bias, scale or None) from the
+    rows of label log-probabilities the rule reads (golds: each row's label index; None for "dev"), and
+    `score(n, bias, scale)` is s_k from one item's label-normalized ñ. `score` runs in production code through
+    `promptopt.load_prompt`, so keep it plain Python; `fit` runs in the scorer and may be a "module:function"
+    reference (imported when first used)."""
+
+    name: str
+    fit_on: str
+    score: Callable[[list[float], list[float], list[float] | None], list[float]] | None = None
+    fit: Callable | str | None = None
+    scaled: bool = False  # a scale per label beside the bias (affine): stored in the card as `scale`
+    summary: str = ""
+
+    def __post_init__(self) -> None:
+        if self.fit_on not in FIT_ON:
+            raise ConfigError(f"decision rule {self.name!r}: fit_on must be one of {', '.join(FIT_ON)}")
+        if self.fit_on in ("content_free", "dev", "dev_labels") and self.score is None:
+            raise ConfigError(f"decision rule {self.name!r}: a calibrated rule needs score(n, bias, scale)")
+        if self.fit_on in ("dev", "dev_labels") and self.fit is None:
+            raise ConfigError(f"decision rule {self.name!r}: fit_on {self.fit_on!r} needs fit(rows, golds)")
+
+    @property
+    def calibrated(self) -> bool:
+        return self.fit_on != "nothing"
+
+    @property
+    def per_item(self) -> bool:
+        return self.fit_on == "references"
+
+    def fit_params(self, rows: list[list[float]], golds: list[int] | None):
+        """(bias, scale or None) fit on `rows` (and `golds` for a rule fit on labels)."""
+        fit = load_reference(self.fit) if isinstance(self.fit, str) else self.fit
+        bias, scale = fit(rows, golds)
+        return tuple(float(b) for b in bias), None if scale is None else tuple(float(a) for a in scale)
+
+
+def _minus_bias(n: list[float], bias: list[float], scale: list[float] | None) -> list[float]:
+    return [v - c for v, c in zip(n, bias)]
+
+
+def _affine(n: list[float], bias: list[float], scale: list[float] | None) -> list[float]:
+    return [a * v + c for a, v, c in zip(scale, n, bias)]
+
+
+def _fit_batch(rows: list[list[float]], golds: list[int] | None):
+    return batch_bias(rows), None
+
+
+ARGMAX = RuleKind("argmax", "nothing", summary="the label with the highest log-likelihood")
+CONTEXTUAL = RuleKind(
+    "contextual", "content_free", score=_minus_bias, summary="ñ − b, b from content-free inputs (Zhao et al. 2021)"
+)
+BATCH = RuleKind(
+    "batch",
+    "dev",
+    score=_minus_bias,
+    fit=_fit_batch,
+    summary="ñ − b, b the mean ñ of unlabeled inputs (Zhou et al. 2024)",
+)
+AFFINE = RuleKind(
+    "affine",
+    "dev_labels",
+    score=_affine,
+    fit="promptopt.scoring.calibration:affine_params",
+    scaled=True,
+    summary="a ⊙ ñ + b fit on dev labels",
+)
+PMI = RuleKind("pmi", "references", summary="ℓ − r, r each choice after a content-free input (Holtzman et al. 2021)")
+
+DECISION_RULES: Registry[RuleKind] = Registry(
+    "decision rule",
+    group="promptopt.decision_rules",
+    builtins={
+        name: f"promptopt.decision:{name.upper()}" for name in ("argmax", "contextual", "batch", "affine", "pmi")
+    },
+)
+
+
+def rule_names() -> str:
+    """Every rule a command line or space file may name (batch-adaptive: batch re-estimated on each batch)."""
+    names = []
+    for name in DECISION_RULES.names():
+        names += [name, "batch-adaptive"] if name == "batch" else [name]
+    return ", ".join(names)
+
+
 @dataclass(frozen=True, kw_only=True)
 class DecisionRule:
     """A decision rule with everything it needs to decide: its parameters and the items they came from."""
@@ -112,21 +209,26 @@ class DecisionRule:
     fitted_on: dict = field(default_factory=dict)  # {split, n, ids_sha256, ids}: what the parameters came from
 
     def __post_init__(self) -> None:
-        if self.kind not in RULES:
-            raise ConfigError(f"decision: unknown rule {self.kind!r} (use one of {', '.join(RULES)})")
+        if self.kind not in DECISION_RULES:
+            raise ConfigError(DECISION_RULES.unknown(self.kind, "decision"))
         if self.reading not in (*READINGS, ""):
             raise ConfigError(f"decision.reading: expected one of {', '.join(READINGS)}, got {self.reading!r}")
         if self.mode not in BATCH_MODES:
             raise ConfigError(f"decision.mode: expected one of {', '.join(BATCH_MODES)}, got {self.mode!r}")
 
     @property
+    def spec(self) -> RuleKind:
+        """What this rule is (the registry's entry for its kind)."""
+        return DECISION_RULES.get(self.kind, "decision")
+
+    @property
     def calibrated(self) -> bool:
-        return self.kind in CALIBRATED
+        return self.spec.calibrated
 
     @property
     def per_item(self) -> bool:
         """Its reference comes with each item (pmi), so it needs no fixed labels and no fit."""
-        return self.kind in PER_ITEM
+        return self.spec.per_item
 
     @property
     def fitted(self) -> bool:
@@ -157,9 +259,10 @@ class DecisionRule:
     def scores(self, ll: list[float], bias: list[float] | None = None) -> list[float]:
         """s_k for one item (module table); `bias`: the batch's (from `bias_for`), else the stored one; for pmi
         the item's reference r (required)."""
-        if self.kind == "argmax":
+        spec = self.spec
+        if not spec.calibrated:
             return list(ll)
-        if self.per_item:
+        if spec.per_item:
             if bias is None or len(bias) != len(ll):
                 raise ConfigError(
                     f"decision {self.name}: each input needs its content-free log-likelihood of every choice "
@@ -168,10 +271,7 @@ class DecisionRule:
             return [v - r for v, r in zip(ll, bias)]
         self._need_fit(len(ll))
         b = list(self.bias) if bias is None else bias
-        n = normalized(ll)
-        if self.kind == "affine":
-            return [a * v + c for a, v, c in zip(self.scale, n, b)]
-        return [v - c for v, c in zip(n, b)]
+        return list(spec.score(normalized(ll), b, None if self.scale is None else list(self.scale)))
 
     def biases(self, rows: list[list[float]], references: list[list[float]] | None = None) -> list:
         """The bias each row of a batch is decided with: pmi's per-row references, else `bias_for` the batch."""
@@ -188,7 +288,7 @@ class DecisionRule:
 
     def logit_shift(self, ll: list[float], bias: list[float] | None = None) -> list[float]:
         """The constant added to each label token's logit that δ_TCB reads (module docstring), centered."""
-        if self.kind == "argmax":
+        if not self.calibrated:
             return [0.0] * len(ll)
         s, n = self.scores(ll, bias), normalized(ll)
         return centered([a - b for a, b in zip(s, n)])
@@ -203,9 +303,9 @@ class DecisionRule:
         if self.calibrated and not self.per_item:
             out["labels"] = list(self.labels or [])
             out["bias"] = None if self.bias is None else [float(b) for b in self.bias]
-        if self.kind == "affine":
+        if self.spec.scaled:
             out["scale"] = None if self.scale is None else [float(a) for a in self.scale]
-        if self.kind in ("contextual", "pmi"):
+        if self.spec.fit_on in ("content_free", "references"):
             out["content_free"] = list(self.content_free)
         if self.fitted_on:
             out["fitted_on"] = dict(self.fitted_on)
@@ -248,27 +348,23 @@ def rule_from_card(section: dict | None, where: str = "decision") -> DecisionRul
         raise ConfigError(f"{where}.content_free: rule pmi needs its content-free inputs (a list of strings)")
     if rule.calibrated and not rule.per_item and rule.bias is None:
         raise ConfigError(f"{where}.bias: rule {rule.kind} needs its fitted bias")
-    if rule.kind == "affine" and (rule.scale is None or len(rule.scale) != len(rule.bias)):
-        raise ConfigError(f"{where}.scale: rule affine needs one scale per label")
+    if rule.spec.scaled and (rule.scale is None or len(rule.scale) != len(rule.bias)):
+        raise ConfigError(f"{where}.scale: rule {rule.kind} needs one scale per label")
     if rule.labels is not None and rule.bias is not None and len(rule.labels) != len(rule.bias):
         raise ConfigError(f"{where}.bias: {len(rule.bias)} values for {len(rule.labels)} labels")
     return rule
 
 
 def parse_rule(text: str) -> DecisionRule:
-    """A rule as written on a command line or in a space file: argmax, contextual, batch, batch-adaptive,
-    affine, pmi, each optionally with :acc or :acc_norm (else it reads the task's metric). Unfitted (pmi: with
-    its default content-free input)."""
+    """A rule as written on a command line or in a space file: a registered rule's name (argmax, contextual,
+    batch, batch-adaptive, affine, pmi, and any installed), each optionally with :acc or :acc_norm (else it reads
+    the task's metric). Unfitted (pmi: with its default content-free input)."""
     name, _, reading = text.partition(":")
     kind, mode = ("batch", "adaptive") if name == "batch-adaptive" else (name, "stored")
-    if kind not in RULES:
-        raise ConfigError(f"decision: unknown rule {text!r} (use one of {RULE_NAMES})")
-    return DecisionRule(
-        kind=kind, mode=mode, reading=reading, content_free=PMI_CONTENT_FREE if kind in PER_ITEM else ()
-    )
-
-
-RULE_NAMES = "argmax, contextual, batch, batch-adaptive, affine, pmi"
+    if kind not in DECISION_RULES:
+        raise ConfigError(f"decision: unknown decision rule {text!r}: use one of {rule_names()}")
+    per_item = DECISION_RULES.get(kind).per_item
+    return DecisionRule(kind=kind, mode=mode, reading=reading, content_free=PMI_CONTENT_FREE if per_item else ())
 
 
 def ensemble_scores(member_scores: list[list[float]]) -> list[float]:
@@ -279,13 +375,11 @@ def ensemble_scores(member_scores: list[list[float]]) -> list[float]:
 
 
 __all__ = [
-    "CALIBRATED",
     "CONTENT_FREE",
+    "DECISION_RULES",
     "DecisionRule",
-    "PER_ITEM",
     "PMI_CONTENT_FREE",
-    "RULE_NAMES",
-    "RULES",
+    "RuleKind",
     "argmax",
     "batch_bias",
     "ensemble_scores",
@@ -293,4 +387,5 @@ __all__ = [
     "parse_rule",
     "reference_row",
     "rule_from_card",
+    "rule_names",
 ]

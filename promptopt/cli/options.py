@@ -99,12 +99,13 @@ ResumeOpt = typer.Option(False, "--resume", help="continue (or join) an existing
 WorkersOpt = typer.Option(1, "--n-workers", help="worker processes sharing the study")
 MinibatchOpt = typer.Option(16, "--minibatch", help="dev items per pruning step")
 PruningOpt = typer.Option(True, "--pruning/--no-pruning", help="Wilcoxon paired pruning on dev items")
-DecisionOpt = typer.Option(
+DecisionOpt = listing_option(
     None,
     "--decision",
-    help="decide every trial's answers by one rule: argmax, contextual, batch, batch-adaptive, affine, or pmi "
-    "(per-item choices: ARC, COPA; optionally :acc or :acc_norm); default: the space's decision: dimension, "
-    "else argmax (docs/decisions.md#the-rules)",
+    help="decide every trial's answers by one rule: {names}, or batch-adaptive (pmi for per-item choices: ARC, "
+    "COPA; optionally :acc or :acc_norm); default: the space's decision: dimension, else argmax "
+    "(docs/decisions.md#the-rules)",
+    registry="promptopt.decision:DECISION_RULES",
 )
 TieBreakOpt = typer.Option(
     None,

@@ -23,7 +23,6 @@ from promptopt.decision import (
     CONTENT_FREE,
     PMI_CONTENT_FREE,
     DecisionRule,
-    batch_bias,
     centered,
     logsumexp,
     normalized,
@@ -152,6 +151,18 @@ def fit_affine(rows: list[list[float]], golds: list[int]) -> tuple[list[float], 
     return [float(v) for v in a], centered([float(v) for v in b])
 
 
+def affine_params(rows: list[list[float]], golds: list[int]) -> tuple[list[float], list[float]]:
+    """The affine rule's (bias, scale), in the order every rule's fit returns them (decision.RuleKind)."""
+    scale, bias = fit_affine(rows, golds)
+    return bias, scale
+
+
+def fitted_params(rule: DecisionRule, rows: list[list[float]], golds: list[int] | None, **changes) -> DecisionRule:
+    """`rule` with the parameters its kind fits on these rows (and labels, for a rule fit on them)."""
+    bias, scale = rule.spec.fit_params(rows, golds if rule.spec.fit_on == "dev_labels" else None)
+    return rule.with_params(bias=bias, **({"scale": scale} if scale is not None else {}), **changes)
+
+
 def fit_rule(rule: DecisionRule, scorer, prompt: Prompt, items: list[Item], *, split: str = "dev") -> DecisionRule:
     """The rule with its parameters fitted for `prompt` on `items` (dev): contextual scores the content-free
     inputs, batch averages the items' label log-probabilities, affine fits on their labels."""
@@ -162,17 +173,14 @@ def fit_rule(rule: DecisionRule, scorer, prompt: Prompt, items: list[Item], *, s
         return rule
     if rule.per_item:  # nothing to fit: each input brings its own reference
         return rule.with_params(labels=labels, content_free=rule.content_free or PMI_CONTENT_FREE, fitted_on={})
-    if rule.kind == "contextual":
+    if rule.spec.fit_on == "content_free":
         cf_rows = rows_of(scorer.score(prompt, content_free_items(labels)).table, rule)
         mean_p = np.mean([np.exp(normalized(r)) for r in cf_rows], axis=0)
         bias = centered([float(v) for v in np.log(mean_p)])
         return rule.with_params(labels=labels, bias=tuple(bias), content_free=CONTENT_FREE, fitted_on={})
     table = scorer.score(prompt, items).table
-    rows = rows_of(table, rule)
-    if rule.kind == "batch":
-        return rule.with_params(labels=labels, bias=tuple(batch_bias(rows)), fitted_on=fitted_on(items, split))
-    scale, bias = fit_affine(rows, [int(g) for g in table["gold"]])
-    return rule.with_params(labels=labels, scale=tuple(scale), bias=tuple(bias), fitted_on=fitted_on(items, split))
+    golds = [int(g) for g in table["gold"]]
+    return fitted_params(rule, rows_of(table, rule), golds, labels=labels, fitted_on=fitted_on(items, split))
 
 
 def deciding_scorer(scorer, prompt: Prompt, dev: list[Item]):
@@ -188,8 +196,8 @@ def deciding_scorer(scorer, prompt: Prompt, dev: list[Item]):
 
 
 def cross_fitted_decisions(rule: DecisionRule, rows: list[list[float]], golds: list[int]) -> list[int]:
-    """Affine decisions of dev items where each fold is decided by parameters fit on the other folds (an honest
-    dev accuracy: an in-sample fit would flatter affine against the label-free rules)."""
+    """Decisions of dev items by a rule fit on their labels (affine) where each fold is decided by parameters fit
+    on the other folds (an honest dev accuracy: an in-sample fit would flatter it against the label-free rules)."""
     n = len(rows)
     folds = min(CROSS_FIT_FOLDS, n)
     if folds < 2:
@@ -198,8 +206,7 @@ def cross_fitted_decisions(rule: DecisionRule, rows: list[list[float]], golds: l
     for f in range(folds):
         held = [i for i in range(n) if i % folds == f]
         train = [i for i in range(n) if i % folds != f]
-        scale, bias = fit_affine([rows[i] for i in train], [golds[i] for i in train])
-        part = rule.with_params(scale=tuple(scale), bias=tuple(bias))
+        part = fitted_params(rule, [rows[i] for i in train], [golds[i] for i in train])
         for i, d in zip(held, part.decide([rows[i] for i in held])):
             out[i] = d
     return out
@@ -334,7 +341,7 @@ class RunningDecision:
         self.tables: list[pd.DataFrame] = []
         self.states: list[torch.Tensor] = []
         self.items: list[Item] = []
-        if self.rule.kind == "contextual" or self.rule.per_item:  # labels from the task's items; content-free inputs
+        if self.rule.spec.fit_on in ("content_free", "references"):  # labels from the task's items; content-free inputs
             self.rule = fit_rule(self.rule, scorer, prompt, scorer.data.dev + scorer.data.test)
 
     def add(self, items: list[Item]) -> pd.DataFrame:
@@ -357,7 +364,7 @@ class RunningDecision:
         if not self.rule.calibrated:
             return table
         rule, rows, decisions = self.fitted(), rows_of(table, self.rule), None
-        if rule.kind == "affine":
+        if rule.spec.fit_on == "dev_labels":
             decisions = cross_fitted_decisions(rule, rows, [int(g) for g in table["gold"]])
         hidden = torch.cat(self.states) if self.hidden and self.states else None
         eps = getattr(getattr(self.scorer, "scorer", self.scorer), "eps", 1.0)
@@ -370,17 +377,15 @@ class RunningDecision:
 
     def fitted(self) -> DecisionRule:
         """The rule fit on every item scored so far (contextual: on its content-free inputs)."""
-        if not self.rule.calibrated or self.rule.kind == "contextual" or self.rule.per_item:
+        if self.rule.spec.fit_on in ("nothing", "content_free", "references"):
             return self.rule
         table = pd.concat(self.tables, ignore_index=True)
-        rows, labels = rows_of(table, self.rule), fixed_labels(self.items)
-        if self.rule.kind == "batch":
-            return self.rule.with_params(
-                labels=labels, bias=tuple(batch_bias(rows)), fitted_on=fitted_on(self.items, "dev")
-            )
-        scale, bias = fit_affine(rows, [int(g) for g in table["gold"]])
-        return self.rule.with_params(
-            labels=labels, scale=tuple(scale), bias=tuple(bias), fitted_on=fitted_on(self.items, "dev")
+        return fitted_params(
+            self.rule,
+            rows_of(table, self.rule),
+            [int(g) for g in table["gold"]],
+            labels=fixed_labels(self.items),
+            fitted_on=fitted_on(self.items, "dev"),
         )
 
 
@@ -401,7 +406,7 @@ def describe(rule: DecisionRule) -> str:
     adaptive = rule.kind == "batch" and rule.mode == "adaptive"
     extra = f" (re-estimated from each answered batch of ≥ {rule.min_batch} inputs)" if adaptive else ""
     return f"{rule.name} calibration fit on {came}{extra}; bias {biases}" + (
-        "" if rule.kind != "affine" else "; scale " + ", ".join(f"{a:.3f}" for a in rule.scale or ())
+        "; scale " + ", ".join(f"{a:.3f}" for a in rule.scale) if rule.scale is not None else ""
     )
 
 

@@ -135,7 +135,7 @@ def _winner_tables(ctx: SearchContext, cached, prompt):
     rule = running.fitted()
     if not rule.calibrated:
         return running.decided(), cached.score_table(prompt, ctx.test), rule
-    rule = fit_rule(rule, cached, prompt, ctx.dev) if rule.kind != "contextual" else rule
+    rule = fit_rule(rule, cached, prompt, ctx.dev) if rule.spec.fit_on != "content_free" else rule
     return running.decided(), DecidingScorer(cached, rule).score_table(prompt, ctx.test), rule
 
 

@@ -194,7 +194,7 @@ def parse_space(data: dict, where: str) -> SearchSpace:
 
 def _decisions(f: Fields) -> tuple[str, ...]:
     """The `decision:` dimension: one rule name or a list of them (promptopt/decision.py)."""
-    from promptopt.decision import RULE_NAMES, parse_rule
+    from promptopt.decision import parse_rule, rule_names
 
     value = f.get("decision", (str, list), [])
     names = [value] if isinstance(value, str) else value
@@ -204,7 +204,7 @@ def _decisions(f: Fields) -> tuple[str, ...]:
         try:
             parse_rule(name)
         except ConfigError as exc:
-            raise f.fail("decision", RULE_NAMES, name) from exc
+            raise f.fail("decision", rule_names(), name) from exc
     return tuple(names)
 
 

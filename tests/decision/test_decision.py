@@ -116,7 +116,7 @@ def test_card_mapping_round_trips_and_errors_name_the_field():
         rule_from_card({"rule": "batch"}, "card.yaml: decision")
     with pytest.raises(ConfigError, match=r"decision.scale: rule affine needs one scale per label"):
         rule_from_card({"rule": "affine", "bias": [0.0, 0.0]})
-    with pytest.raises(ConfigError, match="unknown rule 'batchy'"):
+    with pytest.raises(ConfigError, match="unknown decision rule 'batchy'"):
         parse_rule("batchy")
     assert parse_rule("batch-adaptive").mode == "adaptive" and parse_rule("affine:acc_norm").reading == "acc_norm"
 

@@ -167,7 +167,7 @@ def test_a_compare_with_rule_entries_and_ensembles(tiny_llama_dir, tmp_path):
 
     page = build_report(tmp_path / "cmp")
     assert "accuracy+ens3" in page and "accuracy@batch" in page
-    with pytest.raises(ConfigError, match="unknown rule 'batchy'"):
+    with pytest.raises(ConfigError, match="unknown decision rule 'batchy'"):
         run_compare(config.replace(out=str(tmp_path / "x")), ["accuracy@batchy"], suite=None, show_progress=False)
     with pytest.raises(ConfigError, match="--ensemble-of: tcb is not one of the compared strategies"):
         run_compare(

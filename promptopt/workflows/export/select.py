@@ -61,7 +61,7 @@ def select_by_dev(candidates, strategy: str | None = None, *, tie_break: str | N
 def candidate_of(row):
     """A compare_runs.csv row as the selection rule sees it: its dev answers and dev-side numbers (never a test
     column). A strategy entry `name@rule` with a calibrated rule is a calibrated candidate."""
-    from promptopt.decision import CALIBRATED, parse_rule
+    from promptopt.decision import parse_rule
     from promptopt.metrics.stats.selection import Candidate, decode_answers
 
     entry = str(row["strategy"])
@@ -78,7 +78,7 @@ def candidate_of(row):
         order=int(row["order"]),
         stability=_number(row.get("dev_signed_stability")),
         cost=_number(row.get("cost")),
-        calibrated=parse_rule(rule).kind in CALIBRATED,
+        calibrated=parse_rule(rule).calibrated,
     )
 
 
