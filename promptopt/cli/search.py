@@ -56,7 +56,7 @@ ShowRejectedOpt = typer.Option(
 def search(
     task: str = TaskOpt,
     strategy: str = listing_option(
-        "tcb",
+        "accuracy",
         "--strategy",
         help="one of {names} (docs/search.md#strategies)",
         registry="promptopt.study.strategies:STRATEGIES",

@@ -68,6 +68,7 @@ def tiny_run(tiny_llama_dir, tmp_path_factory):
     (root / "space.yaml").write_text(SPACE)
     config = SearchConfig.build(
         task="sst2",
+        strategy="tcb",
         trials=3,
         model=str(tiny_llama_dir),
         out=str(root / "run"),

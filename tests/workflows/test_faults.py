@@ -34,7 +34,20 @@ from tests.clirun import Result, promptopt
 from tests.forked import ForkedProcess
 
 REPO = Path(__file__).resolve().parents[2]
-LIMITS = ["--task", "sst2", "--dev-limit", "12", "--test-limit", "4", "--minibatch", "4", "--device", "cpu"]
+LIMITS = [
+    "--task",
+    "sst2",
+    "--dev-limit",
+    "12",
+    "--test-limit",
+    "4",
+    "--minibatch",
+    "4",
+    "--device",
+    "cpu",
+    "--strategy",
+    "tcb",
+]
 SPACE = REPO / "promptopt" / "search_spaces" / "sst2.yaml"
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
