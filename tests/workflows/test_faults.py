@@ -300,6 +300,7 @@ def test_trial_of_a_vanished_host_is_awaited_until_stale_then_rerun(run_dir, mod
 
     config = SearchConfig.build(
         task="sst2",
+        strategy="tcb",
         model=model,
         device="cpu",
         dev_limit=12,
@@ -649,6 +650,8 @@ def test_resume_refuses_a_config_that_changes_trial_values(run_dir, model, tmp_p
         "3",
         "--task",
         "sst2",
+        "--strategy",
+        "tcb",
         "--device",
         "cpu",
     ]
