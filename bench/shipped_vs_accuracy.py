@@ -62,12 +62,13 @@ def evaluations(root: Path) -> dict[str, list[Evaluated]]:
     return out
 
 
-def shipped(root: Path) -> tuple[list[str], list[str]]:
-    """Per seed: the strategy whose winner export's selection chooses among that seed's winners, and why."""
+def shipped(root: Path, tie_break: str | None = None) -> tuple[list[str], list[str]]:
+    """Per seed: the strategy whose winner export's selection (with `tie_break`, default export's own) chooses among
+    that seed's winners, and why."""
     candidates = compare_candidates(root)
     chosen, why = [], []
     for seed in sorted(set(candidates["seed"])):
-        row, how, _ = select_by_dev(candidates[candidates["seed"] == seed].reset_index(drop=True))
+        row, how, _ = select_by_dev(candidates[candidates["seed"] == seed].reset_index(drop=True), tie_break=tie_break)
         chosen.append(str(row["strategy"]))
         why.append(how)
     return chosen, why
@@ -88,12 +89,15 @@ def analyse(root: Path, seed: int = 1234) -> dict:
         if abs(float(again[column]) - float(want[column])) > 1e-12:
             raise SystemExit(f"{root}: re-paired {a} − {b} {column} {again[column]} != compare's {want[column]}")
 
-    choice, why = shipped(root)
-    ship = [searched[strategy][s] for s, strategy in enumerate(choice)]
-    assert len(ship) == n_seeds
-    pairs = paired_table({"shipped": ship, "accuracy": searched["accuracy"]}, seed=seed).iloc[0]
-    out = {"task": root.name, "shipped_per_seed": choice, "why": why}
-    out.update({f"shipped_minus_accuracy_{c}": float(pairs[c]) for c in COLUMNS})
+    out = {"task": root.name}
+    # export's selection today (argmax first within the dev tie set), and by stability alone (before 2026-12-05)
+    for label, tie_break in (("shipped", None), ("shipped_by_stability", "stability")):
+        choice, why = shipped(root, tie_break)
+        ship = [searched[strategy][s] for s, strategy in enumerate(choice)]
+        assert len(ship) == n_seeds
+        pairs = paired_table({label: ship, "accuracy": searched["accuracy"]}, seed=seed).iloc[0]
+        out[f"{label}_per_seed"], out[f"{label}_why"] = choice, why
+        out.update({f"{label}_minus_accuracy_{c}": float(pairs[c]) for c in COLUMNS})
     for other in ("ppl", "accuracy"):
         if "tcb@pmi" in searched and other in searched:
             row = recorded[(recorded["a"] == other) & (recorded["b"] == "tcb@pmi")]

@@ -52,7 +52,7 @@ def search_config(**flat):
 def search(
     *,
     task: str,
-    strategy: str = "tcb",
+    strategy: str = "accuracy",
     trials: int = 20,
     model: str = EMBEDDED_DEFAULT,
     out: str | Path = "runs/search",

@@ -111,7 +111,8 @@ TieBreakOpt = typer.Option(
     None,
     "--tie-break",
     help="how the winner is chosen among the trials dev cannot tell apart (paired tie set): stability, cost, "
-    "calibrated, robust or value; default: the strategy's own (accuracy: stability) (docs/search.md#choosing-the-winner)",
+    "calibrated, argmax, robust or value; default: the strategy's own (accuracy: stability), and for export's choice "
+    "among a compare's winners argmax (docs/search.md#choosing-the-winner)",
 )
 DevLimitOpt = typer.Option(None, "--dev-limit", min=1, help="use only the first N dev items")
 TestLimitOpt = typer.Option(None, "--test-limit", min=1, help="use only the first N test items")

@@ -56,9 +56,9 @@ ShowRejectedOpt = typer.Option(
 def search(
     task: str = TaskOpt,
     strategy: str = listing_option(
-        "tcb",
+        "accuracy",
         "--strategy",
-        help="one of {names} (docs/search.md#strategies)",
+        help="one of {names} (docs/search.md#strategies; why accuracy is the default: docs/search.md#the-default)",
         registry="promptopt.study.strategies:STRATEGIES",
     ),
     trials: int = typer.Option(20, "--trials", help="finished (complete or pruned) trials to reach"),

@@ -24,7 +24,7 @@ from promptopt.tasks.data import DataConfig
 class StudyConfig:
     """The Optuna study: what a trial is worth, how many, where they are stored, how they run."""
 
-    strategy: str = "tcb"
+    strategy: str = "accuracy"  # the default the evidence supports (docs/search.md#strategies)
     trials: int = 20  # finished (complete or pruned) trials to reach
     seed: int = 1234
     pool_draw: int | None = None  # None: the first N pool items are the candidates; else a seeded draw

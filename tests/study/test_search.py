@@ -246,6 +246,8 @@ def test_killed_worker_trial_is_failed_and_rerun(config, tmp_path, tiny_llama_di
         "search",
         "--task",
         "sst2",
+        "--strategy",
+        "tcb",
         "--model",
         str(tiny_llama_dir),
         "--trials",

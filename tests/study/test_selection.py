@@ -49,6 +49,10 @@ def test_near_ties_go_to_the_tie_break():
     assert stable.paired["2"].worse
     assert choose([top, near, far], tie_break="cost").winner.key == 1
     assert choose([top, near, far], tie_break="calibrated").winner.key == 1
+    argmax = choose([top, near, far], tie_break="argmax")  # export's default: the plain candidate of the tie set
+    assert argmax.winner.key == 0 and "(argmax)" in argmax.describe()
+    calibrated_top = Candidate(key=0, correct=top.correct, order=0, stability=0.10, calibrated=True)
+    assert choose([calibrated_top, near], tie_break="argmax").winner.key == 1  # both calibrated: stability decides
     cheap_top = Candidate(key=0, correct=top.correct, order=0, stability=0.10, cost=200)
     assert choose([cheap_top, near, far], tie_break="cost").winner.key == 0
     record = stable.record()

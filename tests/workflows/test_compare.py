@@ -315,3 +315,17 @@ def test_several_seeds_give_acc_worst_an_interval_that_resamples_items_with_thei
     assert one == three and one["acc_worst_ci_low"] < one["acc_worst_ci_high"]
     no_suite = Evaluated(pd.DataFrame({"item_id": items, "correct": [True] * 12}))
     assert pooled_acc_worst_intervals([no_suite, no_suite], seed=0) == {}
+
+
+def test_an_ensemble_some_seed_could_not_build_is_left_out_and_said():
+    """A seed whose search found fewer distinct trials than the ensemble's members has no such ensemble: pairs are
+    (seed, item), so the entry is left out of the tables and the summary says why (SciQ, 2026-12-05: the compare
+    failed at its last step with an IndexError instead)."""
+    from promptopt.workflows.compare.workflow import left_out_ensembles
+
+    one = object()
+    winners = {"baseline": [one] * 3, "accuracy": [one] * 3, "accuracy+ens5": [one] * 2, "accuracy+ens3": [one] * 3}
+    assert left_out_ensembles(winners, 3) == {
+        "accuracy+ens5": "2 of 3 seeds' searches found enough distinct trials for it"
+    }
+    assert left_out_ensembles({"accuracy": [one] * 2}, 3) == {}  # a searched entry always has every seed

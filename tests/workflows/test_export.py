@@ -68,6 +68,7 @@ def tiny_run(tiny_llama_dir, tmp_path_factory):
     (root / "space.yaml").write_text(SPACE)
     config = SearchConfig.build(
         task="sst2",
+        strategy="tcb",
         trials=3,
         model=str(tiny_llama_dir),
         out=str(root / "run"),
@@ -423,7 +424,7 @@ def test_export_from_a_compare_directory_never_reads_the_test_set(tiny_llama_dir
         and "no test number" in exported.card["search"]["selection"]
     )
     rule = exported.card["search"]["selection_rule"]  # which winners tied, and why the tie-break chose
-    assert rule["tie_break"] == "stability" and rule["n_dev_items"] == 6 and rule["tie_set"]
+    assert rule["tie_break"] == "argmax" and rule["n_dev_items"] == 6 and rule["tie_set"]
     from promptopt.workflows.session import Session
 
     session = Session(model=config.model, data=config.data)

@@ -34,7 +34,20 @@ from tests.clirun import Result, promptopt
 from tests.forked import ForkedProcess
 
 REPO = Path(__file__).resolve().parents[2]
-LIMITS = ["--task", "sst2", "--dev-limit", "12", "--test-limit", "4", "--minibatch", "4", "--device", "cpu"]
+LIMITS = [
+    "--task",
+    "sst2",
+    "--dev-limit",
+    "12",
+    "--test-limit",
+    "4",
+    "--minibatch",
+    "4",
+    "--device",
+    "cpu",
+    "--strategy",
+    "tcb",
+]
 SPACE = REPO / "promptopt" / "search_spaces" / "sst2.yaml"
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -287,6 +300,7 @@ def test_trial_of_a_vanished_host_is_awaited_until_stale_then_rerun(run_dir, mod
 
     config = SearchConfig.build(
         task="sst2",
+        strategy="tcb",
         model=model,
         device="cpu",
         dev_limit=12,
@@ -636,6 +650,8 @@ def test_resume_refuses_a_config_that_changes_trial_values(run_dir, model, tmp_p
         "3",
         "--task",
         "sst2",
+        "--strategy",
+        "tcb",
         "--device",
         "cpu",
     ]

@@ -30,6 +30,8 @@ from tests.workflows.test_faults import assert_nothing_lost_or_double, sampled_s
 
 SEARCH = [
     "search",
+    "--strategy",
+    "tcb",
     "--task",
     "sst2",
     "--dev-limit",

@@ -308,6 +308,8 @@ def test_a_prompt_too_long_for_the_model_names_the_items_file_line_and_field(mod
 # --- a full disk, a forbidden folder, two runs at once -----------------------------------------------------
 SEARCH = [
     "search",
+    "--strategy",
+    "tcb",
     "--task",
     "sst2",
     "--dev-limit",

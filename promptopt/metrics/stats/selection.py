@@ -36,10 +36,16 @@ TIE_BREAKS = {
     "stability": "the higher mean signed stability on dev (δ_TCB read on the distribution the decision reads)",
     "cost": "the cheaper card (fewer prompt characters the model reads per input)",
     "calibrated": "a calibrated or ensembled candidate before a plain argmax one (then the higher stability)",
+    "argmax": "a plain argmax candidate before a calibrated or ensembled one (then the higher stability)",
     "robust": "the higher dev Acc_worst under the search suite",
     "value": "the higher value of the strategy's own objective on dev",
 }
 DEFAULT_TIE_BREAK = "stability"
+# `export`'s choice among a compare's winners, which may decide by different rules: on dev, a tie set's calibrated
+# candidate was the less robust one under unseen families in 65 of 76 decided pairs (SST-2, docs/lab/strategies.md
+# #selection-on-dev), and the cards shipped by stability alone were less robust than accuracy+argmax on SciQ
+# (docs/lab/strategies.md#issue-51-experiment)
+EXPORT_TIE_BREAK = "argmax"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -286,11 +292,13 @@ def _key(c: Candidate, tie_break: str) -> tuple:
         return (_finite(c.cost, lower_is_better=True),)
     if tie_break == "calibrated":
         return (bool(c.calibrated), _finite(c.stability))
+    if tie_break == "argmax":
+        return (not c.calibrated, _finite(c.stability))
     return (_finite(getattr(c, tie_break)),)
 
 
 def _attribute(c: Candidate, tie_break: str):
-    return c.calibrated if tie_break == "calibrated" else getattr(c, tie_break)
+    return c.calibrated if tie_break in ("calibrated", "argmax") else getattr(c, tie_break)
 
 
 def _measured(value) -> bool:
@@ -320,6 +328,7 @@ def _plain(value):
 __all__ = [
     "ALPHA",
     "DEFAULT_TIE_BREAK",
+    "EXPORT_TIE_BREAK",
     "TIE_BREAKS",
     "Candidate",
     "Paired",

@@ -3,6 +3,7 @@ rule, promptopt/decision.py), and ensembles built from an entry's trials (`<entr
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from promptopt.decision import parse_rule
@@ -36,8 +37,11 @@ def parse_entries(names: list[str]) -> list[Entry]:
     return entries
 
 
+ENSEMBLE_SUFFIX = re.compile(r"\+ens\d+$")  # how an ensemble entry's name ends (ensemble_name)
+
+
 def ensemble_name(entry: str, k: int) -> str:
     return f"{entry}+ens{k}"
 
 
-__all__ = ["Entry", "ensemble_name", "parse_entries"]
+__all__ = ["ENSEMBLE_SUFFIX", "Entry", "ensemble_name", "parse_entries"]

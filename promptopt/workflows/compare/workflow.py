@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +21,7 @@ from promptopt.study.recovery import fault_point
 from promptopt.tasks.item import items_sha256
 from promptopt.workflows.compare.choose import SELECTIONS, choose_winner
 from promptopt.workflows.compare.ensembles import build_ensembles
-from promptopt.workflows.compare.entries import ensemble_name
+from promptopt.workflows.compare.entries import ENSEMBLE_SUFFIX, ensemble_name
 from promptopt.workflows.compare.evaluate import Evaluated, EvaluationStore, Evaluator
 from promptopt.workflows.compare.paired import paired_table
 from promptopt.workflows.compare.plan import SEARCH_SUITE_FILE, plan_studies, search_suite_marker, seed_config
@@ -288,6 +289,12 @@ def _compare(
             ).items():
                 winners.setdefault(ensemble_name(name, k), []).append(evaluated)
                 runs.append(row)
+    short = left_out_ensembles(winners, seeds)
+    for name, why in short.items():  # pairs are (seed, item): an entry missing a seed pairs with nothing
+        del winners[name]
+        runs = [r for r in runs if r["strategy"] != name]
+        if show_progress:
+            print(f"note: {name} left out of the tables: {why}", file=sys.stderr, flush=True)
     runs_table = pd.DataFrame(runs)
     table = strategy_table(runs_table, winners, walls, seed=base.study.seed)
     paired = paired_table(winners, seed=base.study.seed)
@@ -296,7 +303,12 @@ def _compare(
         "task": session.data.spec.name,
         "model": base.model.spec,
         "strategies": strategies,
-        "ensembles": {"sizes": list(ensembles), "of": list(ensemble_of), "objective": ensemble_objective}
+        "ensembles": {
+            "sizes": list(ensembles),
+            "of": list(ensemble_of),
+            "objective": ensemble_objective,
+            "left_out": short,
+        }
         if ensembles
         else None,
         "seeds": seeds,
@@ -336,3 +348,13 @@ def _compare(
         out, table, runs_table, paired, summary, winner_robustness_answers(winners), winner_test_answers(winners)
     )
     return CompareResult(table, runs_table, paired, summary, proposals, base.storage_url, Path(base.out))
+
+
+def left_out_ensembles(winners: dict, seeds: int) -> dict[str, str]:
+    """Ensemble entries some seed could not build (its search found fewer distinct trials than the ensemble has
+    members), with why: the tables pair entries on (seed, item), so such an entry is left out, and said."""
+    return {
+        name: f"{len(evaluated)} of {seeds} seeds' searches found enough distinct trials for it"
+        for name, evaluated in winners.items()
+        if ENSEMBLE_SUFFIX.search(name) and len(evaluated) < seeds
+    }

@@ -45,14 +45,14 @@ def compare_candidates(root: Path):
 def select_by_dev(candidates, strategy: str | None = None, *, tie_break: str | None = None):
     """Among the searches' own winners (of `strategy`, else of every strategy), the selection rule's choice: the
     winners not significantly worse than the most dev-accurate on the same dev items tie, and `tie_break` (default
-    `DEFAULT_TIE_BREAK`) chooses; full ties go to the strategy compared first, then the lower seed.
-    -> (row, how, the rule's record). Test numbers are never read."""
-    from promptopt.metrics.stats.selection import DEFAULT_TIE_BREAK, choose
+    `EXPORT_TIE_BREAK`: a plain argmax winner first, then stability) chooses; full ties go to the strategy compared
+    first, then the lower seed. -> (row, how, the rule's record). Test numbers are never read."""
+    from promptopt.metrics.stats.selection import EXPORT_TIE_BREAK, choose
 
     winners = candidates[candidates["winner"].astype(bool)]
     if strategy is not None:
         winners = winners[winners["strategy"] == strategy]
-    selection = choose([candidate_of(row) for _, row in winners.iterrows()], tie_break=tie_break or DEFAULT_TIE_BREAK)
+    selection = choose([candidate_of(row) for _, row in winners.iterrows()], tie_break=tie_break or EXPORT_TIE_BREAK)
     best = winners[winners["order"] == selection.winner.key].iloc[0]
     among = f"the {len(winners)} {strategy + ' ' if strategy else ''}search winners"
     return best, f"among {among}: {selection.describe()}", selection.record()
