@@ -6,13 +6,6 @@ The loop takes the first waiting request, then keeps taking requests until the b
 the batch waits for the next one. While the worker is busy, requests queue up, so under load a batch fills without
 waiting; an idle server adds at most `max_wait` to a request. At most `max_queue` requests wait: beyond that a
 request is refused at once (503) instead of waiting without bound.
-
-Refilling after a large pass: when a pass answers N requests, their clients get their answers together and many send
-their next request together, but one by one through the HTTP layer, so the next batch's first request used to be
-answered with the 1-3 that arrived within `max_wait` (bench_serve at concurrency 32: passes of 1-3, 29-31 and 32
-inputs, three passes where two would do). So while the batch holds fewer inputs than the previous pass answered, it
-waits for more up to `fill_share` of that pass's seconds (at most `max_fill_wait`): a tenth of a pass to save a
-whole one. An idle server's previous pass was one request, so a lone request still waits at most `max_wait`.
 """
 
 from __future__ import annotations
@@ -56,22 +49,11 @@ class BatchStats:
 
 
 class Batcher:
-    def __init__(
-        self,
-        answer_groups,
-        *,
-        max_batch: int = 32,
-        max_wait: float = 0.005,
-        max_queue: int = 256,
-        fill_share: float = 0.1,
-        max_fill_wait: float = 0.25,
-    ) -> None:
-        if max_batch < 1 or max_queue < 1 or max_wait < 0 or fill_share < 0 or max_fill_wait < 0:
-            raise ValueError("max_batch and max_queue must be >= 1, the waits and fill_share >= 0")
+    def __init__(self, answer_groups, *, max_batch: int = 32, max_wait: float = 0.005, max_queue: int = 256) -> None:
+        if max_batch < 1 or max_queue < 1 or max_wait < 0:
+            raise ValueError("max_batch and max_queue must be >= 1 and max_wait >= 0")
         self.answer_groups = answer_groups
         self.max_batch, self.max_wait, self.max_queue = max_batch, max_wait, max_queue
-        self.fill_share, self.max_fill_wait = fill_share, max_fill_wait
-        self._last_pass = (0, 0.0)  # inputs the previous pass answered, and its seconds
         self.stats = BatchStats()
         self._queue: asyncio.Queue | None = None
         self._task: asyncio.Task | None = None
@@ -128,13 +110,9 @@ class Batcher:
         while True:
             first = await self._next(None)
             batch, size = [first], len(first.inputs)
-            taken = loop.time()
-            deadline = taken + self.max_wait
-            last_size, last_seconds = self._last_pass
-            refill = taken + max(self.max_wait, min(self.max_fill_wait, self.fill_share * last_seconds))
+            deadline = loop.time() + self.max_wait
             while size < self.max_batch:
-                wait_until = refill if size < min(last_size, self.max_batch) else deadline
-                pending = await self._next(wait_until - loop.time())
+                pending = await self._next(deadline - loop.time())
                 if pending is None:
                     break
                 if size + len(pending.inputs) > self.max_batch:
@@ -155,7 +133,6 @@ class Batcher:
                 log.exception("answering a batch of %d requests failed", len(batch))
                 results = [exc] * len(batch)
             self.stats.busy_seconds += loop.time() - started
-            self._last_pass = (sum(len(p.inputs) for p in batch), loop.time() - started)
             for pending, result in zip(batch, results):
                 if pending.future.done():
                     continue

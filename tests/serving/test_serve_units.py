@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import time
 
 import numpy as np
 import pandas as pd
@@ -180,75 +179,6 @@ def test_the_batcher_batches_concurrent_requests_and_answers_each_in_order():
     assert after == [{"answer": "still", "group_size": 1}]
     assert max(int(k) for k in stats.as_dict()["requests_per_call"]) > 1
     assert stats.busy_seconds >= 0.05 * (len(runtime.calls) - 1) * 0.9  # every call but the failing one slept 0.05 s
-
-
-@pytest.mark.parametrize("fill_share", [0.5, 0.0])
-def test_after_a_large_pass_the_batcher_waits_for_the_clients_it_answered(fill_share):
-    """8 clients answered together send again one by one, 10 ms apart (slower than max_wait): with the refill wait
-    (half of the 0.3 s pass here) their 8 inputs make one pass; without it (fill_share 0) they make several."""
-    from promptopt.serving.batcher import Batcher
-
-    calls = []
-
-    def answer_groups(groups):
-        calls.append(sum(len(g) for g in groups))
-        time.sleep(0.3)
-        return [[{"answer": i.question} for i in g] for g in groups]
-
-    async def main():
-        batcher = Batcher(answer_groups, max_batch=8, max_wait=0.005, fill_share=fill_share, max_fill_wait=1.0)
-        await batcher.start()
-        await asyncio.gather(*(batcher.submit([Input(f"a{k}")]) for k in range(8)))
-
-        async def later(k):
-            await asyncio.sleep(0.01 * k)
-            return await batcher.submit([Input(f"b{k}")])
-
-        answers = await asyncio.gather(*(later(k) for k in range(8)))
-        await batcher.stop()
-        return answers
-
-    answers = asyncio.run(main())
-    assert [a[0]["answer"] for a in answers] == [f"b{k}" for k in range(8)]
-    assert calls[0] == 8
-    if fill_share:
-        assert calls[1:] == [8]  # the second wave in one pass
-    else:
-        assert len(calls) > 2 and calls[1] < 8  # the old behaviour: the first arrival alone, then the rest
-
-
-def test_a_lone_request_after_a_large_pass_waits_at_most_the_refill_bound():
-    """The wait a batch is given (read off the batcher's own timeouts, not the wall clock): after a pass of 8 that
-    took 0.2 s, min(0.25 × 0.2 s, max_fill_wait 0.04) for the lone request; after that one-request pass, max_wait."""
-    from promptopt.serving.batcher import Batcher
-
-    def answer_groups(groups):
-        time.sleep(0.2)
-        return [[{"answer": i.question} for i in g] for g in groups]
-
-    async def main():
-        batcher = Batcher(answer_groups, max_batch=8, max_wait=0.005, fill_share=0.25, max_fill_wait=0.04)
-        waits, real_next = [], batcher._next
-
-        async def spied(timeout):
-            if timeout is not None:
-                waits[-1].append(timeout)
-            return await real_next(timeout)
-
-        batcher._next = spied
-        await batcher.start()
-        waits.append([])
-        await asyncio.gather(*(batcher.submit([Input(f"a{k}")]) for k in range(8)))
-        waits.append([])
-        await batcher.submit([Input("alone")])
-        waits.append([])
-        await batcher.submit([Input("idle")])
-        await batcher.stop()
-        return waits
-
-    _, lone, idle = asyncio.run(main())
-    assert 0.03 < max(lone) <= 0.04  # the capped refill wait (0.25 × ~0.2 s = 0.05 > 0.04), less the time taken
-    assert max(idle) <= 0.005  # the previous pass was one request: no refill
 
 
 # --- the app under uvicorn, with the stand-in runtime ----------------------------------------------------------
