@@ -293,8 +293,7 @@ def _compare(
     for name, why in short.items():  # pairs are (seed, item): an entry missing a seed pairs with nothing
         del winners[name]
         runs = [r for r in runs if r["strategy"] != name]
-        if show_progress:
-            print(f"note: {name} left out of the tables: {why}", file=sys.stderr, flush=True)
+        print(f"note: {name} left out of the tables: {why}", file=sys.stderr, flush=True)  # a result: even --quiet
     runs_table = pd.DataFrame(runs)
     table = strategy_table(runs_table, winners, walls, seed=base.study.seed)
     paired = paired_table(winners, seed=base.study.seed)
