@@ -9,6 +9,7 @@ from pathlib import Path
 
 from promptopt.errors import UserError
 from promptopt.study.tableset import check_table_set
+from promptopt.workflows.compare.entries import ENSEMBLE_SUFFIX
 
 SELECTIONS = ("dev", "robust")
 _CANDIDATE_COLUMNS = {"strategy", "seed", "rank", "winner", "trial", "dev_accuracy", "dev_correct"}
@@ -35,7 +36,7 @@ def compare_candidates(root: Path):
             f"{path}: written by an older promptopt (no {', '.join(sorted(missing))} column): rerun the compare"
         )
     # the searches' candidates: not the baseline, nor the ensembles compare built (export them with --ensemble K)
-    is_ensemble = runs["strategy"].astype(str).str.contains(r"\+ens\d+$", regex=True)
+    is_ensemble = runs["strategy"].astype(str).str.contains(ENSEMBLE_SUFFIX.pattern, regex=True)
     searched = runs[(runs["strategy"] != "baseline") & ~is_ensemble].reset_index(drop=True)
     if searched.empty:
         raise UserError(f"{path}: no searched strategy in the comparison")
