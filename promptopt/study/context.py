@@ -91,9 +91,13 @@ def check_search(config: SearchConfig, data, expand=None) -> None:
     require_variants(build_context(config, data, expand))
 
 
-def _longest_exemplars(candidates: list, k: int) -> tuple:
-    size = lambda item: len(item.question) + len(str(item.target)) + sum(len(c) for c in item.choices or ())  # noqa: E731
-    return tuple(item.as_exemplar() for item in sorted(candidates, key=size, reverse=True)[:k])
+def _exemplar_size(item) -> int:
+    """Characters an item adds to a prompt as a shot: its question, answer and choices."""
+    return len(item.question) + len(str(item.target)) + sum(len(c) for c in item.choices or ())
+
+
+def _longest_candidates(candidates: list, k: int) -> list:
+    return sorted(candidates, key=_exemplar_size, reverse=True)[:k]
 
 
 def fit_space_to_model(ctx: SearchContext, tokenizer, note=None) -> None:
@@ -122,7 +126,8 @@ def check_prompts_fit(ctx: SearchContext, scorer) -> None:
     longest candidate shots, on the longest dev/test items. Checked before the study exists, so a space
     that cannot fit fails with one line and leaves nothing behind."""
     space, spec = ctx.space, ctx.data.spec
-    shots = _longest_exemplars(ctx.candidates, space.k_max)
+    longest = _longest_candidates(ctx.candidates, space.k_max)
+    shots = tuple(item.as_exemplar() for item in longest)
     by_size = lambda item: len(item.question) + sum(len(c) for c in item.choices or ())  # noqa: E731
     items = sorted(ctx.dev + ctx.test, key=by_size, reverse=True)[:3]
     for instruction_name, instruction in space.instructions.items():
@@ -133,9 +138,17 @@ def check_prompts_fit(ctx: SearchContext, scorer) -> None:
             try:
                 scorer.check_fits(prompt, items)
             except PromptTooLongError as exc:
+                # `exc` names the query item it measured; a shot longer than every query is the likelier culprit
+                shot = longest[0] if longest and _exemplar_size(longest[0]) > by_size(items[0]) else None
+                where = f"{shot.where}, " if shot is not None and shot.where else ""
+                culprit = (
+                    f"; its longest shot is pool item {shot.id} ({where}{_exemplar_size(shot):,} characters)"
+                    if shot is not None
+                    else ""
+                )
                 raise PromptTooLongError(
                     f"{space.where}: instruction '{instruction_name}' with template '{template_name}' and {len(shots)} shots "
-                    f"does not fit: {exc}"
+                    f"does not fit: {exc}{culprit}"
                 ) from None
 
 

@@ -305,6 +305,39 @@ def test_a_prompt_too_long_for_the_model_names_the_items_file_line_and_field(mod
     assert length == len(rows[number - 1]["text"]) and item.startswith("validation-")
 
 
+def test_a_space_whose_longest_shot_does_not_fit_names_that_pool_item(model, tmp_path):
+    """One 1 MB pool item: the search's one line names it (its id, file line and size) beside the short query item
+    the scorer measured (issue 53: only the 26-character query was named)."""
+    huge = "a long and winding sentence " * 36_000  # ~1 MB
+    pool = [{"text": huge if i == 1 else f"pool review {i}", "label": i % 2} for i in range(4)]
+    rows = [{"text": f"review {i}: fine", "label": i % 2} for i in range(8)]
+    for name, table in (("pool.jsonl", pool), ("data.jsonl", rows)):
+        (tmp_path / name).write_text("".join(json.dumps(row) + "\n" for row in table))
+    task = {
+        "name": "t",
+        "source": {"files": {"train": "pool.jsonl", "validation": "data.jsonl"}},
+        "splits": {"pool": {"from": "train"}, "dev": {"from": "validation", "size": 4},
+                   "test": {"from": "validation"}},
+        "answer": {"type": "multiple_choice"},
+        "fields": {"question": "text", "choices": ["negative", "positive"], "answer": "label"},
+        "prompt": {"k": 0, "template": {"query": "Review: {question}\nSentiment:"}},
+    }  # fmt: skip
+    (tmp_path / "task.yaml").write_text(json.dumps(task))
+    (tmp_path / "space.yaml").write_text(
+        'task: t\ninstructions: {none: ""}\nexemplars: {candidates: 4, k: [1, 1]}\n'
+        'templates: {qa: {query: "Review: {question}\\nSentiment:"}}\n'
+    )
+    run = promptopt(
+        "search", "--task", tmp_path / "task.yaml", "--space", tmp_path / "space.yaml", "--model", model,
+        "--device", "cpu", "--trials", "1", "--out", tmp_path / "run",
+    )  # fmt: skip
+    assert_one_error_line(run, "does not fit", "its longest shot is pool item ")
+    line = message_lines(run.stderr)[0]
+    size = len(huge) + len("positive") + len("negative") + len("positive")  # question, its answer, the choices
+    assert f"({tmp_path / 'pool.jsonl'} line 2, {size:,} characters)" in line, line
+    assert not (tmp_path / "run" / "study.db").exists()
+
+
 # --- a full disk, a forbidden folder, two runs at once -----------------------------------------------------
 SEARCH = [
     "search",
