@@ -26,6 +26,9 @@ def fmt(value) -> str:
 
 
 def print_frame(frame, columns: list[str], title: str, max_rows: int) -> None:
+    """At most `max_rows` rows of `frame` as a table; none (no table, no header) for max_rows 0."""
+    if max_rows <= 0:
+        return
     table = Table(title=title, show_lines=False)
     shown = [c for c in columns if c in frame.columns]
     for name in shown:

@@ -22,6 +22,11 @@ def test_score_on_tiny_model_writes_table_and_summary(tiny_llama_dir, tmp_path):
     assert len(table) == 4 and {"tcb", "v_eff", "margin", "target_nll", "ppl"} <= set(table.columns)
     assert json.loads(out.with_suffix(".json").read_text())["n"] == 4
     assert not list(tmp_path.glob("*.tmp"))
+    assert "sst2 · test" in proc.stdout and "item_id" in proc.stdout  # the item table, under its title
+    quiet = run("score", "--task", "sst2", "--model", str(tiny_llama_dir), "--limit", "4", "--rows", "0")
+    assert quiet.returncode == 0, quiet.stderr
+    # --rows 0: the summary alone (it printed an empty item table: its title and header, no rows)
+    assert "summary" in quiet.stdout and "item_id" not in quiet.stdout and "sst2 · test" not in quiet.stdout
 
 
 def test_score_with_a_card(tiny_llama_dir, tiny_lm, tmp_path):
