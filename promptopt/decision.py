@@ -137,6 +137,16 @@ class RuleKind:
     def per_item(self) -> bool:
         return self.fit_on == "references"
 
+    @property
+    def reads_content_free(self) -> bool:
+        """Its parameters come from content-free inputs (contextual, pmi), so they are known before any dev item."""
+        return self.fit_on in ("content_free", "references")
+
+    @property
+    def fits_on_dev(self) -> bool:
+        """Its parameters are fit on the dev items' rows (batch, affine, and the rules one adds)."""
+        return self.fit_on in ("dev", "dev_labels")
+
     def fit_params(self, rows: list[list[float]], golds: list[int] | None):
         """(bias, scale or None) fit on `rows` (and `golds` for a rule fit on labels)."""
         fit = load_reference(self.fit) if isinstance(self.fit, str) else self.fit
@@ -305,7 +315,7 @@ class DecisionRule:
             out["bias"] = None if self.bias is None else [float(b) for b in self.bias]
         if self.spec.scaled:
             out["scale"] = None if self.scale is None else [float(a) for a in self.scale]
-        if self.spec.fit_on in ("content_free", "references"):
+        if self.spec.reads_content_free:
             out["content_free"] = list(self.content_free)
         if self.fitted_on:
             out["fitted_on"] = dict(self.fitted_on)

@@ -341,7 +341,7 @@ class RunningDecision:
         self.tables: list[pd.DataFrame] = []
         self.states: list[torch.Tensor] = []
         self.items: list[Item] = []
-        if self.rule.spec.fit_on in ("content_free", "references"):  # labels from the task's items; content-free inputs
+        if self.rule.spec.reads_content_free:  # labels from the task's items; content-free inputs
             self.rule = fit_rule(self.rule, scorer, prompt, scorer.data.dev + scorer.data.test)
 
     def add(self, items: list[Item]) -> pd.DataFrame:
@@ -377,7 +377,7 @@ class RunningDecision:
 
     def fitted(self) -> DecisionRule:
         """The rule fit on every item scored so far (contextual: on its content-free inputs)."""
-        if self.rule.spec.fit_on in ("nothing", "content_free", "references"):
+        if not self.rule.spec.fits_on_dev:
             return self.rule
         table = pd.concat(self.tables, ignore_index=True)
         return fitted_params(
