@@ -245,9 +245,15 @@ class DecisionRule:
         return not self.calibrated or self.per_item or self.bias is not None
 
     @property
+    def adapts_to_batch(self) -> bool:
+        """An input's decision depends on the other inputs of its batch (adaptive batch calibration re-estimates
+        its bias from them); under every other rule an input is decided alone, whatever it is batched with."""
+        return self.kind == "batch" and self.mode == "adaptive"
+
+    @property
     def name(self) -> str:
         """How tables and messages name it: argmax, contextual, batch (stored), batch-adaptive, affine."""
-        return "batch-adaptive" if self.kind == "batch" and self.mode == "adaptive" else self.kind
+        return "batch-adaptive" if self.adapts_to_batch else self.kind
 
     def column(self) -> str:
         """The per-item table column of the log-probabilities this rule reads."""
@@ -262,7 +268,7 @@ class DecisionRule:
     def bias_for(self, rows: list[list[float]]) -> list[float] | None:
         """The bias used for a batch of inputs: adaptive batch calibration re-estimates it from a batch large
         enough (≥ min_batch), every other rule uses its stored one."""
-        if self.kind == "batch" and self.mode == "adaptive" and len(rows) >= self.min_batch:
+        if self.adapts_to_batch and len(rows) >= self.min_batch:
             return batch_bias(rows)
         return None if self.bias is None else list(self.bias)
 

@@ -403,7 +403,7 @@ def describe(rule: DecisionRule) -> str:
     where = rule.fitted_on
     came = f"{where.get('n')} {where.get('split')} items" if where else "content-free inputs"
     biases = ", ".join(f"{label}: {b:+.3f}" for label, b in zip(rule.labels or (), rule.bias or ()))
-    adaptive = rule.kind == "batch" and rule.mode == "adaptive"
+    adaptive = rule.adapts_to_batch
     extra = f" (re-estimated from each answered batch of ≥ {rule.min_batch} inputs)" if adaptive else ""
     return f"{rule.name} calibration fit on {came}{extra}; bias {biases}" + (
         "; scale " + ", ".join(f"{a:.3f}" for a in rule.scale) if rule.scale is not None else ""

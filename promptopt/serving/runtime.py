@@ -173,9 +173,9 @@ class Server:
                 except InputError as exc:
                     out[g] = exc
             if items_of:
-                tables = self._tables(list(items_of.values()))
-                for g, table in zip(items_of, tables):
-                    out[g] = self._answers(table, items_of[g])
+                answers = self._answer_batches(list(items_of.values()))
+                for g, batch_answers in zip(items_of, answers):
+                    out[g] = batch_answers
             return out
 
     def _items(self, batch: list[Input]) -> list:
@@ -222,8 +222,11 @@ class Server:
                 raise InputError(f"{where}.choices: {exc}", 422) from None
         return tuple(given.choices)
 
-    def _tables(self, batches: list[list]) -> list:
-        """Per batch, its answer table as `scoring.card_answers.answer_table` gives it for those items alone."""
+    def _answer_batches(self, batches: list[list]) -> list[list[dict]]:
+        """Per batch, the answers `scoring.card_answers.answer_table` gives for those items alone. One pass over
+        the model scores them all. A rule that adapts to its batch then decides each batch on its own; any other
+        rule decides an input alone whatever it is batched with, so the whole pass is decided (and turned into
+        answers) at once: per-request tables cost a sixth of a pass of 32 single-input requests (issue 53)."""
         from promptopt.scoring.calibration import decide_table, with_references
         from promptopt.scoring.ensemble import ensemble_test
 
@@ -233,41 +236,44 @@ class Server:
             spans.append((start, start + len(batch)))
             start += len(batch)
         if self.generative:
-            table = self.scorer.score(self.members[0].prompt, flat).table
-            return [table.iloc[a:b].reset_index(drop=True) for a, b in spans]
-        head, eps = self.scorer.lm.output_head, self.scorer.eps
-        per_member = []
-        for member in self.members:
-            raw = self.scorer.score(member.prompt, flat)
-            # pmi: each input's choices after the prompt's content-free context (shared by every input; the
-            # scorer keeps each (context, choice) log-likelihood, so a choice text seen before costs nothing)
-            raw.table = with_references(self.scorer, member.rule, member.prompt, flat, raw.table)
-            per_member.append(
-                [
-                    decide_table(
-                        member.rule,
-                        raw.table.iloc[a:b].reset_index(drop=True),
-                        hidden=raw.hidden[a:b] if raw.hidden is not None else None,
-                        head=head,
-                        eps=eps,
-                    )
-                    for a, b in spans
-                ]
-            )
-        out = []
-        for g in range(len(batches)):
-            tables = [member[g] for member in per_member]
-            out.append(tables[0] if len(tables) == 1 else _ensemble(tables, ensemble_test))
+            units = [(0, len(flat))]
+            tables = [self.scorer.score(self.members[0].prompt, flat).table]
+        else:
+            units = spans if any(m.rule.adapts_to_batch for m in self.members) else [(0, len(flat))]
+            head, eps = self.scorer.lm.output_head, self.scorer.eps
+            per_member = []
+            for member in self.members:
+                raw = self.scorer.score(member.prompt, flat)
+                # pmi: each input's choices after the prompt's content-free context (shared by every input; the
+                # scorer keeps each (context, choice) log-likelihood, so a choice text seen before costs nothing)
+                raw.table = with_references(self.scorer, member.rule, member.prompt, flat, raw.table)
+                per_member.append(
+                    [
+                        decide_table(
+                            member.rule,
+                            raw.table.iloc[a:b].reset_index(drop=True) if (a, b) != (0, len(flat)) else raw.table,
+                            hidden=raw.hidden[a:b] if raw.hidden is not None else None,
+                            head=head,
+                            eps=eps,
+                        )
+                        for a, b in units
+                    ]
+                )
+            tables = []
+            for u in range(len(units)):
+                decided = [member[u] for member in per_member]
+                tables.append(decided[0] if len(decided) == 1 else _ensemble(decided, ensemble_test))
+        rows = []
+        for table in tables:
+            rows += table.drop(columns=[c for c in _GOLD_COLUMNS if c in table]).to_dict("records")
+        answers = [self._answer(row, item) for row, item in zip(rows, flat)]
+        out = [answers[a:b] for a, b in spans]
+        for batch_answers in out:
+            adaptive = self._batch_adaptive(len(batch_answers))
+            if adaptive is not None:
+                for answer in batch_answers:
+                    answer["batch_adaptive"] = adaptive
         return out
-
-    def _answers(self, table, items) -> list[dict]:
-        rows = table.drop(columns=[c for c in _GOLD_COLUMNS if c in table]).to_dict("records")
-        answers = [self._answer(row, item) for row, item in zip(rows, items)]
-        adaptive = self._batch_adaptive(len(items))
-        if adaptive is not None:
-            for answer in answers:
-                answer["batch_adaptive"] = adaptive
-        return answers
 
     def _batch_adaptive(self, size: int) -> dict | None:
         """How a batch-adaptive rule decided a batch of `size` inputs (None for any other rule): on a bias
@@ -275,7 +281,7 @@ class Server:
         decides) or on the card's stored one. An ensemble's adaptive members are listed in member order."""
         if self.generative:
             return None
-        rules = [m.rule for m in self.members if m.rule.kind == "batch" and m.rule.mode == "adaptive"]
+        rules = [m.rule for m in self.members if m.rule.adapts_to_batch]
         if not rules:
             return None
         bias = ["batch" if size >= r.min_batch else "stored" for r in rules]

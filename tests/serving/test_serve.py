@@ -253,6 +253,42 @@ def test_an_adaptive_batch_rule_decides_each_request_on_its_own_batch(card_path,
     )
 
 
+def test_requests_decided_together_in_one_pass_equal_each_request_answered_alone(card_path, embedded_lm, items):
+    """A rule that does not adapt to its batch (stored batch calibration: δ_TCB read on the shifted distribution)
+    decides the whole pass at once: three requests of 5, 1 and 3 inputs answered in one pass equal each request
+    answered alone and the scorer's decided table of those items, answer, scores and δ_TCB."""
+    from promptopt.card import field_hashes
+    from promptopt.decision import rule_from_card
+    from promptopt.scoring.calibration import DecidingScorer
+    from promptopt.serving import Server
+    from promptopt.serving.inputs import Input
+
+    card = yaml.safe_load(card_path.read_text())
+    card["decision"] = {
+        "rule": "batch",
+        "reading": "acc",
+        "mode": "stored",
+        "labels": ["negative", "positive"],
+        "bias": [0.8, -0.8],
+    }
+    card["check"]["fields_sha256"] = field_hashes(card)
+    server = Server(card, lm=embedded_lm)
+    groups = [items[20:25], items[25:26], items[26:29]]
+    together = server.answer_groups([[Input(i.question) for i in g] for g in groups])
+    rule = rule_from_card(card["decision"])
+    expect = DecidingScorer(server.scorer, rule).score(server.members[0].prompt, items[20:29]).table
+    assert set(expect["tcb_basis"]) == {"calibrated"}
+    flat = [answer for answers in together for answer in answers]
+    for answer, (_, row) in zip(flat, expect.iterrows(), strict=True):
+        assert answer["index"] == int(row["pred"]) and "batch_adaptive" not in answer
+        np.testing.assert_allclose(list(answer["decision_scores"].values()), row["decision_scores"], atol=2e-4)
+        np.testing.assert_allclose(answer["tcb"], row["tcb"], rtol=1e-3)
+    for group, answers in zip(groups, together):
+        alone = server.answer([Input(i.question) for i in group])
+        assert [a["index"] for a in alone] == [a["index"] for a in answers]
+        np.testing.assert_allclose([a["tcb"] for a in alone], [a["tcb"] for a in answers], rtol=1e-3)
+
+
 def test_a_generative_card_is_generated_and_read_as_the_scorer_does(tiny_llama_dir, tmp_path):
     from promptopt.models import ModelConfig
     from promptopt.serving import Server
