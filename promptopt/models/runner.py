@@ -34,6 +34,7 @@ from promptopt.models.attention import GROUPED_SDPA as _GROUPED_SDPA
 from promptopt.models.attention import use_grouped_sdpa
 from promptopt.models.cpu_memory import keep_freed_memory
 from promptopt.models.hidden_states import States
+from promptopt.models.length_batches import CPU_FORWARD_TOKENS, length_batches
 from promptopt.models.load import LoadedModel
 from promptopt.models.token_prefix import common_prefix_length
 
@@ -93,6 +94,9 @@ class Runner:
             raise ValueError(f"batch_size must be >= 1 or 'auto', got {batch_size!r}")
         self.lm = lm
         self.batch_size = batch_size
+        # a forward's fixed cost in padded tokens, which sets where scoring batches are cut (length_batches.py);
+        # None: fixed chunks of batch_size (off a CPU, where it was not measured)
+        self.forward_overhead_tokens = CPU_FORWARD_TOKENS if lm.device.type == "cpu" else None
         self.progress = progress
         self._prefixes: OrderedDict[tuple[int, ...], Cache] = OrderedDict()  # prefix ids -> its one-row cache
         self._prefix_unsupported = False
@@ -252,14 +256,17 @@ class Runner:
         return self._project(requests, fed, states, tcb_targets, eps)
 
     def _plain_states(self, unique, first_needed, prefix_len: int, prefix) -> States:
-        """Every distinct input after the prefix as its own row, longest first, in batches of `batch_size` rows."""
+        """Every distinct input after the prefix as its own row, longest first, in batches of at most `batch_size`
+        rows cut where padding costs least (length_batches.py)."""
         from tqdm.auto import tqdm
 
         states = States()
         order = sorted(unique, key=len, reverse=True)
         pad = self.lm.tokenizer.pad_token_id or 0
-        batches = [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
-        cache_for = self._scoring_caches(prefix, rows=len(batches[0]), width=len(order[0]) - prefix_len)
+        sizes = length_batches([len(s) - prefix_len for s in order], self.batch_size, self.forward_overhead_tokens)
+        starts = [sum(sizes[:k]) for k in range(len(sizes))]
+        batches = [order[a : a + n] for a, n in zip(starts, sizes)]
+        cache_for = self._scoring_caches(prefix, rows=max(sizes), width=len(order[0]) - prefix_len)
         meter, done = progress.meter("scoring", len(order), "inputs"), 0
         for batch in tqdm(batches, desc="scoring", disable=not self.progress, leave=False):
             done += len(batch)

@@ -35,6 +35,7 @@ def test_auto_halves_on_out_of_memory_until_a_batch_fits_and_keeps_that_size(tin
 
     runner, seen = Runner(tiny_lm, batch_size="auto"), []
     runner.use_prefix_cache = False  # every input a row of its own
+    runner.forward_overhead_tokens = None  # fixed chunks of the batch size: the rows asked are the cap's
     _fits_only(runner, 8, seen)
     assert runner.batch_size == AUTO_START == 64
     got = runner.loglikelihood(_requests(tiny_lm))
@@ -66,6 +67,7 @@ def test_out_of_memory_at_one_row_is_one_error_and_other_errors_pass_through(tin
     from promptopt.models.runner import Runner
 
     runner, seen = Runner(tiny_lm, batch_size="auto"), []
+    runner.forward_overhead_tokens = None  # fixed chunks of the batch size: the rows asked are the cap's
     _fits_only(runner, 0, seen)
     with pytest.raises(UserError, match="--batch-size auto: out of memory even one row at a time"):
         runner.loglikelihood(_requests(tiny_lm)[:3])

@@ -48,10 +48,13 @@ def tiny_gemma3(tmp_path_factory, embedded_dir):
 
 def assert_matches_reference(lm, requests, batch_size: int = 3, atol: float = 1e-5):
     """The runner as it scores (buffers, the last MLP where read) against its reference behaviour (a copy of the
-    prefix per batch, the last MLP everywhere): what the runner gave before both."""
-    reference = Runner(lm, batch_size=batch_size)
+    prefix per batch, the last MLP everywhere): what the runner gave before both. Both cut fixed chunks of
+    `batch_size` (the shapes the tolerances were measured at; where batches are cut has its own test,
+    test_length_batches.py)."""
+    reference, runner = Runner(lm, batch_size=batch_size), Runner(lm, batch_size=batch_size)
     reference.reuse_prefix_buffers = reference.skip_unread_positions = False
-    ours, before = Runner(lm, batch_size=batch_size).loglikelihood(requests), reference.loglikelihood(requests)
+    reference.forward_overhead_tokens = runner.forward_overhead_tokens = None
+    ours, before = runner.loglikelihood(requests), reference.loglikelihood(requests)
     for a, b in zip(ours, before):
         assert a.is_greedy == b.is_greedy
         assert a.token_logprobs == pytest.approx(b.token_logprobs, abs=atol, rel=0)
@@ -112,6 +115,7 @@ def test_the_last_mlp_runs_where_the_hidden_state_is_read_only(tiny_lm):
     """Each row's positions from its context's last token to its end, no padding, nothing earlier."""
     requests = _requests(tiny_lm.tokenizer)
     runner = Runner(tiny_lm, batch_size=16)
+    runner.forward_overhead_tokens = None  # one forward of every row (where batches are cut: test_length_batches.py)
     mlp = tiny_lm.base.layers[-1].mlp
     runner.loglikelihood(requests)  # the prefix's own forward (every position) and the MLP's probe happen here
     (prefix,) = runner._prefixes

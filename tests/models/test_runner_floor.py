@@ -114,12 +114,14 @@ def test_runner_matches_plain_forward_on_smollm2(embedded_lm):
 @pytest.mark.parametrize("batch_size", [5, 16])
 def test_smollm2_scores_as_the_runner_did_before(embedded_lm, batch_size):
     """Reused prefix buffers give a copied prefix's numbers bit for bit; the last MLP where read gives the
-    reference's within float rounding (measured: identical at batch 16, within 1.3e-6 in log p at batch 5)."""
+    reference's within float rounding (measured: identical at batch 16; at batch 5 within 1.3e-6 in log p on an AMD
+    EPYC, 1.05e-5 on a -12.1 log p on an Intel Xeon, the same code on either thread count: a tolerance of 3e-5,
+    under the 5e-5 a plain forward moves by with padding, test_runner_matches_plain_forward_on_smollm2)."""
     from tests.models.test_prefix_cache import assert_buffers_match_copies, assert_matches_reference
 
     requests = _requests(embedded_lm.tokenizer)
     assert_buffers_match_copies(embedded_lm, requests, batch_size=batch_size)
-    assert_matches_reference(embedded_lm, requests, batch_size=batch_size)
+    assert_matches_reference(embedded_lm, requests, batch_size=batch_size, atol=3e-5)
 
 
 @pytest.mark.slow
