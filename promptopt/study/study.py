@@ -17,6 +17,7 @@ import shutil
 import time
 from pathlib import Path
 
+from promptopt import progress as steps
 from promptopt.errors import ConfigError
 from promptopt.study.config import SearchConfig, sqlite_path
 from promptopt.study.context import (
@@ -171,18 +172,29 @@ def _run(
     atomic_write_text(out / "config.json", json.dumps(config.public_dict(), indent=1))
     atomic_write_text(out / "splits.json", json.dumps(ctx.data.carving(), indent=1))
     budget = config.study.trials
-    bar = tqdm(
-        total=budget, initial=min(counts(study)[0], budget), desc=f"search {config.name}", disable=not show_progress
-    )
+    # a bar on a terminal; in a log (not a terminal) one line per finished trial instead of the bar's redraws
+    as_bar = show_progress and (steps.bars() or not steps.enabled())
+    bar = tqdm(total=budget, initial=min(counts(study)[0], budget), desc=f"search {config.name}", disable=not as_bar)
 
     def progress(study_, trial_):
-        bar.n = min(counts(study_)[0], budget)
+        done = min(counts(study_)[0], budget)
+        best = None
         if not ctx.strategy.multi_objective:
             try:
-                bar.set_postfix(best=f"{study_.best_value:.4f}", trial=study_.best_trial.number)
+                best = (study_.best_value, study_.best_trial.number)
             except ValueError:
                 pass
-        bar.refresh()
+        if as_bar:
+            bar.n = done
+            if best is not None:
+                bar.set_postfix(best=f"{best[0]:.4f}", trial=best[1])
+            bar.refresh()
+        elif show_progress and trial_ is not None:
+            state = {"PRUNED": "pruned", "FAIL": "failed"}.get(trial_.state.name, "finished")
+            steps.step(
+                f"{config.name}: trial {trial_.number} {state} ({done}/{budget} done)"
+                + (f"; best {best[0]:.4f} (trial {best[1]})" if best is not None else "")
+            )
 
     try:
         with workers(config, factory, ctx.expand):  # this process is worker 0; its model is loaded anyway

@@ -133,7 +133,7 @@ def _commands(model: Path, f: dict, out: Path) -> dict[str, tuple[str, list]]:
                                  "--test-limit", "8", "--screen-items", "4", "--out", out / "space.yaml", "--cache", out / "cache"]),
         "search": ("search", ["search", "--task", "sst2", *tiny, "--strategy", "accuracy", "--trials", "2", "--dev-limit",
                               "4", "--test-limit", "4", "--out", out / "search"]),
-        "compare": ("search", ["compare", "--task", "sst2", *tiny, "--strategies", "accuracy", "--trials", "1",
+        "compare": ("compare:", ["compare", "--task", "sst2", *tiny, "--strategies", "accuracy", "--trials", "1",
                                "--dev-limit", "4", "--test-limit", "4", "--top-n", "1", "--suite", "none", "--out", out / "cmp"]),
         "export": ("export:", ["export", f["run"], "--out", out / "card.yaml"]),
         "verify": ("verify:", ["verify", f["card"], "--device", "cpu", "--limit", "3"]),
@@ -181,8 +181,12 @@ def test_a_long_command_prints_progress_before_it_ends(command, tiny_llama_dir, 
     code, events = run(*args)
     assert code == 0, "".join(text for _, name, text in events if name == "stderr")[-3000:]
     lines = progress_before_results(events, prefix)
-    if prefix.endswith(":"):  # ours: one whole line per step when stderr is not a terminal
+    if prefix.endswith(":"):  # ours: one whole line per step when stderr is not a terminal, and no bar redraws
         assert all(line.endswith("\n") and "\r" not in line for line in lines), lines
+        redraws = [text for _, name, text in events if name == "stderr" and "\r" in text]
+        assert not redraws, redraws[:3]
+    if command in ("search", "compare"):  # a line per finished trial of each search, with the best so far
+        assert any(": trial 0 finished (1/" in line and "; best " in line for line in lines), lines
     if command in QUIET:
         out = tmp_path / "quiet"
         out.mkdir()
