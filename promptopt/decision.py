@@ -36,6 +36,7 @@ lm-eval's unconditional `acc_mutual_info` reference.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import math
@@ -378,7 +379,9 @@ def parse_rule(text: str) -> DecisionRule:
     name, _, reading = text.partition(":")
     kind, mode = ("batch", "adaptive") if name == "batch-adaptive" else (name, "stored")
     if kind not in DECISION_RULES:
-        raise ConfigError(f"decision: unknown decision rule {text!r}: use one of {rule_names()}")
+        near = difflib.get_close_matches(name, rule_names().split(", "), n=1)
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        raise ConfigError(f"decision: unknown decision rule {text!r}{hint}: use one of {rule_names()}")
     per_item = DECISION_RULES.get(kind).per_item
     return DecisionRule(kind=kind, mode=mode, reading=reading, content_free=PMI_CONTENT_FREE if per_item else ())
 

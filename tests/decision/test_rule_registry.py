@@ -74,8 +74,14 @@ def test_a_rule_is_checked_when_registered_and_unknown_names_are_one_line():
         RuleKind("no_fit", "dev", score=_minus)
     with pytest.raises(ConfigError, match="a calibrated rule needs score"):
         RuleKind("no_score", "dev_labels", fit=_half_fit)
-    with pytest.raises(ConfigError, match=r"unknown decision rule 'batchy'.*batch, batch-adaptive, affine, pmi"):
+    with pytest.raises(
+        ConfigError, match=r"unknown decision rule 'batchy' \(did you mean 'batch'\?\).*batch, batch-ada"
+    ):
         parse_rule("batchy")
+    with pytest.raises(ConfigError, match=r"'batch-adaptiv:acc' \(did you mean 'batch-adaptive'\?\)"):
+        parse_rule("batch-adaptiv:acc")
+    with pytest.raises(ConfigError, match=r"unknown decision rule 'zzz': use one of"):  # nothing near: no guess
+        parse_rule("zzz")
     with pytest.raises(ConfigError, match=r"decision: unknown decision rule 'half_batch'"):
         rule_from_card({"rule": "half_batch", "bias": [0.0, 0.0]})
 
