@@ -6,7 +6,8 @@ Two shapes: the N inputs in one call, and in calls of W (what a server whose cli
 batch at most). Each round times both cuts on both shapes, the cut that goes first alternating by round; the ratio
 printed is cost-cut time over fixed-chunk time, paired by round, its median and the median's distribution-free
 interval (this machine drifts by ±10% within a minute, more than the effect). Below 1: the cost cuts are faster.
-The two cuts' predictions must agree item by item (float rounding aside, they are the same numbers).
+The two cuts' predictions must agree item by item (float rounding aside, they are the same numbers): the run
+stops if they do not.
 
     .venv/bin/python bench/bench_length_batches.py   # BENCH_ITEMS=64 BENCH_WINDOW=32 BENCH_ROUNDS=12
 """
@@ -67,6 +68,8 @@ def main() -> None:
         ratios = [c / f for c, f in zip(times["cost", shape], times["fixed", shape])]
         low, high, coverage = median_interval(ratios)
         same = sum(a == b for a, b in zip(preds["cost", shape], preds["fixed", shape]))
+        if same != len(items):
+            raise SystemExit(f"{shape}: the cuts disagree on {len(items) - same} of {len(items)} predictions")
         print(
             f"{shape:>12}: fixed chunks {statistics.median(times['fixed', shape]):.3f} s, cost cuts "
             f"{statistics.median(times['cost', shape]):.3f} s (medians); cost / fixed paired "

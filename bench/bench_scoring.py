@@ -1,6 +1,7 @@
 """Benchmark 2: k-shot scoring throughput on SST-2 (fixed 4-shot "Review: …\\nSentiment:" with
-" negative"/" positive", the de-quantized embedded SmolLM2, batches of 16), against baselines measured in the
-same run:
+" negative"/" positive", the de-quantized embedded SmolLM2, batches of at most 16 rows, cut where padding costs
+least since 2026-12-06: models/length_batches.py, so floor ratios before and after that date ran different
+batches), against baselines measured in the same run:
 
 - [2a] the floor: a plain `lm.base(input_ids=…)` forward over the very padded suffix batches the scorer ran
   (captured from its calls), without the prefix. The scorer's time over the floor's is the "floor ratio", on
@@ -39,6 +40,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from verdict import verdict  # bench/verdict.py: the script's own folder is on the path
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -210,25 +213,6 @@ def _spread(values, digits: int = 3, each: bool = False) -> str:
 
 
 FIRST_CALL_TARGET, REPEATED_TARGET = 0.85, 0.9  # the floor ratios issue 21 asks for
-_SETTLING_COVERAGE = 0.9  # the least coverage of the median's interval that may settle a target (5 samples: 93.75%)
-
-
-def _verdict(ratios, target: float) -> str:
-    """Met or not by the median, and whether the median's distribution-free interval lies on that side of the
-    target: on this machine kind the samples scatter by ±10%, and a median near the target can fall on either side
-    in another run. Below 5 samples the interval (the range) covers the median less than 90% of the time, too
-    seldom to settle anything."""
-    from promptopt.metrics.stats import median_interval
-
-    low, high, coverage = median_interval(ratios)
-    met = statistics.median(ratios) >= target
-    if coverage < _SETTLING_COVERAGE:
-        where = f"from {len(ratios)} sample{'s' * (len(ratios) > 1)}, too few to settle it"
-    elif low >= target if met else high < target:
-        where = "lies above it" if met else "lies below it"
-    else:
-        where = "contains it: not settled by this run"
-    return f"target ≥ {target}: {'met' if met else 'NOT met'}; the median's {coverage:.0%} interval {low:.3f}-{high:.3f} {where}"
 
 
 def main() -> None:
@@ -325,7 +309,7 @@ def main() -> None:
     ):
         print(
             f"     scorer, {label}: {n_tokens / seconds:.0f} suffix tok/s, {len(items) / seconds:.2f} items/s -> floor ratio "
-            f"{_spread(ratios, each=True)} ({_verdict(ratios, target)})"
+            f"{_spread(ratios, each=True)} ({verdict(ratios, target)})"
         )
         if label.startswith("first"):
             print(
@@ -364,7 +348,7 @@ def main() -> None:
         f"     ceiling: a scorer doing only its forward, tokenization and those products would run at floor ratio "
         f"{_spread(ceiling)}; the whole call at {statistics.median(repeated_ratios):.3f}"
     )
-    print(f"       the ceiling against the repeated call's target: {_verdict(ceiling, REPEATED_TARGET)}")
+    print(f"       the ceiling against the repeated call's target: {verdict(ceiling, REPEATED_TARGET)}")
 
     # The call's tokenization on the bench's threads against one thread (promptopt/scoring/tokens.py), alternating.
     if THREADS > 1:

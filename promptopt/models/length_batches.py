@@ -2,13 +2,15 @@
 `max_rows` rows where the padded tokens plus a fixed cost per forward are least.
 
 Why: a batch pads every row to its longest input, so cutting fixed chunks of `max_rows` from the longest puts a
-few long inputs with many short ones. On a CPU a forward costs about a fixed part plus a constant per padded token
-(SmolLM2 behind a 160-token prefix, two threads: 1 row x 32 tokens 61 ms, 16 x 16 280 ms, 16 x 32 602 ms, 32 x 32
-1,068 ms: ~25 ms + ~1.1 ms a token, so a forward is worth ~30 tokens). On 64 SST-2 inputs fixed chunks of 16 cost
-2,424 token-equivalents in one call and 2,680 in two calls of 32 (what a server with 32 clients gets); the cuts
-below cost 2,291 and 2,412, and they stay within 1% of that for any assumed forward cost from 20 to 100 tokens.
-On a GPU the fixed part (the weights read once per forward) is larger and was not measured here: a runner there
-keeps the fixed chunks (`overhead` None).
+few long inputs with many short ones. On a CPU a forward costs about a fixed part plus a constant per padded token:
+SmolLM2 behind a 160-token prefix on two threads, 1 row x 32 tokens 61 ms, 16 x 16 280 ms, 16 x 32 602 ms, 32 x 32
+1,068 ms (nine shapes in bench/MEASUREMENTS.md, 2026-12-06); their least-squares line is ~32 ms + ~1.0 ms a token, so
+a forward is worth ~32 tokens. On the runner's own suffix widths of 64 SST-2 inputs (4-shot prompt, batch size 16)
+the cuts below save ~6% of that cost in one call and ~10% in two calls of 32 (what a server with 32 clients gets), and
+they stay within 1% of that for any assumed forward cost from 20 to 100 tokens. Measured (bench/bench_length_batches.py):
+0.996x and 0.956x the time, neither interval clear of 1: the forward is not all of a call. On a GPU the fixed part (the
+weights read once per forward) is larger and was not measured here: a runner there keeps the fixed chunks
+(`overhead` None).
 """
 
 from __future__ import annotations

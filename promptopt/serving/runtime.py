@@ -14,8 +14,9 @@ choices' tokens once more and a choice text served before costs nothing (bench/b
 A *batch* is one call's inputs (one HTTP request): an adaptive batch rule re-estimates its bias from a batch of at
 least `min_batch` inputs and uses its stored bias below that (a single input always does); each answer of such a
 card says which it was, and on how many inputs (`batch_adaptive`). `answer_groups` scores
-several batches in one pass over the model and still decides each on its own, so a request's answers never depend
-on another request's inputs.
+several batches in one pass over the model, and a request's answers never depend on another request's inputs: a
+card with an adaptive rule decides each batch on its own; under every other rule an input is decided alone whatever
+it is batched with, so the pass is decided at once.
 """
 
 from __future__ import annotations
@@ -162,8 +163,8 @@ class Server:
         return result
 
     def answer_groups(self, groups: list[list[Input]]) -> list[list[dict] | InputError]:
-        """Several batches (requests) scored in one pass over the model, each decided on its own; a batch with a
-        bad input gets its InputError in its place and the others are answered."""
+        """Several batches (requests) scored in one pass over the model, each answered as if alone (`_answer_batches`);
+        a batch with a bad input gets its InputError in its place and the others are answered."""
         with self._lock:
             out: list = [None] * len(groups)
             items_of = {}
@@ -226,7 +227,8 @@ class Server:
         """Per batch, the answers `scoring.card_answers.answer_table` gives for those items alone. One pass over
         the model scores them all. A rule that adapts to its batch then decides each batch on its own; any other
         rule decides an input alone whatever it is batched with, so the whole pass is decided (and turned into
-        answers) at once: per-request tables cost a sixth of a pass of 32 single-input requests (issue 53)."""
+        answers) at once: two passes of 32 single-input requests take 0.925x the time of deciding request by request
+        (paired, bench/MEASUREMENTS.md 2026-12-06)."""
         from promptopt.scoring.calibration import decide_table, with_references
         from promptopt.scoring.ensemble import ensemble_test
 
@@ -236,7 +238,6 @@ class Server:
             spans.append((start, start + len(batch)))
             start += len(batch)
         if self.generative:
-            units = [(0, len(flat))]
             tables = [self.scorer.score(self.members[0].prompt, flat).table]
         else:
             units = spans if any(m.rule.adapts_to_batch for m in self.members) else [(0, len(flat))]

@@ -120,6 +120,25 @@ def test_a_pmi_card_round_trips_to_load_prompt_and_serve(pmi_card):
             served.extend(a["index"] for a in response.json()["answers"])
     assert served == expected  # 100/100
 
+    # several requests in one pass, inputs of 4, 3 and 2 choices side by side (these test items all have 4): each
+    # answered as that request alone, and the 4-choice ones as the scorer did
+    from promptopt.serving.inputs import Input
+
+    groups = [
+        [Input(i.question, tuple(i.choices)) for i in items[:3]],
+        [Input(items[3].question, tuple(items[3].choices[:3]))],
+        [Input(i.question, tuple(i.choices[:2])) for i in items[4:6]],
+    ]
+    together = server.answer_groups(groups)
+    assert [a["index"] for a in together[0]] == expected[:3]
+    for group, answers in zip(groups, together):
+        alone = server.answer(group)
+        assert [a["index"] for a in answers] == [a["index"] for a in alone]
+        for a, b in zip(answers, alone):
+            assert list(a["decision_scores"]) == list(b["decision_scores"])
+            assert list(a["decision_scores"].values()) == pytest.approx(list(b["decision_scores"].values()), abs=1e-4)
+            assert a["tcb"] == pytest.approx(b["tcb"], rel=1e-3)
+
 
 def test_the_production_helper_stays_torch_free_for_pmi(pmi_card):
     _, card_path, _, _ = pmi_card

@@ -102,6 +102,13 @@ def test_an_ensemble_card_is_served_as_answer_table_combines_it(tiny_run, tmp_pa
         np.testing.assert_allclose(answer["tcb"], row["tcb"], rtol=1e-3)
         assert isinstance(answer["label_logprobs"], list) and len(answer["label_logprobs"]) == 2
         np.testing.assert_allclose(list(answer["decision_scores"].values()), row["decision_scores"], atol=1e-4)
+    # three requests answered in one pass: each as the one request above answered its inputs
+    from promptopt.serving.inputs import Input
+
+    together = server.answer_groups([[Input(i.question) for i in g] for g in (items[:2], items[2:3], items[3:])])
+    flat = [a for group in together for a in group]
+    assert [a["index"] for a in flat] == [a["index"] for a in answers]
+    np.testing.assert_allclose([a["tcb"] for a in flat], [a["tcb"] for a in answers], rtol=1e-3)
 
 
 def test_an_ensemble_cards_threshold_reads_its_most_fragile_member(tiny_run, tmp_path):
