@@ -50,6 +50,26 @@ def test_auto_halves_on_out_of_memory_until_a_batch_fits_and_keeps_that_size(tin
     assert seen == [8, 8, 4]
 
 
+def test_auto_halves_with_batches_cut_by_cost_too(tiny_lm):
+    """A CPU runner cuts its batches where padding costs least (models/length_batches.py): a batch that does not
+    fit may come after smaller ones; the call still halves until every batch fits, and returns a fixed runner's
+    numbers at that size."""
+    from promptopt.models.runner import Runner
+
+    runner, seen = Runner(tiny_lm, batch_size="auto"), []
+    runner.use_prefix_cache = False
+    assert runner.forward_overhead_tokens is not None  # cuts by cost, as a CPU runner does
+    _fits_only(runner, 8, seen)
+    got = runner.loglikelihood(_requests(tiny_lm))
+    last_failure = max(k for k, rows in enumerate(seen) if rows > 8)
+    assert runner.batch_size == 8 and seen[last_failure + 1 :] and max(seen[last_failure + 1 :]) <= 8
+    assert sum(seen[last_failure + 1 :]) == len(SENTENCES)  # the call that fitted ran every input once
+    fixed = Runner(tiny_lm, batch_size=8)
+    fixed.use_prefix_cache, fixed.forward_overhead_tokens = False, None
+    want = fixed.loglikelihood(_requests(tiny_lm))
+    assert [r.logprob for r in got] == pytest.approx([r.logprob for r in want], abs=1e-5)
+
+
 def test_auto_generation_halves_too(tiny_lm):
     from promptopt.models.runner import Runner
 
