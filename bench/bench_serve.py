@@ -1,8 +1,9 @@
 """`promptopt serve` against the scorer, on the same inputs, in one run (the embedded model, SST-2 test items, CPU).
 
 [1] The scorer: the card's answers for N inputs in one call (scoring/card_answers.py's answer_table, what export
-    measured and verify re-scores), items per second; measured just before each server run (the machine's speed
-    drifts), and each server rate is divided by it: the paired ratio, its median over rounds printed.
+    measured and verify re-scores), items per second; measured just before and just after each server run (the
+    machine's speed drifts by ±10% within a minute), and each server rate is divided by the geometric mean of the
+    two: the paired ratio, its median over rounds and the median's interval printed.
 [2] The server: the same N inputs sent as N single-input HTTP requests by C keep-alive connections (`_load`: a lean
     client in its own process, as clients are, against uvicorn on a loopback port: the real app, batching, limits,
     JSON), C = 1, 8, 32: requests per second and the p50 / p95 latency of a request, how the requests were grouped
@@ -22,6 +23,7 @@ Both share one loaded model and one runner (its prefix cache warm for both after
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import statistics
 import sys
@@ -193,11 +195,11 @@ def main() -> None:
     stats = app.state.batcher.stats
     with running(app) as url:
         _load_elsewhere(url, questions[:4], 1)  # warm-up over HTTP
-        for r in range(ROUNDS):  # the machine's speed drifts: each level is paired with the scorer measured just before
+        for r in range(ROUNDS):  # the machine's speed drifts: each level is paired with the scorer around it
             for concurrency in CONCURRENCY if r % 2 == 0 else CONCURRENCY[::-1]:
-                scorer_rates.append(_scorer_rate(server, items))
+                one_call = _scorer_rate(server, items)
                 if concurrency == 32:  # the ceiling at 32 clients: the scorer in windows of 32, paired the same way
-                    windowed.append((scorer_rates[-1], _scorer_rate(server, items, 32)))
+                    in_windows = _scorer_rate(server, items, 32)
                 before, busy = dict(stats.as_dict()["requests_per_call"]), stats.busy_seconds
                 wall, latencies, client_cpu = _load_elsewhere(url, questions, concurrency)
                 shapes = _passes(before, stats.as_dict()["requests_per_call"])
@@ -205,17 +207,22 @@ def main() -> None:
                     f"{shapes} (worker busy {(stats.busy_seconds - busy) / wall:.0%} of the wall, client CPU "
                     f"{client_cpu / wall:.0%})"
                 )
+                if concurrency == 32:  # after the server too, in the mirrored order: the drift cancels to first order
+                    in_windows = math.sqrt(in_windows * _scorer_rate(server, items, 32))
+                one_call = math.sqrt(one_call * _scorer_rate(server, items))
+                scorer_rates.append(one_call)
+                if concurrency == 32:
+                    windowed.append((one_call, in_windows))
                 rate = len(items) / wall
-                server_rows[concurrency].append(
-                    (rate, rate / scorer_rates[-1], _p(latencies, 0.5), _p(latencies, 0.95))
-                )
+                server_rows[concurrency].append((rate, rate / one_call, _p(latencies, 0.5), _p(latencies, 0.95)))
             singles += _single_latency(url, server, questions[r * SINGLE : (r + 1) * SINGLE] or questions[:SINGLE])
     print(
         f"{ITEMS} SST-2 test items, card {server.identity['decision']} on {server.identity['model']}, CPU threads "
         f"{torch.get_num_threads()}, {ROUNDS} rounds (medians)"
     )
     print(
-        f"scorer (answer_table, one call): {', '.join(f'{v:.2f}' for v in scorer_rates)} items/s; "
+        f"scorer (answer_table, one call; each the geometric mean of the runs just before and just after a server "
+        f"run): {', '.join(f'{v:.2f}' for v in scorer_rates)} items/s; "
         f"median {statistics.median(scorer_rates):.2f}"
     )
     print(f"{'concurrency':>13}  {'requests/s':>10}  {'x scorer':>8}  {'p50 s':>7}  {'p95 s':>7}   (x scorer: paired)")
@@ -226,7 +233,7 @@ def main() -> None:
         print(f"passes at concurrency {concurrency} (requests in a pass x passes), by round: {' | '.join(shapes)}")
     ratios = [ratio for _, ratio, _, _ in server_rows[32]]
     print(
-        f"at concurrency 32, x the scorer's items/s: {statistics.median(ratios):.2f}x, rounds "
+        f"at concurrency 32, x the scorer's items/s: {statistics.median(ratios):.3f}x, rounds "
         f"{', '.join(f'{v:.2f}' for v in ratios)} ({verdict(ratios, 0.9)})"
     )
     of_windowed = [row[0] / w for row, (_, w) in zip(server_rows[32], windowed)]

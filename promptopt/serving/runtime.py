@@ -164,43 +164,68 @@ class Server:
 
     def answer_groups(self, groups: list[list[Input]]) -> list[list[dict] | InputError]:
         """Several batches (requests) scored in one pass over the model, each answered as if alone (`_answer_batches`);
-        a batch with a bad input gets its InputError in its place and the others are answered."""
+        a batch with a bad input gets its InputError in its place and the others are answered.
+
+        Whether an input fits the model is checked by the pass itself (scoring tokenizes every input before any
+        forward and refuses one that does not fit); only when it refuses are the inputs checked one by one, so the
+        bad ones get their 422 and the rest are scored again. Checking every input first tokenized each whole prompt
+        twice. A generative card is checked first (its limit counts the tokens it may generate)."""
         with self._lock:
             out: list = [None] * len(groups)
             items_of = {}
             for g, batch in enumerate(groups):
                 try:
                     items_of[g] = self._items(batch)
+                    if self.generative:
+                        self._check_fits(items_of[g])
                 except InputError as exc:
+                    items_of.pop(g, None)
                     out[g] = exc
-            if items_of:
+            if not items_of:
+                return out
+            try:
                 answers = self._answer_batches(list(items_of.values()))
-                for g, batch_answers in zip(items_of, answers):
-                    out[g] = batch_answers
+            except UserError:  # an input too long, or one whose answer tokenizes to nothing: find it
+                refused = 0
+                for g in list(items_of):
+                    try:
+                        self._check_fits(items_of[g])
+                    except InputError as exc:
+                        out[g], refused = exc, refused + 1
+                        del items_of[g]
+                if not refused:  # no input is to blame: the pass's own failure stands
+                    raise
+                answers = self._answer_batches(list(items_of.values())) if items_of else []
+            for g, batch_answers in zip(items_of, answers):
+                out[g] = batch_answers
             return out
 
     def _items(self, batch: list[Input]) -> list:
-        """Scorer items for one batch (a placeholder gold: nothing served is judged), each checked to fit."""
+        """Scorer items for one batch (a placeholder gold: nothing served is judged), their choices checked."""
         from promptopt.tasks.item import Item
 
         items = []
         for k, given in enumerate(batch):
-            where = f"inputs[{k}]"
-            choices = self._choices(given, where)
+            choices = self._choices(given, f"inputs[{k}]")
             item_id = f"serve-{next(self._ids)}"
             if choices is not None:
                 item = Item(id=item_id, question=given.question, gold=0, target=choices[0], choices=choices)
             else:
                 item = Item(id=item_id, question=given.question, gold="0", target="0")
+            items.append(item)
+        return items
+
+    def _check_fits(self, items: list) -> None:
+        """An InputError (422) naming the first of a batch's items that does not fit the model under some member's
+        prompt, or whose answer tokenizes to nothing."""
+        for k, item in enumerate(items):
             for member in self.members[: 1 if self.generative else None]:
                 try:
                     self.scorer.check_fits(member.prompt, [item])
                 except PromptTooLongError as exc:
-                    raise InputError(f"{where}: {str(exc).split(': ', 1)[-1]}", 422) from None
+                    raise InputError(f"inputs[{k}]: {str(exc).split(': ', 1)[-1]}", 422) from None
                 except UserError as exc:
-                    raise InputError(f"{where}: {exc}", 422) from None
-            items.append(item)
-        return items
+                    raise InputError(f"inputs[{k}]: {exc}", 422) from None
 
     def _choices(self, given: Input, where: str) -> tuple[str, ...] | None:
         if not self.scorer.data.spec.answer.has_choices:

@@ -183,6 +183,26 @@ def test_bad_requests_get_one_json_line_each_and_the_server_keeps_serving(server
     _same(good.json(), reference.set_index("item_id").loc[items[0].id])
 
 
+def test_an_input_too_long_in_a_pass_gets_its_422_and_the_other_requests_are_answered(server, items, reference):
+    """The pass itself finds the input that does not fit (its tokenization comes before any forward); that request
+    gets one 422 naming the input, and the others are answered as the scorer answered them."""
+    from promptopt.serving.inputs import Input, InputError
+
+    overflow = " ".join(f"w{k}" for k in range(12_000))  # past the model's 8192 tokens once rendered
+    groups = [
+        [Input(items[0].question)],
+        [Input(items[1].question), Input(overflow)],
+        [Input(i.question) for i in items[2:4]],
+    ]
+    out = server.answer_groups(groups)
+    assert isinstance(out[1], InputError) and out[1].status == 422
+    assert str(out[1]).startswith("inputs[1]: ") and "takes 8192" in str(out[1]), str(out[1])
+    expected = reference.set_index("item_id")
+    for answers, given in ((out[0], items[:1]), (out[2], items[2:4])):
+        for answer, item in zip(answers, given, strict=True):
+            _same(answer, expected.loc[item.id])
+
+
 def test_with_a_key_a_request_without_it_gets_401(server):
     import httpx
 
