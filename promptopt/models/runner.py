@@ -16,7 +16,7 @@ of the same prefix cache; finished rows leave the batch when the processors allo
 
 One class, one module: the runner, its prefix cache, the forward both jobs run, and the two jobs. Pure helpers live
 beside it: packing.py (the packed layout), hidden_states.py (what a call reads), prefix_cache.py (the KV caches),
-attention.py (the CPU attention path), last_layer.py.
+attention.py (the CPU attention path), last_layer.py, length_batches.py (where scoring batches are cut).
 """
 
 from __future__ import annotations
