@@ -18,16 +18,13 @@ def verdict(ratios, target: float, *, at_most: bool = False) -> str:
     low, high, coverage = median_interval(ratios)
     median = statistics.median(ratios)
     met = median <= target if at_most else median >= target
-    good_side = (high <= target) if at_most else (low >= target)
-    bad_side = (low > target) if at_most else (high < target)
+    # the interval's side of the target; the target itself counts on the side that meets it
     if coverage < SETTLING_COVERAGE:
         where = f"from {len(ratios)} sample{'s' * (len(ratios) > 1)}, too few to settle it"
-    elif good_side if met else bad_side:
-        where = (
-            ("lies below it" if at_most else "lies above it")
-            if met
-            else ("lies above it" if at_most else "lies below it")
-        )
+    elif high < target or (at_most and high == target):
+        where = "lies below it"
+    elif low > target or (not at_most and low == target):
+        where = "lies above it"
     else:
         where = "contains it: not settled by this run"
     sign = "≤" if at_most else "≥"
