@@ -21,6 +21,7 @@ attention.py (the CPU attention path), last_layer.py, length_batches.py (where s
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -264,8 +265,8 @@ class Runner:
         order = sorted(unique, key=len, reverse=True)
         pad = self.lm.tokenizer.pad_token_id or 0
         sizes = length_batches([len(s) - prefix_len for s in order], self.batch_size, self.forward_overhead_tokens)
-        starts = [sum(sizes[:k]) for k in range(len(sizes))]
-        batches = [order[a : a + n] for a, n in zip(starts, sizes)]
+        ends = list(itertools.accumulate(sizes))
+        batches = [order[end - n : end] for end, n in zip(ends, sizes)]
         cache_for = self._scoring_caches(prefix, rows=max(sizes), width=len(order[0]) - prefix_len)
         meter, done = progress.meter("scoring", len(order), "inputs"), 0
         for batch in tqdm(batches, desc="scoring", disable=not self.progress, leave=False):
