@@ -79,11 +79,16 @@ def search(
     propose_mode: str = "grounded",
     proposer: str | None = None,
     screen_items: int | None = None,
+    incumbent: str = "default",
+    scan: str = "advise",
+    budget: float | None = None,
     progress: bool = False,
 ):
     """`promptopt search`: one Optuna study over the task's search space with `strategy`; writes the run directory
     `out` (trials table, study, the winner's card) and returns its `SearchResult` (`.trials`, `.study`,
-    `.card_path`, `.prompt`, `.dev`, `.test`). `propose=N` adds N proposed instructions to the space first."""
+    `.card_path`, `.prompt`, `.dev`, `.test`). `propose=N` adds N proposed instructions to the space first.
+    `incumbent`: the prompt the run starts from and keeps unless a searched one beats it on dev (`default`, a card's
+    path, or `none`); `scan`: `advise`, `stop` or `off` (docs/search.md#the-scan); `budget`: minutes beside `trials`."""
     from promptopt.workflows import search as searching
 
     config = search_config(
@@ -110,6 +115,9 @@ def search(
         dtype=dtype,
         quantize=quantize,
         trust_task_code=trust_task_code,
+        incumbent=incumbent,
+        scan=scan,
+        budget_minutes=budget,
     )
     request = searching.propose_request(
         propose, propose_mode, proposer, seed, 1, search_suite=_suite(search_suite), screen_items=screen_items

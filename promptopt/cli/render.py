@@ -79,12 +79,16 @@ def print_search_result(result) -> None:
     text = result.prompt.instruction
     shown = text if len(text) <= 100 else text[:97] + "..."
     decision = f" decision={result.prompt.decision}" if result.prompt.decision != "argmax" else ""
+    kept = result.incumbent is not None and result.incumbent.get("kept")
+    what = f"kept the incumbent (trial #{result.best_number})" if kept else f"best trial #{result.best_number}"
     console.print(
-        f"best trial #{result.best_number}: instruction {shown!r} ({best.get('instruction')}) "
+        f"{what}: instruction {shown!r} ({best.get('instruction', best.get('incumbent'))}) "
         f"template={best.get('template')!r} k={best.get('k')} exemplars={[ex.id for ex in result.prompt.exemplars]}"
         f"{decision}",
         markup=False,
     )
+    if result.scan is not None:
+        console.print(f"scan: {result.scan['verdict']}: {result.scan['why']}", markup=False, highlight=False)
     if result.selection:  # the tie set, the tie-break's reason and the smallest difference the dev size detects
         console.print(f"chosen by: {result.selection}", markup=False, highlight=False)
     rows = []
@@ -112,8 +116,11 @@ def print_search_result(result) -> None:
         )
     states = result.trials["state"].value_counts().to_dict()
     skipped = f"{result.duplicates_skipped} duplicate prompt{'' if result.duplicates_skipped == 1 else 's'} skipped (FAIL, not counted)"
+    spent = result.dev_items_spent
+    items = f"; dev items scored {spent['trials']} (+{spent['scan_pairs']} by the scan)" if spent else ""
     console.print(
         f"trials: {states}; {skipped}; wall {result.wall_seconds:.1f}s; cache hit rate {result.cache_hit_rate:.2f}"
+        f"{items}"
     )
     console.print(f"wrote {result.card_path} and the trials table in {result.card_path.parent}")
     console.print(f"dashboard: {dashboard_command(result.config)}")

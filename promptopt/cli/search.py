@@ -98,6 +98,21 @@ def search(
     trust_task_code: bool = TrustTaskCodeOpt,
     screen_items: int | None = ScreenItemsOpt,
     show_rejected: bool = ShowRejectedOpt,
+    incumbent: str = typer.Option(
+        "default",
+        "--incumbent",
+        help="the prompt you have, kept unless a searched one beats it on dev (paired): default (the task's), a card's "
+        "path, or none (the strategy's own winner, as the papers compared them)",
+    ),
+    scan: str = typer.Option(
+        "advise",
+        "--scan",
+        help="before the trials, say whether searching can pay: advise (say it, search on), stop (also stop unless "
+        "the verdict is 'search'), off",
+    ),
+    budget: float | None = typer.Option(
+        None, "--budget", help="minutes: no trial starts after them (beside --trials, whichever comes first)"
+    ),
     quiet: bool = QuietOpt,
 ) -> None:
     """Search instructions × exemplar sets × orders × templates with Optuna; write the best prompt card."""
@@ -128,6 +143,9 @@ def search(
         "dtype": dtype,
         "quantize": quantize,
         "trust_task_code": trust_task_code,
+        "incumbent": incumbent,
+        "scan": scan,
+        "budget_minutes": budget,
     }
     search_suite = None if search_suite == "none" else search_suite
     if rounds > 1:
@@ -143,8 +161,10 @@ def search(
         print_rounds(result, show_rejected=show_rejected)
         return
     with progress.reporting("search", quiet=quiet):
+        flat = {k: v for k, v in options.items() if k != "budget_minutes"}
         result = api.search(
-            **options,
+            **flat,
+            budget=budget,
             search_suite=search_suite,
             propose=propose,
             propose_mode=propose_mode,

@@ -19,6 +19,9 @@ from promptopt.models.load import ModelConfig
 from promptopt.study.strategies import get_strategy
 from promptopt.tasks.data import DataConfig
 
+SCAN_MODES = ("advise", "stop", "off")
+MAX_BUDGET_MINUTES = 60 * 24 * 30  # a month: a larger number is a typo (NaN and infinities are refused too)
+
 
 @dataclass(frozen=True, kw_only=True)
 class StudyConfig:
@@ -43,6 +46,13 @@ class StudyConfig:
     tie_break: str | None = None
     heartbeat_interval: int = 20
     grace_period: int = 60
+    # the prompt the user has (study/incumbent.py): `default` (the task's), a card's path, or `none` (the strategies'
+    # own winners, as the δ_TCB paper compared them). A searched prompt replaces it only if it beats it on dev, paired.
+    incumbent: str = "default"
+    # the sensitivity scan before the trials (study/scan.py): `advise` says whether searching can pay and goes on,
+    # `stop` also ends the search there unless its verdict is `search`, `off` skips it
+    scan: str = "advise"
+    budget_minutes: float | None = None  # a time budget beside `trials`: no trial starts after it (None: trials only)
 
     def __post_init__(self) -> None:
         get_strategy(self.strategy)
@@ -50,6 +60,18 @@ class StudyConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name}: expected a positive integer, got {value!r}")
+        from promptopt.study.incumbent import check_incumbent
+
+        check_incumbent(self.incumbent)
+        if self.scan not in SCAN_MODES:
+            raise ConfigError(f"scan: expected one of {', '.join(SCAN_MODES)}, got {self.scan!r}")
+        budget = self.budget_minutes
+        if budget is not None and (
+            isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 < budget <= MAX_BUDGET_MINUTES
+        ):
+            raise ConfigError(
+                f"budget_minutes: expected a number of minutes in (0, {MAX_BUDGET_MINUTES}], got {budget!r}"
+            )
         if self.decision is not None:
             from promptopt.decision import parse_rule
 

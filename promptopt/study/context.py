@@ -13,6 +13,7 @@ import pandas as pd
 from promptopt.errors import ConfigError, PromptTooLongError
 from promptopt.prompts import Prompt
 from promptopt.study.config import SearchConfig
+from promptopt.study.incumbent import INCUMBENT_PARAM, incumbent_prompt
 from promptopt.study.space import SearchSpace, load_space
 from promptopt.study.strategies import Strategy, get_strategy
 
@@ -36,6 +37,11 @@ class SearchResult:
     duplicates_skipped: int = 0  # sampled points that decoded to a prompt already evaluated (not counted)
     pairs_scored: int = 0  # distinct (prompt, item) pairs this process scored for the trials (result-cache misses)
     proposals: object = None  # what `propose=N` added to the space (workflows.propose.Proposals), else None
+    incumbent: dict | None = (
+        None  # the replacement test's record and whether the incumbent was kept (None: no incumbent)
+    )
+    scan: dict | None = None  # the sensitivity scan's record (study/scan.py), None when off
+    dev_items_spent: dict | None = None  # dev items scored per trial and in all, and the scan's pairs
 
     @property
     def study(self):
@@ -55,6 +61,7 @@ class SearchContext:
     dev: list
     test: list
     expand: object = None  # (scorer, prompt, items) -> [(variant prompt, variant items)], for `robust`
+    incumbent: Prompt | None = None  # the prompt the user has (study/incumbent.py); None: --incumbent none
 
 
 def build_context(config: SearchConfig, data, expand=None) -> SearchContext:
@@ -64,7 +71,15 @@ def build_context(config: SearchConfig, data, expand=None) -> SearchContext:
     candidates = space.check_against(data, pool_draw=config.study.pool_draw)
     _check_decisions(config.study.decision, space, data)
     return SearchContext(
-        config, strategy, space, data, candidates, config.data.dev(data), config.data.test(data), expand
+        config,
+        strategy,
+        space,
+        data,
+        candidates,
+        config.data.dev(data),
+        config.data.test(data),
+        expand,
+        incumbent_prompt(config.study.incumbent, data),
     )
 
 
@@ -158,8 +173,15 @@ def decode_params(config: SearchConfig, data, params: dict):
 
 
 def decode(ctx: SearchContext, params: dict):
-    """The Prompt a set of trial parameters stands for."""
+    """The Prompt a set of trial parameters stands for (the incumbent's trial: the incumbent)."""
     import optuna
+
+    if INCUMBENT_PARAM in params:
+        if ctx.incumbent is None:
+            raise ConfigError(
+                "the incumbent's trial cannot be decoded by a run without an incumbent (--incumbent none)"
+            )
+        return ctx.incumbent
 
     return ctx.space.suggest(optuna.trial.FixedTrial(params), ctx.candidates, ctx.data.spec, ctx.config.study.decision)
 

@@ -14,6 +14,8 @@ from promptopt.metrics.stats.selection import decode_answers, encode_answers
 from promptopt.scoring.stored import answer_columns
 from promptopt.study.config import redact
 from promptopt.study.context import SearchContext, SearchResult, decode, note
+from promptopt.study.incumbent import find as find_incumbent
+from promptopt.study.incumbent import is_incumbent, replacement
 from promptopt.study.recovery import fault_point
 from promptopt.study.strategies import select_winner, selection_of
 from promptopt.study.tableset import TableSet
@@ -37,6 +39,7 @@ def write_outputs(ctx: SearchContext, study, cached, wall: float, hits_before: i
             "duration",
         )
     )
+    trials = _named_partial_values(trials)
     tables = TableSet(out, "search").begin()
     tables.frame("trials.parquet", trials)
     tables.frame("trials.csv", trials)
@@ -48,9 +51,11 @@ def write_outputs(ctx: SearchContext, study, cached, wall: float, hits_before: i
         )
         tables.frame("pareto_front.parquet", pareto)
         tables.frame("pareto_front.csv", pareto)
+    incumbent_trial = find_incumbent(study)
     candidates = _candidates(study, ctx.strategy, ctx, cached)
-    chosen = selection_of(ctx.strategy, candidates, tie_break=config.study.tie_break)
-    winner, selection = next(c for c in candidates if c["number"] == chosen.winner.key), chosen.describe()
+    incumbent = _entries([incumbent_trial], ctx.strategy, ctx, cached)[0] if incumbent_trial is not None else None
+    shipped, selection, detail, kept = _ship(ctx, study, candidates, incumbent)
+    winner = shipped
     best = next(t for t in study.trials if t.number == winner["number"])
     prompt = decode(ctx, best.params)
     pairs_scored = cached.cache.misses - misses_before  # the search's own cost, before the winner's test items
@@ -68,7 +73,7 @@ def write_outputs(ctx: SearchContext, study, cached, wall: float, hits_before: i
         "study": config.name,
         "trial": best.number,
         "selection": selection,
-        "tie_break": chosen.tie_break,
+        "tie_break": detail.get("tie_break"),
         "seed": config.study.seed,
         "dev": {k: dev[k] for k in ("n", "accuracy", "tcb_mean", "tcb_geomean", "ppl_mean")},
         "test": {k: test[k] for k in ("n", "accuracy", "tcb_mean", "tcb_geomean", "ppl_mean")},
@@ -98,10 +103,15 @@ def write_outputs(ctx: SearchContext, study, cached, wall: float, hits_before: i
         hit_rate,
         pareto,
         selection=selection,
-        selection_detail=chosen.record(),
+        selection_detail=detail,
         ranking=_ranking(ctx.strategy, candidates, winner, config.study.tie_break),
         duplicates_skipped=duplicates,
         pairs_scored=pairs_scored,
+        incumbent=None
+        if incumbent is None
+        else {**detail.get("incumbent", {}), "trial": incumbent["number"], "kept": kept},
+        scan=study.user_attrs.get("scan"),
+        dev_items_spent=_dev_items_spent(study),
     )
     for entry in result.ranking:
         entry["prompt"] = decode(ctx, entry["params"])
@@ -111,7 +121,11 @@ def write_outputs(ctx: SearchContext, study, cached, wall: float, hits_before: i
         "best_trial": best.number,
         "best_params": best.params,
         "selection": selection,
-        "selection_detail": chosen.record(),
+        "selection_detail": detail,
+        "incumbent": result.incumbent,
+        "scan": result.scan,
+        "dev_items_spent": result.dev_items_spent,
+        "budget": {"trials": config.study.trials, "minutes": config.study.budget_minutes},
         "dev": dev,
         "test": test,
         "wall_seconds": wall,
@@ -123,6 +137,74 @@ def write_outputs(ctx: SearchContext, study, cached, wall: float, hits_before: i
     tables.text("summary.json", json.dumps(summary, indent=1, default=str))
     tables.seal()
     return result
+
+
+def _ship(ctx: SearchContext, study, candidates: list[dict], incumbent: dict | None) -> tuple[dict, str, dict, bool]:
+    """(the shipped entry, the sentence saying why, the selection record, whether the incumbent was kept): the
+    selection rule's winner among the searched trials, unless the incumbent exists and the winner does not beat it on
+    dev by the replacement test (study/incumbent.py)."""
+    strategy, tie_break = ctx.strategy, ctx.config.study.tie_break
+    if not candidates:
+        if incumbent is None:
+            raise ValueError("no finished trial to choose from")
+        why = (
+            f"kept {incumbent_label(study)}: no searched prompt finished on every dev item (each was pruned, or the "
+            "scan stopped the search)"
+        )
+        return incumbent, why, {"why": why, "incumbent": {"replaced": False, "why": why}}, True
+    chosen = selection_of(strategy, candidates, tie_break=tie_break)
+    winner = next(c for c in candidates if c["number"] == chosen.winner.key)
+    detail = chosen.record()
+    if incumbent is None:
+        return winner, chosen.describe(), detail, False
+    binary = strategy.replace_on == "criterion"
+    quantity = (lambda c: c.get("criterion") or c["correct"]) if binary else (lambda c: c["item_values"])
+    test = replacement(
+        quantity(winner),
+        quantity(incumbent),
+        binary=binary,
+        winner_name=f"trial {winner['number']}",
+        incumbent_name=incumbent_label(study),
+        seed=ctx.config.study.seed,
+    )
+    detail["incumbent"] = test.record()
+    if test.replaced:
+        return winner, f"{chosen.describe()}; {test.why}", detail, False
+    return incumbent, test.why, detail, True
+
+
+def incumbent_label(study) -> str:
+    trial = find_incumbent(study)
+    return str(trial.user_attrs.get("incumbent", "the incumbent")) if trial is not None else "the incumbent"
+
+
+def _dev_items_spent(study) -> dict:
+    """Dev items scored per trial (user attr `dev_items`; the incumbent's included), and their sum."""
+    per_trial = {
+        t.number: int(t.user_attrs["dev_items"])
+        for t in study.get_trials(deepcopy=False)
+        if "dev_items" in t.user_attrs
+    }
+    scan = study.user_attrs.get("scan") or {}
+    return {"per_trial": per_trial, "trials": sum(per_trial.values()), "scan_pairs": scan.get("pairs", 0)}
+
+
+def _named_partial_values(trials: pd.DataFrame) -> pd.DataFrame:
+    """A PRUNED trial's value is what it scored on the dev items it saw (Optuna stores its last per-item report):
+    `value_over` says which items a row's value is over."""
+    # single-objective: "value", or "value_<metric name>" once the study names its metric
+    value = next((c for c in trials.columns if c == "value" or c.startswith("value_")), None)
+    if value is None or "user_attrs_partial_value" not in trials:
+        return trials
+    pruned = trials["state"] == "PRUNED"
+    trials = trials.copy()
+    trials.loc[pruned, value] = trials.loc[pruned, "user_attrs_partial_value"]
+    seen = trials.get("user_attrs_dev_items")
+    trials["value_over"] = [
+        (f"first {int(n)} dev items" if n == n else "the dev items it saw") if p else "every dev item"
+        for p, n in zip(pruned, seen if seen is not None else [float("nan")] * len(trials))
+    ]
+    return trials
 
 
 def _winner_tables(ctx: SearchContext, cached, prompt):
@@ -151,6 +233,12 @@ def _candidates(study, strategy, ctx: SearchContext | None = None, cached=None) 
         if strategy.multi_objective
         else study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     )
+    return _entries([t for t in trials if not is_incumbent(t)], strategy, ctx, cached)
+
+
+def _entries(trials: list, strategy, ctx: SearchContext | None = None, cached=None) -> list[dict]:
+    """Trials as the selection rule sees them (`_candidates`), with their per-item values (`item_values`: what the
+    pruner was told, for the incumbent's replacement test by a continuous objective)."""
     out = []
     for t in trials:
         metrics = t.user_attrs.get("metrics", {})
@@ -163,6 +251,7 @@ def _candidates(study, strategy, ctx: SearchContext | None = None, cached=None) 
             "accuracy": metrics.get("accuracy", float("nan")),
             "n": metrics.get("n", 0),
             "signed_stability": metrics.get("signed_stability", float("-inf")),
+            "item_values": [t.intermediate_values[i] for i in sorted(t.intermediate_values)],
         }
         bits = t.user_attrs.get("dev_correct")
         prompt = decode(ctx, t.params) if ctx is not None else None

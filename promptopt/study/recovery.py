@@ -154,10 +154,12 @@ def recover(study, grace_period: int) -> None:
 
 
 def counts(study) -> tuple[int, int, int]:
-    """(finished = COMPLETE + PRUNED, RUNNING, WAITING) trials."""
+    """(finished = COMPLETE + PRUNED, RUNNING, WAITING) trials; the incumbent's trial is none of the budget's."""
     from optuna.trial import TrialState
 
-    states = [t.state for t in study.get_trials(deepcopy=False)]
+    from promptopt.study.incumbent import is_incumbent
+
+    states = [t.state for t in study.get_trials(deepcopy=False) if not is_incumbent(t)]
     done = sum(s in (TrialState.COMPLETE, TrialState.PRUNED) for s in states)
     return done, states.count(TrialState.RUNNING), states.count(TrialState.WAITING)
 

@@ -322,26 +322,35 @@ def sampler(config: SearchConfig, strategy: Strategy, seed: int):
     return _trial_seeded()(make, seed)
 
 
-def pruner(config: SearchConfig, strategy: Strategy):
-    from optuna.pruners import NopPruner, WilcoxonPruner
+def pruner(config: SearchConfig, strategy: Strategy, n_items: int):
+    """The racing pruner over `n_items` dev items (study/racing.py), or none (pruning off, multi-objective)."""
+    from optuna.pruners import NopPruner
+
+    from promptopt.study.racing import racing_pruner
 
     if not config.study.pruning or strategy.multi_objective:
         return NopPruner()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return WilcoxonPruner(p_threshold=0.1, n_startup_steps=config.study.minibatch)
+    return racing_pruner(n_items=n_items, first=config.study.minibatch, futility=not strategy.multi_fidelity)
 
 
 def open_study(
-    config: SearchConfig, strategy: Strategy, storage, *, index: int, create: bool, current: dict | None = None
+    config: SearchConfig,
+    strategy: Strategy,
+    storage,
+    *,
+    index: int,
+    create: bool,
+    n_items: int,
+    current: dict | None = None,
 ):
-    """Create the study (recording its public config and identity) or load it, with this worker's sampler."""
+    """Create the study (recording its public config and identity) or load it, with this worker's sampler and a
+    pruner racing trials over the `n_items` dev items."""
     import optuna
 
     the_sampler = sampler(config, strategy, worker_seed(config.study.seed, index))
     if not create:
         return optuna.load_study(
-            study_name=config.name, storage=storage, sampler=the_sampler, pruner=pruner(config, strategy)
+            study_name=config.name, storage=storage, sampler=the_sampler, pruner=pruner(config, strategy, n_items)
         )
     try:
         study = optuna.create_study(
@@ -349,7 +358,7 @@ def open_study(
             storage=storage,
             directions=list(strategy.directions),
             sampler=the_sampler,
-            pruner=pruner(config, strategy),
+            pruner=pruner(config, strategy, n_items),
         )
     except optuna.exceptions.DuplicatedStudyError:
         raise UserError(

@@ -165,10 +165,15 @@ class Strategy:
     screen_values: Callable[[pd.DataFrame], np.ndarray] | None = None
     version: int = 1  # what a study's trial values mean; bump when that changes (resume refuses other versions)
     reads_tcb: bool = False  # its values read δ_TCB: a calibrated trial then keeps hidden states to read it calibrated
+    # what the incumbent's replacement test pairs (study/incumbent.py): "criterion" (the binary per-item criterion:
+    # McNemar + bootstrap) or "values" (the strategy's own continuous per-item objective: Wilcoxon + bootstrap)
+    replace_on: str = "criterion"
 
     def __post_init__(self) -> None:
         if (self.item_values is None) == (self.trial_values is None):
             raise ValueError(f"strategy {self.name!r}: give exactly one of item_values and trial_values")
+        if self.replace_on not in ("criterion", "values") or (self.replace_on == "values" and self.multi_objective):
+            raise ValueError(f"strategy {self.name!r}: replace_on is 'criterion', or 'values' for a single objective")
         if self.multi_fidelity and (not self.needs_variants or self.screen_values is None or self.multi_objective):
             raise ValueError(
                 f"strategy {self.name!r}: multi_fidelity needs needs_variants, screen_values and item_values"
@@ -217,18 +222,21 @@ for _strategy in (
         description="−NLL per token of the gold final answer (the δ_TCB paper's PPL-guided baseline)",
         item_values=answer_nll_values,
         tie_break="value",
+        replace_on="values",
     ),
     Strategy(
         name="ppl_solution",
         description="−NLL per token of the whole reference target",
         item_values=solution_nll_values,
         tie_break="value",
+        replace_on="values",
     ),
     Strategy(
         name="acc_ppl",
         description=f"accuracy − {LAMBDA_PPL}·NLL per token of the whole target",
         item_values=accuracy_ppl_values,
         tie_break="value",
+        replace_on="values",
     ),
     Strategy(
         name="tcb",
@@ -242,6 +250,7 @@ for _strategy in (
         description=f"accuracy + {LAMBDA_TCB}·mean signed stability",
         item_values=accuracy_tcb_values,
         tie_break="value",
+        replace_on="values",
         reads_tcb=True,
     ),
     Strategy(

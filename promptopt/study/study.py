@@ -30,6 +30,8 @@ from promptopt.study.context import (
     require_variants,
 )
 from promptopt.study.identity import check_same_study, check_study, identity, scrub_stored_config
+from promptopt.study.incumbent import find as find_incumbent
+from promptopt.study.incumbent import label
 from promptopt.study.outputs import report_leftovers, write_outputs
 from promptopt.study.recovery import counts, fault_point, storage_errors, worker_name
 from promptopt.study.storage import (
@@ -42,7 +44,7 @@ from promptopt.study.storage import (
     remove_new_sqlite,
     stored_study,
 )
-from promptopt.study.trial import optimize
+from promptopt.study.trial import add_incumbent, is_duplicate, optimize
 from promptopt.study.workers import workers
 from promptopt.yamlio import atomic_write_text, check_output
 
@@ -147,6 +149,26 @@ def study_exists(config: SearchConfig, data, expand=None) -> bool:
     return stored is not None
 
 
+def _scan(ctx: SearchContext, study, cached, incumbent, say) -> dict | None:
+    """The sensitivity scan (study/scan.py), once per study (a resumed study keeps its record): its verdict printed,
+    its record in the study's user attrs and summary.json. None when off."""
+    from promptopt.metrics.stats.selection import decode_answers
+    from promptopt.study.scan import run_scan
+
+    if ctx.config.study.scan == "off":
+        return None
+    record = study.user_attrs.get("scan")
+    if record is None:
+        if say is not None:
+            say("scan: sampling the space on a dev slice to see whether searching can pay")
+        correct = decode_answers(incumbent.user_attrs.get("dev_correct")) if incumbent is not None else None
+        record = run_scan(ctx, cached, correct).record()
+        study.set_user_attr("scan", record)
+    if say is not None:
+        say(f"scan: {record['verdict']}: {record['why']}")
+    return record
+
+
 def _run(
     ctx: SearchContext,
     storage,
@@ -163,7 +185,10 @@ def _run(
     config, out = ctx.config, Path(ctx.config.out)
     joined = config.study.resume
     hits_before, misses_before = cached.cache.hits, cached.cache.misses
-    study = open_study(config, ctx.strategy, storage, index=0, create=not joined, current=current)
+    study = open_study(config, ctx.strategy, storage, index=0, create=not joined, n_items=len(ctx.dev), current=current)
+    if ctx.incumbent is not None and note(show_progress) is not None and find_incumbent(study) is None:
+        note(show_progress)(f"scoring the incumbent ({label(config.study.incumbent)}) on {len(ctx.dev)} dev items")
+    incumbent = add_incumbent(ctx, study, cached)  # trial 0 of a new study: every trial is raced against it
     if not joined:
         for params in enqueue:
             study.enqueue_trial(params, skip_if_exists=True)
@@ -171,6 +196,7 @@ def _run(
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "config.json", json.dumps(config.public_dict(), indent=1))
     atomic_write_text(out / "splits.json", json.dumps(ctx.data.carving(), indent=1))
+    scan = _scan(ctx, study, cached, incumbent, note(show_progress))
     budget = config.study.trials
     # a bar on a terminal; in a log (not a terminal) one line per finished trial instead of the bar's redraws
     as_bar = show_progress and (steps.bars() or not steps.enabled())
@@ -191,14 +217,25 @@ def _run(
             bar.refresh()
         elif show_progress and trial_ is not None:
             state = {"PRUNED": "pruned", "FAIL": "failed"}.get(trial_.state.name, "finished")
+            if is_duplicate(trial_):
+                state = f"skipped (the prompt of trial {trial_.user_attrs['duplicate_of']}; not counted)"
+            elif trial_.state.name == "PRUNED" and "dev_items" in trial_.user_attrs:
+                state = f"pruned after {trial_.user_attrs['dev_items']} of {len(ctx.dev)} dev items"
             steps.step(
                 f"{config.name}: trial {trial_.number} {state} ({done}/{budget} done)"
                 + (f"; best {best[0]:.4f} (trial {best[1]})" if best is not None else "")
             )
 
+    spent = float(study.user_attrs.get("search_seconds", 0.0)) + time.perf_counter() - start
+    budget_minutes = config.study.budget_minutes
+    deadline = None if budget_minutes is None else time.monotonic() + 60 * budget_minutes - spent
+    stop = config.study.scan == "stop" and scan is not None and scan["verdict"] != "search"
+    if stop and show_progress:
+        note(True)(f"scan: {scan['verdict']}: no trial is run (--scan stop); the incumbent is kept")
     try:
-        with workers(config, factory, ctx.expand):  # this process is worker 0; its model is loaded anyway
-            optimize(ctx, study, cached, progress, worker_name(0), note=note(show_progress))
+        if not stop:
+            with workers(config, factory, ctx.expand):  # this process is worker 0; its model is loaded anyway
+                optimize(ctx, study, cached, progress, worker_name(0), note=note(show_progress), deadline=deadline)
         progress(study, None)
     finally:
         bar.close()

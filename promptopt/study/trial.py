@@ -1,5 +1,6 @@
-"""One trial: the sampled prompt scored on the dev items minibatch by minibatch (each item's value reported
-to the paired pruner as it arrives), and the loop that runs trials until the budget is met.
+"""One trial: the sampled prompt scored on growing slices of the dev items (each item's value reported to the
+racing pruner, study/racing.py), the incumbent scored as a trial first (study/incumbent.py), and the loop that runs
+trials until the budget (trials, or minutes) is met.
 
 A multi-fidelity strategy (`robust`; strategies.py says why) runs two rungs: the clean prompt on every dev
 item with per-item clean correctness reported to the pruner, then, for a trial the pruner left alive, the
@@ -13,7 +14,7 @@ import time
 
 import pandas as pd
 
-from promptopt.errors import PromptTooLongError
+from promptopt.errors import PromptTooLongError, UserError
 from promptopt.scoring.api import CachingScorer
 from promptopt.scoring.calibration import RunningDecision
 from promptopt.study.context import SearchContext, decode
@@ -113,6 +114,64 @@ def record_answers(trial, table: pd.DataFrame) -> None:
         trial.set_user_attr("dev_robust_correct", encode_answers(table["robust_correct"].astype(bool)))
 
 
+def add_incumbent(ctx: SearchContext, study, cached: CachingScorer):
+    """Score the incumbent on every dev item (once per study: a resumed study keeps its own) and add it as a COMPLETE
+    trial; None when the run has no incumbent. A resumed study whose incumbent is another prompt is refused."""
+    import optuna
+
+    from promptopt.study.incumbent import INCUMBENT_PARAM, find, label
+
+    prompt = ctx.incumbent
+    if prompt is None:
+        return None
+    key = prompt_key(prompt)
+    existing = find(study)
+    if existing is not None:
+        if existing.user_attrs.get("prompt_key") != key:
+            raise UserError(
+                f"--resume: study '{study.study_name}' started from another incumbent prompt "
+                f"({existing.params[INCUMBENT_PARAM]}); resume with the same --incumbent, or start a new study"
+            )
+        return existing
+    strategy = ctx.strategy
+    running = RunningDecision(cached, prompt, hidden=strategy.reads_tcb)
+    running.add(ctx.dev)
+    table = running.decided()
+    if strategy.needs_variants:
+        table = with_robust_correct(table, ctx.expand(cached, prompt, ctx.dev), running.scorer_for_variants())
+    reported = strategy.screen_values(table) if strategy.multi_fidelity else strategy.item_values(table)
+    holder = _Attrs()
+    record_answers(holder, table)
+    values = strategy.values(table)
+    trial = optuna.trial.create_trial(
+        state=optuna.trial.TrialState.COMPLETE,
+        params={INCUMBENT_PARAM: ctx.config.study.incumbent},
+        distributions={INCUMBENT_PARAM: optuna.distributions.CategoricalDistribution([ctx.config.study.incumbent])},
+        **({"values": list(values)} if strategy.multi_objective else {"value": values[0]}),
+        intermediate_values={} if reported is None else {i: float(v) for i, v in enumerate(reported)},
+        user_attrs={
+            **holder.attrs,
+            "incumbent": label(ctx.config.study.incumbent),
+            "prompt_key": key,
+            "metrics": trial_summary(table),
+            "dev_items": len(ctx.dev),
+            "ordinal": -1,
+        },
+    )
+    study.add_trial(trial)
+    return find(study)
+
+
+class _Attrs:
+    """Collects what `record_answers` sets on a trial, for a trial built before it is added."""
+
+    def __init__(self) -> None:
+        self.attrs: dict = {}
+
+    def set_user_attr(self, key, value) -> None:
+        self.attrs[key] = value
+
+
 def make_objective(ctx: SearchContext, cached: CachingScorer, worker: str):
     """The trial function; `objective.current` is the id of the trial it is running (for `give_back`)."""
     import optuna
@@ -139,8 +198,8 @@ def make_objective(ctx: SearchContext, cached: CachingScorer, worker: str):
         if strategy.multi_fidelity:
             return multi_fidelity_value(ctx, cached, trial, prompt, decider)
         frames = []
-        for start in range(0, len(ctx.dev), minibatch):
-            batch = ctx.dev[start : start + minibatch]
+        for start, end in slices(len(ctx.dev), minibatch):
+            batch = ctx.dev[start:end]
             table = decider.add(batch)
             if strategy.needs_variants:
                 table = with_robust_correct(table, ctx.expand(cached, prompt, batch), decider.scorer_for_variants())
@@ -151,13 +210,16 @@ def make_objective(ctx: SearchContext, cached: CachingScorer, worker: str):
                 continue
             for offset, value in enumerate(strategy.item_values(table)):
                 trial.report(float(value), step=start + offset)  # one step per dev item: paired pruning
-            if start + minibatch < len(ctx.dev) and trial.should_prune():
+            if end < len(ctx.dev) and trial.should_prune():
                 partial = pd.concat(frames, ignore_index=True) if strategy.needs_variants else decider.decided()
                 trial.set_user_attr("metrics", trial_summary(partial))
                 trial.set_user_attr("partial_value", float(strategy.item_values(partial).mean()))
+                trial.set_user_attr("dev_items", end)
+                _record_reason(trial)
                 raise optuna.TrialPruned()  # Optuna keeps the last per-item report as the value; see partial_value
         full = pd.concat(frames, ignore_index=True) if strategy.needs_variants else decider.decided()
         trial.set_user_attr("metrics", trial_summary(full))
+        trial.set_user_attr("dev_items", len(ctx.dev))
         record_answers(trial, full)
         values = strategy.values(full)
         return values if strategy.multi_objective else values[0]
@@ -166,10 +228,26 @@ def make_objective(ctx: SearchContext, cached: CachingScorer, worker: str):
     return objective
 
 
+def slices(n_items: int, first: int) -> list[tuple[int, int]]:
+    """(start, end) of the growing dev slices a trial is scored on (study/racing.py `slice_ends`)."""
+    from promptopt.study.racing import slice_ends
+
+    ends = slice_ends(n_items, first)
+    return list(zip([0, *ends[:-1]], ends))
+
+
+def _record_reason(trial) -> None:
+    """Why the pruner stopped the trial (the racing rule's line), as user attr `pruned_because`."""
+    reason = getattr(trial.study.pruner, "reasons", {}).get(trial.number)
+    if reason:
+        trial.set_user_attr("pruned_because", reason)
+
+
 def _prune(trial, table: pd.DataFrame, rung: str, upper: float):
     import optuna
 
     trial.set_user_attr("metrics", trial_summary(table))
+    trial.set_user_attr("dev_items", len(table))
     trial.set_user_attr("rung", rung)
     trial.set_user_attr("partial_value", upper)  # an upper bound of the trial's value (robust_i <= correct_i)
     return optuna.TrialPruned()
@@ -181,15 +259,17 @@ def multi_fidelity_value(ctx: SearchContext, cached: CachingScorer, trial, promp
     strategy, dev, minibatch = ctx.strategy, ctx.dev, ctx.config.study.minibatch
     n, pruning = len(dev), ctx.config.study.pruning
     frames = []
-    for start in range(0, n, minibatch):  # rung 1: the clean prompt, per-item screen values to the paired pruner
-        table = decider.add(dev[start : start + minibatch])
+    for start, end in slices(n, minibatch):  # rung 1: the clean prompt, per-item screen values to the racing pruner
+        table = decider.add(dev[start:end])
         frames.append(table)
         if start == 0:
             fault_point("trial")
         for offset, value in enumerate(strategy.screen_values(table)):
             trial.report(float(value), step=start + offset)
-        if start + minibatch < n and trial.should_prune():
+        if end < n and trial.should_prune():
             partial = pd.concat(frames, ignore_index=True)
+            trial.set_user_attr("dev_items", end)
+            _record_reason(trial)
             raise _prune(trial, partial, "clean", float(strategy.screen_values(partial).mean()))
     clean = decider.decided()
     variant_scorer = decider.scorer_for_variants()
@@ -214,13 +294,18 @@ def multi_fidelity_value(ctx: SearchContext, cached: CachingScorer, trial, promp
             raise _prune(trial, clean, "variants", (robust + open_items) / n)
     full = pd.concat(frames, ignore_index=True)
     trial.set_user_attr("metrics", trial_summary(full))
+    trial.set_user_attr("dev_items", n)
     record_answers(trial, full)
     trial.set_user_attr("rung", "variants")
     return strategy.values(full)[0]
 
 
-def optimize(ctx: SearchContext, study, cached: CachingScorer, progress, worker: str, note=None) -> None:
-    """Run trials until the budget of finished (COMPLETE/PRUNED) trials is met.
+def optimize(
+    ctx: SearchContext, study, cached: CachingScorer, progress, worker: str, note=None, deadline: float | None = None
+) -> None:
+    """Run trials until the budget of finished (COMPLETE/PRUNED) trials is met, or, past `deadline` (a
+    `time.monotonic()` value: the run's --budget), until the trials started before it have finished. The incumbent's
+    trial is not one of the budget's.
 
     Before each trial, abandoned trials are failed and their parameters queued (`recover`); queued retries
     run first, even when the budget is met, so no started trial is lost. No new trial starts while the
@@ -238,6 +323,10 @@ def optimize(ctx: SearchContext, study, cached: CachingScorer, progress, worker:
         recover(study, study_config.grace_period)
         done, running, waiting = counts(study)
         if not waiting and done >= budget:
+            return
+        if not waiting and deadline is not None and time.monotonic() >= deadline:
+            if note is not None:
+                note(f"time budget spent: stopped with {done} of {budget} trials finished")
             return
         if not waiting and done + running >= budget:
             if waiting_since is None and note is not None:

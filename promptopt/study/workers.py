@@ -39,10 +39,13 @@ def worker_main(
             ctx = build_context(config, cached.data, expand)
             fit_space_to_model(ctx, cached.lm.tokenizer)  # as the parent did: the same templates are searched
             storage = make_storage(config)
-            study = open_study(config, ctx.strategy, storage, index=index, create=False)
+            study = open_study(config, ctx.strategy, storage, index=index, create=False, n_items=len(ctx.dev))
             if ready is not None:
                 ready.set()
-            optimize(ctx, study, cached, None, worker_name(index))
+            budget = config.study.budget_minutes  # this worker's share of --budget, from when it joined
+            spent = float(study.user_attrs.get("search_seconds", 0.0))
+            deadline = None if budget is None else time.monotonic() + 60 * budget - spent
+            optimize(ctx, study, cached, None, worker_name(index), deadline=deadline)
     except KeyboardInterrupt:
         sys.exit(130)
     except UserError as exc:

@@ -1,0 +1,233 @@
+"""Say early whether searching can pay: before the trials, a random sample of the space is scored on a dev slice and
+the spread of accuracy it produces is set against what the dev items can detect (FormatSpread's question, answered
+with the noise stated).
+
+Statistics (items × prompts, binary correctness, every prompt on the same items):
+- Per-prompt accuracies a_m on the slice; their range is FormatSpread's spread.
+- The space's own spread, net of item noise: the two-way ANOVA without replication (prompt × item), σ²_space =
+  max(0, (MS_prompt − MS_residual) / n_items); its 95% interval from a bootstrap over the slice's items.
+- Headroom: what the best of the search's T trials is expected to reach above the incumbent on the same items,
+  mean(a) + σ_space · e_T − a_incumbent, e_T the expected maximum of T standard normals.
+- What dev can detect: the paired minimum detectable effect on all N dev items (80% power, α 0.05) at the
+  discordance the sample shows against the incumbent (metrics/stats/selection.py).
+
+Verdict (one of `VERDICTS`): `search` when the headroom reaches the detectable difference; otherwise `widen the
+space` when the space's spread is not distinguishable from 0 (its interval reaches 0), `add dev items` when the
+headroom is positive (with the dev size that would detect it), else `keep the incumbent`.
+
+The cost: `n_prompts` prompts on `n_items` dev items, sized to a tenth of the search's own scoring
+(trials × dev items); the rows land in the result cache, so a trial that later samples one of these prompts pays
+nothing for the slice."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+VERDICTS = ("search", "add dev items", "widen the space", "keep the incumbent")
+SCAN_SHARE = 0.1  # of the search's scoring budget (trials × dev items)
+MIN_PROMPTS, MAX_PROMPTS = 4, 8
+
+
+@dataclass(frozen=True)
+class ScanResult:
+    verdict: str
+    n_prompts: int
+    n_items: int
+    accuracies: list  # per sampled prompt, on the slice
+    incumbent_accuracy: float  # on the slice (NaN: no incumbent)
+    spread: float  # max − min of `accuracies` (FormatSpread)
+    space_sd: float  # σ_space, net of item noise
+    space_sd_ci95: tuple[float, float]
+    headroom: float
+    mde: float  # on all dev items
+    dev_items: int
+    dev_items_needed: int | None  # for `add dev items`: the dev size at which the headroom is detectable
+    pairs: int  # (prompt, item) pairs the scan scored
+    seconds: float = 0.0
+    why: str = ""
+    extra: dict = field(default_factory=dict)
+
+    def record(self) -> dict:
+        def r(x):
+            return None if x is None or (isinstance(x, float) and math.isnan(x)) else round(float(x), 6)
+
+        return {
+            "verdict": self.verdict,
+            "why": self.why,
+            "n_prompts": self.n_prompts,
+            "n_items": self.n_items,
+            "accuracies": [r(a) for a in self.accuracies],
+            "incumbent_accuracy": r(self.incumbent_accuracy),
+            "spread": r(self.spread),
+            "space_sd": r(self.space_sd),
+            "space_sd_ci95": [r(self.space_sd_ci95[0]), r(self.space_sd_ci95[1])],
+            "headroom": r(self.headroom),
+            "mde": r(self.mde),
+            "dev_items": self.dev_items,
+            "dev_items_needed": self.dev_items_needed,
+            "pairs": self.pairs,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def scan_size(trials: int, dev_items: int, minibatch: int) -> tuple[int, int]:
+    """(prompts, slice items) costing about SCAN_SHARE of trials × dev items: as many prompts as that buys on a slice
+    of at least a minibatch (and at most half of dev), within [MIN_PROMPTS, MAX_PROMPTS]."""
+    budget = SCAN_SHARE * trials * dev_items
+    n_items = min(dev_items, max(minibatch, dev_items // 2))
+    n_prompts = int(max(MIN_PROMPTS, min(MAX_PROMPTS, budget // n_items)))
+    if n_prompts * n_items > budget:  # a small budget: keep MIN_PROMPTS prompts, shorten the slice
+        n_items = int(max(min(minibatch, dev_items), min(n_items, budget // n_prompts)))
+    return n_prompts, n_items
+
+
+def expected_max_normal(k: int) -> float:
+    """E[max of k independent standard normals] (0 for k = 1), by numerical integration."""
+    import numpy as np
+    from scipy.stats import norm
+
+    if k <= 1:
+        return 0.0
+    x = np.linspace(-8, 8, 4001)
+    density = k * norm.pdf(x) * norm.cdf(x) ** (k - 1)
+    return float(np.trapezoid(x * density, x))
+
+
+def space_sd(matrix) -> float:
+    """σ of the prompts' true accuracies net of item noise: two-way ANOVA without replication on the 0/1 matrix
+    (prompts × items), sqrt(max(0, (MS_prompt − MS_residual) / n_items))."""
+    import numpy as np
+
+    x = np.asarray(matrix, dtype=float)
+    m, n = x.shape
+    if m < 2 or n < 2:
+        return math.nan
+    grand = x.mean()
+    rows, cols = x.mean(axis=1), x.mean(axis=0)
+    ms_prompt = n * ((rows - grand) ** 2).sum() / (m - 1)
+    residual = x - rows[:, None] - cols[None, :] + grand
+    ms_residual = (residual**2).sum() / ((m - 1) * (n - 1))
+    return float(math.sqrt(max(0.0, (ms_prompt - ms_residual) / n)))
+
+
+def analyse(matrix, incumbent, *, trials: int, dev_items: int, seed: int = 0, n_boot: int = 1000) -> ScanResult:
+    """The scan's statistics and verdict from the sampled prompts' correctness (prompts × slice items) and the
+    incumbent's on the same items (None: no incumbent; the headroom is then read against the sample's mean)."""
+    import numpy as np
+
+    from promptopt.metrics.stats.bootstrap import bootstrap_resamples, percentile_interval
+    from promptopt.metrics.stats.selection import dev_items_for, minimum_detectable_effect
+
+    x = np.asarray(matrix, dtype=bool)
+    m, n = x.shape
+    acc = x.mean(axis=1)
+    sd = space_sd(x)
+    draws = bootstrap_resamples(n, n_boot=n_boot, seed=seed)
+    boot = [space_sd(x[:, idx]) for idx in draws]
+    low, high = percentile_interval(boot)
+    base = np.asarray(incumbent, dtype=bool) if incumbent is not None else None
+    reference = float(base.mean()) if base is not None else float(acc.mean())
+    headroom = float(acc.mean() + sd * expected_max_normal(trials) - reference)
+    if base is not None:
+        discordance = float(np.mean([(row != base).mean() for row in x]))
+    else:
+        discordance = float(np.mean([(x[i] != x[j]).mean() for i in range(m) for j in range(i + 1, m)]))
+    mde = minimum_detectable_effect(dev_items, discordance)
+    needed = None
+    if headroom >= mde:
+        verdict = "search"
+        why = (
+            f"the space moves dev accuracy (σ {sd:.3f} [{low:.3f}, {high:.3f}] net of item noise, spread "
+            f"{acc.max() - acc.min():.3f} over {m} prompts); the best of {trials} trials is expected {headroom:+.3f} "
+            f"over the incumbent, at least the {mde:.3f} that {dev_items} dev items detect"
+        )
+    elif low <= 0:
+        verdict = "widen the space"
+        why = (
+            f"the space's spread is indistinguishable from item noise (σ {sd:.3f} [{low:.3f}, {high:.3f}] over {m} "
+            f"prompts on {n} items); expected gain {headroom:+.3f} against the {mde:.3f} that {dev_items} dev items "
+            "detect: widen the space (other instructions, templates, shots) or keep the incumbent"
+        )
+    elif headroom > 0:
+        verdict = "add dev items"
+        needed = dev_items_for(headroom, discordance)
+        why = (
+            f"the space moves accuracy (σ {sd:.3f} [{low:.3f}, {high:.3f}]) but the expected gain {headroom:+.3f} is "
+            f"below the {mde:.3f} that {dev_items} dev items detect; about {needed} dev items would detect it"
+        )
+    else:
+        verdict = "keep the incumbent"
+        why = (
+            f"the incumbent ({reference:.3f} on the slice) is at or above what the best of {trials} trials is "
+            f"expected to reach (gain {headroom:+.3f}; σ {sd:.3f} [{low:.3f}, {high:.3f}])"
+        )
+    return ScanResult(
+        verdict=verdict,
+        n_prompts=m,
+        n_items=n,
+        accuracies=[float(a) for a in acc],
+        incumbent_accuracy=float(base.mean()) if base is not None else math.nan,
+        spread=float(acc.max() - acc.min()),
+        space_sd=sd,
+        space_sd_ci95=(low, high),
+        headroom=headroom,
+        mde=mde,
+        dev_items=dev_items,
+        dev_items_needed=needed,
+        pairs=m * n,
+        why=why,
+    )
+
+
+def run_scan(ctx, cached, incumbent_correct=None) -> ScanResult:
+    """Sample the space (seeded, independent of the study's sampler), score each prompt on the first dev slice under
+    the run's decision rule, and `analyse`. `incumbent_correct`: the incumbent's correctness on every dev item."""
+    import time
+
+    import optuna
+
+    from promptopt.scoring.calibration import RunningDecision
+    from promptopt.study.trial import prompt_key
+
+    start = time.perf_counter()
+    config = ctx.config.study
+    n_prompts, n_items = scan_size(config.trials, len(ctx.dev), config.minibatch)
+    items = ctx.dev[:n_items]
+    sampler = optuna.samplers.RandomSampler(seed=config.seed + 7919)  # its own stream: not the study's
+    draft = optuna.create_study(sampler=sampler)
+    rows, seen = [], {prompt_key(ctx.incumbent)} if ctx.incumbent is not None else set()
+    for _ in range(n_prompts * 5):  # a small space may not hold n_prompts other prompts
+        if len(rows) == n_prompts:
+            break
+        prompt = ctx.space.suggest(draft.ask(), ctx.candidates, ctx.data.spec, config.decision)
+        key = prompt_key(prompt)
+        if key in seen:
+            continue
+        seen.add(key)
+        running = RunningDecision(cached, prompt)
+        running.add(items)
+        rows.append(running.decided()["correct"].astype(bool).tolist())
+    if len(rows) < 2:
+        from promptopt.errors import ConfigError
+
+        raise ConfigError(
+            f"{ctx.space.where}: the space holds fewer than 2 prompts other than the incumbent: nothing to scan"
+        )
+    base = None if incumbent_correct is None else list(incumbent_correct)[:n_items]
+    result = analyse(rows, base, trials=config.trials, dev_items=len(ctx.dev), seed=config.seed)
+    from dataclasses import replace
+
+    return replace(result, seconds=time.perf_counter() - start)
+
+
+__all__ = [
+    "SCAN_SHARE",
+    "VERDICTS",
+    "ScanResult",
+    "analyse",
+    "expected_max_normal",
+    "run_scan",
+    "scan_size",
+    "space_sd",
+]
