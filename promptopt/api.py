@@ -163,11 +163,15 @@ def compare(
     propose_mode: str = "grounded",
     proposer: str | None = None,
     screen_items: int | None = None,
+    incumbent: str = "default",
+    scan: str = "advise",
     progress: bool = False,
 ):
     """`promptopt compare`: every strategy (`strategy` or `strategy@rule`) searched with the same budget and items,
     the winners measured on held-out test items and stressed under `suite`, paired on the same items. Returns the
-    `CompareResult` (`.table`, `.runs`, `.paired` as pandas tables, `.summary`, `.out`, `.studies()`)."""
+    `CompareResult` (`.table`, `.runs`, `.paired` as pandas tables, `.summary`, `.out`, `.studies()`).
+    `incumbent="none"`: each strategy's own winner, as the δ_TCB paper compared them (default: each search keeps the
+    task's default prompt unless its winner beats it on dev)."""
     from promptopt.workflows import search as searching
     from promptopt.workflows.compare import run_compare
 
@@ -196,6 +200,8 @@ def compare(
         dtype=dtype,
         quantize=quantize,
         trust_task_code=trust_task_code,
+        incumbent=incumbent,
+        scan=scan,
     )
     return run_compare(
         base,

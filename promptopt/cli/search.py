@@ -47,6 +47,18 @@ ProposeOpt = typer.Option(
     min=1,
     help="N instructions written by --proposer join the space first (docs/search.md#proposals)",
 )
+IncumbentOpt = typer.Option(
+    "default",
+    "--incumbent",
+    help="the prompt you have, kept unless a searched one beats it on dev (paired): default (the task's), a card's "
+    "path, or none (each strategy's own winner, as the papers compared them)",
+)
+ScanOpt = typer.Option(
+    "advise",
+    "--scan",
+    help="before the trials, say whether searching can pay: advise (say it, search on), stop (also stop unless the "
+    "verdict is 'search'), off",
+)
 ShowRejectedOpt = typer.Option(
     False, "--show-rejected", help="--propose: print every rejected proposal with its reason (the record names them)"
 )
@@ -98,18 +110,8 @@ def search(
     trust_task_code: bool = TrustTaskCodeOpt,
     screen_items: int | None = ScreenItemsOpt,
     show_rejected: bool = ShowRejectedOpt,
-    incumbent: str = typer.Option(
-        "default",
-        "--incumbent",
-        help="the prompt you have, kept unless a searched one beats it on dev (paired): default (the task's), a card's "
-        "path, or none (the strategy's own winner, as the papers compared them)",
-    ),
-    scan: str = typer.Option(
-        "advise",
-        "--scan",
-        help="before the trials, say whether searching can pay: advise (say it, search on), stop (also stop unless "
-        "the verdict is 'search'), off",
-    ),
+    incumbent: str = IncumbentOpt,
+    scan: str = ScanOpt,
     budget: float | None = typer.Option(
         None, "--budget", help="minutes: no trial starts after them (beside --trials, whichever comes first)"
     ),
@@ -243,6 +245,8 @@ def compare(
     trust_task_code: bool = TrustTaskCodeOpt,
     screen_items: int | None = ScreenItemsOpt,
     show_rejected: bool = ShowRejectedOpt,
+    incumbent: str = IncumbentOpt,
+    scan: str = ScanOpt,
     quiet: bool = QuietOpt,
 ) -> None:
     """Run several strategies with the same budget and items; compare their winners on held-out test items
@@ -286,6 +290,8 @@ def compare(
             propose_mode=propose_mode,
             proposer=proposer,
             screen_items=screen_items,
+            incumbent=incumbent,
+            scan=scan,
             progress=not quiet,
         )
     if result.proposals is not None:

@@ -24,6 +24,7 @@ from promptopt.report.recommend import recommendation
 from promptopt.report.risk import risk_section
 from promptopt.report.sections import (
     evaluate_sentence,
+    incumbent_sentence,
     proxy_section,
     robustness_section,
     rounds_sentence,
@@ -70,7 +71,13 @@ def _title(source: Source) -> tuple[str, str]:
 
 def _verdict(source: Source) -> str:
     if source.kind == "compare":
-        return verdict_compare(source.paired, source.summary)
+        kept = [
+            f"<li>{esc(f'{st.strategy} (seed {st.seed})')}: {esc(incumbent_sentence(st.run.summary))}</li>"
+            for st in source.studies
+            if incumbent_sentence(st.run.summary)
+        ]
+        searches = f"<h3>Each search against the prompt it started from</h3><ul>{''.join(kept)}</ul>" if kept else ""
+        return verdict_compare(source.paired, source.summary) + searches
     if source.kind == "search":
         return f'<p class="headline">{search_sentence(source)}</p>'
     if source.kind == "rounds":

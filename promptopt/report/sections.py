@@ -303,13 +303,27 @@ def rounds_sentence(source) -> str:
     return esc(sentence)
 
 
+def incumbent_sentence(summary: dict) -> str:
+    """What the search did with the prompt it started from (study/incumbent.py), and what its scan said; "" for a run
+    without an incumbent (made with --incumbent none, or before incumbents)."""
+    incumbent, scan = summary.get("incumbent"), summary.get("scan")
+    parts = []
+    if incumbent:
+        parts.append(str(incumbent.get("why") or ("kept the incumbent" if incumbent.get("kept") else "replaced it")))
+    if scan:
+        parts.append(f"The scan before the trials said: {scan.get('verdict')} ({scan.get('why')})")
+    return " ".join(p if p.endswith(".") else p + "." for p in parts)
+
+
 def search_sentence(source) -> str:
     s = source.studies[0]
     summary = s.run.summary
     test, dev = summary.get("test") or {}, summary.get("dev") or {}
     n_trials = len(s.study.trials)
+    first = incumbent_sentence(summary)
     sentence = (
-        f"A single {s.strategy} search ({n_trials} trials): the winner, trial #{summary.get('best_trial')}, scores "
+        (first[0].upper() + first[1:] + " " if first else "")
+        + f"A single {s.strategy} search ({n_trials} trials): the shipped prompt, trial #{summary.get('best_trial')}, scores "
         f"{estimate(test.get('accuracy'), *(test.get('accuracy_ci95') or [None, None])[:2])} on {test.get('n')} test items "
         f"and {estimate(dev.get('accuracy'), *(dev.get('accuracy_ci95') or [None, None])[:2])} on {dev.get('n')} dev items."
     )

@@ -38,6 +38,8 @@ def config(tmp_path, tiny_llama_dir):
         test_limit=6,
         minibatch=4,
         device="cpu",
+        incumbent="none",  # these tests are about the study's own trials (tests/study/test_incumbent.py: the incumbent)
+        scan="off",
     )
 
 
