@@ -5,8 +5,8 @@
   from a command-line value (which every user of the machine sees in `ps`). A key is at least 16 characters.
 - A request carries the key as `Authorization: Bearer KEY` or `X-API-Key: KEY`; both sides are hashed (SHA-256)
   and compared with `hmac.compare_digest`, so neither the key's characters nor its length show in the timing.
-- Rate: a token bucket per client address, `rate` requests per second with bursts of `burst`; wrong keys have a
-  bucket of their own per client (the app's `auth_failures` per minute), checked before the key.
+- Rate: a token bucket per client address, `rate` inputs (or requests) per second with bursts of `burst`; wrong
+  keys have a bucket of their own per client (the app's `auth_failures` per minute), checked before the key.
 """
 
 from __future__ import annotations
@@ -91,7 +91,9 @@ class KeyCheck:
 
 
 class RateLimit:
-    """A token bucket per client: `rate` requests per second, at most `burst` at once (thread-safe)."""
+    """A token bucket per client: `rate` tokens per second, at most `burst` at once (thread-safe). A request
+    spends one token, or (the app's default) one per input, so a client sending batches cannot take more of the
+    model than one sending single inputs."""
 
     def __init__(self, rate: float, burst: int, *, clients: int = 10_000, clock=time.monotonic) -> None:
         if rate <= 0 or burst < 1:
@@ -108,14 +110,15 @@ class RateLimit:
             tokens = min(float(self.burst), tokens + (now - when) * self.rate)
             return 0.0 if tokens >= 1 else (1 - tokens) / self.rate
 
-    def allow(self, client: str) -> float:
-        """0.0 when the request may go ahead (a token is taken), else the seconds until one is free."""
+    def allow(self, client: str, cost: float = 1.0) -> float:
+        """0.0 when the request may go ahead (`cost` tokens are taken), else the seconds until they are there
+        (nothing is taken)."""
         now = self.clock()
         with self._lock:
             tokens, when = self._buckets.pop(client, (float(self.burst), now))
             tokens = min(float(self.burst), tokens + (now - when) * self.rate)
-            wait = 0.0 if tokens >= 1 else (1 - tokens) / self.rate
-            self._buckets[client] = (tokens - 1 if wait == 0 else tokens, now)
+            wait = 0.0 if tokens >= cost else (cost - tokens) / self.rate
+            self._buckets[client] = (tokens - cost if wait == 0 else tokens, now)
             while len(self._buckets) > self.clients:  # the least recently seen client is forgotten first
                 self._buckets.popitem(last=False)
             return wait
