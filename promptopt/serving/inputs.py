@@ -138,7 +138,7 @@ def parse_json_body(body: bytes):
         raise InputError("request body: empty; expected a JSON object")
     try:
         value = json.loads(
-            body,
+            body.decode("utf-8"),  # strictly: json.loads(bytes) would take UTF-16 and UTF-32 too
             object_pairs_hook=_no_duplicates,
             parse_int=_bounded_int,
             parse_float=_finite_float,

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from promptopt.serving.app import ServeSettings, create_app
+from promptopt.serving.inputs import Limits
 from tests.serve_helpers import EchoRuntime, free_port, running
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -176,7 +177,8 @@ def test_a_flood_of_wrong_keys_gets_429_before_the_key_is_looked_at():
 def test_the_rate_limit_counts_requests_with_a_wrong_key():
     import httpx
 
-    app = create_app(EchoRuntime(), ServeSettings(api_key="k" * 20, auth_failures=1000, rate=0.01, burst=5))
+    settings = ServeSettings(api_key="k" * 20, auth_failures=1000, rate=0.01, burst=5, limits=Limits(max_inputs=4))
+    app = create_app(EchoRuntime(), settings)
     with running(app) as url:
         statuses = [
             httpx.get(f"{url}/healthz", headers={"X-API-Key": "wrong-key-wrong-key"}).status_code for _ in range(8)
@@ -241,3 +243,76 @@ def test_serve_exposes_the_connection_limits():
     assert "--auth-failures" in text
     with pytest.raises(ValueError, match="header_timeout must be > 0"):
         ServeSettings(header_timeout=0)
+
+
+_SERVE_BUSY = """
+import sys
+from promptopt.serving.app import ServeSettings, create_app
+from promptopt.serving.inputs import Limits
+from promptopt.serving.launch import Listen, run
+from tests.serve_helpers import EchoRuntime
+
+settings = ServeSettings(shutdown_timeout=1.0, rate=1000, burst=1000, limits=Limits(max_inputs=32))
+app = create_app(EchoRuntime(delay=0.5, started=sys.argv[2]), settings)
+run(app, Listen("127.0.0.1", int(sys.argv[1])), log_level="info")
+"""
+
+
+def test_sigterm_with_32_requests_in_flight_answers_the_cut_ones_in_json_and_logs_no_traceback(tmp_path):
+    """32 requests of 32 inputs (a pass each, 0.5 s) in flight at SIGTERM, 1 s shutdown deadline: the ones answered
+    in time get 200, the ones cut get the one-line JSON 503 (uvicorn alone answered them a plain-text 500 and logged
+    the CancelledError's traceback twice each), and the process exits."""
+    import asyncio
+
+    import httpx
+
+    port = free_port()
+    started, log_path = tmp_path / "pass-started", tmp_path / "server.log"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with open(log_path, "w") as log_file:  # a file, not a pipe: a full pipe would block the server's logging
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _SERVE_BUSY, str(port), str(started)], cwd=ROOT, env=env, stderr=log_file
+        )
+    url = f"http://127.0.0.1:{port}/v1/answer"
+
+    async def ask():
+        async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=64)) as client:
+            batch = [
+                client.post(url, json={"inputs": [{"question": f"q{k}-{j}"} for j in range(32)]}) for k in range(32)
+            ]
+
+            async def stop():
+                while not started.exists():
+                    await asyncio.sleep(0.02)
+                await asyncio.sleep(0.2)  # every request has arrived (the first pass takes 0.5 s)
+                proc.send_signal(signal.SIGTERM)
+
+            return (await asyncio.gather(*batch, stop()))[:-1]
+
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5)
+                break
+            except httpx.TransportError:
+                assert proc.poll() is None and time.monotonic() < deadline, "the server did not start"
+                time.sleep(0.2)
+        started.unlink(missing_ok=True)  # (no pass yet: healthz runs none)
+        responses = asyncio.run(ask())
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    log = log_path.read_text()
+    statuses = [r.status_code for r in responses]
+    assert set(statuses) == {200, 503} and statuses.count(503) >= 20, statuses
+    for response in responses:
+        assert response.headers["content-type"] == "application/json" and "\n" not in response.text.strip()
+        if response.status_code == 503:
+            assert response.json()["error"]["message"] == (
+                "the server is shutting down: this request was cut at its shutdown deadline; retry"
+            )
+    assert "Traceback" not in log and "Exception in ASGI application" not in log, log[-3000:]
+    assert log.count("cut at the shutdown deadline: POST /v1/answer") == statuses.count(503)
