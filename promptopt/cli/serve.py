@@ -82,10 +82,7 @@ def serve_command(
     if rate_unit not in ("inputs", "requests"):
         raise UserError(f"--rate-unit {rate_unit[:40]!r}: expected inputs or requests")
     if rate_unit == "inputs" and max_inputs > burst:
-        raise UserError(
-            f"--max-inputs {max_inputs} exceeds --burst {burst}: with --rate-unit inputs a full request could "
-            "never pass the rate limit"
-        )
+        raise UserError(f"--max-inputs {max_inputs} exceeds --burst {burst}: a request's inputs must fit a burst")
     try:
         settings = ServeSettings(
             max_batch=max_batch,

@@ -67,7 +67,7 @@ class ServeSettings:
         if self.rate_unit == "inputs" and self.limits.max_inputs > self.burst:
             raise ValueError(
                 f"limits.max_inputs ({self.limits.max_inputs}) exceeds burst ({self.burst}): with the rate counted "
-                "in inputs a full request could never pass"
+                "in inputs a request's inputs must fit a burst"
             )
         if self.limits.max_inputs > self.max_batch:
             raise ValueError(
@@ -266,9 +266,9 @@ def create_app(server, settings: ServeSettings | None = None):
             body = parse_json_body(await _read_body(request, settings.max_body_bytes))
             inputs, is_batch = parse_request(body, limits, needs_choices=server.needs_choices)
             if settings.rate_unit == "inputs" and len(inputs) > 1:  # the guard took one token; the rest here
-                wait = rate.allow(_client(request), len(inputs) - 1)
-                if wait > 0:  # Retry-After: until the whole request's tokens are there, the guard's one included
-                    return _too_many(f"{rate_message}; this request has {len(inputs)} inputs", wait + 1 / rate.rate)
+                wait = rate.spend(_client(request), len(inputs) - 1)
+                if wait > 0:
+                    return _too_many(f"{rate_message}; this request has {len(inputs)} inputs", wait)
             answers = await batcher.submit(inputs)
         except InputError as exc:
             message = str(exc)

@@ -110,18 +110,38 @@ class RateLimit:
             tokens = min(float(self.burst), tokens + (now - when) * self.rate)
             return 0.0 if tokens >= 1 else (1 - tokens) / self.rate
 
-    def allow(self, client: str, cost: float = 1.0) -> float:
-        """0.0 when the request may go ahead (`cost` tokens are taken), else the seconds until they are there
-        (nothing is taken)."""
+    def allow(self, client: str) -> float:
+        """0.0 when the request may go ahead (a token is taken), else the seconds until one is free."""
         now = self.clock()
         with self._lock:
             tokens, when = self._buckets.pop(client, (float(self.burst), now))
             tokens = min(float(self.burst), tokens + (now - when) * self.rate)
-            wait = 0.0 if tokens >= cost else (cost - tokens) / self.rate
-            self._buckets[client] = (tokens - cost if wait == 0 else tokens, now)
-            while len(self._buckets) > self.clients:  # the least recently seen client is forgotten first
-                self._buckets.popitem(last=False)
+            wait = 0.0 if tokens >= 1 else (1 - tokens) / self.rate
+            self._buckets[client] = (tokens - 1 if wait == 0 else tokens, now)
+            self._forget()
             return wait
+
+    def spend(self, client: str, cost: float) -> float:
+        """Take `cost` more tokens from a client `allow` let in: 0.0, or (nothing taken) the seconds until a request
+        of that cost would pass again, `allow`'s token included.
+
+        The balance may go below zero, down to -burst: the client then waits until it refills. Charging a request
+        in full once it is in (its inputs are known only after its body is read), rather than refusing a batch the
+        bucket cannot cover at once, keeps a client that sends batches at `rate` inputs a second: refused, its
+        retries would spend the bucket one token at a time and never see enough. The floor bounds what clients
+        let in at the same moment, before any body was read, may charge."""
+        now = self.clock()
+        with self._lock:
+            tokens, when = self._buckets.pop(client, (float(self.burst), now))
+            tokens = min(float(self.burst), tokens + (now - when) * self.rate)
+            short = tokens - cost < -self.burst
+            self._buckets[client] = (tokens if short else tokens - cost, now)
+            self._forget()
+            return (max(1.0, cost + 1 - self.burst) - tokens) / self.rate if short else 0.0
+
+    def _forget(self) -> None:
+        while len(self._buckets) > self.clients:  # the least recently seen client is forgotten first
+            self._buckets.popitem(last=False)
 
 
 __all__ = [

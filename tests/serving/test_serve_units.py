@@ -159,9 +159,15 @@ def test_the_rate_limit_is_a_bucket_per_client():
     assert limit.allow("b") == 0.0  # another client has its own bucket
     now[0] = 0.5  # one token back
     assert limit.allow("a") == 0.0 and limit.allow("a") > 0
-    assert limit.allow("c", 3) == 0.0  # a cost of 3 takes the whole burst
-    assert limit.allow("c", 2) == pytest.approx(1.0)  # 2 tokens at 2 per second
-    assert limit.allow("c", 1) == pytest.approx(0.5)  # (the refused cost took nothing)
+    # a request's inputs (spend): the balance may go below zero, down to -burst; allow then waits for it to refill
+    assert limit.allow("c") == 0.0 and limit.spend("c", 4) == 0.0  # 3 - 1 - 4 = -2
+    assert limit.allow("c") == pytest.approx(1.5)  # back to 1 token at 2 a second
+    now[0] = 2.0  # -2 + 3 = 1
+    assert limit.allow("c") == 0.0 and limit.spend("c", 3) == 0.0  # 1 - 1 - 3 = -3 = -burst
+    now[0] = 4.0  # -3 + 4 = 1: two requests let in at once, before either body is read
+    assert limit.allow("c") == 0.0 and limit.spend("c", 2) == 0.0  # -2
+    assert limit.spend("c", 2) == pytest.approx(1.5)  # -4 is below -burst: refused, nothing taken, 1 token away
+    assert limit.allow("c") == pytest.approx(1.5)
 
 
 # --- batching ---------------------------------------------------------------------------------------------------
@@ -345,8 +351,8 @@ def test_the_rate_limit_answers_429_with_retry_after():
 
 def test_the_rate_limit_weighs_a_request_by_its_inputs():
     """Counted in inputs (the default), a client sending batches of 4 spends 4 tokens a request: with a burst of 10
-    its third request is 429, while another address sending single inputs is served; counted in requests the same
-    client sends 10 batches (40 inputs) before its first 429."""
+    its fourth request is 429 (its balance at -2, 3 tokens from the next), while another address sending single
+    inputs is served; counted in requests the same client sends 10 batches (40 inputs) before its first 429."""
     import httpx
 
     from promptopt.serving.app import ServeSettings, create_app
@@ -365,13 +371,10 @@ def test_the_rate_limit_weighs_a_request_by_its_inputs():
     settings = ServeSettings(rate=0.01, burst=10, limits=Limits(max_inputs=4))
     assert settings.rate_unit == "inputs"
     heavy, light = statuses(settings)
-    assert [r.status_code for r in heavy] == [200, 200] + [429] * 9
+    assert [r.status_code for r in heavy] == [200] * 3 + [429] * 8
     assert light == [200] * 8  # another address has its own bucket, spent one input at a time
-    error = heavy[2].json()["error"]["message"]
-    assert error == "rate limit: 0.01 inputs per second per client (bursts of 10); this request has 4 inputs", error
-    # 2 tokens were left, the guard took 1: back when 4 are there before the guard takes its own, 3 at 0.01 a second
-    assert 299 <= int(heavy[2].headers["retry-after"]) <= 301
-    assert heavy[-1].json()["error"]["message"] == "rate limit: 0.01 inputs per second per client (bursts of 10)"
+    assert heavy[3].json()["error"]["message"] == "rate limit: 0.01 inputs per second per client (bursts of 10)"
+    assert 299 <= int(heavy[3].headers["retry-after"]) <= 301  # from -2 to 1 at 0.01 a second
     heavy, _ = statuses(ServeSettings(rate=0.01, burst=10, limits=Limits(max_inputs=4), rate_unit="requests"))
     assert [r.status_code for r in heavy] == [200] * 10 + [429]
     with pytest.raises(ValueError, match="exceeds burst"):
