@@ -240,7 +240,14 @@ def test_serve_exposes_the_connection_limits():
     text = promptopt("serve", "--help", env={"COLUMNS": "200"}).stdout
     for flag in ("--header-timeout", "--body-timeout", "--keep-alive", "--shutdown-timeout", "--max-connections"):
         assert flag in text
-    assert "--auth-failures" in text
+    assert "--auth-failures" in text and "--rate-unit" in text
+    for flags, message in (
+        (("--rate-unit", "bytes"), "error: --rate-unit 'bytes': expected inputs or requests"),
+        (("--max-inputs", "32", "--burst", "8"), "error: --max-inputs 32 exceeds --burst 8: a request's inputs must"),
+    ):
+        result = promptopt("serve", "no-such-card.yaml", *flags)  # refused before the card or the model is read
+        assert result.code == 2 and result.stderr.strip().startswith(message), result.stderr
+        assert "\n" not in result.stderr.strip()
     with pytest.raises(ValueError, match="header_timeout must be > 0"):
         ServeSettings(header_timeout=0)
 
