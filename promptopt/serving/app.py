@@ -5,8 +5,10 @@ Every response is one line of JSON. An answer carries the card's identity (`card
 except on 401 and 429) — never a stack trace: a bug is logged on the server and answered 500 with one line.
 Requests are batched (`batcher.py`), checked against the API key (`security.py`) and the limits in
 `ServeSettings`: body bytes, inputs per request, characters per question, inputs (or requests) per second per
-client, wrong keys per minute per client, a JSON content type, strict JSON (`inputs.parse_json_body`). The connection limits (read deadlines, keep-alive, the shutdown
-deadline, connections at once) are uvicorn's, set from the same `ServeSettings` by `launch.uvicorn_config`.
+client, wrong keys per minute per client, a JSON content type, strict JSON (`inputs.parse_json_body`). The
+connection limits (read deadlines, keep-alive, the shutdown deadline, connections at once) are uvicorn's, set from
+the same `ServeSettings` by `launch.uvicorn_config`; requests cut at the shutdown deadline are answered by
+`AnswerCut`.
 """
 
 from __future__ import annotations
