@@ -34,19 +34,19 @@ def running(app, *, timeout: float = 30.0):
 
 
 class EchoRuntime:
-    """A stand-in for `Server` (no model): each input's answer is its question, after `delay` seconds a pass;
-    `started`: a file written when a pass starts (a test in another process waits for it)."""
+    """A stand-in for `Server` (no model): each input's answer is its question, after `delay` seconds a pass and
+    `per_input` seconds an input; `started`: a file written when a pass starts (a test in another process waits)."""
 
-    def __init__(self, delay: float = 0.0, started=None) -> None:
+    def __init__(self, delay: float = 0.0, started=None, per_input: float = 0.0) -> None:
         from promptopt.serving.inputs import Limits
 
-        self.delay, self.started = delay, started
+        self.delay, self.started, self.per_input = delay, started, per_input
         self.identity, self.limits, self.needs_choices = {"card_sha256": "e" * 64}, Limits(max_inputs=4), False
 
     def answer_groups(self, groups):
         if self.started is not None:
             open(self.started, "w").close()
-        time.sleep(self.delay)
+        time.sleep(self.delay + self.per_input * sum(len(inputs) for inputs in groups))
         return [[{"answer": i.question} for i in inputs] for inputs in groups]
 
 

@@ -35,8 +35,15 @@ def serve_command(
     max_inputs: int = typer.Option(32, "--max-inputs", min=1, help="inputs per request (at most --max-batch)"),
     max_chars: int = typer.Option(8000, "--max-chars", min=1, help="characters per question"),
     max_body_bytes: int = typer.Option(1_000_000, "--max-body-bytes", min=1, help="bytes per request body"),
-    rate_limit: float = typer.Option(20.0, "--rate-limit", min=0.001, help="requests per second per client address"),
-    burst: int = typer.Option(40, "--burst", min=1, help="requests a client may send at once before --rate-limit"),
+    rate_limit: float = typer.Option(
+        20.0, "--rate-limit", min=0.001, help="inputs (see --rate-unit) per second per client address"
+    ),
+    burst: int = typer.Option(40, "--burst", min=1, help="inputs a client may send at once before --rate-limit"),
+    rate_unit: str = typer.Option(
+        "inputs",
+        "--rate-unit",
+        help="what --rate-limit and --burst count: inputs (a batch request spends one per input) or requests",
+    ),
     max_queue: int = typer.Option(256, "--max-queue", min=1, help="requests waiting to be answered; beyond, 503"),
     auth_failures: int = typer.Option(
         10, "--auth-failures", min=1, help="wrong API keys per minute per client address; beyond, 429 for a while"
@@ -72,6 +79,10 @@ def serve_command(
     quiet_libraries()
     if max_inputs > max_batch:
         raise UserError(f"--max-inputs {max_inputs} exceeds --max-batch {max_batch}: a request must fit one batch")
+    if rate_unit not in ("inputs", "requests"):
+        raise UserError(f"--rate-unit {rate_unit[:40]!r}: expected inputs or requests")
+    if rate_unit == "inputs" and max_inputs > burst:
+        raise UserError(f"--max-inputs {max_inputs} exceeds --burst {burst}: a request's inputs must fit a burst")
     try:
         settings = ServeSettings(
             max_batch=max_batch,
@@ -80,6 +91,7 @@ def serve_command(
             max_body_bytes=max_body_bytes,
             rate=rate_limit,
             burst=burst,
+            rate_unit=rate_unit,
             limits=Limits(max_inputs=max_inputs, max_chars=max_chars),
             auth_failures=auth_failures,
             header_timeout=header_timeout,

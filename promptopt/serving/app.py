@@ -4,14 +4,16 @@ Every response is one line of JSON. An answer carries the card's identity (`card
 `{"error": {"status": S, "message": "..."}}` with one message naming what was wrong (and the card's identity,
 except on 401 and 429) — never a stack trace: a bug is logged on the server and answered 500 with one line.
 Requests are batched (`batcher.py`), checked against the API key (`security.py`) and the limits in
-`ServeSettings`: body bytes, inputs per request, characters per question, requests per second per client, wrong
-keys per minute per client, a JSON content type. The connection limits (read deadlines, keep-alive, the shutdown
-deadline, connections at once) are uvicorn's, set from the same `ServeSettings` by `launch.uvicorn_config`.
+`ServeSettings`: body bytes, inputs per request, characters per question, inputs (or requests) per second per
+client, wrong keys per minute per client, a JSON content type, strict JSON (`inputs.parse_json_body`). The
+connection limits (read deadlines, keep-alive, the shutdown deadline, connections at once) are uvicorn's, set from
+the same `ServeSettings` by `launch.uvicorn_config`; requests cut at the shutdown deadline are answered by
+`AnswerCut`.
 """
 
 from __future__ import annotations
 
-import json
+import asyncio
 import logging
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -23,10 +25,13 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from promptopt.serving.batcher import Batcher, Busy
-from promptopt.serving.inputs import InputError, Limits, parse_request
+from promptopt.serving.inputs import InputError, Limits, parse_json_body, parse_request
 from promptopt.serving.security import KeyCheck, RateLimit
 
 log = logging.getLogger("promptopt.serve")
+
+
+RATE_UNITS = ("inputs", "requests")
 
 
 @dataclass(frozen=True)
@@ -37,8 +42,9 @@ class ServeSettings:
     max_wait_ms: float = 5.0  # how long the first request of a batch waits for others
     max_queue: int = 256  # requests waiting; beyond, 503
     max_body_bytes: int = 1_000_000
-    rate: float = 20.0  # requests per second per client address
+    rate: float = 20.0  # inputs (or requests, see rate_unit) per second per client address
     burst: int = 40
+    rate_unit: str = "inputs"  # "inputs": a request spends one token per input; "requests": one per request
     limits: Limits = field(default_factory=Limits)
     api_key: str | None = field(default=None, repr=False)
     auth_failures: int = 10  # wrong or missing keys per minute per client address; beyond, 429 for every request
@@ -58,6 +64,13 @@ class ServeSettings:
         for name in ("header_timeout", "body_timeout", "keep_alive", "shutdown_timeout"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)!r}")
+        if self.rate_unit not in RATE_UNITS:
+            raise ValueError(f"rate_unit: expected one of {', '.join(RATE_UNITS)}, got {self.rate_unit!r}")
+        if self.rate_unit == "inputs" and self.limits.max_inputs > self.burst:
+            raise ValueError(
+                f"limits.max_inputs ({self.limits.max_inputs}) exceeds burst ({self.burst}): with the rate counted "
+                "in inputs a request's inputs must fit a burst"
+            )
         if self.limits.max_inputs > self.max_batch:
             raise ValueError(
                 f"limits.max_inputs ({self.limits.max_inputs}) exceeds max_batch ({self.max_batch}): "
@@ -121,6 +134,44 @@ class DrainBody:
         await self.app(scope, receive_tracked, send_after_drain)
 
 
+class AnswerCut:
+    """Pure ASGI middleware, outermost: a request still running when uvicorn cancels it (SIGTERM, past the
+    shutdown deadline) is answered 503 in the one JSON line every error has, and the cancellation ends here.
+
+    Why: uvicorn cancels the request's task and, for any exception that reaches it, logs "Exception in ASGI
+    application" with the traceback and answers a plain-text 500: a shutdown with 32 requests in flight logged 62
+    tracebacks. A cut request is no bug: one warning line names it."""
+
+    def __init__(self, app, identity: dict) -> None:
+        self.app, self.identity = app, identity
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def send_tracked(message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_tracked)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()  # handled: later awaits (the answer's send) run
+            log.warning("cut at the shutdown deadline: %s %s", scope.get("method"), scope.get("path"))
+            if not started:  # (once started, uvicorn closes the connection: the client sees it cut)
+                message = "the server is shutting down: this request was cut at its shutdown deadline; retry"
+                response = _error(503, message, self.identity, headers={"Connection": "close", "Retry-After": "1"})
+                await response(scope, receive, send)
+
+
+def _client(request) -> str:
+    return request.client.host if request.client else "unknown"
+
+
 def _is_json(content_type: str | None) -> bool:
     """application/json, with or without parameters (charset=utf-8)."""
     return (content_type or "").split(";", 1)[0].strip().lower() == "application/json"
@@ -136,19 +187,6 @@ async def _read_body(request, limit: int) -> bytes:
         if len(body) > limit:
             raise InputError(f"request body: over this server's limit of {limit:,} bytes", 413)
     return bytes(body)
-
-
-def _parse_json(body: bytes):
-    if not body.strip():
-        raise InputError("request body: empty; expected a JSON object")
-    try:
-        return json.loads(body)
-    except UnicodeDecodeError:
-        raise InputError("request body: not UTF-8 text") from None
-    except json.JSONDecodeError as exc:
-        raise InputError(f"request body: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
-    except RecursionError:
-        raise InputError("request body: JSON nested too deeply") from None
 
 
 def create_app(server, settings: ServeSettings | None = None):
@@ -167,6 +205,9 @@ def create_app(server, settings: ServeSettings | None = None):
     rate = RateLimit(settings.rate, settings.burst)
     failures = RateLimit(settings.auth_failures / 60, settings.auth_failures)  # wrong keys, per client
     identity = server.identity
+    rate_message = (
+        f"rate limit: {settings.rate:g} {settings.rate_unit} per second per client (bursts of {settings.burst})"
+    )
 
     @asynccontextmanager
     async def lifespan(app):
@@ -183,12 +224,10 @@ def create_app(server, settings: ServeSettings | None = None):
         """Every request takes a token of its client's rate limit, then (on a server with a key) is checked; a
         wrong or missing key takes a token of the client's wrong-key limit, and a client out of those is answered
         429 before its key is looked at, so keys cannot be guessed at the request rate."""
-        client = request.client.host if request.client else "unknown"
+        client = _client(request)
         wait = rate.allow(client)
         if wait > 0:
-            return _too_many(
-                f"rate limit: {settings.rate:g} requests per second per client (bursts of {settings.burst})", wait
-            )
+            return _too_many(rate_message, wait)
         if key_check is not None:
             wait = failures.waiting(client)
             if wait > 0:
@@ -226,8 +265,12 @@ def create_app(server, settings: ServeSettings | None = None):
                 raise InputError(
                     f"request: Content-Type must be application/json, got {given[:80] if given else 'none'}", 415
                 )
-            body = _parse_json(await _read_body(request, settings.max_body_bytes))
+            body = parse_json_body(await _read_body(request, settings.max_body_bytes))
             inputs, is_batch = parse_request(body, limits, needs_choices=server.needs_choices)
+            if settings.rate_unit == "inputs" and len(inputs) > 1:  # the guard took one token; the rest here
+                wait = rate.spend(_client(request), len(inputs) - 1)
+                if wait > 0:
+                    return _too_many(f"{rate_message}; this request has {len(inputs)} inputs", wait)
             answers = await batcher.submit(inputs)
         except InputError as exc:
             message = str(exc)
@@ -245,8 +288,9 @@ def create_app(server, settings: ServeSettings | None = None):
             return JSONResponse({"card": identity, "answers": answers})
         return JSONResponse({"card": identity, **answers[0]})
 
-    app.add_middleware(DrainBody, limit=settings.max_drain_bytes)  # added last: outside the guard
+    app.add_middleware(DrainBody, limit=settings.max_drain_bytes)  # outside the guard
+    app.add_middleware(AnswerCut, identity=identity)  # added last: outside everything
     return app
 
 
-__all__ = ["DrainBody", "ServeSettings", "create_app"]
+__all__ = ["RATE_UNITS", "AnswerCut", "DrainBody", "ServeSettings", "create_app"]

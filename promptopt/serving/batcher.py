@@ -6,6 +6,10 @@ The loop takes the first waiting request, then keeps taking requests until the b
 the batch waits for the next one. While the worker is busy, requests queue up, so under load a batch fills without
 waiting; an idle server adds at most `max_wait` to a request. At most `max_queue` requests wait: beyond that a
 request is refused at once (503) instead of waiting without bound.
+
+A pass that raises (a bug, or an input that breaks the model in a way the runtime could not pin on it) is answered
+request by request, each in a pass of its own, so only the request(s) that fail alone get the 500, never the others
+batched with them.
 """
 
 from __future__ import annotations
@@ -105,6 +109,28 @@ class Batcher:
         except asyncio.TimeoutError:
             return None
 
+    async def _pass(self, batch: list[_Pending]) -> list:
+        """One call of `answer_groups` on the worker thread, counted in the stats."""
+        loop = asyncio.get_running_loop()
+        self.stats.calls += 1
+        self.stats.requests[len(batch)] += 1
+        self.stats.inputs[sum(len(p.inputs) for p in batch)] += 1
+        started = loop.time()
+        try:
+            return await loop.run_in_executor(self._executor, self.answer_groups, [p.inputs for p in batch])
+        finally:
+            self.stats.busy_seconds += loop.time() - started
+
+    async def _alone(self, pending: _Pending):
+        """One request's result from a pass of its own: only a request whose own inputs break it fails (a 500)."""
+        if pending.future.done():
+            return None
+        try:
+            return (await self._pass([pending]))[0]
+        except Exception as exc:
+            log.exception("answering a request failed")
+            return exc
+
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
@@ -123,16 +149,15 @@ class Batcher:
             batch = [p for p in batch if not p.future.done()]  # a client that went away is not answered
             if not batch:
                 continue
-            self.stats.calls += 1
-            self.stats.requests[len(batch)] += 1
-            self.stats.inputs[sum(len(p.inputs) for p in batch)] += 1
-            started = loop.time()
             try:
-                results = await loop.run_in_executor(self._executor, self.answer_groups, [p.inputs for p in batch])
-            except Exception as exc:  # a bug: every request of the batch gets a 500, the server keeps serving
-                log.exception("answering a batch of %d requests failed", len(batch))
-                results = [exc] * len(batch)
-            self.stats.busy_seconds += loop.time() - started
+                results = await self._pass(batch)
+            except Exception as exc:  # a bug, or an input that breaks the pass: answer each request alone
+                if len(batch) == 1:
+                    log.exception("answering a request failed")
+                    results = [exc]
+                else:
+                    log.warning("a pass of %d requests failed (%r): answering each alone", len(batch), exc)
+                    results = [await self._alone(p) for p in batch]
             for pending, result in zip(batch, results):
                 if pending.future.done():
                     continue

@@ -7,9 +7,12 @@ Pure Python: the HTTP app and library callers of `Server.answer` check inputs th
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from promptopt.errors import UserError
+
+MAX_NUMBER_CHARS = 100  # characters of one JSON number: no field takes a number, and int() of 4,300+ digits fails
 
 
 class InputError(UserError):
@@ -58,6 +61,99 @@ def _type(value) -> str:
     )
 
 
+def _quoted(text: str, limit: int = 40) -> str:
+    """A short, ASCII-safe quotation of client text for an error message (lone surrogates escaped)."""
+    return ascii(text[:limit] + ("..." if len(text) > limit else ""))
+
+
+def _no_duplicates(pairs: list) -> dict:
+    keys = set()
+    for key, _ in pairs:
+        if key in keys:
+            raise InputError(f"request body: the key {_quoted(key)} appears twice in one object")
+        keys.add(key)
+    return dict(pairs)
+
+
+def _bounded_int(text: str) -> int:
+    if len(text) > MAX_NUMBER_CHARS:
+        raise InputError(f"request body: a number of {len(text):,} characters (at most {MAX_NUMBER_CHARS})")
+    return int(text)
+
+
+def _finite_float(text: str) -> float:
+    if len(text) > MAX_NUMBER_CHARS:
+        raise InputError(f"request body: a number of {len(text):,} characters (at most {MAX_NUMBER_CHARS})")
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise InputError(f"request body: the number {_quoted(text)} is out of range")
+    return value
+
+
+def _no_constant(name: str):
+    raise InputError(f"request body: {name} is not JSON (numbers must be finite)")
+
+
+def _field(path: tuple) -> str:
+    """A JSON path as the other errors name fields: `request.question`, `inputs[2].choices[0]`."""
+    if not path:
+        return "request body"
+    out = "" if path[0] == "inputs" else "request"
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else f".{_quoted(part)[1:-1]}"
+    return out.lstrip(".")
+
+
+def _unicode(text: str, where: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InputError(
+            f"{where}: a lone surrogate ({ascii(text[exc.start])[1:-1]}) at character {exc.start}; "
+            "expected Unicode text"
+        ) from None
+
+
+def _check_text(value, path: tuple) -> None:
+    """Every string (keys included) must be Unicode text: JSON's \\uD800-style escapes can spell a lone surrogate,
+    which no tokenizer takes and UTF-8 cannot encode. Iterative: the parser already bounded the depth."""
+    stack = [(value, path)]
+    while stack:
+        value, path = stack.pop()
+        if isinstance(value, str):
+            _unicode(value, _field(path))
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                stack.append((key, path))
+                stack.append((item, (*path, key)))
+        elif isinstance(value, list):
+            stack.extend((item, (*path, k)) for k, item in enumerate(value))
+
+
+def parse_json_body(body: bytes):
+    """A request body -> its JSON value, strictly: UTF-8, no duplicate keys (json would keep the last silently),
+    no NaN/Infinity, numbers of at most MAX_NUMBER_CHARS characters and finite, no lone surrogates in any string.
+    Every problem is one 400 InputError, so nothing odd reaches the batcher."""
+    if not body.strip():
+        raise InputError("request body: empty; expected a JSON object")
+    try:
+        value = json.loads(
+            body.decode("utf-8"),  # strictly: json.loads(bytes) would take UTF-16 and UTF-32 too
+            object_pairs_hook=_no_duplicates,
+            parse_int=_bounded_int,
+            parse_float=_finite_float,
+            parse_constant=_no_constant,
+        )
+    except UnicodeDecodeError:
+        raise InputError("request body: not UTF-8 text") from None
+    except json.JSONDecodeError as exc:
+        raise InputError(f"request body: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+    except RecursionError:
+        raise InputError("request body: JSON nested too deeply") from None
+    _check_text(value, ())
+    return value
+
+
 def parse_input(value, where: str, limits: Limits, *, needs_choices: bool) -> Input:
     """One input mapping -> Input, or one InputError naming `where` and the field."""
     if not isinstance(value, dict):
@@ -72,6 +168,7 @@ def parse_input(value, where: str, limits: Limits, *, needs_choices: bool) -> In
         raise InputError(f"{where}.question: expected a string, got {_type(question)}")
     if not question.strip():
         raise InputError(f"{where}.question: expected a non-empty string")
+    _unicode(question, f"{where}.question")
     if len(question) > limits.max_chars:
         raise InputError(
             f"{where}.question: {len(question):,} characters, over this server's limit of {limits.max_chars:,}", 413
@@ -92,6 +189,7 @@ def parse_input(value, where: str, limits: Limits, *, needs_choices: bool) -> In
     for k, choice in enumerate(choices):
         if not choice.strip():
             raise InputError(f"{where}.choices[{k}]: expected a non-empty string")
+        _unicode(choice, f"{where}.choices[{k}]")
         if len(choice) > limits.max_choice_chars:
             raise InputError(
                 f"{where}.choices[{k}]: {len(choice):,} characters, over this server's limit of "
@@ -121,4 +219,4 @@ def parse_request(body, limits: Limits, *, needs_choices: bool) -> tuple[list[In
     return [parse_input(body, "request", limits, needs_choices=needs_choices)], False
 
 
-__all__ = ["Input", "InputError", "Limits", "parse_input", "parse_request"]
+__all__ = ["MAX_NUMBER_CHARS", "Input", "InputError", "Limits", "parse_input", "parse_json_body", "parse_request"]

@@ -47,6 +47,10 @@ def _number(value):
     return x
 
 
+class _Refused(InputError):
+    """An input the tokenizer raised on (not a UserError): the input's fault only where other inputs pass."""
+
+
 class Server:
     """A card loaded with a model, answering inputs as the scorer does. Thread-safe: one scoring call at a time.
 
@@ -167,9 +171,11 @@ class Server:
         a batch with a bad input gets its InputError in its place and the others are answered.
 
         Whether an input fits the model is checked by the pass itself (scoring tokenizes every input before any
-        forward and refuses one that does not fit); only when it refuses are the inputs checked one by one, so the
-        bad ones get their 422 and the rest are scored again. Checking every input first tokenized each whole prompt
-        twice. A generative card is checked first (its limit counts the tokens it may generate)."""
+        forward and refuses one that does not fit); only when the pass fails are the inputs checked one by one, so
+        the bad ones (too long, or raising in the tokenizer, as a lone surrogate does) get their 422 and the rest are
+        scored again: one request's input never fails the others'. A failure no input explains stands (a bug).
+        Checking every input first tokenized each whole prompt twice. A generative card is checked first (its limit
+        counts the tokens it may generate)."""
         with self._lock:
             out: list = [None] * len(groups)
             items_of = {}
@@ -185,16 +191,20 @@ class Server:
                 return out
             try:
                 answers = self._answer_batches(list(items_of.values()))
-            except UserError:  # an input too long, or one whose answer tokenizes to nothing: find it
-                refused = 0
+            except Exception:  # an input too long, one whose answer tokenizes to nothing, one the tokenizer refuses
+                refused = {}
                 for g in list(items_of):
                     try:
                         self._check_fits(items_of[g])
                     except InputError as exc:
-                        out[g], refused = exc, refused + 1
-                        del items_of[g]
-                if not refused:  # no input is to blame: the pass's own failure stands
-                    raise
+                        refused[g] = exc
+                if not refused or (
+                    len(refused) == len(items_of) and all(isinstance(e, _Refused) for e in refused.values())
+                ):
+                    raise  # no input is to blame, or every one (the tokenizer itself may be what fails): it stands
+                for g, exc in refused.items():
+                    out[g] = exc
+                    del items_of[g]
                 answers = self._answer_batches(list(items_of.values())) if items_of else []
             for g, batch_answers in zip(items_of, answers):
                 out[g] = batch_answers
@@ -217,7 +227,7 @@ class Server:
 
     def _check_fits(self, items: list) -> None:
         """An InputError (422) naming the first of a batch's items that does not fit the model under some member's
-        prompt, or whose answer tokenizes to nothing."""
+        prompt, or whose answer tokenizes to nothing, or that the tokenizer refuses outright (`_Refused`)."""
         for k, item in enumerate(items):
             for member in self.members[: 1 if self.generative else None]:
                 try:
@@ -226,6 +236,10 @@ class Server:
                     raise InputError(f"inputs[{k}]: {str(exc).split(': ', 1)[-1]}", 422) from None
                 except UserError as exc:
                     raise InputError(f"inputs[{k}]: {exc}", 422) from None
+                except Exception as exc:
+                    raise _Refused(
+                        f"inputs[{k}]: the model's tokenizer cannot take this input ({type(exc).__name__})", 422
+                    ) from None
 
     def _choices(self, given: Input, where: str) -> tuple[str, ...] | None:
         if not self.scorer.data.spec.answer.has_choices:

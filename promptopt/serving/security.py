@@ -5,8 +5,8 @@
   from a command-line value (which every user of the machine sees in `ps`). A key is at least 16 characters.
 - A request carries the key as `Authorization: Bearer KEY` or `X-API-Key: KEY`; both sides are hashed (SHA-256)
   and compared with `hmac.compare_digest`, so neither the key's characters nor its length show in the timing.
-- Rate: a token bucket per client address, `rate` requests per second with bursts of `burst`; wrong keys have a
-  bucket of their own per client (the app's `auth_failures` per minute), checked before the key.
+- Rate: a token bucket per client address, `rate` inputs (or requests) per second with bursts of `burst`; wrong
+  keys have a bucket of their own per client (the app's `auth_failures` per minute), checked before the key.
 """
 
 from __future__ import annotations
@@ -91,7 +91,9 @@ class KeyCheck:
 
 
 class RateLimit:
-    """A token bucket per client: `rate` requests per second, at most `burst` at once (thread-safe)."""
+    """A token bucket per client: `rate` tokens per second, at most `burst` at once (thread-safe). A request
+    spends one token, or (the app's default) one per input, so a client sending batches cannot take more of the
+    model than one sending single inputs."""
 
     def __init__(self, rate: float, burst: int, *, clients: int = 10_000, clock=time.monotonic) -> None:
         if rate <= 0 or burst < 1:
@@ -116,9 +118,30 @@ class RateLimit:
             tokens = min(float(self.burst), tokens + (now - when) * self.rate)
             wait = 0.0 if tokens >= 1 else (1 - tokens) / self.rate
             self._buckets[client] = (tokens - 1 if wait == 0 else tokens, now)
-            while len(self._buckets) > self.clients:  # the least recently seen client is forgotten first
-                self._buckets.popitem(last=False)
+            self._forget()
             return wait
+
+    def spend(self, client: str, cost: float) -> float:
+        """Take `cost` more tokens from a client `allow` let in: 0.0, or (nothing taken) the seconds until a request
+        of that cost would pass again, `allow`'s token included.
+
+        The balance may go below zero, down to -burst: the client then waits until it refills. Charging a request
+        in full once it is in (its inputs are known only after its body is read), rather than refusing a batch the
+        bucket cannot cover at once, keeps a client that sends batches at `rate` inputs a second: refused, its
+        retries would spend the bucket one token at a time and never see enough. The floor bounds what clients
+        let in at the same moment, before any body was read, may charge."""
+        now = self.clock()
+        with self._lock:
+            tokens, when = self._buckets.pop(client, (float(self.burst), now))
+            tokens = min(float(self.burst), tokens + (now - when) * self.rate)
+            short = tokens - cost < -self.burst
+            self._buckets[client] = (tokens if short else tokens - cost, now)
+            self._forget()
+            return (max(1.0, cost + 1 - self.burst) - tokens) / self.rate if short else 0.0
+
+    def _forget(self) -> None:
+        while len(self._buckets) > self.clients:  # the least recently seen client is forgotten first
+            self._buckets.popitem(last=False)
 
 
 __all__ = [

@@ -336,3 +336,43 @@ def test_a_generative_card_is_generated_and_read_as_the_scorer_does(tiny_llama_d
         np.testing.assert_allclose(answer["signals"]["tcb"], row["tcb"], rtol=1e-3)
     with pytest.raises(Exception, match="has no choices"):
         server.answer([{"question": "1+1", "choices": ["1", "2"]}])
+
+
+def _sixteen_and_one(url: str, odd: bytes):
+    """16 ordinary requests and one with body `odd`, sent at once (the batcher waits long enough to take all 17 in
+    one pass): the responses, the odd one last, and the batching stats."""
+    import httpx
+
+    async def ask():
+        async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+            ordinary = [client.post("/v1/answer", json={"question": f"a gorgeous film, take {k}"}) for k in range(16)]
+            responses = await asyncio.gather(*ordinary, client.post("/v1/answer", content=odd, headers=JSON))
+            return responses, (await client.get("/healthz")).json()["batching"]
+
+    return asyncio.run(ask())
+
+
+def test_a_lone_surrogate_fails_its_own_request_never_the_16_batched_with_it(server, monkeypatch):
+    """`{"question": "good \\ud800 film"}` is valid JSON, but no tokenizer takes a lone surrogate (the real one
+    raises TypeError). It is a 400 naming the field before it reaches the batcher; and with that check switched
+    off, the pass it shares with 16 other requests pins it on that input (422) and answers the 16."""
+    from promptopt.serving import inputs
+    from promptopt.serving.app import ServeSettings, create_app
+
+    odd = b'{"question": "good \\ud800 film"}'
+    settings = ServeSettings(max_batch=32, max_wait_ms=500, rate=1000, burst=1000)
+    with running(create_app(server, settings)) as url:
+        responses, _ = _sixteen_and_one(url, odd)
+    assert [r.status_code for r in responses] == [200] * 16 + [400], [r.text for r in responses]
+    assert responses[-1].json()["error"]["message"] == (
+        "request.question: a lone surrogate (\\ud800) at character 5; expected Unicode text"
+    )
+    monkeypatch.setattr(inputs, "_unicode", lambda text, where: None)  # as if the check missed it
+    with running(create_app(server, settings)) as url:
+        responses, batching = _sixteen_and_one(url, odd)
+    assert batching["requests_per_call"].get("17") == 1, batching  # all 17 in one pass
+    assert [r.status_code for r in responses] == [200] * 16 + [422], [r.text for r in responses]
+    assert responses[-1].json()["error"]["message"] == (
+        "request: the model's tokenizer cannot take this input (TypeError)"
+    )
+    assert all(r.json()["answer"] in ("negative", "positive") for r in responses[:16])

@@ -45,6 +45,41 @@ def test_a_bad_request_is_one_error_naming_the_field(body, status, fragment):
     assert caught.value.status == status and fragment in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    "body, fragment",
+    [
+        (b'{"question": "good \\ud800 film"}', "request.question: a lone surrogate (\\ud800) at character 5"),
+        (b'{"inputs": [{"question": "a"}, {"question": "b", "choices": ["x", "\\udfff"]}]}', "inputs[1].choices[1]:"),
+        (b'{"question": "a", "\\ud83d": 1}', "request body: a lone surrogate"),  # a key
+        (b'{"question": "a", "n": ' + b"7" * 100_000 + b"}", "a number of 100,000 characters (at most 100)"),
+        (b'{"question": "a", "n": 0.' + b"5" * 200 + b"}", "a number of 202 characters"),
+        (b'{"question": "a gorgeous, witty film", "question": "dull and lifeless"}', "'question' appears twice"),
+        (b'{"inputs": [{"question": "a", "choices": ["x", "y"], "choices": ["y", "x"]}]}', "'choices' appears twice"),
+        (b'{"question": "a", "n": NaN}', "NaN is not JSON"),
+        (b'{"question": "a", "n": Infinity}', "Infinity is not JSON"),
+        (b'{"question": "a", "n": -Infinity}', "-Infinity is not JSON"),
+        (b'{"question": "a", "n": 1e999}', "the number '1e999' is out of range"),
+        (b'{"question": "\xff"}', "not UTF-8"),
+        ('{"question": "a"}'.encode("utf-16"), "not UTF-8"),  # json.loads(bytes) would take it
+        (b"  ", "empty"),
+    ],
+)
+def test_every_json_oddity_is_one_400_naming_it(body, fragment):
+    from promptopt.serving.inputs import parse_json_body
+
+    with pytest.raises(InputError) as caught:
+        parse_json_body(body)
+    assert caught.value.status == 400 and fragment in str(caught.value), str(caught.value)
+    str(caught.value).encode("utf-8")  # the message itself is sendable (the surrogate quoted, not copied)
+
+
+def test_ordinary_json_parses_as_json_does():
+    from promptopt.serving.inputs import parse_json_body
+
+    body = b'{"question": "caf\\u00e9 \\ud83d\\ude00", "n": -12, "x": 1.5e3, "l": [true, null]}'
+    assert parse_json_body(body) == json.loads(body)
+
+
 def test_good_requests_parse_into_inputs():
     limits = Limits()
     assert parse_request({"question": "q"}, limits, needs_choices=False) == ([Input("q")], False)
@@ -124,6 +159,15 @@ def test_the_rate_limit_is_a_bucket_per_client():
     assert limit.allow("b") == 0.0  # another client has its own bucket
     now[0] = 0.5  # one token back
     assert limit.allow("a") == 0.0 and limit.allow("a") > 0
+    # a request's inputs (spend): the balance may go below zero, down to -burst; allow then waits for it to refill
+    assert limit.allow("c") == 0.0 and limit.spend("c", 4) == 0.0  # 3 - 1 - 4 = -2
+    assert limit.allow("c") == pytest.approx(1.5)  # back to 1 token at 2 a second
+    now[0] = 2.0  # -2 + 3 = 1
+    assert limit.allow("c") == 0.0 and limit.spend("c", 3) == 0.0  # 1 - 1 - 3 = -3 = -burst
+    now[0] = 4.0  # -3 + 4 = 1: two requests let in at once, before either body is read
+    assert limit.allow("c") == 0.0 and limit.spend("c", 2) == 0.0  # -2
+    assert limit.spend("c", 2) == pytest.approx(1.5)  # -4 is below -burst: refused, nothing taken, 1 token away
+    assert limit.allow("c") == pytest.approx(1.5)
 
 
 # --- batching ---------------------------------------------------------------------------------------------------
@@ -141,6 +185,8 @@ class FakeRuntime:
         if self.fail:
             self.fail = False
             raise RuntimeError("boom: secret detail")
+        if any(i.question == "poison" for inputs in groups for i in inputs):  # breaks any pass it is in
+            raise TypeError("boom: an input the model cannot take")
         time.sleep(0.05)  # the model's time: requests queue meanwhile
         out = []
         for inputs in groups:
@@ -197,6 +243,30 @@ def fake_app_url():
         yield url, runtime, app
 
 
+def test_a_request_that_breaks_the_pass_fails_alone_and_the_others_batched_with_it_are_answered():
+    """16 requests and one whose input breaks any pass it is in (the runtime cannot pin it on the input): the
+    pass of 17 fails, each request is answered in a pass of its own, and only that one gets the 500."""
+    import httpx
+
+    from promptopt.serving.app import ServeSettings, create_app
+    from tests.serve_helpers import running
+
+    runtime = FakeRuntime()
+    settings = ServeSettings(max_batch=32, max_wait_ms=500, rate=1000, burst=1000, limits=Limits(max_inputs=4))
+
+    async def ask(url):
+        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+            ordinary = [client.post("/v1/answer", json={"question": f"q{k}"}) for k in range(16)]
+            return await asyncio.gather(*ordinary, client.post("/v1/answer", json={"question": "poison"}))
+
+    with running(create_app(runtime, settings)) as url:
+        responses = asyncio.run(ask(url))
+    assert runtime.calls[0] == [1] * 17  # all 17 shared the first pass
+    assert [r.status_code for r in responses] == [200] * 16 + [500], [r.text for r in responses]
+    assert [r.json()["answer"] for r in responses[:16]] == [f"q{k}" for k in range(16)]
+    assert responses[-1].json()["error"]["message"] == "internal error (logged on the server)"
+
+
 def test_the_app_answers_in_one_json_line_and_every_error_is_one_json_line(fake_app_url):
     import httpx
 
@@ -216,6 +286,17 @@ def test_the_app_answers_in_one_json_line_and_every_error_is_one_json_line(fake_
         ),
         (httpx.post, "/v1/answer", {"json": {"question": "bad"}}, 422, "request: too long for the model"),
         (httpx.post, "/v1/answer", {"json": {"text": "x"}}, 400, "request.text: unknown field"),
+        (
+            httpx.post,
+            "/v1/answer",
+            {"content": b'{"question": "good \\ud800 film"}', "headers": JSON},
+            400,
+            "surrogate",
+        ),
+        (httpx.post, "/v1/answer", {"content": b'{"question": "a", "question": "b"}', "headers": JSON}, 400, "twice"),
+        (httpx.post, "/v1/answer", {"content": b'{"question": "a", "n": NaN}', "headers": JSON}, 400, "NaN"),
+        (httpx.post, "/v1/answer", {"content": b'{"question": "a", "n": Infinity}', "headers": JSON}, 400, "Infinity"),
+        (httpx.post, "/v1/answer", {"content": b'{"n": ' + b"9" * 1_500 + b"}", "headers": JSON}, 400, "1,500 char"),
         (httpx.get, "/v1/answer", {}, 405, "method not allowed"),
         (httpx.get, "/nothing", {}, 404, "not found"),
     ]
@@ -261,11 +342,43 @@ def test_the_rate_limit_answers_429_with_retry_after():
     from promptopt.serving.app import ServeSettings, create_app
     from tests.serve_helpers import running
 
-    app = create_app(FakeRuntime(), ServeSettings(rate=0.01, burst=2, limits=Limits(max_inputs=4)))
+    app = create_app(FakeRuntime(), ServeSettings(rate=0.01, burst=2, limits=Limits(max_inputs=2)))
     with running(app) as url:
         codes = [httpx.get(f"{url}/healthz").status_code for _ in range(3)]
         limited = httpx.get(f"{url}/healthz")
     assert codes == [200, 200, 429] and limited.status_code == 429 and int(limited.headers["retry-after"]) >= 1
+
+
+def test_the_rate_limit_weighs_a_request_by_its_inputs():
+    """Counted in inputs (the default), a client sending batches of 4 spends 4 tokens a request: with a burst of 10
+    its fourth request is 429 (its balance at -2, 3 tokens from the next), while another address sending single
+    inputs is served; counted in requests the same client sends 10 batches (40 inputs) before its first 429."""
+    import httpx
+
+    from promptopt.serving.app import ServeSettings, create_app
+    from tests.serve_helpers import running
+
+    batch = {"inputs": [{"question": f"q{k}"} for k in range(4)]}
+
+    def statuses(settings, n=11):
+        with running(create_app(FakeRuntime(), settings)) as url:
+            heavy = [httpx.post(f"{url}/v1/answer", json=batch) for _ in range(n)]
+            other = httpx.Client(base_url=url, transport=httpx.HTTPTransport(local_address="127.0.0.2"))
+            with other:
+                light = [other.post("/v1/answer", json={"question": "mine"}).status_code for _ in range(8)]
+        return heavy, light
+
+    settings = ServeSettings(rate=0.01, burst=10, limits=Limits(max_inputs=4))
+    assert settings.rate_unit == "inputs"
+    heavy, light = statuses(settings)
+    assert [r.status_code for r in heavy] == [200] * 3 + [429] * 8
+    assert light == [200] * 8  # another address has its own bucket, spent one input at a time
+    assert heavy[3].json()["error"]["message"] == "rate limit: 0.01 inputs per second per client (bursts of 10)"
+    assert 299 <= int(heavy[3].headers["retry-after"]) <= 301  # from -2 to 1 at 0.01 a second
+    heavy, _ = statuses(ServeSettings(rate=0.01, burst=10, limits=Limits(max_inputs=4), rate_unit="requests"))
+    assert [r.status_code for r in heavy] == [200] * 10 + [429]
+    with pytest.raises(ValueError, match="exceeds burst"):
+        ServeSettings(burst=8, limits=Limits(max_inputs=16))
 
 
 def test_serve_refuses_a_public_address_without_a_key_before_loading_anything(tmp_path):
