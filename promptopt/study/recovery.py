@@ -19,7 +19,7 @@ import warnings
 from contextlib import contextmanager
 
 from promptopt.errors import StorageError, UserError
-from promptopt.study.config import SearchConfig, redact
+from promptopt.study.config import SearchConfig, redact, redact_text
 
 FAULT_ENV = "PROMPTOPT_FAULT_SLEEP"
 
@@ -181,9 +181,10 @@ def give_back(study, trial_id: int | None) -> None:
 
 
 # --- errors from the storage and from Optuna's logging ---------------------------------------------
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return redact(text.splitlines()[0]) if text else type(exc).__name__
+def first_line(exc: BaseException, url: str | None = None) -> str:
+    """The first line of an error's message, any storage URL in it (`url`, well-formed or not) masked."""
+    text = redact_text(str(exc), url).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def storage_cause(exc: BaseException | None):
@@ -216,6 +217,6 @@ def storage_errors(config: SearchConfig):
                 "space and run again (a study that has finished trials is continued with --resume)"
             ) from None
         raise StorageError(
-            f"lost the storage {redact(config.storage_url)} ({first_line(getattr(cause, 'orig', None) or cause)}); "
+            f"lost the storage {redact(config.storage_url)} ({first_line(getattr(cause, 'orig', None) or cause, config.storage_url)}); "
             "a trial left RUNNING is failed and re-run by --resume"
         ) from None

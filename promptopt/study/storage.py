@@ -62,7 +62,7 @@ def make_storage(config: SearchConfig, *, write: bool = True):
                 if attempt == 1 and _schema_race(exc):  # another process set the schema up at the same moment
                     time.sleep(0.5)
                     continue
-                raise StorageError(f"cannot open storage {redact(url)}: {first_line(exc)}") from None
+                raise StorageError(f"cannot open storage {redact(url)}: {first_line(exc, url)}") from None
 
 
 def _sqlite_connection(path):
