@@ -6,7 +6,12 @@ Runs go through the CLI on the tiny random model (tests/conftest.py) with small 
 
 from __future__ import annotations
 
+import json
+import shutil
+from pathlib import Path
+
 import pytest
+import yaml
 
 from tests.clirun import promptopt
 from tests.workflows.test_faults import LIMITS, assert_one_error_line
@@ -54,3 +59,97 @@ def test_redact_text_masks_a_quoted_url_and_keeps_what_is_not_a_password():
     )
     for kept in ("sqlite:////tmp/a@b/study.db", "postgresql://optu@h/db", "mail me at a@b.c", "no url here"):
         assert redact(kept) == kept and redact_text(kept) == kept
+
+
+# --- a run folder's files: garbage or forged ------------------------------------------------------------
+@pytest.fixture(scope="module")
+def finished_run(model, tmp_path_factory) -> Path:
+    """A finished four-trial search (the tiny model): tests copy it and spoil one file."""
+    out = tmp_path_factory.mktemp("run-folders") / "run"
+    run = promptopt("search", *LIMITS, "--model", model, "--trials", "4", "--no-pruning", "--out", out, "--quiet")
+    assert run.code == 0, run.stderr
+    return out
+
+
+def _copy(finished_run: Path, tmp_path: Path) -> Path:
+    out = tmp_path / "run"
+    shutil.copytree(finished_run, out)
+    return out
+
+
+def _reseal(run: Path) -> None:
+    """tables.json written again over the files as they are now: what a forger can do."""
+    from promptopt.study.tableset import seal
+
+    names = [f["name"] for f in json.loads((run / "tables.json").read_text())["files"]]
+    seal(run, names, "search")
+
+
+def _export_refused(run: Path, tmp_path: Path, *fragments: str) -> None:
+    card = tmp_path / "card.yaml"
+    result = promptopt("export", run, "--out", card)
+    assert_one_error_line(result, *fragments)
+    assert not card.exists() and not list(tmp_path.glob("card*"))
+
+
+def test_export_writes_a_card_from_the_untouched_run(finished_run, tmp_path):
+    """The companion: the checks pass on the run as the search wrote it."""
+    run = _copy(finished_run, tmp_path)
+    result = promptopt("export", run, "--out", tmp_path / "card.yaml")
+    assert result.code == 0, result.stderr
+    card = yaml.safe_load((tmp_path / "card.yaml").read_text())
+    summary = json.loads((run / "summary.json").read_text())
+    assert card["search"]["trial"] == summary["best_trial"] and card["search"]["winner"] is True
+
+
+@pytest.mark.parametrize("name", ["splits.json", "summary.json", "config.json", "tables.json"])
+@pytest.mark.parametrize("garbage", [b'{"task": "sst2", "pool": [', b"\xff\xfe not text", b"[1, 2]"])
+def test_garbage_in_a_run_file_is_one_line_naming_it_and_no_card(finished_run, tmp_path, name, garbage):
+    run = _copy(finished_run, tmp_path)
+    (run / name).write_bytes(garbage)
+    if name == "summary.json":
+        _reseal(run)  # past the table set's check: the file itself is garbage
+    _export_refused(run, tmp_path, str(run / name) if name != "tables.json" else "tables.json")
+    if name != "splits.json":  # report reads the others
+        report = promptopt("report", run, "--out", tmp_path / "report.md")
+        assert_one_error_line(report, name)
+
+
+def test_forged_splits_are_one_line_and_no_card(finished_run, tmp_path):
+    run = _copy(finished_run, tmp_path)
+    splits = json.loads((run / "splits.json").read_text())
+    splits["test"] = splits["test"][1:] + splits["dev"][:1]  # a dev item claimed as held-out
+    (run / "splits.json").write_text(json.dumps(splits))
+    _export_refused(run, tmp_path, "splits.json", "test differ")
+
+
+def _forge_winner(run: Path) -> int:
+    """summary.json naming another finished trial as the winner (its parameters, its numbers), tables.json
+    recomputed over it."""
+    import optuna
+
+    summary = json.loads((run / "summary.json").read_text())
+    study = optuna.load_study(study_name=summary["study"], storage=f"sqlite:///{run / 'study.db'}")
+    other = next(t for t in study.trials if t.state.name == "COMPLETE" and t.number != summary["best_trial"])
+    summary["best_trial"], summary["best_params"] = other.number, other.params
+    (run / "summary.json").write_text(json.dumps(summary, indent=1))
+    _reseal(run)
+    return other.number
+
+
+def test_a_forged_winner_is_one_line_and_no_card(finished_run, tmp_path):
+    run = _copy(finished_run, tmp_path)
+    forged = _forge_winner(run)
+    _export_refused(run, tmp_path, "summary.json", f"names trial {forged} as the winner")
+    report = promptopt("report", run, "--out", tmp_path / "report.md")
+    assert_one_error_line(report, "summary.json", f"names trial {forged}")
+    assert not (tmp_path / "report.md").exists()
+
+
+def test_a_forged_selection_text_is_one_line_and_no_card(finished_run, tmp_path):
+    run = _copy(finished_run, tmp_path)
+    summary = json.loads((run / "summary.json").read_text())
+    summary["selection"] = "a clear winner: every other candidate is significantly worse"
+    (run / "summary.json").write_text(json.dumps(summary, indent=1))
+    _reseal(run)
+    _export_refused(run, tmp_path, "summary.json", "selection text")
