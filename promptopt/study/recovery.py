@@ -34,7 +34,9 @@ def fault_point(phase: str) -> None:
     sampled), trial (after a trial's first minibatch), rescore (before the winner is re-scored), card (after
     the trials table, before the card and summary); compare-search (before a compare's next study),
     compare-test (before a prompt's test scoring), compare-robust (before its robustness evaluation);
-    create-storage (a new run, checked, about to create its study's storage); checkpoint (the run's
+    create-storage (a new run, checked, about to create its study's storage); storage-schema (each time a
+    storage is opened: in a new run, its study.db claimed and empty); study-row (Optuna made the new study's row,
+    its config and identity not recorded yet); checkpoint (the run's
     outputs written, its storage about to be closed and SQLite's write-ahead log folded into study.db);
     search-table-write / compare-table-write (a table's temporary file made, nothing in it yet) and
     search-tables / compare-tables (after each file of the run's table set is in place: study/tableset.py)."""

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from promptopt.errors import StorageError, UserError
 from promptopt.study.config import SearchConfig, redact, sqlite_path
-from promptopt.study.recovery import first_line, retry_callback, storage_cause
+from promptopt.study.recovery import fault_point, first_line, retry_callback, storage_cause
 from promptopt.study.strategies import Strategy
 from promptopt.yamlio import cannot_write
 
@@ -44,6 +44,7 @@ def make_storage(config: SearchConfig, *, write: bool = True):
         if hasattr(storages, "RetryHeartbeatStaleTrialCallback")
         else "failed_trial_callback"
     )
+    fault_point("storage-schema")  # a new run: its study.db claimed, Optuna's tables not made yet
     for attempt in (1, 2):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # heartbeat and the retry callback are "experimental" in Optuna
@@ -355,6 +356,7 @@ def open_study(
         raise UserError(
             f"study '{config.name}' was just created by another process: pass --resume to join it"
         ) from None
+    fault_point("study-row")  # the study's row made, what it is not recorded yet (`identity.half_created`)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         study.set_metric_names(["accuracy", "signed_stability"] if strategy.multi_objective else [strategy.name])

@@ -153,3 +153,38 @@ def test_a_forged_selection_text_is_one_line_and_no_card(finished_run, tmp_path)
     (run / "summary.json").write_text(json.dumps(summary, indent=1))
     _reseal(run)
     _export_refused(run, tmp_path, "summary.json", "selection text")
+
+
+# --- --resume after a kill, whenever it came -----------------------------------------------------------------
+MOMENTS = [
+    ("create-storage", 1),  # checked, the model loaded, cache.sqlite made: no study.db yet
+    ("storage-schema", 1),  # study.db claimed and empty: no tables, no study row (the finding: `no study ...`)
+    ("study-row", 1),  # the study's row made, its config and identity not recorded
+    ("ask", 2),  # one trial done, the next started before it sampled its parameters
+    ("card", 1),  # the budget met, the trials table written, no card or summary
+]
+
+
+@pytest.mark.parametrize(("phase", "nth"), MOMENTS)
+def test_a_search_killed_at_any_moment_resumes_or_starts_cleanly(phase, nth, model, tmp_path):
+    """kill -9 at five moments of a new run, then `--resume`: it resumes the study or starts it, never refuses;
+    the study ends with its budget met once, nothing RUNNING, and every file of the run directory parses."""
+    from tests.workflows.test_faults import (
+        assert_nothing_lost_or_double,
+        assert_ok,
+        assert_run_dir_parses,
+        cli,
+        kill_at,
+        load,
+        sqlite_url,
+    )
+
+    out = tmp_path / "run"
+    search = ["search", *LIMITS, "--model", model, "--trials", "3", "--out", str(out)]
+    kill_at(search, phase, nth)
+    resumed = cli(*search, "--resume")
+    assert_ok(resumed)
+    assert "error" not in resumed.stderr
+    assert_nothing_lost_or_double(load(sqlite_url(out)), 3)
+    assert_run_dir_parses(out)
+    assert (out / "tables.json").is_file() and (out / "best_card.yaml").is_file()
