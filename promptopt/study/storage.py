@@ -252,16 +252,19 @@ def _derive(*parts) -> int:
 
 def sampling_state(study, trial) -> tuple[int, bool]:
     """(ordinal, after a duplicate) of a trial. The ordinal is its place in the study's sequence of sampled
-    points: the trials before it, not counting those that failed and were (or will be) re-run, so a retry
-    gets the ordinal of the trial it replaces and a resumed run the ordinals the uninterrupted run used.
+    points: the trials created before it that are not retries. A retry (Optuna's `retry_history`) re-runs the
+    point of the trial it replaces and takes that trial's ordinal, so a resumed run gets the ordinals the
+    uninterrupted run used, and no two live trials share one even when a trial fails after others started (several
+    workers: counting the trials that had not failed gave a retry the ordinal of a trial started meanwhile).
     A prompt skipped as a duplicate (`duplicate_of`) counts, and the trial after it samples at random."""
-    from optuna.trial import TrialState
-
-    before = [
-        t
-        for t in study.get_trials(deepcopy=False)
-        if t.number < trial.number and (t.state != TrialState.FAIL or "duplicate_of" in t.user_attrs)
-    ]
+    trials = study.get_trials(deepcopy=False)
+    me = next((t for t in trials if t.number == trial.number), None)
+    history = me.system_attrs.get("retry_history") if me is not None else None
+    if history:
+        original = next((t for t in trials if t.number == history[0]), None)
+        if original is not None:
+            return sampling_state(study, original)
+    before = [t for t in trials if t.number < trial.number and not t.system_attrs.get("retry_history")]
     return len(before), bool(before) and "duplicate_of" in before[-1].user_attrs
 
 

@@ -188,3 +188,39 @@ def test_a_search_killed_at_any_moment_resumes_or_starts_cleanly(phase, nth, mod
     assert_nothing_lost_or_double(load(sqlite_url(out)), 3)
     assert_run_dir_parses(out)
     assert (out / "tables.json").is_file() and (out / "best_card.yaml").is_file()
+
+
+# --- a killed --n-workers worker -----------------------------------------------------------------------------
+def test_a_killed_worker_is_noticed_at_once_and_its_trial_rerun(model, tmp_path):
+    """`--n-workers 2` on the run's SQLite study: worker 1 is killed (kill -9) during its first trial. It stays a
+    zombie of the run until joined, yet its trial is failed and re-run within seconds (not after the 60 s
+    heartbeat grace); the run finishes (exit 0, one note), and no two trials that were not failed share an
+    ordinal."""
+    import os
+    import re
+    import signal
+    import time
+
+    from tests.workflows.test_faults import Run, assert_nothing_lost_or_double, load, sqlite_url
+
+    out = tmp_path / "run"
+    search = ["search", *LIMITS, "--model", model, "--trials", "6", "--no-pruning", "--n-workers", "2", "--out", out]
+    run = Run(*map(str, search), PROMPTOPT_FAULT_SLEEP="trial:120", PROMPTOPT_FAULT_WORKER="1")
+    run.wait_for("fault-point trial")
+    pid = int(re.search(r"fault-point trial \(pid (\d+)\)", run.stderr).group(1))
+    os.kill(pid, signal.SIGKILL)
+    killed_at = time.time()
+    run.finish(timeout=240)
+    assert run.code == 0, run.stderr
+    assert f"note: worker 1 (pid {pid}) was killed by SIGKILL; its trial was re-run" in run.stderr
+    assert "leaked" not in run.stderr and "Traceback" not in run.stderr, run.stderr
+    study = load(sqlite_url(out))
+    dead = [t for t in study.trials if t.user_attrs.get("worker", "").split(":")[1:2] == [str(pid)]]
+    assert len(dead) == 1 and dead[0].state.name == "FAIL"
+    retry = next(t for t in study.trials if t.system_attrs.get("failed_trial") == dead[0].number)
+    assert retry.state.name == "COMPLETE"
+    assert retry.datetime_start.timestamp() - killed_at < 15  # at once, not after the 60 s grace period
+    assert_nothing_lost_or_double(study, 6, exact=False)
+    live = [t.user_attrs["ordinal"] for t in study.trials if t.state.name != "FAIL"]
+    assert len(live) == len(set(live)), live
+    assert retry.user_attrs["ordinal"] == dead[0].user_attrs["ordinal"]  # a retry takes its trial's ordinal
