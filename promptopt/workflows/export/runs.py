@@ -155,8 +155,9 @@ def check_summary(run: Run, study, data=None) -> None:
             f"{path}: names trial {number} as the winner, but the run's selection rule chooses trial "
             f"{chosen.winner.key} from the study: {forged}"
         )
-    recorded = (summary.get("selection"), summary.get("selection_detail"))
-    if _canonical(recorded) != _canonical((chosen.describe(), chosen.record())):
+    recomputed = {"selection": chosen.describe(), "selection_detail": chosen.record()}
+    recorded = {key: summary[key] for key in recomputed if key in summary}  # a run older than the rule has neither
+    if _canonical(recorded) != _canonical({key: recomputed[key] for key in recorded}):
         raise UserError(f"{path}: its selection text or record is not what the study's trials give: {forged}")
 
 
