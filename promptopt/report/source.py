@@ -19,6 +19,7 @@ import pandas as pd
 from promptopt.errors import UserError
 from promptopt.study.tableset import check_table_set
 from promptopt.workflows.export import Run, load_study, open_run
+from promptopt.workflows.export.runs import read_json
 from promptopt.workflows.export.select import is_compare_dir
 
 FAMILY_COLUMNS = {"family", "acc_clean_same_items", "acc_perturbed"}
@@ -173,9 +174,7 @@ def _by_kind(root: Path) -> Source:
         # the searches: every entry but the baseline and the ensembles (`<entry>+ens<K>`: built from an entry's
         # trials, no study of their own; their rows stay in the compare's tables)
         strategies = [s for s in compare["strategy"] if s != "baseline" and not is_ensemble_entry(str(s))]
-        summary = (
-            json.loads((root / "summary.json").read_text(encoding="utf-8")) if (root / "summary.json").is_file() else {}
-        )
+        summary = read_json(root / "summary.json", missing={})
         paired = pd.read_csv(root / "compare_paired.csv") if (root / "compare_paired.csv").is_file() else None
         candidates = pd.read_csv(root / "compare_runs.csv") if (root / "compare_runs.csv").is_file() else None
         return Source(
@@ -188,9 +187,9 @@ def _by_kind(root: Path) -> Source:
             summary=summary,
         )
     if (root / "rounds.json").is_file():  # search --rounds: one study per round, each its own run directory
-        rounds = json.loads((root / "rounds.json").read_text(encoding="utf-8"))
+        rounds = read_json(root / "rounds.json")
         studies = []
-        for entry in rounds["rounds"]:
+        for entry in rounds.get("rounds") or []:
             run = open_run(root / f"round{entry['round']}")
             studies.append(Study(f"round{entry['round']}", 0, run, load_study(run)))
         return Source(root, "rounds", studies, summary=rounds)

@@ -185,10 +185,53 @@ def sqlite_path(url: str) -> Path | None:
 
 
 def redact(url: str) -> str:
-    """`url` with its password (user:PASSWORD@ or ?password=) replaced by ***: every URL that is printed or
-    written goes through here."""
-    url = re.sub(r"^([A-Za-z][\w+.-]*://)([^/@:]*):[^/]*@", r"\1\2:***@", url)  # up to the host's last '@'
-    return re.sub(r"([?&]password=)[^&]*", r"\1***", url, flags=re.IGNORECASE)
+    """`url` with its password replaced by ***, whatever its shape: every URL that is printed or written goes
+    through here. A malformed URL (`postgresql//user:pw@host`, `scheme:user:pw@host`, `user:pw@host`) is masked as
+    well as a good one: what lies between the user name's `:` and the last `@` is the password, and so is a
+    `password=` query value."""
+    return _mask_userinfo(_QUERY_SECRET.sub(r"\1***", url))
+
+
+def redact_text(text: str, url: str | None = None) -> str:
+    """A message that may quote a storage URL (an error from SQLAlchemy or the driver): `url` and its password
+    replaced wherever they appear, then every `user:password@` left in it masked."""
+    text = _QUERY_SECRET.sub(r"\1***", text)
+    if url:
+        text = text.replace(url, redact(url))
+        secret = _password(url)
+        if len(secret) >= 3:
+            text = text.replace(secret, "***")
+    return _AT_TOKEN.sub(lambda m: _mask_userinfo(m.group()), text)
+
+
+_QUERY_SECRET = re.compile(r"((?:^|[?&;\s])(?:password|passwd|pwd)\s*=\s*)[^&;#\s'\"]*", re.IGNORECASE)
+_SCHEME = re.compile(r"[A-Za-z][\w+.-]*:/*")
+_AT_TOKEN = re.compile(r"[^\s'\"<>()]*@[^\s'\"<>()]*")
+
+
+def _split_userinfo(url: str) -> tuple[str, str, str]:
+    """(what comes before the password, the password, the rest from the last `@`); no `@` or no `:` before it:
+    no password."""
+    at = url.rfind("@")
+    if at < 0:
+        return url, "", ""
+    head = url[:at]
+    scheme = _SCHEME.match(head)
+    # `scheme:` is a scheme when slashes follow it or another `:` does (scheme:user:pw); else it is `user:`
+    start = scheme.end() if scheme and (scheme.group().endswith("/") or ":" in head[scheme.end() :]) else 0
+    user, colon, secret = head[start:].partition(":")
+    if not colon:
+        return url, "", ""
+    return head[:start] + user + ":", secret, url[at:]
+
+
+def _mask_userinfo(url: str) -> str:
+    before, secret, rest = _split_userinfo(url)
+    return before + "***" + rest if rest else url
+
+
+def _password(url: str) -> str:
+    return _split_userinfo(url)[1]
 
 
 def _route(key: str) -> tuple[str | None, str]:

@@ -80,18 +80,33 @@ def check_resumable(name: str, stored: dict, current: dict) -> None:
             )
 
 
-def check_study(config: SearchConfig, storage, current: dict) -> None:
-    """The study exists exactly when --resume says so, and a resumed one means the same thing."""
+def check_study(config: SearchConfig, storage, current: dict, *, repair: bool = True) -> bool:
+    """Whether there is a study to join; one UserError if a new run would overwrite one, or a resumed one means
+    something else. `--resume` never refuses for a kill, whenever it came: a study that does not exist (killed
+    before its storage or its row was made) is started, and so is one whose creation was cut short (a row without
+    its identity or any trial: killed between Optuna creating the study and the run recording what it is), after
+    its row is deleted (`repair`; else it only counts as missing)."""
     stored = stored_study(config, storage)
-    where = redact(config.storage_url)
+    if stored is not None and half_created(stored):
+        if repair:
+            import optuna
+
+            optuna.delete_study(study_name=config.name, storage=storage)
+        stored = None
     if stored is not None and not config.study.resume:
+        where = redact(config.storage_url)
         raise UserError(
             f"study '{config.name}' already exists in {where}: pass --resume to continue it, or choose another --out / --study-name"
         )
-    if stored is None and config.study.resume:
-        raise UserError(f"--resume: no study '{config.name}' in {where}")
     if stored is not None:
         check_same_study(config, stored, current)
+    return stored is not None
+
+
+def half_created(stored) -> bool:
+    """A study row whose creation was cut short: `open_study` records the config and identity right after Optuna
+    creates the row, and no trial starts before that."""
+    return "identity" not in stored.user_attrs and "config" not in stored.user_attrs and stored.n_trials == 0
 
 
 def check_same_study(config: SearchConfig, stored, current: dict) -> None:

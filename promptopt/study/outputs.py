@@ -51,10 +51,9 @@ def write_outputs(ctx: SearchContext, study, cached, wall: float, hits_before: i
         )
         tables.frame("pareto_front.parquet", pareto)
         tables.frame("pareto_front.csv", pareto)
-    incumbent_trial = find_incumbent(study)
-    candidates = _candidates(study, ctx.strategy, ctx, cached)
-    incumbent = _entries([incumbent_trial], ctx.strategy, ctx, cached)[0] if incumbent_trial is not None else None
-    shipped, selection, detail, kept = _ship(ctx, study, candidates, incumbent)
+    shipped, selection, detail, kept, incumbent, candidates = choose_shipped(
+        study, ctx.strategy, tie_break=config.study.tie_break, seed=config.study.seed, ctx=ctx, cached=cached
+    )
     winner = shipped
     best = next(t for t in study.trials if t.number == winner["number"])
     prompt = decode(ctx, best.params)
@@ -139,11 +138,23 @@ def write_outputs(ctx: SearchContext, study, cached, wall: float, hits_before: i
     return result
 
 
-def _ship(ctx: SearchContext, study, candidates: list[dict], incumbent: dict | None) -> tuple[dict, str, dict, bool]:
+def choose_shipped(study, strategy, *, tie_break: str | None, seed: int, ctx: SearchContext | None = None, cached=None):
+    """What a finished study ships, from the study alone (the run's writer and export's check of summary.json call
+    this one function): (shipped entry, the sentence saying why, the selection record, whether the incumbent was kept,
+    the incumbent's entry or None, the searched candidates). `ctx` (and `cached`) add each prompt's cost and rule,
+    which the cost/calibrated/argmax tie-breaks read."""
+    trial = find_incumbent(study)
+    candidates = _candidates(study, strategy, ctx, cached)
+    incumbent = _entries([trial], strategy, ctx, cached)[0] if trial is not None else None
+    return (*_ship(strategy, tie_break, seed, study, candidates, incumbent), incumbent, candidates)
+
+
+def _ship(
+    strategy, tie_break: str | None, seed: int, study, candidates: list[dict], incumbent: dict | None
+) -> tuple[dict, str, dict, bool]:
     """(the shipped entry, the sentence saying why, the selection record, whether the incumbent was kept): the
     selection rule's winner among the searched trials, unless the incumbent exists and the winner does not beat it on
     dev by the replacement test (study/incumbent.py)."""
-    strategy, tie_break = ctx.strategy, ctx.config.study.tie_break
     if not candidates:
         if incumbent is None:
             raise ValueError("no finished trial to choose from")
@@ -165,7 +176,7 @@ def _ship(ctx: SearchContext, study, candidates: list[dict], incumbent: dict | N
         binary=binary,
         winner_name=f"trial {winner['number']}",
         incumbent_name=incumbent_label(study),
-        seed=ctx.config.study.seed,
+        seed=seed,
     )
     detail["incumbent"] = test.record()
     if test.replaced:

@@ -19,12 +19,20 @@ import warnings
 from contextlib import contextmanager
 
 from promptopt.errors import StorageError, UserError
-from promptopt.study.config import SearchConfig, redact
+from promptopt.study.config import SearchConfig, redact, redact_text
 
 FAULT_ENV = "PROMPTOPT_FAULT_SLEEP"
+FAULT_WORKER_ENV = "PROMPTOPT_FAULT_WORKER"  # only this worker index stops there (unset: any process)
 
 
 _FAULT_SEEN: dict[str, int] = {}
+_WORKER_INDEX = 0
+
+
+def as_worker(index: int) -> None:
+    """This process is worker `index` of its run (workers.worker_main): what PROMPTOPT_FAULT_WORKER selects."""
+    global _WORKER_INDEX
+    _WORKER_INDEX = index
 
 
 def fault_point(phase: str) -> None:
@@ -34,17 +42,20 @@ def fault_point(phase: str) -> None:
     sampled), trial (after a trial's first minibatch), rescore (before the winner is re-scored), card (after
     the trials table, before the card and summary); compare-search (before a compare's next study),
     compare-test (before a prompt's test scoring), compare-robust (before its robustness evaluation);
-    create-storage (a new run, checked, about to create its study's storage); checkpoint (the run's
+    create-storage (a new run, checked, about to create its study's storage); storage-schema (each time a
+    storage is opened: in a new run, its study.db claimed and empty); study-row (Optuna made the new study's row,
+    its config and identity not recorded yet); checkpoint (the run's
     outputs written, its storage about to be closed and SQLite's write-ahead log folded into study.db);
     search-table-write / compare-table-write (a table's temporary file made, nothing in it yet) and
-    search-tables / compare-tables (after each file of the run's table set is in place: study/tableset.py)."""
+    search-tables / compare-tables (after each file of the run's table set is in place: study/tableset.py).
+    With PROMPTOPT_FAULT_WORKER=<i> only worker i of a --n-workers run stops (the announcement names its pid)."""
     name, _, rest = os.environ.get(FAULT_ENV, "").partition(":")
-    if name != phase:
+    if name != phase or os.environ.get(FAULT_WORKER_ENV, str(_WORKER_INDEX)) != str(_WORKER_INDEX):
         return
     seconds, _, nth = rest.partition(":")
     _FAULT_SEEN[phase] = _FAULT_SEEN.get(phase, 0) + 1
     if _FAULT_SEEN[phase] == int(nth or 1):
-        print(f"fault-point {phase}", file=sys.stderr, flush=True)
+        print(f"fault-point {phase} (pid {os.getpid()})", file=sys.stderr, flush=True)
         time.sleep(float(seconds or 0))
 
 
@@ -128,13 +139,26 @@ def _process_gone(attrs: dict) -> bool:
         return True
     except PermissionError:
         return False
-    return False
+    return _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+    """A process that has exited but not been reaped yet (a killed --n-workers worker, until its parent joins it):
+    os.kill(pid, 0) still finds it, /proc/PID/stat says Z (or X, being reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    state = stat[stat.rfind(")") + 2 : stat.rfind(")") + 3]  # after "pid (comm) "; comm may hold spaces and ')'
+    return state in ("Z", "X")
 
 
 def recover(study, grace_period: int) -> None:
     """Fail abandoned RUNNING trials and enqueue their parameters again (at most 3 retries per trial):
     - heartbeat older than the grace period (optuna.storages.fail_stale_trials): any host;
-    - at once, a trial of this host whose process has exited (its `worker` attr names host and pid);
+    - at once, a trial of this host whose process has exited, a zombie not reaped yet included (its `worker`
+      attr names host and pid);
     - a trial without a `worker` attr started more than the grace period ago (its process died between
       Optuna creating it and the objective's first line, before any heartbeat).
     A trial of another host whose process died less than the grace period ago still looks alive; callers
@@ -183,9 +207,10 @@ def give_back(study, trial_id: int | None) -> None:
 
 
 # --- errors from the storage and from Optuna's logging ---------------------------------------------
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return redact(text.splitlines()[0]) if text else type(exc).__name__
+def first_line(exc: BaseException, url: str | None = None) -> str:
+    """The first line of an error's message, any storage URL in it (`url`, well-formed or not) masked."""
+    text = redact_text(str(exc), url).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def storage_cause(exc: BaseException | None):
@@ -218,6 +243,6 @@ def storage_errors(config: SearchConfig):
                 "space and run again (a study that has finished trials is continued with --resume)"
             ) from None
         raise StorageError(
-            f"lost the storage {redact(config.storage_url)} ({first_line(getattr(cause, 'orig', None) or cause)}); "
+            f"lost the storage {redact(config.storage_url)} ({first_line(getattr(cause, 'orig', None) or cause, config.storage_url)}); "
             "a trial left RUNNING is failed and re-run by --resume"
         ) from None

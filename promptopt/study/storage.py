@@ -15,7 +15,7 @@ from pathlib import Path
 
 from promptopt.errors import StorageError, UserError
 from promptopt.study.config import SearchConfig, redact, sqlite_path
-from promptopt.study.recovery import first_line, retry_callback, storage_cause
+from promptopt.study.recovery import fault_point, first_line, retry_callback, storage_cause
 from promptopt.study.strategies import Strategy
 from promptopt.yamlio import cannot_write
 
@@ -44,6 +44,7 @@ def make_storage(config: SearchConfig, *, write: bool = True):
         if hasattr(storages, "RetryHeartbeatStaleTrialCallback")
         else "failed_trial_callback"
     )
+    fault_point("storage-schema")  # a new run: its study.db claimed, Optuna's tables not made yet
     for attempt in (1, 2):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # heartbeat and the retry callback are "experimental" in Optuna
@@ -62,7 +63,7 @@ def make_storage(config: SearchConfig, *, write: bool = True):
                 if attempt == 1 and _schema_race(exc):  # another process set the schema up at the same moment
                     time.sleep(0.5)
                     continue
-                raise StorageError(f"cannot open storage {redact(url)}: {first_line(exc)}") from None
+                raise StorageError(f"cannot open storage {redact(url)}: {first_line(exc, url)}") from None
 
 
 def _sqlite_connection(path):
@@ -251,16 +252,19 @@ def _derive(*parts) -> int:
 
 def sampling_state(study, trial) -> tuple[int, bool]:
     """(ordinal, after a duplicate) of a trial. The ordinal is its place in the study's sequence of sampled
-    points: the trials before it, not counting those that failed and were (or will be) re-run, so a retry
-    gets the ordinal of the trial it replaces and a resumed run the ordinals the uninterrupted run used.
+    points: the trials created before it that are not retries. A retry (Optuna's `retry_history`) re-runs the
+    point of the trial it replaces and takes that trial's ordinal, so a resumed run gets the ordinals the
+    uninterrupted run used, and no two live trials share one even when a trial fails after others started (several
+    workers: counting the trials that had not failed gave a retry the ordinal of a trial started meanwhile).
     A prompt skipped as a duplicate (`duplicate_of`) counts, and the trial after it samples at random."""
-    from optuna.trial import TrialState
-
-    before = [
-        t
-        for t in study.get_trials(deepcopy=False)
-        if t.number < trial.number and (t.state != TrialState.FAIL or "duplicate_of" in t.user_attrs)
-    ]
+    trials = study.get_trials(deepcopy=False)
+    me = next((t for t in trials if t.number == trial.number), None)
+    history = me.system_attrs.get("retry_history") if me is not None else None
+    if history:
+        original = next((t for t in trials if t.number == history[0]), None)
+        if original is not None:
+            return sampling_state(study, original)
+    before = [t for t in trials if t.number < trial.number and not t.system_attrs.get("retry_history")]
     return len(before), bool(before) and "duplicate_of" in before[-1].user_attrs
 
 
@@ -364,6 +368,7 @@ def open_study(
         raise UserError(
             f"study '{config.name}' was just created by another process: pass --resume to join it"
         ) from None
+    fault_point("study-row")  # the study's row made, what it is not recorded yet (`identity.half_created`)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         study.set_metric_names(["accuracy", "signed_stability"] if strategy.multi_objective else [strategy.name])

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from promptopt import progress as steps
 from promptopt.errors import ConfigError
-from promptopt.study.config import SearchConfig, sqlite_path
+from promptopt.study.config import SearchConfig, redact, sqlite_path
 from promptopt.study.context import (
     SearchContext,
     SearchResult,
@@ -29,7 +29,7 @@ from promptopt.study.context import (
     note,
     require_variants,
 )
-from promptopt.study.identity import check_same_study, check_study, identity, scrub_stored_config
+from promptopt.study.identity import check_same_study, check_study, half_created, identity, scrub_stored_config
 from promptopt.study.incumbent import find as find_incumbent
 from promptopt.study.incumbent import label
 from promptopt.study.outputs import report_leftovers, write_outputs
@@ -85,8 +85,14 @@ def run_search(
         config.model.check()  # the model resolves, the device exists, 4/8-bit has CUDA
     current = identity(ctx)
     with storage_errors(config), existing_storage(config) as storage:
-        check_study(config, storage, current)  # exists iff --resume; a resumed study means the same thing
+        joins = check_study(config, storage, current)  # a resumed study means the same thing
         exists = storage is not None
+    if config.study.resume and not joins:  # killed before its study was made: --resume starts it
+        if show_progress:
+            note(True)(f"--resume: no study '{config.name}' in {redact(config.storage_url)} yet: starting it")
+        config = config.replace(resume=False)
+        ctx = build_context(config, data, expand)
+        current = identity(ctx)
     start = time.perf_counter()
     factory = ScorerFactory(
         model=config.model, data=config.data, cache_path=str(out / "cache.sqlite"), batch_size=config.batch_size
@@ -123,16 +129,15 @@ def run_search(
 
 def may_run(config: SearchConfig, data, expand=None, *, may_create: bool = False) -> bool:
     """Whether the study of `config` exists, having made the checks run_search makes before it writes anything:
-    the study exists exactly when --resume says so (`may_create`: a missing one may be created even so) and a
-    resumed one means the same thing (one UserError otherwise). Creates nothing."""
+    a new run finds no study in its way (`may_create`: nor does a resumed one need to) and a resumed one means the
+    same thing (one UserError otherwise). Creates nothing (a half-created study counts as missing)."""
     quiet_optuna()
     ctx = build_context(config, data, expand)
     require_variants(ctx)
     with storage_errors(config), existing_storage(config) as storage:
         if may_create and stored_study(config, storage) is None:
             return False
-        check_study(config, storage, identity(ctx))
-        return stored_study(config, storage) is not None
+        return check_study(config, storage, identity(ctx), repair=False)
 
 
 def study_exists(config: SearchConfig, data, expand=None) -> bool:
@@ -144,6 +149,8 @@ def study_exists(config: SearchConfig, data, expand=None) -> bool:
     require_variants(ctx)
     with storage_errors(config), existing_storage(config) as storage:
         stored = stored_study(config, storage)
+        if stored is not None and half_created(stored):  # run_search deletes it and starts the study
+            return False
         if stored is not None:
             check_same_study(config, stored, identity(ctx))
     return stored is not None

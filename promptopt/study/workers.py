@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import sys
 import time
 from contextlib import contextmanager
@@ -12,7 +13,7 @@ from contextlib import contextmanager
 from promptopt.errors import UserError
 from promptopt.study.config import SearchConfig
 from promptopt.study.context import build_context, fit_space_to_model
-from promptopt.study.recovery import storage_errors, worker_name
+from promptopt.study.recovery import as_worker, storage_errors, worker_name
 from promptopt.study.storage import make_storage, open_study, quiet_optuna
 from promptopt.study.trial import optimize
 
@@ -29,6 +30,7 @@ def worker_main(
     from promptopt.tasks.sandbox import allow_unsafe
 
     allow_unsafe(unsafe_sandbox)
+    as_worker(index)
     quiet_optuna()
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()  # the parent shows the progress
@@ -86,7 +88,11 @@ def workers(config: SearchConfig, factory, expand=None):
             _interrupt(procs)
         for proc in procs:
             proc.join()
-    failed = [proc.exitcode for proc in procs if proc.exitcode]
+    failed = [proc.exitcode for proc in procs if proc.exitcode and proc.exitcode > 0]
+    for index, proc in enumerate(procs, 1):
+        if proc.exitcode is not None and proc.exitcode < 0:  # killed by a signal: its trial was failed and re-run
+            name = signal.Signals(-proc.exitcode).name if -proc.exitcode in signal.valid_signals() else -proc.exitcode
+            print(f"note: worker {index} (pid {proc.pid}) was killed by {name}; its trial was re-run", file=sys.stderr)
     if failed:
         message = errors.get(timeout=1) if errors is not None and not errors.empty() else None
         raise UserError(
@@ -97,8 +103,6 @@ def workers(config: SearchConfig, factory, expand=None):
 def _interrupt(procs, grace: float = 5.0) -> None:
     """Stop workers early: a terminal's Ctrl-C reached them already, so give them a moment; then SIGINT (each
     fails and re-queues its trial), then SIGTERM for any that still does not stop."""
-    import signal
-
     for sig in (None, signal.SIGINT, signal.SIGTERM):
         alive = [proc for proc in procs if proc.is_alive()]
         for proc in alive if sig is not None else ():

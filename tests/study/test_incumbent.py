@@ -4,8 +4,6 @@ the candidates a hand computation drops, at the slice a hand computation says.""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import optuna
 import pytest
 
@@ -155,7 +153,7 @@ def test_racing_and_the_incumbent_on_known_outcomes():
     entries = _entries([t for t in study.trials if t.state.name == "COMPLETE"], get_strategy("accuracy"))
     incumbent_entry = next(e for e in entries if e["params"] == {INCUMBENT_PARAM: "default"})
     searched = [e for e in entries if e is not incumbent_entry]
-    shipped, why, detail, kept = _ship(_ctx(), study, searched, incumbent_entry)
+    shipped, why, detail, kept = _ship(_STRATEGY, None, 0, study, searched, incumbent_entry)
     assert not kept and shipped["number"] == 3, why  # 20 vs 4 discordant: p = 0.0015, interval above 0
     assert detail["incumbent"]["replaced"] is True
 
@@ -171,12 +169,12 @@ def test_the_incumbent_is_kept_when_every_candidate_is_pruned_or_ties():
     entries = _entries([t for t in study.trials if t.state.name == "COMPLETE"], get_strategy("accuracy"))
     incumbent_entry = next(e for e in entries if INCUMBENT_PARAM in e["params"])
     searched = [e for e in entries if e is not incumbent_entry]
-    shipped, why, detail, kept = _ship(_ctx(), study, searched, incumbent_entry)
+    shipped, why, detail, kept = _ship(_STRATEGY, None, 0, study, searched, incumbent_entry)
     assert kept and shipped is incumbent_entry
     assert why.startswith("kept the task's default prompt")
     assert detail["incumbent"]["replaced"] is False
     # nothing searched finished: the incumbent is kept, and the line says why
-    shipped, why, _, kept = _ship(_ctx(), study, [], incumbent_entry)
+    shipped, why, _, kept = _ship(_STRATEGY, None, 0, study, [], incumbent_entry)
     assert kept and "no searched prompt finished" in why
 
 

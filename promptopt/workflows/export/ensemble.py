@@ -10,7 +10,7 @@ from pathlib import Path
 from promptopt.errors import UserError
 from promptopt.study.tableset import check_table_set
 from promptopt.workflows.ensemble import Member, greedy_select
-from promptopt.workflows.export.runs import Run, decode_trial, load_study, open_run
+from promptopt.workflows.export.runs import Run, decode_trial, load_study, open_run, read_json
 from promptopt.workflows.export.select import is_compare_dir
 
 MAX_CANDIDATES = 32  # the best distinct trials by dev accuracy that may become members
@@ -21,9 +21,7 @@ def search_runs(root: Path, strategy: str | None) -> list[Run]:
     if not is_compare_dir(root):
         return [open_run(root, strategy=strategy)]
     check_table_set(root, "compare")
-    summary = (
-        json.loads((root / "summary.json").read_text(encoding="utf-8")) if (root / "summary.json").is_file() else {}
-    )
+    summary = read_json(root / "summary.json", missing={})
     names = [s for s in summary.get("strategies", []) if strategy is None or s == strategy]
     if strategy is not None and not names:
         raise UserError(f"--strategy {strategy}: {root} compares {', '.join(summary.get('strategies', []))}")
@@ -49,7 +47,7 @@ def ensemble_candidates(runs: list[Run], session, dev_items: list) -> list[Membe
 
     seen, members = set(), []
     for order, run in enumerate(runs):
-        study = load_study(run)
+        study = load_study(run, session.data)
         for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
             prompt = decode_trial(run, session.data, trial.params)
             key = json.dumps(prompt.to_card(), sort_keys=True)

@@ -37,7 +37,7 @@ def select_robust(root: Path, candidates, *, device: str | None = None, suite: s
         for c in tied:
             row = by_order[c.key]
             run = open_run(root, pick=dict(row))
-            prompt = decode_trial(run, session.data, pick_trial(run, load_study(run), None).params)
+            prompt = decode_trial(run, session.data, pick_trial(run, load_study(run, session.data), None).params)
             key = json.dumps(prompt.to_card(), sort_keys=True)
             if key not in seen:  # a prompt two searches share is stressed once
                 scorer, _ = deciding_scorer(session.scorer, prompt, dev)  # answers decided by the prompt's own rule

@@ -66,9 +66,9 @@ def open_run(
     if not (path / "config.json").is_file():
         raise UserError(f"{path}: config.json missing: the run never started")
     try:
-        config = SearchConfig.from_dict(json.loads((path / "config.json").read_text(encoding="utf-8")))
-    except (ValueError, TypeError, KeyError) as exc:
-        raise UserError(f"{path / 'config.json'}: unreadable run settings ({exc})") from None
+        config = SearchConfig.from_dict(read_json(path / "config.json"))
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise UserError(f"{path / 'config.json'}: unreadable run settings ({str(exc)[:200]})") from None
     config = config.moved_to(path, root)
     if strategy is not None and compare_row is None and config.study.strategy != strategy:
         raise UserError(f"--strategy {strategy}: {path} is a {config.study.strategy} run")
@@ -77,7 +77,7 @@ def open_run(
             f"{path}: no finished study (summary.json missing): finish it with `promptopt search ... --resume`"
         )
     check_table_set(path, "search", resume_with="compare" if cache_dir != path else "search")
-    summary = json.loads((path / "summary.json").read_text(encoding="utf-8"))
+    summary = read_json(path / "summary.json")
     return Run(
         path=path,
         config=config,
@@ -90,11 +90,95 @@ def open_run(
     )
 
 
-def load_study(run: Run):
-    """The run's Optuna study, read from its storage (a missing SQLite file is an error, never created)."""
+def read_json(path: Path, *, missing: dict | None = None) -> dict:
+    """A run folder's JSON object, or one UserError naming the file (garbage, or not an object); `missing`: what a
+    file that does not exist stands for (None: it must exist)."""
+    if missing is not None and not path.is_file():
+        return missing
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise UserError(f"{path}: unreadable ({str(exc)[:120]}): not the file a run writes") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: expected a JSON object, got {type(data).__name__}: not the file a run writes")
+    return data
+
+
+def load_study(run: Run, data=None):
+    """The run's Optuna study, read from its storage (a missing SQLite file is an error, never created), and the
+    run's summary.json checked against it (`check_summary`; `data`: the run's task data, loaded when needed)."""
     from promptopt.study.storage import read_study
 
-    return read_study(run.config, where=str(run.path))
+    study = read_study(run.config, where=str(run.path))
+    check_summary(run, study, data)
+    return study
+
+
+# tie-breaks that read a candidate's prompt (its length, its decision rule): the winner needs the task data to decode
+_PROMPT_TIE_BREAKS = ("cost", "calibrated", "argmax")
+
+
+def check_summary(run: Run, study, data=None) -> None:
+    """summary.json's winner and selection, recomputed from the study: the file is in the run's table set, but a
+    forger can recompute tables.json, not the study. The best trial must be a finished trial of the study with the
+    recorded parameters, and the one the run's selection rule chooses from the study's trials (the same rule and
+    candidates `write_outputs` uses), with the same selection sentence and record. One UserError naming
+    summary.json otherwise."""
+    from optuna.trial import TrialState
+
+    from promptopt.study import get_strategy
+    from promptopt.study.outputs import choose_shipped
+
+    path, summary, config = run.path / "summary.json", run.summary, run.config
+    forged = "the file was changed after the run, or the study was; export and report trust neither"
+    number = summary.get("best_trial")
+    trial = next((t for t in study.get_trials(deepcopy=False) if t.number == number), None)
+    if trial is None or trial.state != TrialState.COMPLETE:
+        state = "no trial of the study" if trial is None else f"a {trial.state.name} trial"
+        raise UserError(f"{path}: best_trial {str(number)[:20]} is {state}: {forged}")
+    if summary.get("best_params") != trial.params:
+        raise UserError(f"{path}: best_params are not trial {number}'s parameters in the study: {forged}")
+    strategy = get_strategy(config.study.strategy)
+    tie_break = config.study.tie_break or strategy.tie_break
+    ctx = None
+    if data is not None or tie_break in _PROMPT_TIE_BREAKS:
+        from promptopt.study.context import build_context
+
+        ctx = build_context(config, data if data is not None else config.data.load(), None)
+    try:
+        shipped, selection, detail, *_ = choose_shipped(
+            study, strategy, tie_break=config.study.tie_break, seed=config.study.seed, ctx=ctx
+        )
+    except ValueError:  # a study recorded before trials kept their per-item dev answers: nothing to recompute
+        return
+    if shipped["number"] != number:
+        raise UserError(
+            f"{path}: names trial {number} as the winner, but the run's selection rule chooses trial "
+            f"{shipped['number']} from the study: {forged}"
+        )
+    recomputed = {"selection": selection, "selection_detail": detail}
+    recorded = {key: summary[key] for key in recomputed if key in summary}  # a run older than the rule has neither
+    if _canonical(recorded) != _canonical({key: recomputed[key] for key in recorded}):
+        raise UserError(f"{path}: its selection text or record is not what the study's trials give: {forged}")
+
+
+def _canonical(value) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def check_splits(run: Run, data) -> dict:
+    """The run's carving: splits.json as written by the search, checked against what the task data carves now
+    (`data`: the run's task data). A missing file is recomputed; garbage or a mismatch is one UserError naming it."""
+    path = run.path / "splits.json"
+    carving = data.carving()
+    written = read_json(path, missing=carving)
+    if _canonical(written) != _canonical(carving):
+        differs = next((k for k in ("task", "seed", "pool", "dev", "test") if written.get(k) != carving.get(k)), "keys")
+        raise UserError(
+            f"{path}: its {differs} differ from what the task data carves now (the task's data or seed changed "
+            "since the run, or the file was changed)"
+        )
+    return carving
 
 
 def pick_trial(run: Run, study, trial: int | None):

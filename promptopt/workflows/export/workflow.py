@@ -3,7 +3,6 @@ the asked format, with the warnings a user should read before trusting it."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,11 +15,13 @@ from promptopt.workflows.export.measure import clean, robustness_section
 from promptopt.workflows.export.robust import select_robust
 from promptopt.workflows.export.runs import (
     Run,
+    check_splits,
     decode_trial,
     instruction_provenance,
     load_study,
     open_run,
     pick_trial,
+    read_json,
     winner_number,
 )
 from promptopt.workflows.export.select import SELECTIONS, compare_candidates, is_compare_dir, strategy_rows
@@ -86,7 +87,12 @@ def export_run(
     if (
         root / "rounds.json"
     ).is_file():  # search --rounds: the last round's winner (each round starts from the previous best)
-        last = json.loads((root / "rounds.json").read_text(encoding="utf-8"))["rounds"][-1]["round"]
+        try:
+            last = int(read_json(root / "rounds.json")["rounds"][-1]["round"])
+        except (KeyError, IndexError, TypeError, ValueError):
+            raise UserError(
+                f"{root / 'rounds.json'}: no rounds recorded: not the file `search --rounds` writes"
+            ) from None
         root = root / f"round{last}"
     if ensemble is not None:
         return _export_ensemble(root, out, ensemble, ensemble_objective, strategy, trial, fmt, device, select, flag)
@@ -101,11 +107,12 @@ def export_run(
         run = open_run(root, pick=pick)
     else:
         run = open_run(root, strategy=strategy, tie_break=tie_break)
-    study = load_study(run)
-    chosen = pick_trial(run, study, trial)
-    progress.step(f"trial {chosen.number} of {run.path} ({run.selection or 'named by --trial'})")
     config = run.config if device is None else run.config.replace(device=device)
     session = session or Session(model=config.model, data=config.data, out=run.cache_dir, batch_size=config.batch_size)
+    study = load_study(run, session.data)  # summary.json checked against the study
+    carving = check_splits(run, session.data)  # splits.json against the task data
+    chosen = pick_trial(run, study, trial)
+    progress.step(f"trial {chosen.number} of {run.path} ({run.selection or 'named by --trial'})")
     prompt = decode_trial(run, session.data, chosen.params)
     winner = chosen.number == winner_number(run)
     selection = run.selection if trial is None else f"trial {trial}, named by the user (--trial)"
@@ -124,11 +131,6 @@ def export_run(
     proposed = instruction_provenance(config, session.data, chosen.params)
     if proposed:
         search["instruction_provenance"] = proposed
-    carving = (
-        json.loads((run.path / "splits.json").read_text(encoding="utf-8"))
-        if (run.path / "splits.json").is_file()
-        else None
-    )
     progress.step(
         f"measuring the card on {len(session.items('dev'))} dev and {len(session.items('test'))} test items "
         "(the run's result cache answers what the search scored)"
@@ -180,7 +182,7 @@ def _flag_request(root: Path, rate: float | None, signal: str):
             raise UserError("--flag-signal needs --flag-rate (the share of dev answers to flag)")
         return None
     marker = root / "search_suite.json"
-    suite = json.loads(marker.read_text(encoding="utf-8")).get("name") if marker.is_file() else None
+    suite = read_json(marker, missing={}).get("name")
     return FlagRequest(rate=rate, signal=signal, suite=suite)
 
 
@@ -229,7 +231,7 @@ def compare_families(run: Run) -> dict | None:
     path = run.cache_dir / "summary.json"
     if run.compare_row is None or not path.is_file():
         return None
-    summary = json.loads(path.read_text(encoding="utf-8"))
+    summary = read_json(path)
     return {key: summary.get(key) for key in ("families_seen", "families_unseen", "n_robust")}
 
 
@@ -268,11 +270,7 @@ def warnings_for(session: Session, card: dict, run: Run, prompt: Prompt, default
             f"items ({ours:.3f} vs {default:.3f})"
         )
     robust = card["metrics"].get("robustness")
-    n_robust = (
-        json.loads((run.cache_dir / "summary.json").read_text()).get("n_robust")
-        if (run.cache_dir / "summary.json").is_file()
-        else None
-    )
+    n_robust = read_json(run.cache_dir / "summary.json", missing={}).get("n_robust")
     if robust and robust.get("pdr") is not None and n_robust:
         clean_correct = int(session.scorer.score(prompt, test_items[:n_robust]).table["correct"].sum())
         if clean_correct < MIN_CLEAN_CORRECT:
