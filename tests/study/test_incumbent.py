@@ -131,10 +131,7 @@ def _race_candidates(study, outcomes: list[list[float]]) -> list[int | None]:
     return pruned_after
 
 
-def _ctx():
-    return SimpleNamespace(
-        strategy=get_strategy("accuracy"), config=SimpleNamespace(study=SimpleNamespace(tie_break=None, seed=0))
-    )
+_STRATEGY = get_strategy("accuracy")
 
 
 def test_racing_and_the_incumbent_on_known_outcomes():
