@@ -13,6 +13,14 @@ def _nan(row, key):
     return float("nan") if value is None else value
 
 
+def _paired_test(paired) -> str:
+    """The exact test the paired table's p-values come from (compare names it per row; one per compare)."""
+    if "paired_test" not in paired or paired.empty:
+        return "exact McNemar"
+    names = sorted(set(paired["paired_test"].astype(str)))
+    return ", ".join(names) + (" (each item's seeds flipped together)" if names != ["exact McNemar"] else "")
+
+
 def print_dev_choices(choices: list[dict]) -> None:
     """How the searches chose on dev: how many trials tied with the best, and the smallest accuracy difference the
     dev size detects (paired, 80% power) — a dev set too small to choose shows here."""
@@ -71,9 +79,10 @@ def print_compare(result, task: str, model: str) -> None:
         )
     print_dev_choices(s.get("dev_choices") or [])
     paired = Table(
-        title="paired on the same test items (a − b): 95% paired-bootstrap intervals, exact McNemar; * = significant at 0.05"
+        title="paired on the same test items (a − b): 95% paired-bootstrap intervals, "
+        f"{_paired_test(result.paired)}; * = significant at 0.05"
     )
-    names = ["a", "b", "Δ Acc", "95% CI", "McNemar p"]
+    names = ["a", "b", "Δ Acc", "95% CI", "exact p"]
     for split in splits:
         names += [f"Δ Acc_worst {split}", f"95% CI {split} ", f"Δ PDR {split}", f"95% CI {split}  "]
     for name in ("a", "b"):

@@ -431,7 +431,7 @@ def test_verdict_sentences_follow_the_significance_flags():
     """Constructed pairs, significant and not, with seen/unseen robustness columns as a later compare may write."""
     import pandas as pd
 
-    from promptopt.report.verdict import metrics_of, sentence, verdict_compare
+    from promptopt.report.verdict import metrics_of, paired_section, sentence, verdict_compare
 
     row = {
         "a": "tcb",
@@ -479,6 +479,17 @@ def test_verdict_sentences_follow_the_significance_flags():
     assert "2 of 2 pairs of strategies differ significantly" in page and page.index("tcb vs ppl") < page.index(
         "tcb vs accuracy"
     )
+    # two seeds: the p is the sign-flip test over items, and every place that shows it names it
+    two = paired.assign(paired_test="exact sign-flip over items (2 seeds)")
+    assert "accuracy +0.017 [-0.027, 0.060], sign-flip over items (2 seeds) p = 0.50, not significant" in sentence(
+        two.iloc[0], metrics, "n"
+    ).replace("\u2212", "-")
+    assert "McNemar" not in sentence(two.iloc[0], metrics, "n")
+    table = paired_section(two, {"seeds": 2})
+    assert "0.50 (sign-flip over items (2 seeds))" in table and "sign-flip test over items" in table
+    from promptopt.report.recommend import against
+
+    assert "sign-flip over items (2 seeds) p = 0.50" in against(two.iloc[0].to_dict(), "tcb", "ppl")
 
 
 def test_numbers_are_rounded_to_their_interval():

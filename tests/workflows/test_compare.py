@@ -284,6 +284,29 @@ def test_paired_intervals_resample_items_with_all_their_seeds():
     )
 
 
+def test_the_exact_test_over_seeds_counts_the_baselines_answers_once():
+    """compare --seeds 2 pairs the baseline's one set of answers with each seed's winner. The exact test must not
+    count those answers twice (McNemar over 2 × 150 pooled pairs): it is the sign-flip test over items, named so,
+    and with two seeds that repeat one search it gives that search's p (and the interval its interval)."""
+    from promptopt.metrics.stats.binomial import clustered_paired_exact
+
+    rng = np.random.default_rng(11)
+    base = Evaluated(pd.DataFrame({"correct": rng.random(150) < 0.6}))
+    seed0 = Evaluated(pd.DataFrame({"correct": rng.random(150) < 0.72}))
+    seed1 = Evaluated(pd.DataFrame({"correct": rng.random(150) < 0.7}))
+    one = paired_table({"s": [seed0], "baseline": [base]}, seed=0).iloc[0]
+    assert one["paired_test"] == "exact McNemar"
+    repeated = paired_table({"s": [seed0, seed0], "baseline": [base, base]}, seed=0).iloc[0]
+    assert repeated["mcnemar_p"] == pytest.approx(one["mcnemar_p"], rel=1e-12) and repeated["n_pairs"] == 300
+    two = paired_table({"s": [seed0, seed1], "baseline": [base, base]}, seed=0).iloc[0]
+    assert two["paired_test"] == "exact sign-flip over items (2 seeds)"
+    a = np.stack([seed0.test["correct"], seed1.test["correct"]])
+    b = np.stack([base.test["correct"]] * 2)
+    assert two["mcnemar_p"] == clustered_paired_exact(a, b)[2]
+    pooled = mcnemar_exact(a.ravel(), b.ravel())[2]
+    assert two["mcnemar_p"] > 1.5 * pooled  # what counting the baseline twice claimed
+
+
 def test_several_seeds_give_acc_worst_an_interval_that_resamples_items_with_their_seeds():
     """The strategy table's Acc_worst interval over several seeds' winners keeps each item's seeds together, as
     the paired table does: repeating one search narrows nothing, and two seeds that disagree on every item give
