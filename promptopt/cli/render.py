@@ -95,7 +95,6 @@ def print_search_result(result) -> None:
                 "n": summary["n"],
                 "accuracy": summary["accuracy"],
                 "95% CI": ci(*summary.get("accuracy_ci95", (math.nan, math.nan))),
-                "tcb_mean": summary.get("tcb_mean"),
                 "tcb_geomean": summary.get("tcb_geomean"),
                 "ppl_mean": summary["ppl_mean"],
             }

@@ -277,7 +277,7 @@ def strategy_section(compare: pd.DataFrame, candidates: pd.DataFrame | None, sum
         ["Strategy", "Seeds", "Test items", "Accuracy"]
         + (["Robust items"] if robust else [])
         + [label for _, label in robust]
-        + ["AccVar (pert.)", "Worst family", "mean δ_TCB", "mean PPL", "Search time"]
+        + ["AccVar (pert.)", "Worst family", "median δ_TCB", "geomean δ_TCB", "mean PPL", "Search time"]
     )
     rows = []
     for _, r in compare.iterrows():
@@ -306,7 +306,8 @@ def strategy_section(compare: pd.DataFrame, candidates: pd.DataFrame | None, sum
             ],
             td(sig(r.get("acc_var_pert")), value=r.get("acc_var_pert")),
             td(str(r.get("acc_worst_family")) if isinstance(r.get("acc_worst_family"), str) else "—", left=True),
-            td(sig(r.get("avg_tcb")), value=r.get("avg_tcb")),
+            td(sig(r.get("tcb_median")), value=r.get("tcb_median")),  # not the mean: one item can be all of it
+            td(sig(r.get("tcb_geomean")), value=r.get("tcb_geomean")),
             td(sig(r.get("avg_ppl")), value=r.get("avg_ppl")),
             td(f"{sig(r.get('search_seconds'))} s" if finite(r.get("search_seconds")) else "—"),
         ]

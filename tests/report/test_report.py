@@ -999,3 +999,23 @@ def test_the_recommendation_shows_compare_s_own_interval_for_the_same_pair(compa
         sign = 1 if stored["a"] == entry else -1
         low, high = sorted([sign * stored["delta_acc_ci_low"], sign * stored["delta_acc_ci_high"]])
         assert f"Δ accuracy {estimate(sign * stored['delta_acc'], low, high, signed=True)}" in text, (other, text)
+
+
+def test_the_report_shows_delta_tcb_by_median_and_geomean_not_a_mean_one_item_makes():
+    """pmi: one item's δ_TCB of 2.78e8 made compare's mean 2.78e6; the report's strategy table shows the median
+    and the geometric mean."""
+    import pandas as pd
+
+    from promptopt.report.numbers import sig
+    from promptopt.report.verdict import strategy_section
+
+    compare = pd.DataFrame(
+        [
+            {"strategy": s, "n_seeds": 1, "n_test": 100, "avg_acc": 0.8, "acc_ci_low": 0.7, "acc_ci_high": 0.9,
+             "avg_tcb": 2.78e6, "tcb_median": 3.5, "tcb_geomean": 4.1, "avg_ppl": 1.5, "selected_by": "x"}
+            for s in ("baseline", "tcb")
+        ]
+    )  # fmt: skip
+    page = strategy_section(compare, None, {"seeds": 1})
+    assert "median δ_TCB" in page and "geomean δ_TCB" in page and ">mean δ_TCB<" not in page
+    assert 'data-v="3.5">3.50<' in page and sig(2.78e6) not in page and "2780000" not in page

@@ -307,6 +307,20 @@ def test_the_exact_test_over_seeds_counts_the_baselines_answers_once():
     assert two["mcnemar_p"] > 1.5 * pooled  # what counting the baseline twice claimed
 
 
+def test_delta_tcb_is_summarised_by_its_median_and_geomean_where_one_item_dominates_the_mean():
+    """pmi gave one ARC-Easy item a δ_TCB of 2.78e8 and compare printed a mean of 2.78e6: the table's headline is
+    the median (and the geometric mean), the mean stays in the files only."""
+    from promptopt.workflows.compare.tables import run_row, strategy_table
+
+    tcb = [3.0, 4.0, 5.0, 2.0, 2.78e8] + [3.5] * 95
+    ev = Evaluated(pd.DataFrame({"correct": [True] * 100, "tcb": tcb, "ppl": [1.5] * 100}), {})
+    row = run_row("tcb", 0, 0, ev, winner=True, how="best", extra={})
+    assert row["avg_tcb"] == pytest.approx(np.mean(tcb))  # 2.78e6: the one item
+    assert row["tcb_median"] == 3.5 and row["tcb_geomean"] < 4.5
+    table = strategy_table(pd.DataFrame([row]), {"tcb": [ev]}, {})
+    assert table.loc[0, "tcb_median"] == 3.5
+
+
 def test_several_seeds_give_acc_worst_an_interval_that_resamples_items_with_their_seeds():
     """The strategy table's Acc_worst interval over several seeds' winners keeps each item's seeds together, as
     the paired table does: repeating one search narrows nothing, and two seeds that disagree on every item give
