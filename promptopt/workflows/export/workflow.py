@@ -261,6 +261,8 @@ def warnings_for(session: Session, card: dict, run: Run, prompt: Prompt, default
             f"the exported prompt is not better than the task's default prompt on the same {len(test_items)} test "
             f"items ({ours:.3f} vs {default:.3f})"
         )
+    if (card.get("fragility") or {}).get("warning"):
+        out.append(f"fragility flag: {card['fragility']['warning']}")
     robust = card["metrics"].get("robustness")
     n_robust = (
         json.loads((run.cache_dir / "summary.json").read_text()).get("n_robust")
