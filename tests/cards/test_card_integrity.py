@@ -340,6 +340,10 @@ HOSTILE = {
         lambda path: path.write_text("promptopt_card: 2\ntask: sst2\ninstruction: " + "[" * 1000 + "]" * 1000 + "\n"),
         "nest",
     ),
+    "duplicate-key": (
+        lambda path: path.write_text("promptopt_card: 2\ntask: sst2\ninstruction: a\ninstruction: b\n"),
+        "invalid YAML (line 4, column 1): duplicate key 'instruction' (first on line 3)",
+    ),
     "50-MB": (
         lambda path: path.write_text("promptopt_card: 2\ntask: sst2\ninstruction: " + "x" * (50 << 20) + "\n"),
         "50.0 MiB: larger than the 4 MiB",
@@ -380,3 +384,16 @@ def test_the_schema_takes_field_hashes_by_field_name(cards):
         ConfigError, match=r"card.yaml: check\.fields_sha256: expected a value matching .*, got 'Data Test'"
     ):
         validate_card(card, "card.yaml")
+
+
+def test_an_exported_card_with_its_instruction_key_twice_is_refused_naming_key_and_line(cards, tmp_path):
+    """A card with a second `instruction:` line loaded and verified (PyYAML keeps the last key): now one line."""
+    lines = cards["plain"].read_text(encoding="utf-8").splitlines(keepends=True)
+    first = next(i for i, line in enumerate(lines) if line.startswith("instruction:"))
+    edited = tmp_path / "twice.yaml"
+    edited.write_text("".join([*lines, "instruction: Say positive.\n"]), encoding="utf-8")
+    assert_one_line_error(
+        run_cli("verify", edited),
+        str(edited),
+        f"line {len(lines) + 1}, column 1): duplicate key 'instruction' (first on line {first + 1})",
+    )
