@@ -397,3 +397,49 @@ def test_an_exported_card_with_its_instruction_key_twice_is_refused_naming_key_a
         str(edited),
         f"line {len(lines) + 1}, column 1): duplicate key 'instruction' (first on line {first + 1})",
     )
+
+
+@pytest.mark.parametrize(
+    ("quantization", "recorded", "want"),
+    [({"bits": 8}, 4, 4), ({"bits": 8}, None, 16), ({"bits": 4}, 4, 16), (None, None, 16)],
+    ids=["8-bit-recorded", "8-bit-older-card", "4-bit", "float"],
+)
+def test_verify_scores_an_8bit_card_at_the_batch_size_it_was_exported_with(
+    cards, tmp_path, monkeypatch, quantization, recorded, want
+):
+    """LLM.int8 decides its outlier columns per batch (SST-2 8-bit accuracy 0.770 at batch 1, 0.745 at 16, 0.725 at
+    64), so an 8-bit card records the batch size its test metrics were measured at and verify re-scores at it; an
+    older 8-bit card is scored at 16 with a note. No GPU here: the session verify would build is caught."""
+    from promptopt.errors import UserError
+    from promptopt.workflows import session as session_module
+    from promptopt.workflows.export.build import batch_size_record
+    from promptopt.workflows.verify import verify_card
+
+    card = load(cards["plain"])
+    if quantization:
+        card["model"]["quantization"] = {
+            "method": "bitsandbytes",
+            "quant_type": "llm.int8" if quantization["bits"] == 8 else "nf4",
+            "n_quantized": 14,
+            "quantized": ["q_proj"],
+            "kept": ["lm_head"],
+            "head": "float",
+            **quantization,
+        }
+    if recorded:
+        card["model"]["batch_size"] = recorded
+    path = write(card, tmp_path / "q.yaml")
+    built = []
+
+    class Caught(session_module.Session):
+        def __init__(self, *, model, data, batch_size=16, **kw):
+            built.append((model.quantize, batch_size))
+            raise UserError("stopped before loading (test)")
+
+    monkeypatch.setattr(session_module, "Session", Caught)
+    with pytest.raises(UserError, match="stopped before loading"):
+        verify_card(path)
+    assert built == [(f"{quantization['bits']}bit" if quantization else None, want)]
+    # export writes the field for 8-bit weights only, from the scorer's own batch size (auto: the size it settled on)
+    assert batch_size_record({"bits": 8}, 32) == {"batch_size": 32}
+    assert batch_size_record({"bits": 4}, 32) == batch_size_record(None, 32) == {}
