@@ -175,11 +175,11 @@ def fragility_section(session, members, dev_items: list, request: FlagRequest, *
         why = f"no dev answer flipped under suite {suite.name}, so no signal can be told apart on dev: δ_TCB by default"
     else:
         order = {s.name: i for i, s in enumerate(SIGNALS)}
-        key = lambda name: (
-            -(-2.0 if stats[name]["gap"] is None else stats[name]["gap"]),
-            -(stats[name]["auroc"] or 0.0),
-            order[name],
-        )  # noqa: E731
+
+        def key(name):  # the largest gap (none: below every measured one), then the higher AUROC, then the order
+            gap = stats[name]["gap"]
+            return (-(-2.0 if gap is None else gap), -(stats[name]["auroc"] or 0.0), order[name])
+
         chosen = min(stats, key=key)
         gaps = ", ".join(f"{BY_LABEL[name]} {_pct(stats[name]['gap'])}" for name in stats)
         why = (
