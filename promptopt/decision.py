@@ -313,6 +313,9 @@ class DecisionRule:
     # --- the card ----------------------------------------------------------------------------------
     def to_card(self) -> dict:
         out: dict = {"rule": self.kind, "reading": self.reading}
+        package = DECISION_RULES.provider(self.kind)
+        if package:  # a plugin's rule: a reader without the package is told which one to install
+            out["package"] = package
         if self.kind == "batch":
             out["mode"] = self.mode
             if self.mode == "adaptive":
@@ -341,6 +344,12 @@ def rule_from_card(section: dict | None, where: str = "decision") -> DecisionRul
         return DecisionRule()
     if not isinstance(section, dict):
         raise ConfigError(f"{where}: expected a mapping, got {section!r}")
+    kind, package = section.get("rule", "argmax"), section.get("package")
+    if isinstance(kind, str) and kind not in DECISION_RULES and isinstance(package, str):
+        raise ConfigError(
+            f"{where}.rule: decision rule {kind!r} is not installed here: the card was exported with it from package "
+            f"{package!r} (pip install {package})"
+        )
 
     def floats(key):
         value = section.get(key)

@@ -87,6 +87,15 @@ class Registry(Generic[T]):
         """Read the installed entry points again (after installing a package into a running process)."""
         self._entry_points = None
 
+    def provider(self, name: str) -> str | None:
+        """The distribution (pip package) whose entry point installs `name`; None for a built-in or an entry
+        registered in-process. A card records it, so a reader without the package is told which to install."""
+        if name in self._builtins or name in self._entries and name not in self._installed():
+            return None
+        installed = self._installed().get(name)
+        dist = getattr(installed, "dist", None) if installed is not None else None
+        return getattr(dist, "name", None) or None
+
     def names(self) -> tuple[str, ...]:
         """Every name this registry answers to: built-ins first, in their order, then registered, then installed."""
         seen = dict.fromkeys([*self._builtins, *self._entries, *self._installed()])

@@ -1,5 +1,7 @@
 """Reading YAML so that no file can hang or exhaust a reader: the limits every card, task file and search space is read
-within, and a loader that stops at the first node past them (promptopt/yamlio.py reads files with it)."""
+within, and a loader that stops at the first node past them (promptopt/yamlio.py reads files with it). The same
+loader refuses a mapping that names one key twice (PyYAML keeps the last silently: a space or card with two
+`instruction:` keys would load as whichever came last)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,23 @@ MAX_YAML_DEPTH = 64
 
 class YAMLLimit(yaml.MarkedYAMLError):
     """A YAML document beyond what promptopt reads (MAX_YAML_DEPTH, MAX_YAML_NODES, an alias inside what it names)."""
+
+
+def check_unique_keys(node) -> None:
+    """A ConstructorError at the second occurrence of a key in one mapping (its own keys: a `<<` merge may be
+    overridden, as YAML means). Keys compare as written (tag and text), so no value is constructed twice."""
+    seen = {}
+    for key_node, _ in node.value:
+        if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+        key = (key_node.tag, key_node.value)
+        if key in seen:
+            shown = key_node.value if len(key_node.value) <= 40 else key_node.value[:37] + "..."
+            raise yaml.constructor.ConstructorError(
+                problem=f"duplicate key {shown!r} (first on line {seen[key].line + 1}): each key once",
+                problem_mark=key_node.start_mark,
+            )
+        seen[key] = key_node.start_mark
 
 
 def _bounded_loader(parser: type) -> type:
@@ -56,6 +75,11 @@ def _bounded_loader(parser: type) -> type:
             self._depth -= 1
             self._sizes[id(node)] = self._nodes - before  # this node and everything under it, aliases expanded
             return node
+
+        def construct_mapping(self, node, deep=False):
+            if isinstance(node, yaml.MappingNode):
+                check_unique_keys(node)
+            return super().construct_mapping(node, deep=deep)
 
     return BoundedLoader
 

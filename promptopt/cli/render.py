@@ -99,7 +99,6 @@ def print_search_result(result) -> None:
                 "n": summary["n"],
                 "accuracy": summary["accuracy"],
                 "95% CI": ci(*summary.get("accuracy_ci95", (math.nan, math.nan))),
-                "tcb_mean": summary.get("tcb_mean"),
                 "tcb_geomean": summary.get("tcb_geomean"),
                 "ppl_mean": summary["ppl_mean"],
             }
@@ -127,7 +126,7 @@ def print_search_result(result) -> None:
 
 
 def print_pairs(table, run_a, run_b) -> None:
-    """a − b per strategy: accuracy (McNemar, clustered bootstrap) and Acc_worst over all and unseen families."""
+    """a − b per strategy: accuracy (exact test and bootstrap, both clustered by item) and Acc_worst over all and unseen families."""
 
     def interval(row, key):
         if key not in row or row[key] != row[key]:
@@ -139,7 +138,7 @@ def print_pairs(table, run_a, run_b) -> None:
         console.print(
             f"{row['strategy']} ({row['seeds']} seeds, {int(row['n_pairs'])} pairs): dev accuracy {row['dev_accuracy_a']:.3f} vs "
             f"{row['dev_accuracy_b']:.3f}; test accuracy {row['accuracy_a']:.3f} vs {row['accuracy_b']:.3f}, "
-            f"Δ {interval(row, 'delta_acc')}, McNemar p = {row['mcnemar_p']:.3g} "
+            f"Δ {interval(row, 'delta_acc')}, {row.get('paired_test', 'exact McNemar')} p = {row['mcnemar_p']:.3g} "
             f"({int(row['only_a_correct'])} only a right, {int(row['only_b_correct'])} only b right)"
         )
         console.print(

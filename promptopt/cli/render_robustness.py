@@ -13,6 +13,14 @@ def _nan(row, key):
     return float("nan") if value is None else value
 
 
+def _paired_test(paired) -> str:
+    """The exact test the paired table's p-values come from (compare names it per row; one per compare)."""
+    if "paired_test" not in paired or paired.empty:
+        return "exact McNemar"
+    names = sorted(set(paired["paired_test"].astype(str)))
+    return ", ".join(names) + (" (each item's seeds flipped together)" if names != ["exact McNemar"] else "")
+
+
 def print_dev_choices(choices: list[dict]) -> None:
     """How the searches chose on dev: how many trials tied with the best, and the smallest accuracy difference the
     dev size detects (paired, 80% power) — a dev set too small to choose shows here."""
@@ -38,7 +46,7 @@ def print_compare(result, task: str, model: str) -> None:
         split for split, names in (("unseen", unseen), ("seen", seen)) if names
     ]  # a split with no family prints nothing
     table = Table(title=f"compare · {task} · {s['n_test']} test items · {model} · seeds {s['seeds']}")
-    columns = ["strategy", "Acc", "Acc 95% CI", "δ_TCB", "PPL"]
+    columns = ["strategy", "Acc", "Acc 95% CI", "δ_TCB median", "δ_TCB geomean", "PPL"]
     for split in splits:
         columns += [f"AccVar_pert {split}", f"PDR {split}", f"Acc_worst {split}", f"Acc_worst {split} 95% CI"]
     columns += ["taboo R(i=1)", "search s"]
@@ -50,7 +58,8 @@ def print_compare(result, task: str, model: str) -> None:
             r.strategy,
             pm(r.avg_acc, r.avg_acc_sd),
             ci(r.acc_ci_low, r.acc_ci_high),
-            pm(r.avg_tcb, r.avg_tcb_sd),
+            pm(_nan(r, "tcb_median"), _nan(r, "tcb_median_sd")),  # robust: pmi can make one item the whole mean
+            pm(_nan(r, "tcb_geomean"), _nan(r, "tcb_geomean_sd")),
             pm(r.avg_ppl, r.avg_ppl_sd),
         ]
         for split in splits:
@@ -71,9 +80,11 @@ def print_compare(result, task: str, model: str) -> None:
         )
     print_dev_choices(s.get("dev_choices") or [])
     paired = Table(
-        title="paired on the same test items (a − b): 95% paired-bootstrap intervals, exact McNemar; * = significant at 0.05"
-    )
-    names = ["a", "b", "Δ Acc", "95% CI", "McNemar p"]
+        title="paired on the same test items (a − b): 95% paired-bootstrap intervals, "
+        f"{_paired_test(result.paired)}; * = significant at 0.05"
+    )  # "exact McNemar" with one seed, else the sign-flip test over items
+    test = _paired_test(result.paired)
+    names = ["a", "b", "Δ Acc", "95% CI", "McNemar p" if test == "exact McNemar" else "exact p"]
     for split in splits:
         names += [f"Δ Acc_worst {split}", f"95% CI {split} ", f"Δ PDR {split}", f"95% CI {split}  "]
     for name in ("a", "b"):

@@ -89,6 +89,7 @@ class Runner:
         from promptopt.models.batch_size import AUTO, AUTO_START
 
         self.auto_batch = batch_size == AUTO  # the largest batch that fits, found by halving (batch_size.py)
+        self.announced_batch_size: int | None = None  # what auto last said it chose (a note line each change)
         if self.auto_batch:
             batch_size = AUTO_START
         if not isinstance(batch_size, int) or batch_size < 1:
@@ -140,9 +141,19 @@ class Runner:
         """`call()`; with batch_size auto, run again at half the rows while it runs out of memory (batch_size.py)."""
         if not self.auto_batch:
             return call()
-        from promptopt.models.batch_size import run_fitting
+        from promptopt.models.batch_size import print_auto_note, run_fitting
 
-        return run_fitting(call, get=lambda: self.batch_size, set_=lambda n: setattr(self, "batch_size", n))
+        def say(size: int) -> None:
+            self.announced_batch_size = size
+            print_auto_note(size)
+
+        return run_fitting(
+            call,
+            get=lambda: self.batch_size,
+            set_=lambda n: setattr(self, "batch_size", n),
+            said=lambda: self.announced_batch_size,
+            say=say,
+        )
 
     # --- prefix cache --------------------------------------------------------------------------
     def _prefix(self, sequences: Sequence[Sequence[int]], limit: int) -> tuple[int, Cache | None]:

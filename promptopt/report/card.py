@@ -64,7 +64,8 @@ def _metric_rows(split: str, m: dict) -> str:
     cells = [f'<td class="l">{esc(split)}</td>', f"<td>{m.get('n', '—')}</td>"]
     low, high = (m.get("accuracy_ci95") or [None, None])[:2]
     cells.append(f"<td>{esc(estimate(m.get('accuracy'), low, high))}</td>")
-    for key in ("tcb_mean", "ppl_mean"):
+    cells.append(f"<td>{esc(sig(m.get('tcb_geomean')))}</td>")  # not the mean: pmi can make one item all of it
+    for key in ("ppl_mean",):
         low, high = (m.get(f"{key}_ci95") or [None, None])[:2]
         cells.append(
             f"<td>{esc(sig(m.get(key)))} {esc(f'[{sig(low)}, {sig(high)}]') if finite(low) and finite(high) else ''}</td>"
@@ -117,7 +118,7 @@ def card_section(chosen: Chosen, root: Path, strategies: list[str] = ()) -> str:
     rows = "".join(_metric_rows(split, metrics[split]) for split in ("dev", "test") if metrics.get(split))
     lines.append(
         '<div class="tablewrap"><table id="card-metrics"><thead><tr><th class="l">Measured on</th><th>n</th>'
-        "<th>Accuracy [95% CI]</th><th>mean δ_TCB [95% CI]</th><th>mean PPL [95% CI]</th></tr></thead>"
+        "<th>Accuracy [95% CI]</th><th>geomean δ_TCB</th><th>mean PPL [95% CI]</th></tr></thead>"
         f"<tbody>{rows}</tbody></table></div>"
     )
     robustness = metrics.get("robustness")

@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from promptopt.report.numbers import esc, estimate, finite, note, num
-from promptopt.report.verdict import disagreement, pvalue
+from promptopt.report.verdict import disagreement, pvalue, test_name
 
 
 def _paired(source, a: list[bool], b: list[bool], ids: list[str], names: tuple[str, str] | None = None) -> dict:
@@ -73,18 +73,19 @@ def flipped(row: dict) -> dict:
 def against(row: dict, first: str, second: str) -> str:
     """'Δ accuracy +0.05 [−0.10, 0.20], McNemar p = 0.75 (3 / 1 discordant), not significant' (first − second)."""
     low, high, p = row["delta_acc_ci_low"], row["delta_acc_ci_high"], row["mcnemar_p"]
+    test = test_name(row)
     if int(row["only_a_correct"]) == int(row["only_b_correct"]) == 0:
         return (
-            f"the same right and wrong answers on all {int(row['n_pairs'])} items: Δ accuracy 0, McNemar p = "
+            f"the same right and wrong answers on all {int(row['n_pairs'])} items: Δ accuracy 0, {test} p = "
             f"{pvalue(p)} (no discordant item), not significant"
         )
     text = (
-        f"Δ accuracy {estimate(row['delta_acc'], low, high, signed=True)}, McNemar p = {pvalue(p)} "
+        f"Δ accuracy {estimate(row['delta_acc'], low, high, signed=True)}, {test} p = {pvalue(p)} "
         f"({int(row['only_a_correct'])} right only with {first}, {int(row['only_b_correct'])} only with {second})"
     )
     if row["significant"]:
         return text + f", significant (favours {first if row['delta_acc'] > 0 else second})"
-    return text + ", not significant" + disagreement(low, high, p)
+    return text + ", not significant" + disagreement(low, high, p, test)
 
 
 def _entry(exported) -> str | None:

@@ -104,16 +104,25 @@ def pvalue(p) -> str:
     return num(p, 2) if p >= 0.01 else f"{p:.1e}"
 
 
-def disagreement(low, high, p) -> str:
+def test_name(row) -> str:
+    """The paired exact test a row's p comes from: 'McNemar' (one seed, and tables written before compare named
+    it), or with several seeds the sign-flip test over items that keeps each item's seeds together."""
+    name = row.get("paired_test") if hasattr(row, "get") else None
+    if not isinstance(name, str) or name == "exact McNemar":
+        return "McNemar"
+    return name.removeprefix("exact ")
+
+
+def disagreement(low, high, p, test: str = "McNemar") -> str:
     """Why an accuracy difference is not called significant when one of its two parts says it is ('' when the
     interval and the test agree): the one rule, said where it decides."""
     if not finite(p):
         return ""
     interval_says, test_says = excludes_zero(low, high), float(p) < 0.05
     if interval_says and not test_says:
-        return f": its interval excludes 0 but McNemar p = {pvalue(p)} ≥ 0.05, and both must agree"
+        return f": its interval excludes 0 but {test} p = {pvalue(p)} ≥ 0.05, and both must agree"
     if test_says and not interval_says:
-        return f": McNemar p = {pvalue(p)} < 0.05 but its interval includes 0, and both must agree"
+        return f": {test} p = {pvalue(p)} < 0.05 but its interval includes 0, and both must agree"
     return ""
 
 
@@ -124,10 +133,12 @@ def clause(row, metric: Metric) -> str:
     low, high = row[f"{metric.col}_ci_low"], row[f"{metric.col}_ci_high"]
     text = f"{metric.label} {estimate(value, low, high, signed=True)}"
     if metric.base == "acc" and finite(row.get("mcnemar_p")):
-        text += f", McNemar p = {pvalue(row['mcnemar_p'])}"
+        text += f", {test_name(row)} p = {pvalue(row['mcnemar_p'])}"
     if not significant(row, metric):
         return (
-            text + ", not significant" + (disagreement(low, high, row.get("mcnemar_p")) if metric.base == "acc" else "")
+            text
+            + ", not significant"
+            + (disagreement(low, high, row.get("mcnemar_p"), test_name(row)) if metric.base == "acc" else "")
         )
     better = row["a"] if (value > 0) == _HIGHER_IS_BETTER[metric.base] else row["b"]
     return text + f", significant (favours {better})"
@@ -208,7 +219,7 @@ def paired_section(paired: pd.DataFrame | None, summary: dict) -> str:
     headers = (
         ["Pair (first − second)", "n"]
         + [f"Δ {m.label}" for m in metrics]
-        + ["McNemar p", "only first / only second right"]
+        + ["exact p (test)", "only first / only second right"]
     )
     rows = []
     for r in searched + baseline:
@@ -228,7 +239,7 @@ def paired_section(paired: pd.DataFrame | None, summary: dict) -> str:
                 )
             )
         p = r.get("mcnemar_p")
-        cells.append(td(pvalue(p), value=p, col="mcnemar_p"))
+        cells.append(td(f"{pvalue(p)} ({test_name(r)})", value=p, col="mcnemar_p"))
         counts = f"{int(r['only_a_correct'])} / {int(r['only_b_correct'])}" if finite(r.get("only_a_correct")) else "—"
         cells.append(td(counts))
         rows.append(tr(cells, a=r["a"], b=r["b"]))
@@ -243,8 +254,9 @@ def paired_section(paired: pd.DataFrame | None, summary: dict) -> str:
     return (
         table(headers, rows, table_id="paired-table")
         + note(
-            "* significant: for accuracy, McNemar p < 0.05 and the interval excludes 0, both; for robustness numbers, "
-            "the interval excludes 0. A cell where only one of accuracy's two holds is not starred, and its sentence "
+            "* significant: for accuracy, the exact paired test's p < 0.05 and the interval excludes 0, both; for "
+            "robustness numbers, the interval excludes 0. The test is McNemar's with one seed; with several, a "
+            "sign-flip test over items (each item's seeds flipped together, as the bootstrap keeps them together). A cell where only one of accuracy's two holds is not starred, and its sentence "
             "above says which. Intervals under each Δ."
         )
         + figures.embed(figures.forest(forest_rows, [(m.col, m.label) for m in metrics]), "forest", max(300, height))
@@ -265,7 +277,7 @@ def strategy_section(compare: pd.DataFrame, candidates: pd.DataFrame | None, sum
         ["Strategy", "Seeds", "Test items", "Accuracy"]
         + (["Robust items"] if robust else [])
         + [label for _, label in robust]
-        + ["AccVar (pert.)", "Worst family", "mean δ_TCB", "mean PPL", "Search time"]
+        + ["AccVar (pert.)", "Worst family", "median δ_TCB", "geomean δ_TCB", "mean PPL", "Search time"]
     )
     rows = []
     for _, r in compare.iterrows():
@@ -294,7 +306,8 @@ def strategy_section(compare: pd.DataFrame, candidates: pd.DataFrame | None, sum
             ],
             td(sig(r.get("acc_var_pert")), value=r.get("acc_var_pert")),
             td(str(r.get("acc_worst_family")) if isinstance(r.get("acc_worst_family"), str) else "—", left=True),
-            td(sig(r.get("avg_tcb")), value=r.get("avg_tcb")),
+            td(sig(r.get("tcb_median")), value=r.get("tcb_median")),  # not the mean: one item can be all of it
+            td(sig(r.get("tcb_geomean")), value=r.get("tcb_geomean")),
             td(sig(r.get("avg_ppl")), value=r.get("avg_ppl")),
             td(f"{sig(r.get('search_seconds'))} s" if finite(r.get("search_seconds")) else "—"),
         ]

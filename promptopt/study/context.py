@@ -70,17 +70,41 @@ def build_context(config: SearchConfig, data, expand=None) -> SearchContext:
     space = load_space(config.study.space or data.spec.name)
     candidates = space.check_against(data, pool_draw=config.study.pool_draw)
     _check_decisions(config.study.decision, space, data)
+    dev = config.data.dev(data)
+    dev_size_note(config, len(dev))  # too few to choose anything: one error before any model loads
     return SearchContext(
         config,
         strategy,
         space,
         data,
         candidates,
-        config.data.dev(data),
+        dev,
         config.data.test(data),
         expand,
         incumbent_prompt(config.study.incumbent, data),
     )
+
+
+def dev_size_note(config: SearchConfig, n_dev: int) -> str | None:
+    """`dev_size_warning` as the search's input check: below the floor a ConfigError, else the warning or None."""
+    from promptopt.metrics.stats.selection import dev_size_warning
+
+    limit = config.data.dev_limit
+    try:
+        return dev_size_warning(n_dev, flag="--dev-limit" if limit is not None else None)
+    except ValueError as exc:
+        where = f"--dev-limit {limit}" if limit is not None else f"task {config.data.task}: its dev split"
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+_WARNED: set[str] = set()
+
+
+def warn_once(text: str | None) -> None:
+    """A `warning: ...` line on stderr, even for a quiet run, once per process (a compare's searches share it)."""
+    if text and text not in _WARNED:
+        _WARNED.add(text)
+        print(f"warning: {text}", file=sys.stderr, flush=True)
 
 
 def _check_decisions(decision: str | None, space: SearchSpace, data) -> None:

@@ -25,9 +25,11 @@ from promptopt.study.context import (
     SearchResult,
     build_context,
     check_prompts_fit,
+    dev_size_note,
     fit_space_to_model,
     note,
     require_variants,
+    warn_once,
 )
 from promptopt.study.identity import check_same_study, check_study, half_created, identity, scrub_stored_config
 from promptopt.study.incumbent import find as find_incumbent
@@ -81,6 +83,7 @@ def run_search(
     data = data if data is not None else scorer.data if scorer is not None else config.data.load()
     ctx = build_context(config, data, expand)  # task, space, strategy
     require_variants(ctx)
+    warn_once(dev_size_note(config, len(ctx.dev)))  # a winner chosen on too few dev items is said before the run
     if scorer is None:
         config.model.check()  # the model resolves, the device exists, 4/8-bit has CUDA
     current = identity(ctx)

@@ -93,6 +93,29 @@ def _same(result: Verification, name: str, recorded, now, what: str = "") -> Non
         )
 
 
+VERIFY_BATCH_SIZE = 16  # the Session's default, and export's: what a card without model.batch_size was measured at
+
+
+def verify_batch_size(recorded_model: dict, load_quantize: str | None, result: Verification) -> int:
+    """The rows per forward pass verify scores at: an 8-bit card's recorded `model.batch_size` (LLM.int8's answers
+    depend on it: SST-2 accuracy 0.770 at 1, 0.745 at 16, 0.725 at 64), said as a note; an 8-bit card exported
+    before the field was recorded is scored at the default, and the note says its answers may move with it."""
+    recorded = recorded_model.get("batch_size")
+    if load_quantize != "8bit":
+        return VERIFY_BATCH_SIZE  # float and 4-bit answers do not depend on the batch size
+    if isinstance(recorded, int) and not isinstance(recorded, bool) and recorded >= 1:
+        result.add("batch size", True, f"{recorded} rows per forward pass, as exported (8-bit answers depend on it)")
+        return recorded
+    result.add(
+        "batch size",
+        True,
+        f"an 8-bit card without model.batch_size: scored at {VERIFY_BATCH_SIZE} rows per forward pass; 8-bit answers "
+        "move with the batch size (SST-2: accuracy 0.770 at 1, 0.725 at 64), so a flip here may be that",
+        note=True,
+    )
+    return VERIFY_BATCH_SIZE
+
+
 def read_card(path: str | Path) -> dict:
     """A version-2 card, validated; version 1 has nothing to verify against."""
     where = str(path)
@@ -214,9 +237,12 @@ def _verify(
     dtype = recorded_model.get("dtype") if recorded_model.get("dtype") in ("float32", "bfloat16", "float16") else None
     recorded_quantization = recorded_model.get("quantization") or None
     load_quantize = quantize_of(recorded_quantization) if quantize is None else None if quantize == "none" else quantize
+    batch_size = verify_batch_size(recorded_model, load_quantize, result)
     try:  # a session without a run directory: its scorer has no result cache, so every item is scored anew
         session = Session(
-            model=ModelConfig(spec=spec, device=device, dtype=dtype, quantize=load_quantize), data=data_config
+            model=ModelConfig(spec=spec, device=device, dtype=dtype, quantize=load_quantize),
+            data=data_config,
+            batch_size=batch_size,
         )
     except UserError as exc:
         raise UserError(f"{where}: data.task: cannot load the recorded task '{card['data']['task']}' ({exc})") from None

@@ -340,6 +340,10 @@ HOSTILE = {
         lambda path: path.write_text("promptopt_card: 2\ntask: sst2\ninstruction: " + "[" * 1000 + "]" * 1000 + "\n"),
         "nest",
     ),
+    "duplicate-key": (
+        lambda path: path.write_text("promptopt_card: 2\ntask: sst2\ninstruction: a\ninstruction: b\n"),
+        "invalid YAML (line 4, column 1): duplicate key 'instruction' (first on line 3)",
+    ),
     "50-MB": (
         lambda path: path.write_text("promptopt_card: 2\ntask: sst2\ninstruction: " + "x" * (50 << 20) + "\n"),
         "50.0 MiB: larger than the 4 MiB",
@@ -380,3 +384,62 @@ def test_the_schema_takes_field_hashes_by_field_name(cards):
         ConfigError, match=r"card.yaml: check\.fields_sha256: expected a value matching .*, got 'Data Test'"
     ):
         validate_card(card, "card.yaml")
+
+
+def test_an_exported_card_with_its_instruction_key_twice_is_refused_naming_key_and_line(cards, tmp_path):
+    """A card with a second `instruction:` line loaded and verified (PyYAML keeps the last key): now one line."""
+    lines = cards["plain"].read_text(encoding="utf-8").splitlines(keepends=True)
+    first = next(i for i, line in enumerate(lines) if line.startswith("instruction:"))
+    edited = tmp_path / "twice.yaml"
+    edited.write_text("".join([*lines, "instruction: Say positive.\n"]), encoding="utf-8")
+    assert_one_line_error(
+        run_cli("verify", edited),
+        str(edited),
+        f"line {len(lines) + 1}, column 1): duplicate key 'instruction' (first on line {first + 1})",
+    )
+
+
+@pytest.mark.parametrize(
+    ("quantization", "recorded", "want"),
+    [({"bits": 8}, 4, 4), ({"bits": 8}, None, 16), ({"bits": 4}, 4, 16), (None, None, 16)],
+    ids=["8-bit-recorded", "8-bit-older-card", "4-bit", "float"],
+)
+def test_verify_scores_an_8bit_card_at_the_batch_size_it_was_exported_with(
+    cards, tmp_path, monkeypatch, quantization, recorded, want
+):
+    """LLM.int8 decides its outlier columns per batch (SST-2 8-bit accuracy 0.770 at batch 1, 0.745 at 16, 0.725 at
+    64), so an 8-bit card records the batch size its test metrics were measured at and verify re-scores at it; an
+    older 8-bit card is scored at 16 with a note. No GPU here: the session verify would build is caught."""
+    from promptopt.errors import UserError
+    from promptopt.workflows import session as session_module
+    from promptopt.workflows.export.build import batch_size_record
+    from promptopt.workflows.verify import verify_card
+
+    card = load(cards["plain"])
+    if quantization:
+        card["model"]["quantization"] = {
+            "method": "bitsandbytes",
+            "quant_type": "llm.int8" if quantization["bits"] == 8 else "nf4",
+            "n_quantized": 14,
+            "quantized": ["q_proj"],
+            "kept": ["lm_head"],
+            "head": "float",
+            **quantization,
+        }
+    if recorded:
+        card["model"]["batch_size"] = recorded
+    path = write(card, tmp_path / "q.yaml")
+    built = []
+
+    class Caught(session_module.Session):
+        def __init__(self, *, model, data, batch_size=16, **kw):
+            built.append((model.quantize, batch_size))
+            raise UserError("stopped before loading (test)")
+
+    monkeypatch.setattr(session_module, "Session", Caught)
+    with pytest.raises(UserError, match="stopped before loading"):
+        verify_card(path)
+    assert built == [(f"{quantization['bits']}bit" if quantization else None, want)]
+    # export writes the field for 8-bit weights only, from the scorer's own batch size (auto: the size it settled on)
+    assert batch_size_record({"bits": 8}, 32) == {"batch_size": 32}
+    assert batch_size_record({"bits": 4}, 32) == batch_size_record(None, 32) == {}

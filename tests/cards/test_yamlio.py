@@ -94,3 +94,31 @@ def test_an_error_message_never_expands_a_value():
         with pytest.raises(ConfigError) as refused:
             Fields({"instruction": value}, "card.yaml").get("instruction", int)
         assert len(str(refused.value)) < 300 and str(refused.value).startswith("card.yaml: instruction: expected")
+
+
+@pytest.mark.parametrize("python_parser", [False, True], ids=["libyaml", "pure-python"])
+def test_a_key_named_twice_in_one_mapping_is_refused_naming_the_key_and_its_lines(tmp_path, python_parser, monkeypatch):
+    """PyYAML keeps the last of two equal keys without a word; a file promptopt reads names both lines instead.
+    A `<<` merge's keys may be overridden (that is what a merge means), and equal keys in two mappings are fine."""
+    from promptopt import yamlio
+    from promptopt.errors import ConfigError
+    from promptopt.tasks.task_code import read_task_yaml
+    from promptopt.yaml_bounds import PythonBoundedSafeLoader
+    from promptopt.yamlio import load_yaml
+
+    if python_parser:
+        monkeypatch.setattr(yamlio, "BoundedSafeLoader", PythonBoundedSafeLoader)
+    ok = tmp_path / "ok.yaml"
+    ok.write_text("base: &b {k: 1, j: 2}\nother:\n  <<: *b\n  k: 3\nx: {k: 1}\ny: {k: 2}\n")
+    assert load_yaml(ok)["other"] == {"k": 3, "j": 2}
+    twice = tmp_path / "space.yaml"
+    twice.write_text("task: sst2\ninstructions:\n  none: ''\n  cot: Think.\n  none: Be brief.\n")
+    with pytest.raises(ConfigError) as refused:
+        load_yaml(twice)
+    assert str(refused.value) == (
+        f"{twice}: invalid YAML (line 5, column 3): duplicate key 'none' (first on line 3): each key once"
+    )
+    with pytest.raises(ConfigError, match="duplicate key 'name' \\(first on line 1\\)"):
+        task = tmp_path / "task.yaml"
+        task.write_text("name: a\nname: b\n")
+        read_task_yaml(task)

@@ -111,6 +111,7 @@ def test_an_installed_rule_is_listed_searched_and_decided_by_load_prompt(tiny_ll
     assert exported.returncode == 0, exported.stderr[-2000:]
     card = yaml.safe_load(card_path.read_text())
     assert card["decision"]["rule"] == "half_batch" and len(card["decision"]["bias"]) == 2
+    assert card["decision"]["package"] == "promptopt-plugin-demo"  # which distribution the rule came from
 
     # production code decides with the installed rule, torch-free, as the card's bias says
     code = (
@@ -123,6 +124,15 @@ def test_an_installed_rule_is_listed_searched_and_decided_by_load_prompt(tiny_ll
     b = card["decision"]["bias"]
     n = normalized([-0.6, -0.8])
     assert printed.stdout.split() == [str(int(n[1] - b[1] > n[0] - b[0])), "False"]
-    # without the package the card names the rule it cannot find, in one line
+    # without the package the card names the rule it cannot find and the package to install, in one line (it said
+    # "unknown decision rule 'half_batch' (did you mean 'batch'?)", no word of where the rule came from)
     gone = subprocess.run([sys.executable, "-c", code, card_path], capture_output=True, text=True, cwd=tmp_path)
-    assert gone.returncode != 0 and "unknown decision rule 'half_batch'" in gone.stderr
+    said = (
+        "decision.rule: decision rule 'half_batch' is not installed here: the card was exported with it from package "
+    )
+    assert gone.returncode != 0 and said + "'promptopt-plugin-demo' (pip install promptopt-plugin-demo)" in gone.stderr
+    verified = promptopt("verify", card_path, cwd=tmp_path)
+    lines = [line for line in verified.stderr.splitlines() if line.startswith("error:")]
+    assert verified.returncode == 2 and len(lines) == 1 and "pip install promptopt-plugin-demo" in lines[0], (
+        verified.stderr
+    )

@@ -105,6 +105,43 @@ def test_auroc_and_family_pdr_intervals_are_their_loops_bit_for_bit():
     assert _pdr_interval(clean, perturbed, count, n_boot=500, seed=2) == loop and loop[0] < loop[1]
 
 
+def test_clustered_paired_exact_by_hand():
+    """Two seeds, three items: per-item differences (in right answers over the seeds) 2, 1, 1. The 2^3 sign flips
+    give sums ±4, ±2, ±2, 0, 0 ... : 4, 2, 2, 0, 0, −2, −2, −4, so P(|T| ≥ 4) = 2/8."""
+    from promptopt.metrics.stats.binomial import clustered_paired_exact
+
+    a = np.array([[1, 1, 0, 1], [1, 0, 1, 1]], dtype=bool)  # item 3 right by both: no difference
+    b = np.array([[0, 0, 0, 1], [0, 0, 0, 1]], dtype=bool)
+    assert clustered_paired_exact(a, b) == (4, 0, pytest.approx(2 / 8))
+    # differences 2, −1, 1 (sum 2): sums 2 ±1 ∓1 ... over 8 flips are 4, 2, 2, 0, 0, −2, −2, −4: P(|T| ≥ 2) = 6/8
+    b2 = np.array([[0, 1, 0, 1], [0, 1, 0, 1]], dtype=bool)
+    assert clustered_paired_exact(a, b2) == (3, 1, pytest.approx(6 / 8))
+    assert clustered_paired_exact(a, a) == (0, 0, 1.0)
+
+
+def test_clustered_paired_exact_is_mcnemar_per_item_and_counts_an_item_once():
+    """With one seed it is McNemar's exact test; a baseline's one set of answers repeated for each seed (as
+    compare pairs it with two searches) is no new evidence: the p stays the one-seed p, where McNemar over the
+    300 pooled (seed, item) pairs halves it and more. Brute force over every sign flip for a small case."""
+    import itertools
+
+    from promptopt.metrics.stats.binomial import clustered_paired_exact
+
+    rng = np.random.default_rng(3)
+    a, b = rng.random(150) < 0.72, rng.random(150) < 0.62
+    one = clustered_paired_exact(a[None], b[None])
+    assert one == mcnemar_exact(a, b)
+    twice = clustered_paired_exact(np.stack([a, a]), np.stack([b, b]))
+    assert twice[2] == pytest.approx(one[2], rel=1e-12)
+    assert mcnemar_exact(np.concatenate([a, a]), np.concatenate([b, b]))[2] < one[2] / 2  # the pooled count's error
+    s2 = rng.random((3, 9)) < 0.6
+    s1 = rng.random((3, 9)) < 0.4
+    d = s2.sum(0).astype(int) - s1.sum(0).astype(int)
+    sums = [abs(sum(f * x for f, x in zip(flips, d))) for flips in itertools.product((1, -1), repeat=len(d))]
+    brute = sum(t >= abs(d.sum()) for t in sums) / len(sums)
+    assert clustered_paired_exact(s2, s1)[2] == pytest.approx(brute, rel=1e-12)
+
+
 def test_mcnemar_exact_by_hand():
     a = [True] * 5 + [False] + [True] * 4
     b = [False] * 5 + [True] + [True] * 4

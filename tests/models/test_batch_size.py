@@ -119,3 +119,25 @@ def test_score_and_the_search_config_take_auto(tiny_llama_dir):
         "score", "--task", "sst2", "--model", tiny_llama_dir, "--device", "cpu", "--limit", "3", "--batch-size", "auto"
     )
     assert result.code == 0, result.stderr
+
+
+def test_auto_says_once_which_size_it_chose_and_again_only_when_it_halves(tiny_lm, capfd):
+    """`--batch-size auto` never said what it chose: one note line when a size settles, none while it holds."""
+    from promptopt.models.runner import Runner
+
+    runner, seen = Runner(tiny_lm, batch_size="auto"), []
+    runner.use_prefix_cache = False
+    runner.forward_overhead_tokens = None
+    _fits_only(runner, 8, seen)
+    capfd.readouterr()
+    runner.loglikelihood(_requests(tiny_lm))
+    runner.loglikelihood(_requests(tiny_lm)[:20])
+    notes = [line for line in capfd.readouterr().err.splitlines() if line.startswith("note:")]
+    assert notes == ["note: --batch-size auto: 8 rows per forward pass (halved from 64 on out-of-memory)"]
+    _fits_only(runner, 2, seen)  # memory got tighter: a later call halves again and says so
+    runner.loglikelihood(_requests(tiny_lm)[:10])
+    notes = [line for line in capfd.readouterr().err.splitlines() if line.startswith("note:")]
+    assert notes == ["note: --batch-size auto: 2 rows per forward pass (halved from 64 on out-of-memory)"]
+    fitting = Runner(tiny_lm, batch_size="auto")
+    fitting.loglikelihood(_requests(tiny_lm)[:4])
+    assert capfd.readouterr().err.count("note: --batch-size auto: 64 rows per forward pass\n") == 1

@@ -71,3 +71,13 @@ def test_a_zero_spread_prints_as_zero():
     lines = _printed(_compare_result())
     assert not any("e-16" in line for line in lines), lines
     assert any("accuracy@batch-adaptive+ens5" in line and "0.8 ± 0 " in line for line in lines), lines
+
+
+def test_compare_shows_the_median_delta_tcb_not_a_mean_one_item_makes():
+    """pmi gave one item a δ_TCB of 2.78e8 and compare printed its mean, 2.78e6: the column is the median (with
+    the geometric mean beside it); the mean is in compare.csv only."""
+    result = _compare_result()
+    result.table["avg_tcb"], result.table["tcb_median"], result.table["tcb_geomean"] = 2.78e6, 3.5, 4.1
+    text = "\n".join(_printed(result))
+    assert "median" in text and "geomean" in text and "│      3.5 │      4.1 │" in text
+    assert "2.78e+06" not in text and "2780000" not in text and "2,780,000" not in text

@@ -431,7 +431,7 @@ def test_verdict_sentences_follow_the_significance_flags():
     """Constructed pairs, significant and not, with seen/unseen robustness columns as a later compare may write."""
     import pandas as pd
 
-    from promptopt.report.verdict import metrics_of, sentence, verdict_compare
+    from promptopt.report.verdict import metrics_of, paired_section, sentence, verdict_compare
 
     row = {
         "a": "tcb",
@@ -479,6 +479,17 @@ def test_verdict_sentences_follow_the_significance_flags():
     assert "2 of 2 pairs of strategies differ significantly" in page and page.index("tcb vs ppl") < page.index(
         "tcb vs accuracy"
     )
+    # two seeds: the p is the sign-flip test over items, and every place that shows it names it
+    two = paired.assign(paired_test="exact sign-flip over items (2 seeds)")
+    assert "accuracy +0.017 [-0.027, 0.060], sign-flip over items (2 seeds) p = 0.50, not significant" in sentence(
+        two.iloc[0], metrics, "n"
+    ).replace("\u2212", "-")
+    assert "McNemar" not in sentence(two.iloc[0], metrics, "n")
+    table = paired_section(two, {"seeds": 2})
+    assert "0.50 (sign-flip over items (2 seeds))" in table and "sign-flip test over items" in table
+    from promptopt.report.recommend import against
+
+    assert "sign-flip over items (2 seeds) p = 0.50" in against(two.iloc[0].to_dict(), "tcb", "ppl")
 
 
 def test_numbers_are_rounded_to_their_interval():
@@ -988,3 +999,23 @@ def test_the_recommendation_shows_compare_s_own_interval_for_the_same_pair(compa
         sign = 1 if stored["a"] == entry else -1
         low, high = sorted([sign * stored["delta_acc_ci_low"], sign * stored["delta_acc_ci_high"]])
         assert f"Δ accuracy {estimate(sign * stored['delta_acc'], low, high, signed=True)}" in text, (other, text)
+
+
+def test_the_report_shows_delta_tcb_by_median_and_geomean_not_a_mean_one_item_makes():
+    """pmi: one item's δ_TCB of 2.78e8 made compare's mean 2.78e6; the report's strategy table shows the median
+    and the geometric mean."""
+    import pandas as pd
+
+    from promptopt.report.numbers import sig
+    from promptopt.report.verdict import strategy_section
+
+    compare = pd.DataFrame(
+        [
+            {"strategy": s, "n_seeds": 1, "n_test": 100, "avg_acc": 0.8, "acc_ci_low": 0.7, "acc_ci_high": 0.9,
+             "avg_tcb": 2.78e6, "tcb_median": 3.5, "tcb_geomean": 4.1, "avg_ppl": 1.5, "selected_by": "x"}
+            for s in ("baseline", "tcb")
+        ]
+    )  # fmt: skip
+    page = strategy_section(compare, None, {"seeds": 1})
+    assert "median δ_TCB" in page and "geomean δ_TCB" in page and ">mean δ_TCB<" not in page
+    assert 'data-v="3.5">3.50<' in page and sig(2.78e6) not in page and "2780000" not in page

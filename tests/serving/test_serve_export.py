@@ -59,6 +59,21 @@ def test_export_records_a_threshold_chosen_on_dev_and_the_server_reads_it(tiny_r
     assert named["fragility"]["signal"] == "entropy" and named["fragility"]["chosen_by"].startswith("named with")
 
 
+def test_export_warns_when_no_signal_separates_flips_on_dev(tiny_run, tmp_path, monkeypatch):
+    """`export --flag-rate 0.2` once chose margin although every signal's flagged answers flipped less often than
+    the unflagged ones on dev, and said nothing: the card records one warning line and export returns it."""
+    from promptopt.production import load_prompt
+    from promptopt.workflows.export import export_run, fragility
+    from tests.serving.test_serve_units import _no_signal_separates
+
+    monkeypatch.setattr(fragility, "dev_answers", lambda *a, **k: _no_signal_separates())
+    path = tmp_path / "card.yaml"
+    exported = export_run(tiny_run, out=path, flag_rate=0.2)
+    warning = exported.card["fragility"]["warning"]
+    assert load_prompt(path).card["fragility"]["warning"] == warning  # schema-valid, and hashed with the section
+    assert f"fragility flag: {warning}" in exported.warnings
+
+
 @pytest.mark.parametrize(
     "args, fragment",
     [

@@ -448,6 +448,49 @@ def test_the_signal_with_the_largest_dev_gap_is_chosen(monkeypatch):
         fragility.FlagRequest(rate=1.5)
 
 
+def _no_signal_separates(n=50):
+    """Dev answers where every signal's most fragile fifth flips less often than the rest (the finding: margin
+    chosen at 0.20 vs 0.26): the 10 most fragile answers by every signal flip 2 times, the other 40 10 times."""
+    fragile = np.arange(n) < 10
+    flipped = np.zeros(n, dtype=bool)
+    flipped[:2] = True
+    flipped[10:20] = True
+    return pd.DataFrame(
+        {
+            "item_id": [f"i{k}" for k in range(n)],
+            "n_variants": [2] * n,
+            "flipped": pd.array(flipped, dtype="boolean"),
+            "tcb": np.where(fragile, 1.0, 10.0) + np.arange(n) * 1e-3,
+            "margin": np.where(fragile, 0.1, 3.0) + np.arange(n) * 1e-3,
+            "top_prob": np.where(fragile, 0.4, 0.9) + np.arange(n) * 1e-4,
+            "entropy": np.where(fragile, 2.0, 0.2) - np.arange(n) * 1e-3,
+        }
+    )
+
+
+def test_a_flag_no_signal_separates_on_dev_is_warned_in_the_card(monkeypatch):
+    from promptopt.robustness.suite import load_suite
+    from promptopt.workflows.export import fragility
+
+    monkeypatch.setattr(fragility, "dev_answers", lambda *a, **k: _no_signal_separates())
+    suite = load_suite("cheap")
+    section = fragility.fragility_section(None, [object()], [], fragility.FlagRequest(rate=0.2), suite=suite)
+    assert all(s["gap"] < 0 for s in section["signals"].values())
+    chosen = section["signals"][section["signal"]]
+    assert (chosen["flagged"]["flip_rate"], chosen["unflagged"]["flip_rate"]) == (0.2, 0.25)
+    warning = section["warning"]
+    assert warning.startswith("no signal separates flips on dev: at a 20% flag rate under suite cheap")
+    assert "20.0% vs 25.0%" in warning and "\n" not in warning
+    # a separating signal: no warning; one named that does not separate while another does: said so
+    monkeypatch.setattr(fragility, "dev_answers", lambda *a, **k: _dev_answers())
+    assert "warning" not in fragility.fragility_section(
+        None, [object()], [], fragility.FlagRequest(rate=0.25), suite=suite
+    )
+    named = fragility.fragility_section(None, [object()], [], fragility.FlagRequest(0.25, "entropy"), suite=suite)
+    if named["signals"]["entropy"]["gap"] <= 0:
+        assert named["warning"].startswith("the flag's signal entropy does not separate flips on dev")
+
+
 # --- risk–coverage ---------------------------------------------------------------------------------------------
 def _items(n=40, seed=1):
     """A compare-like items table: answer k's clean δ_TCB is k+1; the 8 smallest flip under an unseen family;

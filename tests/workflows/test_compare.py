@@ -284,6 +284,43 @@ def test_paired_intervals_resample_items_with_all_their_seeds():
     )
 
 
+def test_the_exact_test_over_seeds_counts_the_baselines_answers_once():
+    """compare --seeds 2 pairs the baseline's one set of answers with each seed's winner. The exact test must not
+    count those answers twice (McNemar over 2 × 150 pooled pairs): it is the sign-flip test over items, named so,
+    and with two seeds that repeat one search it gives that search's p (and the interval its interval)."""
+    from promptopt.metrics.stats.binomial import clustered_paired_exact
+
+    rng = np.random.default_rng(11)
+    base = Evaluated(pd.DataFrame({"correct": rng.random(150) < 0.6}))
+    seed0 = Evaluated(pd.DataFrame({"correct": rng.random(150) < 0.72}))
+    seed1 = Evaluated(pd.DataFrame({"correct": rng.random(150) < 0.7}))
+    one = paired_table({"s": [seed0], "baseline": [base]}, seed=0).iloc[0]
+    assert one["paired_test"] == "exact McNemar"
+    repeated = paired_table({"s": [seed0, seed0], "baseline": [base, base]}, seed=0).iloc[0]
+    assert repeated["mcnemar_p"] == pytest.approx(one["mcnemar_p"], rel=1e-12) and repeated["n_pairs"] == 300
+    two = paired_table({"s": [seed0, seed1], "baseline": [base, base]}, seed=0).iloc[0]
+    assert two["paired_test"] == "exact sign-flip over items (2 seeds)"
+    a = np.stack([seed0.test["correct"], seed1.test["correct"]])
+    b = np.stack([base.test["correct"]] * 2)
+    assert two["mcnemar_p"] == clustered_paired_exact(a, b)[2]
+    pooled = mcnemar_exact(a.ravel(), b.ravel())[2]
+    assert two["mcnemar_p"] > 1.5 * pooled  # what counting the baseline twice claimed
+
+
+def test_delta_tcb_is_summarised_by_its_median_and_geomean_where_one_item_dominates_the_mean():
+    """pmi gave one ARC-Easy item a δ_TCB of 2.78e8 and compare printed a mean of 2.78e6: the table's headline is
+    the median (and the geometric mean), the mean stays in the files only."""
+    from promptopt.workflows.compare.tables import run_row, strategy_table
+
+    tcb = [3.0, 4.0, 5.0, 2.0, 2.78e8] + [3.5] * 95
+    ev = Evaluated(pd.DataFrame({"correct": [True] * 100, "tcb": tcb, "ppl": [1.5] * 100}), {})
+    row = run_row("tcb", 0, 0, ev, winner=True, how="best", extra={})
+    assert row["avg_tcb"] == pytest.approx(np.mean(tcb))  # 2.78e6: the one item
+    assert row["tcb_median"] == 3.5 and row["tcb_geomean"] < 4.5
+    table = strategy_table(pd.DataFrame([row]), {"tcb": [ev]}, {})
+    assert table.loc[0, "tcb_median"] == 3.5
+
+
 def test_several_seeds_give_acc_worst_an_interval_that_resamples_items_with_their_seeds():
     """The strategy table's Acc_worst interval over several seeds' winners keeps each item's seeds together, as
     the paired table does: repeating one search narrows nothing, and two seeds that disagree on every item give

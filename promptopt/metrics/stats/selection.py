@@ -314,6 +314,31 @@ def _attribute_text(c: Candidate, tie_break: str) -> str:
     return f" ({tie_break} {value:.3f})" if isinstance(value, float) else f" ({tie_break} {value})"
 
 
+MIN_DEV_ITEMS = 2  # below: no two candidates can be told apart on dev at all, and a search is refused
+ASSUMED_DISCORDANCE = 0.2  # before any trial: the share of items one prompt gets right and the other wrong
+WARN_EFFECT = 0.2  # a dev set whose paired test cannot see a 20-point accuracy difference is warned of
+
+
+def dev_size_warning(n_dev: int, *, flag: str | None = "--dev-limit") -> str | None:
+    """One line when `n_dev` dev items are too few to choose a winner (None when enough): the smallest accuracy
+    difference their paired test detects (80% power, 5% level) if a fifth of the items are discordant, which no
+    run knows before its trials (the search's own line says it after, from the trials' answers). Below
+    `MIN_DEV_ITEMS` nothing can be chosen at all: a ValueError (its caller's error line)."""
+    if n_dev < MIN_DEV_ITEMS:
+        raise ValueError(
+            f"{n_dev} dev item{'' if n_dev == 1 else 's'}: a search needs at least {MIN_DEV_ITEMS} to tell prompts apart"
+        )
+    mde = minimum_detectable_effect(n_dev, ASSUMED_DISCORDANCE)
+    if mde <= WARN_EFFECT:
+        return None
+    enough = dev_items_for(WARN_EFFECT, ASSUMED_DISCORDANCE)
+    return (
+        f"{n_dev} dev items choose the winner: their paired test detects only accuracy differences of "
+        f"{min(mde, 1.0):.3f} or more (80% power, a fifth of items discordant); a winner chosen on them is mostly "
+        f"chance ({f'raise {flag}: ' if flag else ''}{enough} items detect {WARN_EFFECT:.2f})"
+    )
+
+
 def _mde_text(mde: float) -> str:
     return "unknown (one candidate)" if math.isnan(mde) else f"{mde:.3f}"
 
@@ -338,6 +363,7 @@ __all__ = [
     "compare_with_best",
     "decode_answers",
     "dev_items_for",
+    "dev_size_warning",
     "discordance",
     "encode_answers",
     "minimum_detectable_effect",

@@ -1,5 +1,5 @@
-"""Strategies paired on the same items, and the seeds of one search pooled: Δ accuracy with an exact McNemar
-p-value, Δ Acc_worst and Δ PDR, each with a 95% bootstrap interval that resamples items with all their seeds
+"""Strategies paired on the same items, and the seeds of one search pooled: Δ accuracy with an exact paired p-value
+clustered by item (McNemar's with one seed, a sign-flip test on per-item differences with several), Δ Acc_worst and Δ PDR, each with a 95% bootstrap interval that resamples items with all their seeds
 (`cluster_resamples`), so repeating a search does not narrow an interval by itself."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from itertools import combinations
 import numpy as np
 import pandas as pd
 
-from promptopt.metrics.stats import PerItemRobustness, bootstrap_resamples, mcnemar_exact, percentile_interval
+from promptopt.metrics.stats import PerItemRobustness, bootstrap_resamples, percentile_interval
+from promptopt.metrics.stats.binomial import clustered_paired_exact, paired_test_name
 from promptopt.workflows.compare.evaluate import Evaluated
 
 SPLITS = ("unseen", "seen")
@@ -47,8 +48,10 @@ def paired_table(winners: dict, *, seed: int) -> pd.DataFrame:
 
     With several seeds the pairs are (seed, item), but the seeds of one item are not independent samples: the
     bootstrap resamples items, each with all its seeds (`cluster_resamples`), so repeating a search does not narrow
-    an interval by itself. The exact McNemar p-value counts discordant (seed, item) pairs as independent; a
-    difference is starred only when that p < 0.05 and the clustered interval excludes 0."""
+    an interval by itself. The exact test is clustered the same way (`clustered_paired_exact`: items are the unit,
+    each with the sum of its seeds' differences; McNemar's with one seed); `paired_test` names it, and `mcnemar_p`
+    (its name kept for the files already written) holds its p. A difference is starred only when that p < 0.05 and
+    the clustered interval excludes 0."""
     rows = []
     for a, b in combinations(list(winners), 2):
         row = {"a": a, "b": b}
@@ -64,7 +67,10 @@ def paired_table(winners: dict, *, seed: int) -> pd.DataFrame:
             if n_items
             else (math.nan, math.nan)
         )
-        row["only_a_correct"], row["only_b_correct"], row["mcnemar_p"] = mcnemar_exact(acc_a, acc_b)
+        row["only_a_correct"], row["only_b_correct"], row["mcnemar_p"] = clustered_paired_exact(
+            acc_a.reshape(n_seeds, n_items), acc_b.reshape(n_seeds, n_items)
+        )
+        row["paired_test"] = paired_test_name(n_seeds)
         if winners[a][0].clean is not None:
             labelled = all("seen" in ev.variants for ev in (*winners[a], *winners[b]))
             for split in (None, *(SPLITS if labelled else ())):

@@ -7,7 +7,9 @@ another answer than the clean one. For each signal (δ_TCB, margin, max probabil
 unflagged answers is recorded with 95% Wilson intervals (answers that no family could perturb count for the share,
 not for the flip rates). The flag's signal is the one whose flagged answers flip most more often than the
 unflagged ones on dev (the largest gap; ties: the higher dev AUROC, then the order above) unless `--flag-signal`
-names one. No test number is read to choose; where the compare kept the winner's test answers under the judging
+names one. When no signal's flagged answers flip more often than its unflagged ones on dev (every gap ≤ 0, or no
+answer flipped), the flag separates nothing there: the card records a one-line `warning` and export prints it (the
+threshold is still written, for a user who flags for another reason). No test number is read to choose; where the compare kept the winner's test answers under the judging
 suite, the same τ's test flip rates are recorded beside (`test`), to be read, never to choose.
 """
 
@@ -173,13 +175,18 @@ def fragility_section(session, members, dev_items: list, request: FlagRequest, *
         why = f"no dev answer flipped under suite {suite.name}, so no signal can be told apart on dev: δ_TCB by default"
     else:
         order = {s.name: i for i, s in enumerate(SIGNALS)}
-        key = lambda name: (-(stats[name]["gap"] or -1.0), -(stats[name]["auroc"] or 0.0), order[name])  # noqa: E731
+
+        def key(name):  # the largest gap (none: below every measured one), then the higher AUROC, then the order
+            gap = stats[name]["gap"]
+            return (-(-2.0 if gap is None else gap), -(stats[name]["auroc"] or 0.0), order[name])
+
         chosen = min(stats, key=key)
         gaps = ", ".join(f"{BY_LABEL[name]} {_pct(stats[name]['gap'])}" for name in stats)
         why = (
             f"the largest dev flip-rate gap (flagged − unflagged) at a {request.rate:.0%} flag rate under suite "
             f"{suite.name}: {gaps}; no test number was read"
         )
+    warning = _no_separation(stats, chosen, request.rate, suite.name)
     section = {
         "signal": chosen,
         "direction": stats[chosen]["direction"],
@@ -197,9 +204,32 @@ def fragility_section(session, members, dev_items: list, request: FlagRequest, *
         },
         "signals": stats,
     }
+    if warning:
+        section["warning"] = warning
     if test is not None and len(test):
         section["test"] = check_on_test(test, section)
     return clean(section)
+
+
+def _no_separation(stats: dict, chosen: str, rate: float, suite: str) -> str | None:
+    """The card's one-line warning when no signal separates flips on dev (None when the chosen one does): its
+    flagged answers flip no more often than the unflagged ones, and no other signal's do either."""
+    gaps = {name: s["gap"] for name, s in stats.items()}
+    if gaps[chosen] is not None and gaps[chosen] > 0:
+        return None
+    if any(g is not None and g > 0 for g in gaps.values()):
+        best = max((n for n in gaps if gaps[n] is not None), key=lambda n: gaps[n])
+        return (
+            f"the flag's signal {BY_LABEL[chosen]} does not separate flips on dev (gap {_pct(gaps[chosen])} at a "
+            f"{rate:.0%} flag rate under suite {suite}); {BY_LABEL[best]} does ({_pct(gaps[best])})"
+        )
+    side = stats[chosen]
+    rates = f"{_pct(side['flagged']['flip_rate'], sign=False)} vs {_pct(side['unflagged']['flip_rate'], sign=False)}"
+    return (
+        f"no signal separates flips on dev: at a {rate:.0%} flag rate under suite {suite} every signal's flagged "
+        f"answers flip no more often than its unflagged ones ({BY_LABEL[chosen]}: {rates} flagged vs unflagged); "
+        "a flag here marks answers no more fragile than the rest"
+    )
 
 
 def check_on_test(items: pd.DataFrame, section: dict) -> dict:
@@ -264,8 +294,8 @@ def answers_match(items: pd.DataFrame | None, table: pd.DataFrame) -> bool:
 BY_LABEL = {s.name: s.label for s in SIGNALS}
 
 
-def _pct(value) -> str:
-    return "n/a" if value is None else f"{value:+.1%}"
+def _pct(value, sign: bool = True) -> str:
+    return "n/a" if value is None else f"{value:+.1%}" if sign else f"{value:.1%}"
 
 
 __all__ = [

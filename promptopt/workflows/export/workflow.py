@@ -269,6 +269,8 @@ def warnings_for(session: Session, card: dict, run: Run, prompt: Prompt, default
             f"the exported prompt is not better than the task's default prompt on the same {len(test_items)} test "
             f"items ({ours:.3f} vs {default:.3f})"
         )
+    if (card.get("fragility") or {}).get("warning"):
+        out.append(f"fragility flag: {card['fragility']['warning']}")
     robust = card["metrics"].get("robustness")
     n_robust = read_json(run.cache_dir / "summary.json", missing={}).get("n_robust")
     if robust and robust.get("pdr") is not None and n_robust:
