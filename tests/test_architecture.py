@@ -1,4 +1,4 @@
-"""The layout as a contract: data flows one way (models → metrics … → experiments → cli), search and
+"""The layout as a contract: data flows one way (models → metrics … → workflows → cli), search and
 robustness are peers that never import each other, the card loader stays light, and a whole `compare`
 loads its model once."""
 
@@ -17,7 +17,7 @@ LAYERS = {
     "yaml_bounds": 0,
     "progress": 0,
     "registry": 0,  # the one shape of the extension points (strategies, perturbation operators, answer types)
-    "moved": 0,  # old import paths, one release (a meta-path finder)
+    "extras": 0,  # which optional dependencies (pip extras) a command needs, and the line that names a missing one
     "metrics": 1,
     "models": 2,
     "decision": 2,
@@ -32,9 +32,7 @@ LAYERS = {
     "robustness": 6,
     "trace": 6,
     "workflows": 7,  # the product's workflows: session, search, compare, export, verify, propose
-    "experiments": 7,  # deprecated aliases of the old paths (promptopt/experiments/__init__.py), nothing else
     "api": 8,  # promptopt.search / compare / export / verify: the calls the CLI wraps
-    "search": 8,  # the deprecated module path promptopt.search (callable: the search call)
     "analyses": 8,  # the papers' measurement studies: read workflows' sessions and runs
     "report": 9,  # the HTML report: presents runs, their analyses (risk-coverage) and export's choice
     "cli": 10,

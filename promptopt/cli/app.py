@@ -9,6 +9,7 @@ import sys
 import typer
 from typer.core import TyperGroup
 
+from promptopt import extras
 from promptopt.errors import UserError
 
 # `promptopt --help` groups the commands by what a user does, panels in this order (each command names its panel
@@ -31,6 +32,11 @@ DIAGNOSE_RUN = "Of your runs"
 DIAGNOSE_MODEL = "Of a model: the papers' analyses"
 DIAGNOSE_PANELS = (DIAGNOSE_RUN, DIAGNOSE_MODEL)
 DIAGNOSE_ORDER = ("proxy", "risk-coverage", "regimes", "geometry", "approx", "conflicts", "taboo")
+# The pip extra each command needs (promptopt/extras.py), checked before the command parses its options; a command
+# not named here loads models or runs through the optimizer's code: the `search` extra. lm-eval (the `lmeval`
+# extra) is checked where it is needed, after the arguments (check-lmeval, --task lmeval:NAME), in the same words.
+COMMAND_EXTRAS = {"serve": "serve", "report": "report"}
+_invoked: list[str] = []  # the command this process runs, for the line that names a missing extra (main)
 
 
 class _ByPanel(TyperGroup):
@@ -75,6 +81,7 @@ diagnose_app = typer.Typer(
 
 @app.callback()
 def root(
+    ctx: typer.Context,
     unsafe_sandbox: str | None = typer.Option(
         None,
         "--unsafe-sandbox",
@@ -84,6 +91,10 @@ def root(
     ),
 ) -> None:
     """Find prompts that are accurate and stable."""
+    command = ctx.invoked_subcommand
+    if command:
+        _invoked.append(command)
+        extras.require(COMMAND_EXTRAS.get(command, "search"), f"promptopt {command}")
     if unsafe_sandbox is not None:
         from promptopt.tasks.sandbox import allow_unsafe
 
@@ -169,6 +180,13 @@ def main() -> None:
         app()  # typer reports its own usage errors (exit 2); ours arrive as UserError
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)  # one line, never wrapped
+        sys.exit(2)
+    except ModuleNotFoundError as exc:  # a module of an extra that the command's own check did not name
+        extra = extras.extra_of(exc.name)
+        if extra is None:
+            raise
+        command = f"promptopt {_invoked[-1]}" if _invoked else "promptopt"
+        print(f"error: {extras.message(extra, command, exc.name)}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

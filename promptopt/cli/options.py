@@ -22,10 +22,19 @@ def listing_option(default, *flags: str, help: str, registry: str):  # noqa: A00
 
 
 def fill_registry_help() -> None:
+    """A registry whose module needs an extra that is not installed keeps its placeholder: `promptopt --help` works
+    on the base install, and the command itself names the extra (promptopt/extras.py)."""
+    from promptopt.extras import extra_of
     from promptopt.registry import load_reference
 
     for option, template, reference in REGISTRY_HELP:
-        option.help = template.format(names=", ".join(load_reference(reference).names()))
+        try:
+            registry = load_reference(reference)
+        except ModuleNotFoundError as exc:
+            if extra_of(exc.name) is None:
+                raise
+            continue
+        option.help = template.format(names=", ".join(registry.names()))
 
 
 ModelOpt = listing_option(
