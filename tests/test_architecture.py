@@ -305,7 +305,10 @@ def test_compare_runs_a_custom_task_with_its_space(tiny_llama_dir, tmp_path, spa
     table = run_compare(config, ["accuracy"], suite=None, show_progress=False).table
     assert table["n_test"].tolist() == [4, 4]
     study = optuna.load_study(study_name="copa-accuracy", storage=f"sqlite:///{tmp_path / 'copa' / 'study.db'}")
+    assert sum("incumbent" in t.params for t in study.trials) == 1  # the task's default prompt, scored first
     for trial in study.trials:  # k = 0 samples no exemplar keys, so it cannot make duplicate prompts
+        if "incumbent" in trial.params:
+            continue
         keys = [p for p in trial.params if p.startswith("key_")]
         assert (trial.params["k"] == 0) == (not keys)
 
