@@ -43,6 +43,7 @@ from promptopt.prompts import PromptTemplate
 from promptopt.tasks.answers import ANSWER_TYPES, EXTRACTIONS, AnswerType, get_answer_type
 from promptopt.tasks.columns import parse_columns
 from promptopt.tasks.fields import FieldSpec
+from promptopt.tasks.paths import check_hub_source, task_root
 from promptopt.tasks.task_code import FunctionRef, refuse_untrusted_code, resolve
 from promptopt.yamlio import Fields
 
@@ -65,6 +66,8 @@ class SourceSpec:
     files_base: str | None = None  # folder relative `files` are read from (None: the task file's; lm-eval: the cwd)
     hub_kwargs: dict = field(default_factory=dict)  # more datasets.load_dataset arguments (lm-eval's data_files)
     loader: Any = None  # split -> rows, for rows another library already holds (lm-eval's TaskManager)
+    root: str | None = None  # the folder tree local files must lie in (tasks/paths.py); None: anywhere (trusted)
+    files_key: str = "source.files"  # the task file's key for `files`, for messages
 
 
 @dataclass(frozen=True)
@@ -201,7 +204,10 @@ def parse_task(data: dict, where: str, *, trust_task_code: bool = False) -> Task
         hub_name=hub.get("name", str, None) if hub is not None else None,
         subsets=tuple(str(x) for x in subsets) if subsets else None,
         file_split=s.get("file_split", str, "test"),
+        root=None if trust_task_code else str(task_root(where)),
     )
+    if source.hub_path is not None:
+        check_hub_source(source.hub_path, None, where, "source.hub.path", trust_task_code)
 
     a = f.sub("answer")
     a.reject_unknown({"type", "metric", "gold_format", "extract", "timeout", "sandbox", "allow_duplicate_choices"})
