@@ -10,6 +10,7 @@ from typing import Any
 from promptopt.errors import ConfigError
 from promptopt.tasks.exact_match import EXACT_MATCH_OPTIONS, FILTERS
 from promptopt.tasks.paths import check_hub_source, task_root
+from promptopt.tasks.spec import MAX_NEW_TOKENS, MAX_SHOTS
 from promptopt.yamlio import shown
 
 _MC_METRICS = ("acc", "acc_norm")
@@ -102,8 +103,8 @@ def split_roles(data: dict, where: str) -> tuple[int, dict]:
     if evaluated is None:
         raise _fail(where, "test_split", "test_split or validation_split is required (the split lm-eval evaluates on)")
     k = data.get("num_fewshot") or 0
-    if not isinstance(k, int) or isinstance(k, bool) or k < 0:
-        raise _fail(where, "num_fewshot", f"expected a non-negative integer, got {shown(k)}")
+    if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= MAX_SHOTS:
+        raise _fail(where, "num_fewshot", f"expected an integer from 0 to {MAX_SHOTS}, got {shown(k)}")
     config = data.get("fewshot_config") or {}
     if not isinstance(config, dict):
         raise _fail(where, "fewshot_config", f"expected a mapping, got {shown(config)}")
@@ -200,8 +201,8 @@ def _generation(data: dict, where: str) -> tuple[int, tuple[str, ...]]:
     for key, value in kwargs.items():
         if key == "do_sample" and value:
             raise _fail(where, "generation_kwargs.do_sample", "true is not supported (greedy decoding)")
-        if key == "temperature" and float(value) != 0.0:
-            raise _fail(where, "generation_kwargs.temperature", f"{value} is not supported (greedy decoding: 0)")
+        if key == "temperature" and (not isinstance(value, (int, float)) or isinstance(value, bool) or value != 0):
+            raise _fail(where, "generation_kwargs.temperature", f"{shown(value)} is not supported (greedy decoding: 0)")
         if key not in ("until", "max_gen_toks", "do_sample", "temperature"):
             raise _fail(where, f"generation_kwargs.{key}", "not supported (until, max_gen_toks, greedy decoding)")
     until = kwargs.get("until", [fewshot])
@@ -209,8 +210,12 @@ def _generation(data: dict, where: str) -> tuple[int, tuple[str, ...]]:
     if not isinstance(until, list) or not all(isinstance(u, str) and u for u in until):
         raise _fail(where, "generation_kwargs.until", f"expected a list of non-empty strings, got {shown(until)}")
     max_new = kwargs.get("max_gen_toks", 256)
-    if not isinstance(max_new, int) or isinstance(max_new, bool) or max_new < 1:
-        raise _fail(where, "generation_kwargs.max_gen_toks", f"expected a positive integer, got {shown(max_new)}")
+    if not isinstance(max_new, int) or isinstance(max_new, bool) or not 1 <= max_new <= MAX_NEW_TOKENS:
+        raise _fail(
+            where,
+            "generation_kwargs.max_gen_toks",
+            f"expected an integer from 1 to {MAX_NEW_TOKENS}, got {shown(max_new)}",
+        )
     return max_new, tuple(until)
 
 
@@ -233,8 +238,26 @@ def _filters(data: dict, where: str) -> tuple:
         allowed = {"regex": {"regex_pattern", "group_select", "fallback"}}.get(step["function"], set())
         if set(options) - allowed:
             raise _fail(where, f"{key}.{sorted(set(options) - allowed)[0]}", f"not an option of {step['function']}")
+        _check_filter_options(options, key, where)
         steps.append((step["function"], options))
     return tuple(steps)
+
+
+def _check_filter_options(options: dict, key: str, where: str) -> None:
+    """The regex filter's options, checked when the file is read (not at the first answer, after the model loaded)."""
+    import re
+
+    select = options.get("group_select", 0)
+    if not isinstance(select, int) or isinstance(select, bool) or not -1000 <= select <= 1000:
+        raise _fail(where, f"{key}.group_select", f"expected an integer from -1000 to 1000, got {shown(select)}")
+    for name in ("regex_pattern", "fallback"):
+        if name in options and not isinstance(options[name], str):
+            raise _fail(where, f"{key}.{name}", f"expected text, got {shown(options[name])}")
+    if "regex_pattern" in options:
+        try:
+            re.compile(options["regex_pattern"])
+        except re.error as exc:
+            raise _fail(where, f"{key}.regex_pattern", f"invalid regular expression: {exc}") from None
 
 
 # --- prompt -------------------------------------------------------------------------------------------------------
