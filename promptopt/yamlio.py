@@ -113,7 +113,8 @@ class Fields:
         """A finite number from `low` (excluded when `above`) to `high`: every number a file may hold is bounded (no
         inf, nan, negative timeout or 10**12 tokens reaches the code that uses it)."""
         kind = "an integer" if integer else "a number"
-        expected = f"{kind} {'above' if above else 'from'} {low:g}{' and at most' if above else ' to'} {high:g}"
+        low_text, high_text = (f"{x:,}" if isinstance(x, int) else f"{x:g}" for x in (low, high))
+        expected = f"{kind} {'above' if above else 'from'} {low_text}{' and at most' if above else ' to'} {high_text}"
         value = self.get(key, int if integer else (int, float), default, expected=expected)
         if value is default:
             return value

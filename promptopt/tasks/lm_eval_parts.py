@@ -59,7 +59,7 @@ def data_source(data: dict, where: str, trusted: bool = False):
         )
     if name is not None and not isinstance(name, str):
         raise _fail(where, "dataset_name", f"expected text, got {shown(name)}")
-    check_hub_source(path, files, where, "dataset_path", trusted)
+    check_hub_source(path, files, where, "dataset_path", None if trusted else task_root(where))
     return SourceSpec(hub_path=path, hub_name=name, hub_kwargs={"data_files": files} if files is not None else {})
 
 

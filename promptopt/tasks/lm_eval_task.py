@@ -206,7 +206,9 @@ def _check_keys(data: dict, where: str, origins: dict) -> None:
         close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.75) if len(str(key)) <= 40 else []
         if close:
             raise _fail(
-                origins.get(key, where), key, f"unknown lm-eval task key: did you mean '{close[0]}'? (read: {read})"
+                origins.get(key, where),
+                key,
+                f"unknown or unsupported lm-eval task key (did you mean '{close[0]}'? read: {read})",
             )
     files = sorted({origins.get(key, where) for key in unknown})
     raise ConfigError(

@@ -43,22 +43,28 @@ _LOCAL_BUILDERS = {
 }  # fmt: skip
 
 
-def check_hub_source(path: str, data_files, where: str, key: str, trusted: bool) -> None:
-    """A hub dataset named by a task file must be a hub dataset: `datasets.load_dataset` reads a local folder (or a
-    builder such as `text` over local data_files) by the same call, which would read outside the task's folder."""
-    if trusted:
+def check_hub_source(path: str, data_files, where: str, key: str, root: Path | None) -> None:
+    """A hub dataset named by a task file: `datasets.load_dataset` reads a local folder by the same call (and a builder
+    such as `text` reads local data_files), so a local one must lie in `root` like any data file (None: trusted)."""
+    if root is None:
         return
-    local = path.startswith(("/", ".", "~")) or path.lower() in _LOCAL_BUILDERS or Path(path).expanduser().exists()
-    if local:
-        raise ConfigError(
-            f"{where}: {key}: {path} is not a hub dataset (datasets would read local files by that name): name the "
-            f"files under the task's own folder, or pass {TRUST_FLAG} to let a task you trust read elsewhere"
-        )
-    files = data_files.values() if isinstance(data_files, dict) else [data_files]
-    for entry in files:
-        for name in entry if isinstance(entry, list) else [entry]:
-            if isinstance(name, str) and (name.startswith(("/", "~")) or ".." in Path(name).parts or "://" in name):
-                raise ConfigError(
-                    f"{where}: {key}: data_files {name}: a hub dataset's files are named inside its repository (no "
-                    f"absolute path, '..' or URL); pass {TRUST_FLAG} to let a task you trust read elsewhere"
-                )
+    names = data_files.values() if isinstance(data_files, dict) else [data_files]
+    names = [n for entry in names for n in (entry if isinstance(entry, list) else [entry]) if isinstance(n, str)]
+    local = Path(path).expanduser()
+    if path.lower() in _LOCAL_BUILDERS:
+        if not names:
+            raise ConfigError(f"{where}: {key}: {path} reads local data_files: name them")
+        for name in names:  # relative to the working directory, as datasets reads them
+            confined(Path(name), root, where, f"{key} {path} data_files", name)
+        return
+    if path.startswith(("/", ".", "~")) or local.exists():
+        confined(local, root, where, key, path)
+        for name in names:
+            confined(local / name, root, where, f"{key} data_files", name)
+        return
+    for name in names:
+        if name.startswith(("/", "~")) or ".." in Path(name).parts or "://" in name:
+            raise ConfigError(
+                f"{where}: {key}: data_files {name}: a hub dataset's files are named inside its repository (no "
+                f"absolute path, '..' or URL); pass {TRUST_FLAG} to let a task you trust read elsewhere"
+            )

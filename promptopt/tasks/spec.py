@@ -213,7 +213,7 @@ def parse_task(data: dict, where: str, *, trust_task_code: bool = False) -> Task
         root=None if trust_task_code else str(task_root(where)),
     )
     if source.hub_path is not None:
-        check_hub_source(source.hub_path, None, where, "source.hub.path", trust_task_code)
+        check_hub_source(source.hub_path, None, where, "source.hub.path", None if trust_task_code else task_root(where))
 
     a = f.sub("answer")
     a.reject_unknown({"type", "metric", "gold_format", "extract", "timeout", "sandbox", "allow_duplicate_choices"})
