@@ -3,6 +3,7 @@ writing."""
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import reprlib
@@ -104,6 +105,21 @@ class Fields:
             raise self.fail(key, expected or _describe(types), value)
         if not isinstance(value, types):
             raise self.fail(key, expected or _describe(types), value)
+        return value
+
+    def number(
+        self, key: str, default: Any, low: float, high: float, *, integer: bool = False, above: bool = False
+    ) -> Any:
+        """A finite number from `low` (excluded when `above`) to `high`: every number a file may hold is bounded (no
+        inf, nan, negative timeout or 10**12 tokens reaches the code that uses it)."""
+        kind = "an integer" if integer else "a number"
+        low_text, high_text = (f"{x:,}" if isinstance(x, int) else f"{x:g}" for x in (low, high))
+        expected = f"{kind} {'above' if above else 'from'} {low_text}{' and at most' if above else ' to'} {high_text}"
+        value = self.get(key, int if integer else (int, float), default, expected=expected)
+        if value is default:
+            return value
+        if not math.isfinite(value) or value < low or (above and value == low) or value > high:
+            raise self.fail(key, expected, value)
         return value
 
     def choice(self, key: str, options: tuple[str, ...], default: Any = ...) -> str:

@@ -61,8 +61,8 @@ TaskOpt = typer.Option(
 TrustTaskCodeOpt = typer.Option(
     False,
     "--trust-task-code",
-    help="run the task file's own Python (lm-eval's !function hooks: process_docs, doc_to_*), in this process; "
-    "off by default (docs/guarantees.md#task-code)",
+    help="run the task file's own Python (lm-eval's !function hooks: process_docs, doc_to_*), in this process, and "
+    "let it read includes and data outside its own folder; off by default (docs/guarantees.md#task-code)",
 )
 CardOpt = typer.Option(None, "--prompt", help="prompt card (YAML); default: the task's own prompt")
 SubsetsOpt = typer.Option(None, "--subsets", help="comma-separated subsets (e.g. MMLU subjects), or 'all'")

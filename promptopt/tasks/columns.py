@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from promptopt.errors import ConfigError
-from promptopt.tasks.fields import RowRef, did_you_mean
-from promptopt.tasks.jinja import jinja_env, template_names
+from promptopt.tasks.fields import RowRef, did_you_mean, shown_columns, template_limit
+from promptopt.tasks.jinja import TemplateLimit, TemplateTimeout, evaluate, jinja_env, render, template_names
+from promptopt.yamlio import shown
 
 _WHOLE_EXPRESSION = re.compile(r"^\s*\{\{(.*)\}\}\s*$", re.S)
 _JINJA_MARK = re.compile(r"\{\{|\{%")
@@ -47,14 +48,16 @@ def parse_columns(raw: Any, where: str) -> tuple[DerivedColumn, ...]:
     if raw is None:
         return ()
     if not isinstance(raw, dict) or not raw:
-        raise ConfigError(f"{where}: columns: expected a mapping of column name to a Jinja expression, got {raw!r}")
+        raise ConfigError(
+            f"{where}: columns: expected a mapping of column name to a Jinja expression, got {shown(raw)}"
+        )
     env, out = jinja_env(), []
     for name, source in raw.items():
         key = f"columns.{name}"
         if not isinstance(name, str) or not _NAME.match(name):
-            raise ConfigError(f"{where}: columns: column name {name!r}: expected letters, digits and '_'")
+            raise ConfigError(f"{where}: columns: column name {shown(name)}: expected letters, digits and '_'")
         if not isinstance(source, str) or not source.strip():
-            raise ConfigError(f"{where}: {key}: expected a Jinja expression (text), got {source!r}")
+            raise ConfigError(f"{where}: {key}: expected a Jinja expression (text), got {shown(source)}")
         whole = _WHOLE_EXPRESSION.match(source)
         expression = whole.group(1) if whole and "{{" not in whole.group(1) else None
         if expression is None and not _JINJA_MARK.search(source):
@@ -81,7 +84,11 @@ def apply_columns(columns: tuple[DerivedColumn, ...], row: dict, ref: RowRef) ->
     for column in columns:
         key = f"columns.{column.name}"
         try:
-            value = column.compiled.render(**row) if column.is_template else column.compiled(**row)
+            value = render(column.compiled, row) if column.is_template else evaluate(column.compiled, row)
+        except TemplateLimit as exc:
+            if isinstance(exc, TemplateTimeout):  # one regex on one row's value: that row's
+                raise ref.fail(key, f"expression failed: {type(exc).__name__}: {exc}") from None
+            raise template_limit(ref, key, exc) from None
         except jinja2.UndefinedError as exc:
             raise _undefined(column, row, ref, key, exc.message) from None
         except Exception as exc:  # an expression over the row's values failed (an index, a filter, a regex)
@@ -94,7 +101,7 @@ def apply_columns(columns: tuple[DerivedColumn, ...], row: dict, ref: RowRef) ->
 
 def _undefined(column: DerivedColumn, row: dict, ref: RowRef, key: str, message: str | None):
     absent = [n for n in column.names if n not in row]
-    columns = ", ".join(map(str, row))
+    columns = shown_columns(row)
     if absent:
         return ref.fail(
             key,

@@ -20,6 +20,7 @@ from promptopt.prompts import Prompt
 from promptopt.tasks.columns import apply_columns
 from promptopt.tasks.fields import RowError, RowRef
 from promptopt.tasks.item import Item
+from promptopt.tasks.paths import confined
 from promptopt.tasks.spec import SourceSpec, TaskSpec
 
 _FORMATS = {".json": "json", ".jsonl": "jsonl", ".csv": "csv", ".parquet": "parquet"}
@@ -172,12 +173,17 @@ def _load_split(source: SourceSpec, split: str, subset: str | None, where: str) 
     if source.loader is not None:
         return source.loader(split)
     if split in source.files:
-        path = Path(sub(source.files[split])).expanduser()
+        written = sub(source.files[split])
+        path = Path(written).expanduser()
         if not path.is_absolute():  # relative to the task YAML, so a task folder can move as a whole
             path = Path(source.files_base or Path(where).parent) / path
+        root = Path(source.root) if source.root is not None else None
+        confined(path, root, where, f"{source.files_key}.{split}", written)
         return read_file(path, where, tag)
     if source.package and (importlib.util.find_spec(source.package) is not None or not source.hub_path):
-        location = _package_root(source, where) / sub(source.path)
+        package = _package_root(source, where)
+        location = package / sub(source.path)
+        confined(location, package.resolve() if source.root is not None else None, where, "source.path", source.path)
         if location.is_file():
             if split != source.file_split:
                 raise DataError(f"{where}: source has only split '{source.file_split}', not '{split}'")

@@ -26,6 +26,7 @@ from typing import Any
 
 from promptopt.errors import ConfigError, DataError
 from promptopt.tasks.jinja import jinja_env
+from promptopt.yamlio import shown
 
 _FORMAT_FIELD = re.compile(r"\{([^{}]+)\}")
 _JINJA_MARK = re.compile(r"\{\{|\{%")
@@ -70,8 +71,21 @@ def lookup(row: Any, path: str) -> tuple[bool, Any]:
     return True, value
 
 
-def _columns(row: Any) -> str:
-    return ", ".join(map(str, row)) if isinstance(row, dict) else "-"
+SHOWN_COLUMNS, SHOWN_COLUMN_CHARS = 8, 24  # a data file's header as an error quotes it (it may be any file's line)
+
+
+def _column_name(name: Any) -> str:
+    text = str(name)
+    return text if len(text) <= SHOWN_COLUMN_CHARS else text[: SHOWN_COLUMN_CHARS - 1] + "…"
+
+
+def shown_columns(row: Any) -> str:
+    """A row's column names, bounded: the first SHOWN_COLUMNS, each cut to SHOWN_COLUMN_CHARS characters."""
+    if not isinstance(row, dict):
+        return "-"
+    names = [_column_name(c) for c in list(row)[:SHOWN_COLUMNS]]
+    more = len(row) - len(names)
+    return ", ".join(names) + (f", … ({more} more)" if more > 0 else "")
 
 
 def did_you_mean(name: str, row: Any) -> str:
@@ -80,11 +94,11 @@ def did_you_mean(name: str, row: Any) -> str:
     if not isinstance(row, dict) or top in row:
         return ""
     close = difflib.get_close_matches(top, [str(c) for c in row], n=1, cutoff=0.7)
-    return f"; did you mean '{name.replace(top, close[0], 1)}'?" if close else ""
+    return f"; did you mean '{name.replace(top, _column_name(close[0]), 1)}'?" if close else ""
 
 
 def missing_column(name: str, row: Any) -> str:
-    return f"column '{name}' not found (columns: {_columns(row)}){did_you_mean(name, row)}"
+    return f"column '{name}' not found (columns: {shown_columns(row)}){did_you_mean(name, row)}"
 
 
 @dataclass(frozen=True)
@@ -105,7 +119,7 @@ class FieldSpec:
         if isinstance(raw, TaskFunction):
             return cls(key, raw, "function", template=raw)
         if isinstance(raw, bool) or raw is None:
-            raise ConfigError(f"{where}: {key}: expected a column name, a template or a list, got {raw!r}")
+            raise ConfigError(f"{where}: {key}: expected a column name, a template or a list, got {shown(raw)}")
         if isinstance(raw, int):
             return cls(key, raw, "literal")
         if isinstance(raw, list):
@@ -115,7 +129,7 @@ class FieldSpec:
             for i, entry in enumerate(raw):
                 if not isinstance(entry, (str, int)) or isinstance(entry, bool):
                     raise ConfigError(
-                        f"{where}: {key}[{i}]: expected a column name, a template or a word, got {entry!r}"
+                        f"{where}: {key}[{i}]: expected a column name, a template or a word, got {shown(entry)}"
                     )
                 entries.append(cls.parse(str(entry), f"{key}[{i}]", where))
             return cls(key, raw, "list", entries=tuple(entries))
@@ -166,19 +180,25 @@ class FieldSpec:
         """The compiled template over the row; a name the row lacks, or a failing expression, names the field."""
         import jinja2
 
+        from promptopt.tasks.jinja import TemplateLimit, TemplateTimeout, render
+
         try:
-            return self.template.render(**row) if isinstance(row, dict) else self.template.render()
+            return render(self.template, row)
+        except TemplateLimit as exc:
+            if isinstance(exc, TemplateTimeout):  # one regex on one row's value: that row's
+                raise ref.fail(self.key, f"template failed: {type(exc).__name__}: {exc}") from None
+            raise template_limit(ref, self.key, exc) from None
         except jinja2.UndefinedError as exc:
             absent = [n for n in self.names if not isinstance(row, dict) or n not in row]
             if absent:  # name the column (Jinja's own message may name a value, or 'dict object')
                 raise ref.fail(
                     self.key,
                     f"the template reads '{absent[0]}', which is not a column "
-                    f"(columns: {_columns(row)}){did_you_mean(absent[0], row)}",
+                    f"(columns: {shown_columns(row)}){did_you_mean(absent[0], row)}",
                 ) from None
             raise ref.fail(
                 self.key,
-                f"the template reads a value the row does not have: {exc.message} (columns: {_columns(row)})",
+                f"the template reads a value the row does not have: {exc.message} (columns: {shown_columns(row)})",
             ) from None
         except jinja2.TemplateError as exc:
             raise ref.fail(self.key, f"template failed: {exc}") from None
@@ -191,7 +211,7 @@ class FieldSpec:
             bad = next(e for e, col in zip(self.entries, is_column) if not col)
             raise ref.fail(
                 bad.key,
-                f"'{bad.raw}' is not a column but the other entries are (columns: {_columns(row)})"
+                f"'{bad.raw}' is not a column but the other entries are (columns: {shown_columns(row)})"
                 f"{did_you_mean(bad.raw, row)}",
             )
         values = []
@@ -205,7 +225,7 @@ class FieldSpec:
                 if close and _IDENTIFIER.match(entry.raw):
                     raise ref.fail(
                         entry.key,
-                        f"'{entry.raw}' is not a column; did you mean '{close[0]}'? "
+                        f"'{entry.raw}' is not a column; did you mean '{_column_name(close[0])}'? "
                         f"(write a literal word that looks like a column as \"{{{{ '{entry.raw}' }}}}\")",
                     )
             values.append(entry.raw)
@@ -264,6 +284,12 @@ class FieldSpec:
         if self.kind == "jinja" and isinstance(value, str) and value.strip().isdigit():
             return int(value.strip())
         return value
+
+
+def template_limit(ref: RowRef, key: str, exc: Exception) -> ConfigError:
+    """A template past promptopt's limits fails at once (not row by row: a template that ran a second on one row
+    would on the next), in one line naming the row, the key and the limit."""
+    return ConfigError(f"{ref.where}: {key}: the template {exc} (tasks/jinja.py; see docs/tasks.md)")
 
 
 def _short(value: Any, limit: int = 60) -> str:

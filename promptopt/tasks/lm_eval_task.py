@@ -30,7 +30,9 @@ from typing import Any
 
 from promptopt.errors import ConfigError
 from promptopt.tasks.fields import FieldSpec, RowRef
+from promptopt.tasks.paths import confined, task_root
 from promptopt.tasks.task_code import FunctionRef, TaskFunction, read_task_yaml, refuse_untrusted_code, resolve
+from promptopt.yamlio import shown
 
 MARKERS = {
     "task",
@@ -107,7 +109,9 @@ class LmEvalField(FieldSpec):
         if isinstance(raw, dict) and role == "choice":
             return cls(key, list(raw.values()), "literal", **common)
         if not isinstance(raw, str):
-            raise ConfigError(f"{where}: {key}: expected a column name, a Jinja template or !function, got {raw!r}")
+            raise ConfigError(
+                f"{where}: {key}: expected a column name, a Jinja template or !function, got {shown(raw)}"
+            )
         import jinja2
 
         try:
@@ -129,7 +133,7 @@ class LmEvalField(FieldSpec):
                 return ast.literal_eval(text)
             except (ValueError, SyntaxError):
                 raise ref.fail(
-                    self.key, f"template must render a list such as ['a', 'b'], got {text[:60]!r}", "not a list"
+                    self.key, f"template must render a list such as ['a', 'b'], got {shown(text[:60])}", "not a list"
                 ) from None
         if self.has_choices and text.isdigit():
             return int(text)
@@ -155,48 +159,68 @@ class LmEvalField(FieldSpec):
         return self.raw if _IDENTIFIER.match(self.raw) and self.raw not in row else None
 
 
-def _with_includes(data: dict, where: str, seen: tuple[str, ...] = ()) -> dict:
-    """lm-eval's `include:` (a file or a list, relative to the including file): included keys, then the file's own."""
+def _with_includes(
+    data: dict, where: str, root: Path | None, seen: tuple[str, ...] = (), origins: dict | None = None
+) -> tuple[dict, dict]:
+    """lm-eval's `include:` (a file or a list, relative to the including file): included keys, then the file's own;
+    with the file each key came from. Every included file must lie in `root` (the task file's folder tree, symlinks
+    followed; None: a trusted task, anywhere)."""
+    origins = {} if origins is None else origins
     if "include" not in data:
-        return data
+        return data, dict.fromkeys(data, where)
     includes = data["include"] if isinstance(data["include"], list) else [data["include"]]
     merged: dict = {}
     for include in includes:
-        if not isinstance(include, str):
-            raise ConfigError(f"{where}: include: expected a file name, got {include!r}")
-        path = Path(include) if Path(include).is_absolute() else Path(where).parent / include
-        if str(path.resolve()) in seen:
+        if not isinstance(include, str) or not include:
+            raise ConfigError(f"{where}: include: expected a file name, got {shown(include)}")
+        path = confined(Path(where).parent / include, root, where, "include", include)
+        if str(path) in seen:
             raise ConfigError(f"{where}: include: {include} includes itself")
-        inner = _with_includes(read_task_yaml(path), str(path), (*seen, str(Path(where).resolve())))
+        inner, inner_origins = _with_includes(
+            read_task_yaml(path), str(path), root, (*seen, str(Path(where).resolve()))
+        )
         inner.pop("task_list", None)
         merged.update(inner)
+        origins.update({key: f"{inner_origins.get(key, path)} (included by {where})" for key in inner})
     merged.update({k: v for k, v in data.items() if k != "include"})
-    return merged
+    origins.update({k: where for k in data if k != "include"})
+    return merged, origins
 
 
 def _fail(where: str, key: str, message: str) -> ConfigError:
     return ConfigError(f"{where}: {key}: {message}")
 
 
-def _check_keys(data: dict, where: str) -> None:
+def _check_keys(data: dict, where: str, origins: dict) -> None:
+    """Refused keys by name; an unknown key by name only when it looks like a typo of a key promptopt reads (an
+    included file may be anything: its other keys are counted, never quoted)."""
     for key in data:
         if key in REFUSED:
-            raise _fail(where, key, f"{REFUSED[key]} is not supported by promptopt's lm-eval reader")
-        if key not in READ | METADATA:
-            known = sorted(READ | METADATA | set(REFUSED))
-            close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.75)
-            hint = f"did you mean '{close[0]}'? " if close else ""
+            raise _fail(origins.get(key, where), key, f"{REFUSED[key]} is not supported by promptopt's lm-eval reader")
+    unknown = [key for key in data if key not in READ | METADATA]
+    if not unknown:
+        return
+    known = sorted(READ | METADATA | set(REFUSED))
+    read = ", ".join(sorted(READ - {"include"}))
+    for key in unknown:
+        close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.75) if len(str(key)) <= 40 else []
+        if close:
             raise _fail(
-                where,
+                origins.get(key, where),
                 key,
-                f"unknown or unsupported lm-eval task key ({hint}read: {', '.join(sorted(READ - {'include'}))})",
+                f"unknown or unsupported lm-eval task key (did you mean '{close[0]}'? read: {read})",
             )
+    files = sorted({origins.get(key, where) for key in unknown})
+    raise ConfigError(
+        f"{files[0]}: {len(unknown)} key{'s' if len(unknown) > 1 else ''} that no lm-eval task file has (not quoted: an "
+        f"unknown key is named only when it looks like a typo of one promptopt reads: {read})"
+    )
 
 
 def _text(data: dict, key: str, where: str, default: Any = None) -> Any:
     value = data.get(key, default)
     if value is not None and not isinstance(value, str):
-        raise _fail(where, key, f"expected text, got {value!r}")
+        raise _fail(where, key, f"expected text, got {shown(value)}")
     return value
 
 
@@ -204,9 +228,9 @@ def parse_lm_eval_task(data: dict, where: str, *, trust_task_code: bool = False)
     """An lm-eval task file -> TaskSpec (module docstring)."""
     from promptopt.tasks.lm_eval_parts import answer_settings, data_source, prompt_settings, split_roles
 
-    data = _with_includes(data, where)
+    data, origins = _with_includes(data, where, None if trust_task_code else task_root(where))
     refuse_untrusted_code(data, where, trust_task_code)
-    _check_keys(data, where)
+    _check_keys(data, where, origins)
     name = _text(data, "task", where)
     if not name:
         raise _fail(where, "task", "expected the task's name")
@@ -219,7 +243,7 @@ def parse_lm_eval_task(data: dict, where: str, *, trust_task_code: bool = False)
         )
     repeats = data.get("repeats", 1)
     if repeats != 1:
-        raise _fail(where, "repeats", f"{repeats!r} is not supported (one answer per item)")
+        raise _fail(where, "repeats", f"{shown(repeats)} is not supported (one answer per item)")
     k, splits = split_roles(data, where)
     answer = answer_settings(data, where, output_type)
     template, instruction = prompt_settings(data, where)
@@ -230,7 +254,7 @@ def parse_lm_eval_task(data: dict, where: str, *, trust_task_code: bool = False)
         name=name,
         where=where,
         description=f"lm-eval task {name} ({where})",
-        source=data_source(data, where),
+        source=data_source(data, where, trust_task_code),
         fields=fields_of(data, where, output_type, trust_task_code),
         splits=splits,
         answer=answer,

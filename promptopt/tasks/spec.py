@@ -43,10 +43,17 @@ from promptopt.prompts import PromptTemplate
 from promptopt.tasks.answers import ANSWER_TYPES, EXTRACTIONS, AnswerType, get_answer_type
 from promptopt.tasks.columns import parse_columns
 from promptopt.tasks.fields import FieldSpec
+from promptopt.tasks.paths import check_hub_source, task_root
 from promptopt.tasks.task_code import FunctionRef, refuse_untrusted_code, resolve
 from promptopt.yamlio import Fields
 
 _SPLIT_ROLES = ("pool", "dev", "test")
+# What a task file's numbers may be (checked when the file is read, before any data or model loads; docs/tasks.md)
+MAX_CODE_SECONDS = 60.0  # answer.timeout: one item's test code
+MAX_NEW_TOKENS = 16384  # generation.max_new_tokens (lm-eval's generation_kwargs.max_gen_toks)
+MAX_SHOTS = 256  # prompt.k (lm-eval's num_fewshot)
+MAX_SPLIT_SIZE = 10_000_000  # splits.ROLE.size
+MAX_SEED = 2**63 - 1  # splits.seed
 ORDERS = ("shuffled", "source")
 _FIELD_KEYS = ("id", "question", "choices", "answer", "choice_labels", "target", "test", "entry_point")
 _LM_EVAL_FIELDS = {"doc_to_text": "question", "doc_to_choice": "choices", "doc_to_target": "answer"}
@@ -65,6 +72,8 @@ class SourceSpec:
     files_base: str | None = None  # folder relative `files` are read from (None: the task file's; lm-eval: the cwd)
     hub_kwargs: dict = field(default_factory=dict)  # more datasets.load_dataset arguments (lm-eval's data_files)
     loader: Any = None  # split -> rows, for rows another library already holds (lm-eval's TaskManager)
+    root: str | None = None  # the folder tree local files must lie in (tasks/paths.py); None: anywhere (trusted)
+    files_key: str = "source.files"  # the task file's key for `files`, for messages
 
 
 @dataclass(frozen=True)
@@ -201,11 +210,15 @@ def parse_task(data: dict, where: str, *, trust_task_code: bool = False) -> Task
         hub_name=hub.get("name", str, None) if hub is not None else None,
         subsets=tuple(str(x) for x in subsets) if subsets else None,
         file_split=s.get("file_split", str, "test"),
+        root=None if trust_task_code else str(task_root(where)),
     )
+    if source.hub_path is not None:
+        check_hub_source(source.hub_path, None, where, "source.hub.path", None if trust_task_code else task_root(where))
 
     a = f.sub("answer")
     a.reject_unknown({"type", "metric", "gold_format", "extract", "timeout", "sandbox", "allow_duplicate_choices"})
     answer_type = a.choice("type", tuple(ANSWER_TYPES))
+    code_timeout = a.number("timeout", 10.0, 0, MAX_CODE_SECONDS, above=True)
     answer = get_answer_type(answer_type)
     metric = a.choice("metric", ("acc", "acc_norm"), "acc")
     gold_format = a.choice("gold_format", ("plain", "gsm8k"), "plain")
@@ -222,7 +235,7 @@ def parse_task(data: dict, where: str, *, trust_task_code: bool = False) -> Task
 
     sp = f.sub("splits")
     sp.reject_unknown({"seed", "order", *_SPLIT_ROLES})
-    seed = sp.get("seed", int, 1234)
+    seed = sp.number("seed", 1234, 0, MAX_SEED, integer=True)
     splits = {}
     for role in _SPLIT_ROLES:
         if sp.data.get(role) is None:
@@ -231,9 +244,7 @@ def parse_task(data: dict, where: str, *, trust_task_code: bool = False) -> Task
             continue  # a 0-shot task needs no pool, a task that is never searched no dev
         r = sp.sub(role)
         r.reject_unknown({"from", "size"})
-        size = r.get("size", int, None)
-        if size is not None and size < 1:
-            raise r.fail("size", "a positive integer or null (all remaining)", size)
+        size = r.number("size", None, 1, MAX_SPLIT_SIZE, integer=True)
         splits[role] = SplitSpec(r.get("from", str), size)
 
     g = f.sub("generation", {})
@@ -241,15 +252,13 @@ def parse_task(data: dict, where: str, *, trust_task_code: bool = False) -> Task
     stop = g.get("stop", list, [])
     if not all(isinstance(x, str) and x for x in stop):
         raise g.fail("stop", "a list of non-empty strings", stop)
-    max_new = g.get("max_new_tokens", int, 256 if answer_type in ("number", "code") else 32)
-    if max_new < 1:
-        raise g.fail("max_new_tokens", "a positive integer", max_new)
+    max_new = g.number(
+        "max_new_tokens", 256 if answer_type in ("number", "code") else 32, 1, MAX_NEW_TOKENS, integer=True
+    )
 
     p = f.sub("prompt", {})
     p.reject_unknown({"instruction", "k", "template"})
-    k = p.get("k", int, 0)
-    if k < 0:
-        raise p.fail("k", "a non-negative integer", k)
+    k = p.number("k", 0, 0, MAX_SHOTS, integer=True)
     if k > 0 and "pool" not in splits:
         raise sp.fail(
             "pool", f"a mapping {{from: SPLIT, size: N}}: the pool is required, prompt.k is {k} (shots come from it)"
@@ -278,7 +287,7 @@ def parse_task(data: dict, where: str, *, trust_task_code: bool = False) -> Task
         instruction=p.get("instruction", str, ""),
         k=k,
         template=template,
-        code_timeout=float(a.get("timeout", (int, float), 10.0)),
+        code_timeout=float(code_timeout),
         allow_duplicate_choices=allow_duplicates,
         columns=parse_columns(data.get("columns"), where),
         process_docs=_process_docs(f, trust_task_code),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -109,7 +110,7 @@ def test_winogrande_in_promptopts_schema_with_jinja_is_the_same_partial_task(tmp
     head = "sentence[:sentence.index('_')]"
     task = {
         "name": "winogrande_jinja",
-        "source": {"files": {"validation": str(EXAMPLES / "data" / "winogrande_validation.jsonl")}},
+        "source": {"files": {"validation": "winogrande_validation.jsonl"}},  # a task reads its own folder
         "doc_to_text": "{{ {'1': 0, '2': 1}[answer] }}",
         "doc_to_choice": f"{{{{ [{head} ~ option1, {head} ~ option2] }}}}",
         "doc_to_target": "{{ sentence[sentence.index('_') + 1:].strip() }}",
@@ -118,6 +119,7 @@ def test_winogrande_in_promptopts_schema_with_jinja_is_the_same_partial_task(tmp
     }
     path = tmp_path / "winogrande.yaml"
     path.write_text(yaml.safe_dump(task, sort_keys=False))
+    shutil.copy(EXAMPLES / "data" / "winogrande_validation.jsonl", tmp_path)
     ours, theirs = _load(path), _load(WINOGRANDE, trust_task_code=True)
     assert [(i.question, i.choices, i.gold, i.continuation) for i in ours.test] == [
         (i.question, i.choices, i.gold, i.continuation) for i in theirs.test
@@ -215,7 +217,7 @@ def test_a_typo_in_a_key_gets_a_did_you_mean(tmp_path, key, meant):
         ({"doc_to_image": "img"}, "doc_to_image: multimodal inputs is not supported"),
         ({"use_prompt": "promptsource:x"}, "use_prompt: promptsource prompts is not supported"),
         ({"gen_prefix": "Answer:"}, "gen_prefix: an answer prefix is not supported"),
-        ({"frobnicate": 1}, "frobnicate: unknown or unsupported lm-eval task key"),
+        ({"frobnicate": 1}, "tiny.yaml: 1 key that no lm-eval task file has (not quoted"),
         ({"num_fewshot": 2, "fewshot_split": "train"}, "fewshot_config.sampler: lm-eval's default sampler draws"),
         (
             {"num_fewshot": 2, "fewshot_config": {"sampler": "first_n"}},

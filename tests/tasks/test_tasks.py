@@ -138,7 +138,7 @@ def test_bad_task_yaml_names_file_and_key(tmp_path):
     data_file.write_text(json.dumps({"q": "a", "a": 0}))
     with pytest.raises(ConfigError, match=r"task.yaml: answer.type: expected one of"):
         load_task_spec(str(_write_task(tmp_path, data_file, answer={"type": "essay"})))
-    with pytest.raises(ConfigError, match=r"splits.dev.size: expected a positive integer"):
+    with pytest.raises(ConfigError, match=r"splits.dev.size: expected an integer from 1 to 10,000,000, got 0"):
         load_task_spec(str(_write_task(tmp_path, data_file, extra=lambda s: s["splits"]["dev"].update(size=0))))
     with pytest.raises(ConfigError, match=r"unknown key"):
         load_task_spec(str(_write_task(tmp_path, data_file, colour="blue")))
