@@ -238,3 +238,39 @@ def test_a_card_incumbent_of_another_task_is_refused(tiny_config, tmp_path):
     save_card(load_task("boolq").default_prompt(), card, {})
     with pytest.raises(UserError, match="is a prompt for task 'boolq', not 'sst2'"):
         run_search(tiny_config.replace(incumbent=str(card)), show_progress=False)
+
+
+@pytest.mark.parametrize(
+    ("incumbent", "kept", "why"),
+    [
+        # `steady` (20 of 24 right) against the winner `sharp` (22; its misses nested in steady's): 2 vs 0 discordant,
+        # exact McNemar p = 0.5: kept
+        ("steady", True, "kept the card"),
+        # `middling` (13 right): 9 vs 0 discordant, p = 2·0.5^9 = 0.0039 and the interval above 0: replaced by sharp
+        ("middling", False, "replaces the card"),
+    ],
+)
+def test_the_whole_search_keeps_or_replaces_an_incumbent_card_on_known_outcomes(tmp_path, incumbent, kept, why):
+    """test_multi_fidelity's constructed scorer (per-item outcomes fixed by the prompt's instruction) through
+    run_search with a card as the incumbent: kept on a tie, replaced when the winner beats it by construction."""
+    import math
+
+    from promptopt.prompts import Prompt, save_card
+    from promptopt.study import run_search
+    from tests.study.test_multi_fidelity import ConstructedScorer, _config
+
+    config = _config(tmp_path, strategy="accuracy", pruning=False)
+    data = config.data.load()
+    card = tmp_path / "mine.yaml"
+    template = data.default_prompt().template
+    save_card(Prompt(task="sst2", instruction=f"{incumbent.title()} instruction.", template=template), card, {})
+    config = config.replace(incumbent=str(card), out=str(tmp_path / incumbent))
+    scorer = ConstructedScorer(data, config.data.dev(data), tmp_path / "cache.sqlite")
+    result = run_search(config, scorer=scorer, data=data, show_progress=False)
+    assert result.incumbent["kept"] is kept
+    assert why in result.selection
+    shipped = result.prompt.instruction.split()[0].lower()
+    assert shipped == (incumbent if kept else "sharp")
+    only_winner = 22 - (20 if incumbent == "steady" else 13)
+    assert result.incumbent["p"] == pytest.approx(min(1.0, 2 * 0.5**only_winner), abs=1e-6)
+    assert math.isclose(result.incumbent["diff"], only_winner / 24, abs_tol=1e-6)

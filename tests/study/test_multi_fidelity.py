@@ -105,7 +105,11 @@ def _config(tmp_path, strategy="robust", **kw):
         space=str(_space(tmp_path)),
         out=str(tmp_path / f"run-{strategy}"),
         device="cpu",
-        **kw,
+        **{
+            "incumbent": "none",
+            "scan": "off",
+            **kw,
+        },  # the constructed prompts alone (the incumbent: test_incumbent.py)
     )
 
 
@@ -126,7 +130,7 @@ def _fixed_order_search(tmp_path, strategy, order, **kw):
     ctx.strategy = strategy
     scorer = ConstructedScorer(data, ctx.dev, tmp_path / "unused.sqlite")
     study = optuna.create_study(
-        direction="maximize", pruner=pruner(config, strategy), sampler=optuna.samplers.RandomSampler(0)
+        direction="maximize", pruner=pruner(config, strategy, len(ctx.dev)), sampler=optuna.samplers.RandomSampler(0)
     )
     for name in order:
         study.enqueue_trial({"instruction": name, "template": "plain", "k": 0})
