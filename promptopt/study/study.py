@@ -101,6 +101,7 @@ def run_search(
         model=config.model, data=config.data, cache_path=str(out / "cache.sqlite"), batch_size=config.batch_size
     )
     if scorer is None:  # a model or cache that fails to load fails here, before anything is written
+        steps.step(f"loading model {config.model.spec}")  # as score and compare say it: seconds without output else
         scorer = factory.build(data)
     else:
         factory = ScorerFactory(
