@@ -66,8 +66,9 @@ def run_search(arm: str, name: str, seed: int, args, out: Path) -> dict:
     task, space = TASKS[name]
     if out.exists():
         shutil.rmtree(out)
-    tree = Path(args.old_tree) if arm == "old" else ROOT
-    command = [sys.executable, "-m", "promptopt", "search", "--task", str(ROOT / task) if task.endswith(".yaml") else task]
+    tree = Path(args.old_tree) if arm == "old" else Path(args.new_tree or ROOT)
+    command = [sys.executable, "-m", "promptopt", "search"]
+    command += ["--task", str(ROOT / task) if task.endswith(".yaml") else task]
     command += ["--space", str(ROOT / space)] if space else []
     command += ["--trials", str(args.trials), "--seed", str(seed), "--out", str(out), "--quiet"]
     command += ["--dev-limit", str(args.dev_limit), "--test-limit", str(args.test_limit), "--model", args.model]
@@ -174,6 +175,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="bench/runs/search_value")
     parser.add_argument("--old-tree", default=None, help="a checkout of the search before the incumbent")
+    parser.add_argument("--new-tree", default=None, help="a checkout of the new search (default: this tree)")
     parser.add_argument("--tasks", default=",".join(TASKS))
     parser.add_argument("--seeds", default="1")
     parser.add_argument("--arms", default="old,new")
