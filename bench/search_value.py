@@ -186,7 +186,7 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--table", action="store_true", help="print the table of what is recorded, run nothing")
     args = parser.parse_args()
-    out = Path(args.out)
+    out = Path(args.out).resolve()  # the searches run in other trees' folders
     results = out / "results.jsonl"
     if args.table:
         print(table(results))
