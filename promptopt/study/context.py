@@ -81,7 +81,7 @@ def build_context(config: SearchConfig, data, expand=None) -> SearchContext:
         dev,
         config.data.test(data),
         expand,
-        incumbent_prompt(config.study.incumbent, data),
+        incumbent_prompt(config.study.incumbent, data, config.study.decision),
     )
 
 

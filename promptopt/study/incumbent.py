@@ -20,7 +20,7 @@ replace, and the test still requires a lead that dev could not plausibly produce
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from promptopt.errors import ConfigError, UserError
@@ -38,12 +38,15 @@ def check_incumbent(value: str) -> str:
     return value
 
 
-def incumbent_prompt(setting: str, data):
-    """The Prompt the run starts from: the task's default prompt, a card's prompt, or None (`none`)."""
+def incumbent_prompt(setting: str, data, decision: str | None = None):
+    """The Prompt the run starts from: the task's default prompt (decided by the run's one rule `decision` when it has
+    one, so `accuracy@batch` asks whether a searched prompt beats the default prompt under `batch`), a card's prompt
+    (with its own rule), or None (`none`)."""
     if setting == "none":
         return None
     if setting == "default":
-        return data.default_prompt()
+        prompt = data.default_prompt()
+        return prompt if decision is None else replace(prompt, decision=decision)
     from promptopt.prompts import load_card
 
     prompt, _ = load_card(setting)
@@ -52,8 +55,11 @@ def incumbent_prompt(setting: str, data):
     return prompt
 
 
-def label(setting: str) -> str:
-    return {"default": "the task's default prompt"}.get(setting, f"the card {setting}")
+def label(setting: str, decision: str | None = None) -> str:
+    """How a run names its incumbent (`--incumbent` and the run's one rule)."""
+    if setting != "default":
+        return f"the card {setting}"
+    return "the task's default prompt" + (f" decided by {decision}" if decision not in (None, "argmax") else "")
 
 
 def is_incumbent(trial) -> bool:

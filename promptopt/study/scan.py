@@ -180,9 +180,10 @@ def analyse(matrix, incumbent, *, trials: int, dev_items: int, seed: int = 0, n_
     )
 
 
-def run_scan(ctx, cached, incumbent_correct=None) -> ScanResult:
+def run_scan(ctx, cached, incumbent_correct=None) -> ScanResult | None:
     """Sample the space (seeded, independent of the study's sampler), score each prompt on the first dev slice under
-    the run's decision rule, and `analyse`. `incumbent_correct`: the incumbent's correctness on every dev item."""
+    the run's decision rule, and `analyse`. `incumbent_correct`: the incumbent's correctness on every dev item. None
+    when the space holds fewer than 2 prompts other than the incumbent (no spread to measure)."""
     import time
 
     import optuna
@@ -209,11 +210,7 @@ def run_scan(ctx, cached, incumbent_correct=None) -> ScanResult:
         running.add(items)
         rows.append(running.decided()["correct"].astype(bool).tolist())
     if len(rows) < 2:
-        from promptopt.errors import ConfigError
-
-        raise ConfigError(
-            f"{ctx.space.where}: the space holds fewer than 2 prompts other than the incumbent: nothing to scan"
-        )
+        return None
     base = None if incumbent_correct is None else list(incumbent_correct)[:n_items]
     result = analyse(rows, base, trials=config.trials, dev_items=len(ctx.dev), seed=config.seed)
     from dataclasses import replace

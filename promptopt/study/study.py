@@ -170,10 +170,17 @@ def _scan(ctx: SearchContext, study, cached, incumbent, say) -> dict | None:
         return None
     record = study.user_attrs.get("scan")
     if record is None:
-        if say is not None:
-            say("scan: sampling the space on a dev slice to see whether searching can pay")
+        steps.step("scan: sampling the space on a dev slice to see whether searching can pay")
         correct = decode_answers(incumbent.user_attrs.get("dev_correct")) if incumbent is not None else None
-        record = run_scan(ctx, cached, correct).record()
+        found = run_scan(ctx, cached, correct)
+        record = (
+            found.record()
+            if found is not None
+            else {
+                "verdict": "none",
+                "why": "the space holds fewer than 2 prompts other than the incumbent: no spread to measure",
+            }
+        )
         study.set_user_attr("scan", record)
     if say is not None:
         say(f"scan: {record['verdict']}: {record['why']}")
@@ -197,8 +204,10 @@ def _run(
     joined = config.study.resume
     hits_before, misses_before = cached.cache.hits, cached.cache.misses
     study = open_study(config, ctx.strategy, storage, index=0, create=not joined, n_items=len(ctx.dev), current=current)
-    if ctx.incumbent is not None and note(show_progress) is not None and find_incumbent(study) is None:
-        note(show_progress)(f"scoring the incumbent ({label(config.study.incumbent)}) on {len(ctx.dev)} dev items")
+    if ctx.incumbent is not None and find_incumbent(study) is None:
+        steps.step(
+            f"scoring the incumbent ({label(config.study.incumbent, config.study.decision)}) on {len(ctx.dev)} dev items"
+        )
     incumbent = add_incumbent(ctx, study, cached)  # trial 0 of a new study: every trial is raced against it
     if not joined:
         for params in enqueue:
@@ -240,7 +249,7 @@ def _run(
     spent = float(study.user_attrs.get("search_seconds", 0.0)) + time.perf_counter() - start
     budget_minutes = config.study.budget_minutes
     deadline = None if budget_minutes is None else time.monotonic() + 60 * budget_minutes - spent
-    stop = config.study.scan == "stop" and scan is not None and scan["verdict"] != "search"
+    stop = config.study.scan == "stop" and scan is not None and scan["verdict"] not in ("search", "none")
     if stop and show_progress:
         note(True)(f"scan: {scan['verdict']}: no trial is run (--scan stop); the incumbent is kept")
     try:

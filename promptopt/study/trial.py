@@ -103,15 +103,22 @@ def trial_summary(table: pd.DataFrame) -> dict:
     return out
 
 
-def record_answers(trial, table: pd.DataFrame) -> None:
-    """A finished trial's per-item dev answers, in dev order, "+" right and "-" wrong: user attr `dev_correct` (clean
-    correctness, what every selection pairs on) and, for `robust`, `dev_robust_correct` (its criterion:
-    study/strategies.py). The selection rule pairs trials on them (metrics/stats/selection.py)."""
+def answer_attrs(table: pd.DataFrame) -> dict:
+    """A finished trial's per-item dev answers, in dev order, "+" right and "-" wrong: `dev_correct` (clean correctness,
+    what every selection pairs on) and, for `robust`, `dev_robust_correct` (its criterion: study/strategies.py). The
+    selection rule pairs trials on them (metrics/stats/selection.py)."""
     from promptopt.metrics.stats.selection import encode_answers
 
-    trial.set_user_attr("dev_correct", encode_answers(table["correct"].astype(bool)))
+    attrs = {"dev_correct": encode_answers(table["correct"].astype(bool))}
     if "robust_correct" in table:
-        trial.set_user_attr("dev_robust_correct", encode_answers(table["robust_correct"].astype(bool)))
+        attrs["dev_robust_correct"] = encode_answers(table["robust_correct"].astype(bool))
+    return attrs
+
+
+def record_answers(trial, table: pd.DataFrame) -> None:
+    """`answer_attrs` as the trial's user attrs."""
+    for key, value in answer_attrs(table).items():
+        trial.set_user_attr(key, value)
 
 
 def add_incumbent(ctx: SearchContext, study, cached: CachingScorer):
@@ -140,8 +147,6 @@ def add_incumbent(ctx: SearchContext, study, cached: CachingScorer):
     if strategy.needs_variants:
         table = with_robust_correct(table, ctx.expand(cached, prompt, ctx.dev), running.scorer_for_variants())
     reported = strategy.screen_values(table) if strategy.multi_fidelity else strategy.item_values(table)
-    holder = _Attrs()
-    record_answers(holder, table)
     values = strategy.values(table)
     trial = optuna.trial.create_trial(
         state=optuna.trial.TrialState.COMPLETE,
@@ -150,8 +155,8 @@ def add_incumbent(ctx: SearchContext, study, cached: CachingScorer):
         **({"values": list(values)} if strategy.multi_objective else {"value": values[0]}),
         intermediate_values={} if reported is None else {i: float(v) for i, v in enumerate(reported)},
         user_attrs={
-            **holder.attrs,
-            "incumbent": label(ctx.config.study.incumbent),
+            **answer_attrs(table),
+            "incumbent": label(ctx.config.study.incumbent, ctx.config.study.decision),
             "prompt_key": key,
             "metrics": trial_summary(table),
             "dev_items": len(ctx.dev),
@@ -160,16 +165,6 @@ def add_incumbent(ctx: SearchContext, study, cached: CachingScorer):
     )
     study.add_trial(trial)
     return find(study)
-
-
-class _Attrs:
-    """Collects what `record_answers` sets on a trial, for a trial built before it is added."""
-
-    def __init__(self) -> None:
-        self.attrs: dict = {}
-
-    def set_user_attr(self, key, value) -> None:
-        self.attrs[key] = value
 
 
 def make_objective(ctx: SearchContext, cached: CachingScorer, worker: str):
@@ -268,7 +263,6 @@ def multi_fidelity_value(ctx: SearchContext, cached: CachingScorer, trial, promp
             trial.report(float(value), step=start + offset)
         if end < n and trial.should_prune():
             partial = pd.concat(frames, ignore_index=True)
-            trial.set_user_attr("dev_items", end)
             _record_reason(trial)
             raise _prune(trial, partial, "clean", float(strategy.screen_values(partial).mean()))
     clean = decider.decided()
