@@ -168,7 +168,9 @@ class CardPrompt:
         ]
         return [argmax(ensemble_scores([scores[i] for scores in per_member])) for i in range(len(logprobs))]
 
-    def decide(self, logprobs: list, choices=None, content_free: list | None = None) -> int:
+    def decide(
+        self, logprobs: list, choices: list[str] | tuple[str, ...] | None = None, content_free: list | None = None
+    ) -> int:
         """One input's chosen choice index (a batch of one: an adaptive rule keeps its stored bias).
 
         Args:
@@ -203,7 +205,7 @@ class CardPrompt:
         """OpenAI-style chat messages: instruction as the system turn, each exemplar a user/assistant pair."""
         return self.prompt.messages(question, self._choices(choices))
 
-    def render(self, question: str, choices=None) -> str:
+    def render(self, question: str, choices: list[str] | tuple[str, ...] | None = None) -> str:
         """Exactly the text the scorer scored for this question (and choices, for multiple choice).
 
         Args:
@@ -237,7 +239,7 @@ class CardPrompt:
         """What is shown and scored for each choice: label words, letters or the choice texts."""
         return self.prompt.choice_texts(self._choices(choices))
 
-    def continuations(self, choices=None) -> list[str]:
+    def continuations(self, choices: list[str] | tuple[str, ...] | None = None) -> list[str]:
         """Per choice, the text whose log-likelihood after render() scores it (multiple choice). Without
         choices it needs the card's fixed ones: a task whose items each have their own (ARC, MMLU) would
         otherwise get an empty list, and an argmax over nothing.
@@ -279,7 +281,7 @@ class CardPrompt:
             index, _ = choice_answer(model_output, list(choices))
         return index
 
-    def parse(self, model_output: str, choices=None) -> str | None:
+    def parse(self, model_output: str, choices: list[str] | tuple[str, ...] | None = None) -> str | None:
         """The answer in a model's output, read as the task's judge reads it: multiple choice → the choice
         (label word → its label); number → the final number, normalized; alias_match → the first line;
         code → the completion itself. None when nothing can be extracted.

@@ -9,6 +9,10 @@ numpy, the data loaders or the answer-type registry.
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from promptopt.tasks.data import TaskData
 
 _LAZY = {
     "ANSWER_TYPES": "answers",
@@ -25,7 +29,7 @@ _LAZY = {
 }
 
 
-def load_task(name_or_path: str, *, subsets: list[str] | None = None):
+def load_task(name_or_path: str, *, subsets: list[str] | None = None) -> TaskData:
     """A task by built-in name or YAML path, with its pool/dev/test carved.
 
     Args:
@@ -33,7 +37,7 @@ def load_task(name_or_path: str, *, subsets: list[str] | None = None):
         subsets: the subsets to read (e.g. MMLU subjects); None: the task's own.
 
     Returns:
-        TaskData: the spec and its `pool`, `dev` and `test` items (`default_prompt()` is the task's own prompt).
+        The task's spec and its `pool`, `dev` and `test` items.
 
     Raises:
         ConfigError: an unknown task, or a task file with an invalid field (naming the file and the field).
