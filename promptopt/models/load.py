@@ -184,7 +184,13 @@ def verify_geometry(lm: LoadedModel) -> float:
 
 
 def _resolve(spec: str) -> tuple[str, Path | str, str | None]:
-    """spec -> (kind, location, gguf file name). kinds: gguf, dir, hub."""
+    """spec -> (kind, location, gguf file name). kinds: gguf, dir, hub, memory (an object the Python API was given:
+    models/memory.py)."""
+    from promptopt.models import memory
+
+    if memory.is_in_memory(spec):
+        memory.check(spec)
+        return "memory", spec, None
     if spec in MODELS:
         return MODELS.get(spec).resolve()
     path = Path(spec).expanduser()
@@ -212,6 +218,8 @@ def model_folder(spec: str) -> str:
     kind, location, gguf_file = _resolve(spec)
     if kind == "gguf":
         return str(_dequantized_folder(Path(location), gguf_file))
+    if kind == "memory":
+        raise ModelNotFoundError(f"model '{spec}' was passed as an object: it has no folder (save_pretrained one)")
     return str(location)
 
 
@@ -346,6 +354,8 @@ def load_model(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kind, location, gguf_file = _resolve(spec)
+    if kind == "memory":  # an object the Python API was given: used as it is (models/memory.py)
+        return ModelConfig(spec=spec, device=device, dtype=dtype, quantize=quantize).load()
     target_device = _pick_device(device)
     torch_dtype = _pick_dtype(dtype, target_device)
     quant = _quantization_config(quantize, torch_dtype, target_device.type)
@@ -399,20 +409,56 @@ class ModelConfig:
         if self.device != "auto" and not (self.device == "cpu" or self.device.startswith("cuda")):
             raise UnsupportedError(f"device {self.device!r}: expected cpu, cuda, cuda:N or auto")
 
+    @property
+    def in_memory(self) -> bool:
+        """The model is an object the Python API was given (models/memory.py), alive in this process only."""
+        from promptopt.models import memory
+
+        return memory.is_in_memory(self.spec)
+
     def check(self) -> None:
-        """What can be known without loading: the model resolves, the device exists, bitsandbytes quantizes there."""
+        """What can be known without loading: the model resolves, the device exists, bitsandbytes quantizes there
+        (an in-memory model: it is alive, and the device, dtype and quantize asked for are what it is)."""
         _resolve(self.spec)
+        if self.in_memory:
+            from promptopt.models import memory
+
+            memory.check_options(self.spec, device=self.device, dtype=self.dtype, quantize=self.quantize)
+            return
         device = _pick_device(self.device)
         if self.quantize is not None:
             bitsandbytes_for(self.quantize, device.type)
 
     def resolved_device_type(self) -> str:
-        """cpu or cuda: where a load would run (auto picks CUDA when there is one)."""
+        """cpu or cuda: where a load would run (auto picks CUDA when there is one; an in-memory model: where it is)."""
+        if self.in_memory:
+            from promptopt.models import memory
+
+            return memory.device_type(self.spec)
         return _pick_device(self.device).type
 
     def resolved_dtype(self) -> str:
         """The dtype a load would compute in (by default it depends on the device): part of what a score means."""
+        if self.in_memory:
+            from promptopt.models import memory
+
+            return memory.dtype_name(self.spec)
         return str(_pick_dtype(self.dtype, _pick_device(self.device))).removeprefix("torch.")
 
     def load(self) -> LoadedModel:
+        """The model, loaded (an in-memory model: the object itself, checked against device, dtype and quantize)."""
+        if self.in_memory:
+            from promptopt.models import memory
+
+            self.check()
+            return memory.loaded(self.spec)
         return load_model(self.spec, device=self.device, dtype=self.dtype, quantize=self.quantize)
+
+    def stand_in(self):
+        """The ModelRunner the Python API was given for this spec (it scores instead of promptopt's Runner), else
+        None."""
+        if not self.in_memory:
+            return None
+        from promptopt.models import memory
+
+        return memory.runner(self.spec)
