@@ -121,7 +121,9 @@ def test_search_export_verify_serve_on_a_loaded_model(loaded, tiny_llama_dir, tm
     assert answered.json()["card"]["model"] == found.config.model.spec
 
     # another process (no object behind the spec): verify says what it needs, in one line
-    monkeypatch.setattr(memory, "_HANDLES", {})
+    from promptopt.models import handles
+
+    monkeypatch.setattr(handles, "HANDLES", {})
     with pytest.raises(
         UserError, match=r"measured on a model passed as an object .*promptopt\.Model\(model, tokenizer\)"
     ):

@@ -80,10 +80,10 @@ class Verification:
 def _alive(spec: str) -> bool:
     """Whether `spec` names a model this process can use now (an in-memory one: its object is still alive)."""
     from promptopt.errors import ModelNotFoundError
-    from promptopt.models import memory
+    from promptopt.models import handles
 
     try:
-        memory.check(spec)
+        handles.get(spec)
     except ModelNotFoundError:
         return False
     return True
@@ -203,7 +203,7 @@ def _verify(
     """Steps 2-5 of verify_card: the model, the task and items, the rendering, the re-score."""
     from promptopt.errors import ModelNotFoundError
     from promptopt.metrics.stats import wilson_interval
-    from promptopt.models import memory
+    from promptopt.models import handles, memory
     from promptopt.models.load import ModelConfig, precision_name, quantization_info, quantize_of
     from promptopt.production import card_prompt
     from promptopt.prompts import prompt_from_card
@@ -231,7 +231,7 @@ def _verify(
         )
     progress.step(f"fingerprinting the weights of {spec}")
     try:
-        fingerprint = None if in_memory_card and not memory.is_in_memory(spec) else model_fingerprint(spec)
+        fingerprint = None if in_memory_card and not handles.is_in_memory(spec) else model_fingerprint(spec)
     except ModelNotFoundError as exc:
         field_name = "--model" if model else f"{where}: model.spec"
         raise UserError(
