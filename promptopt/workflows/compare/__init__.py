@@ -37,7 +37,7 @@ study may be resumed or created is decided before anything is scored.
 - paired.py: strategies paired on the same items, seeds pooled · write.py: the files of the run directory
 """
 
-from promptopt.workflows.compare.choose import SELECTIONS
+from promptopt.workflows.compare.choose import WINNER_SELECTIONS
 from promptopt.workflows.compare.evaluate import Evaluated
 from promptopt.workflows.compare.paired import SPLITS, cluster_resamples, paired_table
 from promptopt.workflows.compare.workflow import CompareResult, run_compare
@@ -45,7 +45,7 @@ from promptopt.workflows.compare.write import ITEMS_FILE, TEST_ITEMS_FILE
 
 __all__ = [
     "ITEMS_FILE",
-    "SELECTIONS",
+    "WINNER_SELECTIONS",
     "SPLITS",
     "TEST_ITEMS_FILE",
     "CompareResult",

@@ -19,7 +19,7 @@ from promptopt.study import SearchConfig, get_strategy, run_search
 from promptopt.study.config import default_storage_url
 from promptopt.study.recovery import fault_point
 from promptopt.tasks.item import items_sha256
-from promptopt.workflows.compare.choose import SELECTIONS, choose_winner
+from promptopt.workflows.compare.choose import WINNER_SELECTIONS, choose_winner
 from promptopt.workflows.compare.ensembles import build_ensembles
 from promptopt.workflows.compare.entries import ENSEMBLE_SUFFIX, ensemble_name
 from promptopt.workflows.compare.evaluate import Evaluated, EvaluationStore, Evaluator
@@ -89,8 +89,8 @@ def run_compare(
     objective_of(ensemble_objective)
     if seeds < 1 or top_n < 1:
         raise ConfigError(f"seeds and top_n must be positive, got seeds={seeds}, top_n={top_n}")
-    if select not in SELECTIONS:
-        raise ConfigError(f"select: expected one of {', '.join(SELECTIONS)}, got {select!r}")
+    if select not in WINNER_SELECTIONS:
+        raise ConfigError(f"select: expected one of {', '.join(WINNER_SELECTIONS)}, got {select!r}")
     if select == "robust" and not search_suite:
         raise ConfigError("select='robust' reads dev robustness under the search suite: give a search suite")
     if not search_suite and any(get_strategy(e.strategy).needs_variants for e in entries):

@@ -11,7 +11,7 @@ from promptopt.errors import UserError
 from promptopt.study.tableset import check_table_set
 from promptopt.workflows.compare.entries import ENSEMBLE_SUFFIX
 
-SELECTIONS = ("dev", "robust")
+EXPORT_SELECTIONS = ("dev", "robust")  # export --select: which of a compare's candidates a card is made from
 _CANDIDATE_COLUMNS = {"strategy", "seed", "rank", "winner", "trial", "dev_accuracy", "dev_correct"}
 
 
