@@ -25,7 +25,7 @@ from promptopt.workflows.compare.entries import ENSEMBLE_SUFFIX, ensemble_name
 from promptopt.workflows.compare.evaluate import Evaluated, EvaluationStore, Evaluator
 from promptopt.workflows.compare.paired import paired_table
 from promptopt.workflows.compare.plan import SEARCH_SUITE_FILE, plan_studies, search_suite_marker, seed_config
-from promptopt.workflows.compare.tables import run_row, strategy_table
+from promptopt.workflows.compare.tables import run_record, strategy_table
 from promptopt.workflows.compare.write import winner_robustness_answers, winner_test_answers, write_outputs
 from promptopt.workflows.session import Session
 from promptopt.yamlio import atomic_write_text, check_output, remove_empty_dirs, remove_orphaned_temporaries
@@ -221,14 +221,14 @@ def _compare(
     baseline_prompt = session.data.default_prompt()
     baseline = evaluator(baseline_prompt)
     runs = [
-        run_row(
+        run_record(
             "baseline",
             0,
             0,
             baseline,
             winner=True,
             how="the task's default prompt",
-            extra={"card": "task default prompt"},
+            card="task default prompt",
         )
     ]
     winners: dict[str, list[Evaluated]] = {"baseline": [baseline] * seeds}
@@ -263,22 +263,20 @@ def _compare(
             evaluated = evaluator(entry["prompt"])
             is_winner = entry["number"] == chosen["number"]
             runs.append(
-                run_row(
+                run_record(
                     name,
                     s,
                     rank,
                     evaluated,
                     winner=is_winner,
                     how=how if is_winner else "",
-                    extra={
-                        "trial": entry["number"],
-                        "dev_accuracy": entry.get("accuracy"),
-                        # what export's selection pairs candidates on (dev only): answers, stability, cost
-                        "dev_correct": encode_answers(entry["correct"]) if "correct" in entry else None,
-                        "dev_signed_stability": entry.get("signed_stability"),
-                        "cost": entry.get("cost"),
-                        "card": str(result.card_path) if entry["number"] == result.best_number else "",
-                    },
+                    trial=entry["number"],
+                    dev_accuracy=entry.get("accuracy"),
+                    # what export's selection pairs candidates on (dev only): answers, stability, cost
+                    dev_correct=encode_answers(entry["correct"]) if "correct" in entry else None,
+                    dev_signed_stability=entry.get("signed_stability"),
+                    cost=entry.get("cost"),
+                    card=str(result.card_path) if entry["number"] == result.best_number else "",
                 )
             )
             if is_winner:
@@ -292,9 +290,9 @@ def _compare(
     short = left_out_ensembles(winners, seeds)
     for name, why in short.items():  # pairs are (seed, item): an entry missing a seed pairs with nothing
         del winners[name]
-        runs = [r for r in runs if r["strategy"] != name]
+        runs = [r for r in runs if r.strategy != name]
         print(f"note: {name} left out of the tables: {why}", file=sys.stderr, flush=True)  # a result: even --quiet
-    runs_table = pd.DataFrame(runs)
+    runs_table = pd.DataFrame([r.columns() for r in runs])
     table = strategy_table(runs_table, winners, walls, seed=base.study.seed)
     paired = paired_table(winners, seed=base.study.seed)
     families = [f.name for f in the_suite.families] if the_suite else []
