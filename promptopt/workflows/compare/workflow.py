@@ -1,6 +1,6 @@
-"""`run_compare`, top to bottom: validate, plan every study, evaluate the baseline, run each search and evaluate
-its top-N trials, choose the winners, build the tables, write them (see the package docstring for what it
-measures)."""
+"""`run_compare`, stage by stage: validate, plan every study (`_plan`), the evaluator whose store `--resume` reuses
+(`evaluation_resume_key`), evaluate the baseline, run each search and evaluate its top-N trials and its winner
+(`_searches`), build the tables, write them (see the package docstring for what it measures)."""
 
 from __future__ import annotations
 
