@@ -8,6 +8,7 @@ One call per thing a user does (promptopt/api.py), each keyword-only with the CL
     card = promptopt.export("runs/cmp", out="card.yaml")
     promptopt.verify("card.yaml").ok
     prompt = promptopt.load_prompt("card.yaml")   # production code: no torch
+    promptopt.search(task="sst2", model=promptopt.Model(model, tokenizer))   # a model already loaded
 
 Kept thin on purpose: `import promptopt` loads nothing heavy; each name is resolved on first use, and
 `promptopt.load_prompt` (promptopt/production.py) never imports torch or transformers: `pip install promptopt` is
@@ -27,6 +28,9 @@ except metadata.PackageNotFoundError:  # a source tree that was never installed
 _LAZY = {
     "search": "promptopt.api",
     "compare": "promptopt.api",
+    "score": "promptopt.api",
+    "serve": "promptopt.api",
+    "Model": "promptopt.models.memory",
     "export": "promptopt.api",
     "verify": "promptopt.api",
     "load_prompt": "promptopt.production",
@@ -44,4 +48,15 @@ def __dir__() -> list[str]:
     return sorted([*globals(), *_LAZY])
 
 
-__all__ = ["CardPrompt", "__version__", "compare", "export", "load_prompt", "search", "verify"]
+__all__ = [
+    "CardPrompt",
+    "Model",
+    "__version__",
+    "compare",
+    "export",
+    "load_prompt",
+    "score",
+    "search",
+    "serve",
+    "verify",
+]

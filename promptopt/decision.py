@@ -207,7 +207,22 @@ def rule_names() -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class DecisionRule:
-    """A decision rule with everything it needs to decide: its parameters and the items they came from."""
+    """A decision rule with everything it needs to decide: its parameters and the items they came from.
+
+    Attributes:
+        kind: the rule's registered name (argmax, contextual, batch, affine, pmi, or a plugin's).
+        reading: the log-probabilities it reads: "acc" (summed), "acc_norm" (per character) or "" (the task's).
+        mode: batch only: "stored" (bias frozen from fit items) or "adaptive" (re-estimated per batch).
+        labels: the fixed labels the parameters belong to, in order.
+        bias: one bias per label (calibrated rules), centered.
+        scale: one scale per label (affine).
+        content_free: contextual and pmi: the content-free inputs the parameters or references come from.
+        min_batch: adaptive batch: the fewest inputs a batch re-estimates its bias from.
+        fitted_on: what the parameters were fit on ({split, n, ids_sha256, ids}).
+
+    Raises:
+        ConfigError: an unknown kind, reading or mode.
+    """
 
     kind: str = "argmax"
     reading: str = "acc"  # which log-probabilities it reads: summed (acc) or per character (acc_norm); "" = the task's
@@ -300,7 +315,18 @@ class DecisionRule:
 
     def decide(self, rows: list[list[float]], references: list[list[float]] | None = None) -> list[int]:
         """The chosen label index of every row of a batch (adaptive batch calibration reads the whole batch;
-        pmi reads each row's reference)."""
+        pmi reads each row's reference).
+
+        Args:
+            rows: each input's label log-likelihoods, in the labels' order.
+            references: pmi only: each input's reference r (`reference_row`).
+
+        Returns:
+            The chosen label index of every row.
+
+        Raises:
+            ConfigError: a calibrated rule without its parameters, or with parameters for another number of labels.
+        """
         return [argmax(self.scores(r, b)) for r, b in zip(rows, self.biases(rows, references))]
 
     def logit_shift(self, ll: list[float], bias: list[float] | None = None) -> list[float]:
@@ -339,7 +365,19 @@ class DecisionRule:
 
 
 def rule_from_card(section: dict | None, where: str = "decision") -> DecisionRule:
-    """A DecisionRule from a card's `decision` mapping (None or absent: argmax); errors name the field."""
+    """A DecisionRule from a card's `decision` mapping (None or absent: argmax); errors name the field.
+
+    Args:
+        section: the card's `decision` mapping.
+        where: how errors name it (the card's file and field).
+
+    Returns:
+        The rule with its stored parameters.
+
+    Raises:
+        ConfigError: an unknown rule (naming the package that provided it, when the card records one), or an
+            invalid parameter.
+    """
     if section is None:
         return DecisionRule()
     if not isinstance(section, dict):
@@ -384,7 +422,17 @@ def rule_from_card(section: dict | None, where: str = "decision") -> DecisionRul
 def parse_rule(text: str) -> DecisionRule:
     """A rule as written on a command line or in a space file: a registered rule's name (argmax, contextual,
     batch, batch-adaptive, affine, pmi, and any installed), each optionally with :acc or :acc_norm (else it reads
-    the task's metric). Unfitted (pmi: with its default content-free input)."""
+    the task's metric). Unfitted (pmi: with its default content-free input).
+
+    Args:
+        text: e.g. "argmax", "batch-adaptive", "pmi:acc_norm".
+
+    Returns:
+        The rule, without parameters yet.
+
+    Raises:
+        ConfigError: an unknown rule name (with every registered one and the nearest).
+    """
     name, _, reading = text.partition(":")
     kind, mode = ("batch", "adaptive") if name == "batch-adaptive" else (name, "stored")
     if kind not in DECISION_RULES:

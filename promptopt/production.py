@@ -133,7 +133,19 @@ class CardPrompt:
         input i's choices (needed by per-item choice tasks; default: the card's fixed ones). An adaptive batch
         rule re-estimates its bias from the batch, as the scorer does. `content_free[i]` (a `pmi` card): the
         log-likelihoods of `content_free_requests(choices[i])`, in order (per member for an ensemble card) —
-        the same for every input with the same choices, so cache them per choice tuple."""
+        the same for every input with the same choices, so cache them per choice tuple.
+
+        Args:
+            logprobs: per input, each continuation's log-likelihood (per member, for an ensemble card).
+            choices: per input, its choices; None: the card's fixed ones.
+            content_free: per input, the log-likelihoods of `content_free_requests` (a `pmi` card only).
+
+        Returns:
+            The chosen choice index of each input.
+
+        Raises:
+            ConfigError: an ensemble card given one list per input, or a per-item task without its choices.
+        """
         from promptopt.decision import argmax, ensemble_scores
 
         choices = [self._choices(None)] * len(logprobs) if choices is None else [self._choices(c) for c in choices]
@@ -156,8 +168,19 @@ class CardPrompt:
         ]
         return [argmax(ensemble_scores([scores[i] for scores in per_member])) for i in range(len(logprobs))]
 
-    def decide(self, logprobs: list, choices=None, content_free: list | None = None) -> int:
-        """One input's chosen choice index (a batch of one: an adaptive rule keeps its stored bias)."""
+    def decide(
+        self, logprobs: list, choices: list[str] | tuple[str, ...] | None = None, content_free: list | None = None
+    ) -> int:
+        """One input's chosen choice index (a batch of one: an adaptive rule keeps its stored bias).
+
+        Args:
+            logprobs: each continuation's log-likelihood (one list per member for an ensemble card).
+            choices: the input's choices; None: the card's fixed ones.
+            content_free: the log-likelihoods of `content_free_requests(choices)` (a `pmi` card only).
+
+        Returns:
+            The index of the chosen choice.
+        """
         return self.decide_batch(
             [logprobs], None if choices is None else [choices], None if content_free is None else [content_free]
         )[0]
@@ -182,8 +205,19 @@ class CardPrompt:
         """OpenAI-style chat messages: instruction as the system turn, each exemplar a user/assistant pair."""
         return self.prompt.messages(question, self._choices(choices))
 
-    def render(self, question: str, choices=None) -> str:
-        """Exactly the text the scorer scored for this question (and choices, for multiple choice)."""
+    def render(self, question: str, choices: list[str] | tuple[str, ...] | None = None) -> str:
+        """Exactly the text the scorer scored for this question (and choices, for multiple choice).
+
+        Args:
+            question: the input, as the task's question field holds it.
+            choices: the input's choices; None: the card's fixed ones (if any).
+
+        Returns:
+            The prompt text, byte for byte; for a chat card, rendered through the card's recorded chat template.
+
+        Raises:
+            ConfigError: a chat card without its chat template (a version-1 card).
+        """
         choices = self._choices(choices)
         if not self.chat:
             return self.prompt.context(question, choices)
@@ -205,10 +239,20 @@ class CardPrompt:
         """What is shown and scored for each choice: label words, letters or the choice texts."""
         return self.prompt.choice_texts(self._choices(choices))
 
-    def continuations(self, choices=None) -> list[str]:
+    def continuations(self, choices: list[str] | tuple[str, ...] | None = None) -> list[str]:
         """Per choice, the text whose log-likelihood after render() scores it (multiple choice). Without
         choices it needs the card's fixed ones: a task whose items each have their own (ARC, MMLU) would
-        otherwise get an empty list, and an argmax over nothing."""
+        otherwise get an empty list, and an argmax over nothing.
+
+        Args:
+            choices: the input's choices; None: the card's fixed ones.
+
+        Returns:
+            One continuation per choice, in the choices' order.
+
+        Raises:
+            ConfigError: no choices given and the card has no fixed ones.
+        """
         choices = self._choices(choices)
         if choices is None:
             raise ConfigError(
@@ -237,10 +281,21 @@ class CardPrompt:
             index, _ = choice_answer(model_output, list(choices))
         return index
 
-    def parse(self, model_output: str, choices=None) -> str | None:
+    def parse(self, model_output: str, choices: list[str] | tuple[str, ...] | None = None) -> str | None:
         """The answer in a model's output, read as the task's judge reads it: multiple choice → the choice
         (label word → its label); number → the final number, normalized; alias_match → the first line;
-        code → the completion itself. None when nothing can be extracted."""
+        code → the completion itself. None when nothing can be extracted.
+
+        Args:
+            model_output: the generated text.
+            choices: the input's choices (multiple choice); None: the card's fixed ones.
+
+        Returns:
+            The answer as the task's judge reads it, or None.
+
+        Raises:
+            ConfigError: a version-1 card (no answer type), or a multiple-choice card without choices.
+        """
         from promptopt.tasks.extract import final_number, first_line
 
         kind = self._need_type()
@@ -273,7 +328,19 @@ def load_prompt(path: str | Path, *, check: bool = True) -> CardPrompt:
     field that decides its answers (rendering, decision, model, data, ...) check.fields_sha256 — else it is refused,
     naming the edited fields; a card without check.fields_sha256 (deleted, or exported before promptopt wrote it) and
     a version-1 card (no hashes; renders plain prompts only) cannot be checked and are refused too. `check=False`
-    loads any valid card as it is and says so with an UncheckedCardWarning on every load."""
+    loads any valid card as it is and says so with an UncheckedCardWarning on every load.
+
+    Args:
+        path: the card's YAML file.
+        check: refuse a card whose hashes do not match what export wrote (False: load it, with a warning).
+
+    Returns:
+        The card, ready to render inputs, decide answers from log-likelihoods and parse model outputs.
+
+    Raises:
+        ConfigError: the file is missing or malformed, a field is invalid, the card was edited after export (or
+            cannot be checked), or it needs a decision rule whose package is not installed (the line names it).
+    """
     where = str(path)
     data = load_yaml(path)
     version = Fields(data, where).get("promptopt_card", int, expected="card version 1 or 2")
@@ -316,7 +383,15 @@ def _refuse_unchecked(data: dict, where: str, version: int) -> None:
 
 
 def card_prompt(data: dict, where: str = "<card>") -> CardPrompt:
-    """A CardPrompt from a card mapping that has been validated (or built by export)."""
+    """A CardPrompt from a card mapping that has been validated (or built by export).
+
+    Args:
+        data: the card as a mapping (what `load_prompt` read from YAML).
+        where: how errors name the card.
+
+    Returns:
+        The card's prompt, unchecked: `load_prompt` is the way to read a card from a file.
+    """
     prompt = prompt_from_card(
         {k: data[k] for k in ("task", "instruction", "template", "exemplars") if k in data}, where
     )

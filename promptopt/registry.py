@@ -27,7 +27,15 @@ ENTRY_POINT_PREFIX = "promptopt."
 
 
 def load_reference(reference: str) -> Any:
-    """The object a "module:attribute" reference names."""
+    """The object a "module:attribute" reference names.
+
+    Args:
+        reference: "package.module:attribute" (the attribute may be dotted; without one, the module).
+
+    Raises:
+        ModuleNotFoundError: the module is not installed.
+        AttributeError: the module has no such attribute.
+    """
     module, _, attribute = reference.partition(":")
     value = importlib.import_module(module)
     for part in attribute.split(".") if attribute else ():
@@ -37,7 +45,15 @@ def load_reference(reference: str) -> Any:
 
 class Registry(Generic[T]):
     """Named extensions of one kind. `make` turns what is registered into the entry (e.g. a class into its
-    instance); `name_of` reads an entry's name when `register` is not given one."""
+    instance); `name_of` reads an entry's name when `register` is not given one.
+
+    Args:
+        kind: what an entry is, as messages say it ("strategy", "decision rule").
+        group: the entry-point group installed packages add entries through ("promptopt.strategies").
+        builtins: name -> "module:attribute" of the built-in entries, imported on first use.
+        make: turns what is registered into the entry (default: itself).
+        name_of: an entry's name when `register` is given none (default: its `.name`).
+    """
 
     def __init__(
         self,
@@ -58,7 +74,19 @@ class Registry(Generic[T]):
 
     # --- adding ------------------------------------------------------------------------------------
     def register(self, obj: Any = None, *, name: str | None = None, replace: bool = False) -> Any:
-        """Add `obj` (usable as a decorator, with or without arguments); returns `obj` unchanged."""
+        """Add `obj` (usable as a decorator, with or without arguments).
+
+        Args:
+            obj: the entry (or what `make` turns into it); None: return a decorator.
+            name: its name (default: `name_of(obj)`, e.g. its `.name`).
+            replace: replace an entry of that name registered in this process.
+
+        Returns:
+            `obj` unchanged.
+
+        Raises:
+            ValueError: another entry is registered under that name and `replace` is False.
+        """
         if obj is None:
             return lambda o: self.register(o, name=name, replace=replace)
         entry = self._make(obj)
@@ -69,6 +97,7 @@ class Registry(Generic[T]):
         return obj
 
     def unregister(self, name: str) -> None:
+        """Remove an entry registered in this process (built-in and installed names stay)."""
         self._entries.pop(name, None)
 
     def __setitem__(self, name: str, obj: Any) -> None:  # dict-like, for tests that swap an entry
@@ -89,7 +118,14 @@ class Registry(Generic[T]):
 
     def provider(self, name: str) -> str | None:
         """The distribution (pip package) whose entry point installs `name`; None for a built-in or an entry
-        registered in-process. A card records it, so a reader without the package is told which to install."""
+        registered in-process. A card records it, so a reader without the package is told which to install.
+
+        Args:
+            name: a registered name.
+
+        Returns:
+            The distribution's name, or None.
+        """
         if name in self._builtins or name in self._entries and name not in self._installed():
             return None
         installed = self._installed().get(name)
@@ -102,7 +138,19 @@ class Registry(Generic[T]):
         return tuple(seen)
 
     def get(self, name: str, where: str | None = None) -> T:
-        """The entry called `name`; an unknown name is a ConfigError naming `where`, the choices and the nearest."""
+        """The entry called `name`: registered in-process, else built in, else installed.
+
+        Args:
+            name: the entry's name.
+            where: what the error names as the place of the unknown name (a file and field, an option).
+
+        Returns:
+            The entry.
+
+        Raises:
+            ConfigError: an unknown name (naming `where`, every registered name and the nearest), or an installed
+                package's entry point that fails to load.
+        """
         if name in self._entries:
             return self._entries[name]
         if name in self._builtins:
@@ -120,6 +168,7 @@ class Registry(Generic[T]):
         raise ConfigError(self.unknown(name, where))
 
     def unknown(self, name: str, where: str | None = None) -> str:
+        """The one-line message for an unknown `name`: the registered names, and the nearest one if any."""
         names = self.names()
         near = difflib.get_close_matches(str(name), names, n=1)
         hint = f" (did you mean {near[0]!r}?)" if near else ""

@@ -195,6 +195,7 @@ FILE_SECONDS = {
     "test_cli": 6,
     "test_install": 40,  # 28-52 s on 2 busy cores, 2026-12-06: a venv, a wheel build, pip (cache warm), a search
     "test_extras": 15,  # six CLI processes with modules hidden
+    "test_api_objects": 75,  # busy run, 2026-12-06: searches, an export, verifies and a served card on tiny models
     "test_diagnose_math": 4,
     "test_extract_sandbox": 3,
     "test_prefix_cache": 6,

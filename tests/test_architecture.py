@@ -336,6 +336,41 @@ def test_the_implementations_keep_their_contracts(tiny_lm, tiny_llama_dir, tmp_p
                 assert set(wanted) <= set(got), f"{implementation.__name__}.{name} lacks {set(wanted) - set(got)}"
 
 
+def _runner_calls(tree) -> list[tuple[str, int, set[str]]]:
+    """(method, line, keywords) of every `<...runner>.loglikelihood(...)` / `.generate(...)` call in a module."""
+    found = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        method, owner = node.func.attr, node.func.value
+        name = owner.attr if isinstance(owner, ast.Attribute) else owner.id if isinstance(owner, ast.Name) else ""
+        if method in ("loglikelihood", "generate") and name.endswith("runner"):
+            found.append((method, node.lineno, {k.arg for k in node.keywords if k.arg}))
+    return found
+
+
+def test_every_runner_call_stays_inside_the_protocol():
+    """The other direction of the contract: what the package passes a runner is what `ModelRunner` states, so a
+    stand-in written against the Protocol alone takes every call (tests/test_api_objects.py runs one)."""
+    import inspect
+
+    from promptopt.models import ModelRunner
+
+    stated = {m: set(inspect.signature(getattr(ModelRunner, m)).parameters) for m in ("loglikelihood", "generate")}
+    calls, beyond = 0, []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.name == "runner.py":  # the Runner itself (its own helpers)
+            continue
+        for method, line, keywords in _runner_calls(ast.parse(path.read_text(encoding="utf-8"))):
+            calls += 1
+            beyond += [f"{path.relative_to(PACKAGE)}:{line} {method}({k}=)" for k in keywords - stated[method]]
+    assert calls >= 6, calls  # the scorer's, robustness's, propose's and diagnose's calls are all seen
+    assert not beyond, f"runner calls with keywords ModelRunner does not state: {beyond}"
+    # and the check can fail: a call with an unstated keyword is seen
+    bad = ast.parse("self.runner.loglikelihood(pairs, tcb_targets=t, speed=2)")
+    assert _runner_calls(bad) == [("loglikelihood", 1, {"tcb_targets", "speed"})]
+
+
 def test_a_stand_in_without_a_member_breaks_the_contract():
     from promptopt.models import ModelRunner
     from promptopt.scoring import PromptScorer

@@ -20,6 +20,7 @@ notebook page read as a guide page is over the limit.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shlex
 from dataclasses import dataclass
@@ -541,7 +542,25 @@ def card_folder(tmp_path_factory) -> Path:
 )
 def test_runnable_block_runs(where, block, card_folder, monkeypatch):
     monkeypatch.chdir(card_folder)
-    run_block(where, block)
+    with registries_restored():  # docs/recipes.md registers entries in-process: they leave with the block
+        run_block(where, block)
+
+
+@contextlib.contextmanager
+def registries_restored():
+    from promptopt.decision import DECISION_RULES
+    from promptopt.robustness.perturb import OPERATORS
+    from promptopt.study.strategies import STRATEGIES
+    from promptopt.tasks.answers import ANSWER_TYPES
+
+    registries = (DECISION_RULES, OPERATORS, STRATEGIES, ANSWER_TYPES)
+    before = [dict(registry._entries) for registry in registries]
+    try:
+        yield
+    finally:
+        for registry, entries in zip(registries, before):
+            registry._entries.clear()
+            registry._entries.update(entries)
 
 
 # --- help texts point to pages and sections that exist ---------------------------------------------------------------

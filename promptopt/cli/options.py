@@ -14,10 +14,12 @@ from promptopt.errors import UserError
 REGISTRY_HELP: list[tuple[object, str, str]] = []
 
 
-def listing_option(default, *flags: str, help: str, registry: str):  # noqa: A002 - typer's name
-    """A typer option whose `help` has a `{names}` slot for the registry at "module:attribute" `registry`."""
-    option = typer.Option(default, *flags, help=help.format(names="the registered names: see --help"))
-    REGISTRY_HELP.append((option, help, registry))
+def listing_option(default, *flags: str, help: str, registry: str | dict[str, str]):  # noqa: A002 - typer's name
+    """A typer option whose `help` has a `{names}` slot for the registry at "module:attribute" `registry`; or, with
+    `registry` a mapping of slot -> reference, one slot per list (a reference to a function lists what it returns)."""
+    slots = {"names": registry} if isinstance(registry, str) else dict(registry)
+    option = typer.Option(default, *flags, help=help.format(**dict.fromkeys(slots, "the registered names: see --help")))
+    REGISTRY_HELP.append((option, help, slots))
     return option
 
 
@@ -27,14 +29,18 @@ def fill_registry_help() -> None:
     from promptopt.extras import extra_of
     from promptopt.registry import load_reference
 
-    for option, template, reference in REGISTRY_HELP:
-        try:
-            registry = load_reference(reference)
-        except ModuleNotFoundError as exc:
-            if extra_of(exc.name) is None:
-                raise
-            continue
-        option.help = template.format(names=", ".join(registry.names()))
+    for option, template, slots in REGISTRY_HELP:
+        listed = {}
+        for slot, reference in slots.items():
+            try:
+                source = load_reference(reference)
+            except ModuleNotFoundError as exc:
+                if extra_of(exc.name) is None:
+                    raise
+                break
+            listed[slot] = ", ".join(source.names() if hasattr(source, "names") else source())
+        else:
+            option.help = template.format(**listed)
 
 
 ModelOpt = listing_option(

@@ -156,6 +156,8 @@ def print_written(report) -> None:
 
 
 def print_conflicts(r, task: str, model: str) -> None:
+    from promptopt.workflows.compare.records import ACCURACY_CI
+
     th = Table(title="thresholds (log δ = log10 δ_TCB)")
     for name in ("for", "threshold", "value", "δ_TCB", "how"):
         th.add_column(name, justify="right" if name in ("value", "δ_TCB") else "left")
@@ -230,7 +232,7 @@ def print_conflicts(r, task: str, model: str) -> None:
             row.prompt,
             str(int(row.n)) if ours else "",
             fmt(row.acc),
-            ci(row.acc_ci_low, row.acc_ci_high) if ours else "",
+            ci(*(row[c] for c in ACCURACY_CI)) if ours else "",
             fmt(row.tcb_mean),
             fmt(row.v_eff_mean),
             fmt(row.margin_mean),

@@ -40,6 +40,19 @@ def print_dev_choices(choices: list[dict]) -> None:
 
 
 def print_compare(result, task: str, model: str) -> None:
+    from promptopt.workflows.compare.records import (
+        ACCURACY,
+        ACCURACY_CI,
+        DELTA_ACCURACY,
+        PPL_MEAN,
+        SEARCH_SECONDS,
+        SELECTED_BY,
+        TCB_GEOMEAN,
+        TCB_MEDIAN,
+        interval_columns,
+        sd_column,
+    )
+
     s = result.summary
     seen, unseen = s.get("families_seen") or [], s.get("families_unseen") or []
     splits = [
@@ -56,20 +69,20 @@ def print_compare(result, task: str, model: str) -> None:
     for _, r in result.table.iterrows():
         cells = [
             r.strategy,
-            pm(r.avg_acc, r.avg_acc_sd),
-            ci(r.acc_ci_low, r.acc_ci_high),
-            pm(_nan(r, "tcb_median"), _nan(r, "tcb_median_sd")),  # robust: pmi can make one item the whole mean
-            pm(_nan(r, "tcb_geomean"), _nan(r, "tcb_geomean_sd")),
-            pm(r.avg_ppl, r.avg_ppl_sd),
+            pm(r[ACCURACY], r[sd_column(ACCURACY)]),
+            ci(*(r[c] for c in ACCURACY_CI)),
+            pm(_nan(r, TCB_MEDIAN), _nan(r, sd_column(TCB_MEDIAN))),  # robust: pmi can make one item the whole mean
+            pm(_nan(r, TCB_GEOMEAN), _nan(r, sd_column(TCB_GEOMEAN))),
+            pm(r[PPL_MEAN], r[sd_column(PPL_MEAN)]),
         ]
         for split in splits:
             cells += [
                 fmt(_nan(r, f"acc_var_pert_{split}")),
-                pm(_nan(r, f"pdr_{split}"), _nan(r, f"pdr_{split}_sd")),
-                pm(_nan(r, f"acc_worst_{split}"), _nan(r, f"acc_worst_{split}_sd")),
-                ci(_nan(r, f"acc_worst_{split}_ci_low"), _nan(r, f"acc_worst_{split}_ci_high")),
+                pm(_nan(r, f"pdr_{split}"), _nan(r, sd_column(f"pdr_{split}"))),
+                pm(_nan(r, f"acc_worst_{split}"), _nan(r, sd_column(f"acc_worst_{split}"))),
+                ci(*(_nan(r, c) for c in interval_columns(f"acc_worst_{split}"))),
             ]
-        table.add_row(*cells, fmt(r.taboo_retention_i1), fmt(r.search_seconds))
+        table.add_row(*cells, fmt(r.taboo_retention_i1), fmt(r[SEARCH_SECONDS]))
     console.print(table)
     if s.get("suite"):
         console.print(
@@ -95,19 +108,19 @@ def print_compare(result, task: str, model: str) -> None:
         cells = [
             r.a,
             r.b,
-            f"{r.delta_acc:+.3f}{' *' if r.significant else ''}",
-            ci(r.delta_acc_ci_low, r.delta_acc_ci_high),
+            f"{r[DELTA_ACCURACY]:+.3f}{' *' if r.significant else ''}",
+            ci(*(r[c] for c in interval_columns(DELTA_ACCURACY))),
             f"{r.mcnemar_p:.3g}",
         ]
         for split in splits:
             for key in ("acc_worst", "pdr"):
                 col = f"delta_{key}_{split}"
-                cells += [fmt(_nan(r, col)), ci(_nan(r, f"{col}_ci_low"), _nan(r, f"{col}_ci_high"))]
+                cells += [fmt(_nan(r, col)), ci(*(_nan(r, c) for c in interval_columns(col)))]
         paired.add_row(*cells)
     console.print(paired)
     for _, r in result.table.iterrows():
         if r.strategy != "baseline":
-            console.print(f"{r.strategy}: {r.selected_by}")
+            console.print(f"{r.strategy}: {r[SELECTED_BY]}")
     s = result.summary
     reuse = (
         f"reuse: {s['evaluations']} distinct prompts evaluated, {s['evaluations_reused']} shared with another search, "

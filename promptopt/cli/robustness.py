@@ -22,6 +22,7 @@ from promptopt.cli.options import (
     TaskOpt,
     TrustTaskCodeOpt,
     int_list,
+    listing_option,
     names,
 )
 from promptopt.cli.render import console, print_stress, print_stress_sweep
@@ -33,8 +34,15 @@ from promptopt.errors import UserError
 def evaluate(
     task: str = TaskOpt,
     prompt: Path | None = CardOpt,
-    suite: str = typer.Option(
-        "default", "--suite", help="built-in suite name (default, quick, unseen, cheap) or a suite YAML"
+    suite: str = listing_option(
+        "default",
+        "--suite",
+        help="built-in suite ({suites}) or a suite YAML, whose families use the registered perturbation operators: "
+        "{names} (docs/robustness.md)",
+        registry={
+            "suites": "promptopt.robustness.suite.spec:builtin_suite_names",
+            "names": "promptopt.robustness.perturb:OPERATORS",
+        },
     ),
     search_suite: str = SearchSuiteOpt,
     model: str = ModelOpt,

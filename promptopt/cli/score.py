@@ -65,7 +65,7 @@ def score(
 
     if out is not None:
         check_table_path(out)
-    dtype, quantize = card_precision(prompt, dtype, quantize)
+    dtype, quantize = evaluate.card_precision(prompt, dtype, quantize)
     the_session = session(
         task, model, device, dtype, quantize, subsets, batch_size, trust_task_code=trust_task_code, order=order
     )
@@ -74,23 +74,6 @@ def score(
     print_score(result, the_session.data.spec.name, split, the_session.lm.name, rows)
     if out is not None:
         console.print(f"wrote {out} and {out.with_suffix('.json')}")
-
-
-def card_precision(card: Path | None, dtype: str | None, quantize: str | None) -> tuple[str | None, str | None]:
-    """(dtype, quantize) that `score --prompt CARD` loads: the flags where given, else a version-2 card's recorded
-    model.dtype and model.quantization, so the card is scored in the precision it was measured in; `none`: full
-    precision."""
-    if card is not None and (dtype is None or quantize is None):
-        from promptopt.models.load import quantize_of
-        from promptopt.yamlio import load_yaml
-
-        data = load_yaml(card)
-        recorded = data.get("model") if data.get("promptopt_card") == 2 and isinstance(data.get("model"), dict) else {}
-        if dtype is None and recorded.get("dtype") in ("float32", "bfloat16", "float16"):
-            dtype = recorded["dtype"]
-        if quantize is None:
-            quantize = quantize_of(recorded.get("quantization"))
-    return dtype, None if quantize == "none" else quantize
 
 
 @app.command(rich_help_panel=ANALYSE)

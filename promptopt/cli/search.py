@@ -183,10 +183,12 @@ def search(
 def compare(
     task: str = TaskOpt,
     trials: int = typer.Option(20, "--trials", help="the same budget for every strategy"),
-    strategies: str = typer.Option(
+    strategies: str = listing_option(
         "ppl,tcb,accuracy",
         "--strategies",
-        help="comma-separated strategies, each optionally with a decision rule: accuracy,accuracy@batch,robust@affine",
+        help="comma-separated strategies of {names}, each optionally with a decision rule: "
+        "accuracy,accuracy@batch,robust@affine",
+        registry="promptopt.study.strategies:STRATEGIES",
     ),
     model: str = ModelOpt,
     storage: str | None = StorageOpt,

@@ -446,6 +446,23 @@ def token_constraint_bound(
 
     `target` (same leading shape as hidden) selects the token whose −log o is reported as `nll`;
     without it, the predicted token's. For repeated calls on one model, build an `OutputGeometry` once.
+
+    Args:
+        hidden: final hidden states, shape (..., d).
+        weight: the output (unembedding) matrix W, shape (V, d).
+        eps: the probability change δ_TCB bounds (1.0: the paper's definition).
+        logit_scale: a constant the model multiplies its logits by, if any.
+        logit_softcap: the model's final logit soft-cap, if any.
+        bias: the output layer's bias, shape (V,), if any.
+        target: token ids (same leading shape as hidden) whose −log o is reported as `nll`.
+        shift_tokens: token ids whose logits a decision rule shifts (e.g. the label tokens of a calibrated rule).
+        shift_values: the constant added to each of those logits, so δ_TCB is read on the decided distribution.
+
+    Returns:
+        A TCBResult per position: δ_TCB, the Jacobian norm, V_eff, margin, entropy, top probability and the NLL.
+
+    Raises:
+        ValueError: `weight` is not a floating-point V×d matrix, or a non-positive soft-cap or a zero scale.
     """
     geometry = OutputGeometry(weight, bias=bias, logit_scale=logit_scale, logit_softcap=logit_softcap)
     return geometry(hidden, eps=eps, target=target, shift_tokens=shift_tokens, shift_values=shift_values)

@@ -19,6 +19,7 @@ import torch
 
 from promptopt.errors import ModelNotFoundError, UnsupportedError
 from promptopt.metrics.tcb import OutputGeometry
+from promptopt.models import handles
 from promptopt.models.gguf_cache import (  # noqa: F401  (re-exported: callers and tests use them from here)
     _assembled_gguf,
     _dequantized_folder,
@@ -184,7 +185,11 @@ def verify_geometry(lm: LoadedModel) -> float:
 
 
 def _resolve(spec: str) -> tuple[str, Path | str, str | None]:
-    """spec -> (kind, location, gguf file name). kinds: gguf, dir, hub."""
+    """spec -> (kind, location, gguf file name). kinds: gguf, dir, hub, memory (an object the Python API was given:
+    models/memory.py)."""
+    if handles.is_in_memory(spec):
+        handles.get(spec)  # alive in this process, else one line
+        return "memory", spec, None
     if spec in MODELS:
         return MODELS.get(spec).resolve()
     path = Path(spec).expanduser()
@@ -212,6 +217,8 @@ def model_folder(spec: str) -> str:
     kind, location, gguf_file = _resolve(spec)
     if kind == "gguf":
         return str(_dequantized_folder(Path(location), gguf_file))
+    if kind == "memory":
+        raise ModelNotFoundError(f"model '{spec}' was passed as an object: it has no folder (save_pretrained one)")
     return str(location)
 
 
@@ -346,6 +353,8 @@ def load_model(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kind, location, gguf_file = _resolve(spec)
+    if kind == "memory":  # an object the Python API was given: used as it is (models/memory.py)
+        return ModelConfig(spec=spec, device=device, dtype=dtype, quantize=quantize).load()
     target_device = _pick_device(device)
     torch_dtype = _pick_dtype(dtype, target_device)
     quant = _quantization_config(quantize, torch_dtype, target_device.type)
@@ -399,20 +408,88 @@ class ModelConfig:
         if self.device != "auto" and not (self.device == "cpu" or self.device.startswith("cuda")):
             raise UnsupportedError(f"device {self.device!r}: expected cpu, cuda, cuda:N or auto")
 
+    @property
+    def in_memory(self) -> bool:
+        """The model is an object the Python API was given (models/memory.py), alive in this process only."""
+        return handles.is_in_memory(self.spec)
+
     def check(self) -> None:
-        """What can be known without loading: the model resolves, the device exists, bitsandbytes quantizes there."""
+        """What can be known without loading: the model resolves, the device exists, bitsandbytes quantizes there
+        (an in-memory model: it is alive, and the device, dtype and quantize asked for are what it is)."""
         _resolve(self.spec)
+        if self.in_memory:
+            _check_in_memory(self.spec, device=self.device, dtype=self.dtype, quantize=self.quantize)
+            return
         device = _pick_device(self.device)
         if self.quantize is not None:
             bitsandbytes_for(self.quantize, device.type)
 
     def resolved_device_type(self) -> str:
-        """cpu or cuda: where a load would run (auto picks CUDA when there is one)."""
+        """cpu or cuda: where a load would run (auto picks CUDA when there is one; an in-memory model: where it is)."""
+        if self.in_memory:
+            return next(handles.module(self.spec).parameters()).device.type
         return _pick_device(self.device).type
 
     def resolved_dtype(self) -> str:
         """The dtype a load would compute in (by default it depends on the device): part of what a score means."""
+        if self.in_memory:
+            return str(next(handles.module(self.spec).parameters()).dtype).removeprefix("torch.")
         return str(_pick_dtype(self.dtype, _pick_device(self.device))).removeprefix("torch.")
 
     def load(self) -> LoadedModel:
+        """The model, loaded (an in-memory model: the object itself, checked against device, dtype and quantize)."""
+        if self.in_memory:
+            self.check()
+            return _in_memory_loaded(self.spec)
         return load_model(self.spec, device=self.device, dtype=self.dtype, quantize=self.quantize)
+
+    def stand_in(self):
+        """The ModelRunner the Python API was given for this spec (it scores instead of promptopt's Runner), else
+        None."""
+        if not self.in_memory:
+            return None
+        handle, target = handles.get(self.spec)
+        return target if handle.kind == "runner" else None
+
+
+# --- in-memory models (objects the Python API was given: models/memory.py, models/handles.py) ---------------------
+def _in_memory_loaded(spec: str) -> LoadedModel:
+    """The LoadedModel for `spec`'s object: a runner's `lm`, a LoadedModel itself, or one made (once, while the model
+    lives) from a Model's module and tokenizer, its output head checked as `load_model` checks it."""
+    import weakref
+
+    handle, target = handles.get(spec)
+    if handle.kind == "runner":
+        return target.lm
+    if handle.kind == "loaded":
+        return target
+    made = handle.made() if handle.made is not None else None
+    if made is not None:
+        return made
+    model, tokenizer = target, handle.tokenizer
+    model.eval()  # dropout off: a score is a property of the weights
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    context = getattr(cfg, "max_position_embeddings", None) or getattr(tokenizer, "model_max_length", None) or 2048
+    device = next(model.parameters()).device
+    made = LoadedModel(model=model, tokenizer=tokenizer, name=spec, device=device, context_length=int(context))
+    verify_geometry(made)
+    handle.made = weakref.ref(made)
+    return made
+
+
+def _check_in_memory(spec: str, *, device: str, dtype: str | None, quantize: str | None) -> None:
+    """An in-memory model is used as it is: a device, dtype or quantization that differs from what it is now is a
+    one-line error (convert the model before passing it), never a silent conversion of the caller's model."""
+    model = handles.module(spec)
+    first = next(model.parameters())
+    now_dtype = str(first.dtype).removeprefix("torch.")
+    now_quantize = quantize_of(quantization_info(model))
+    if device != "auto" and torch.device(device).type != first.device.type:
+        raise UnsupportedError(f"device {device}: {spec} is on {first.device.type} (move the model before passing it)")
+    if dtype not in (None, "auto") and dtype != now_dtype and now_quantize is None:
+        raise UnsupportedError(f"dtype {dtype}: {spec} computes in {now_dtype} (convert the model before passing it)")
+    if quantize not in (None, now_quantize):
+        raise UnsupportedError(
+            f"quantize {quantize}: {spec} is {'in full precision' if now_quantize is None else now_quantize} "
+            "(quantize the model before passing it)"
+        )

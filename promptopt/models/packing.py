@@ -23,6 +23,7 @@ they were measured, bench/bench_scoring.py) and save at least a fifth of the tok
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -39,24 +40,40 @@ class Group:
     shared: int  # absolute length of their common token prefix
 
 
-def packable(runner) -> bool:
-    """Whether the runner's model takes a packed row's mask exactly: sdpa attention, full-attention layers only."""
-    cached = getattr(runner, "_packable", None)
-    if cached is not None:
-        return cached
+class PackingHost(Protocol):
+    """What packing needs of the runner it packs for (models/runner.py Runner): its model and settings, and three
+    hooks: the caches a scoring batch runs on, the last MLP it may run at read positions only, one forward."""
+
+    lm: object  # models.load.LoadedModel
+    batch_size: int
+    progress: bool
+    use_prefix_cache: bool
+    share_item_contexts: bool
+
+    @property
+    def packable(self) -> bool: ...
+
+    def scoring_caches(self, prefix, *, rows: int, width: int): ...
+
+    def skippable_mlp(self) -> torch.nn.Module | None: ...
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache) -> tuple: ...
+
+
+def packable(lm) -> bool:
+    """Whether a loaded model takes a packed row's mask exactly: sdpa attention, full-attention layers only."""
     from promptopt.models.attention import GROUPED_SDPA
 
-    config = runner.lm.model.config
+    config = lm.model.config
     text = getattr(config, "get_text_config", lambda: config)()
     layer_types = getattr(text, "layer_types", None)
     full = all(t == "full_attention" for t in layer_types) if layer_types else not getattr(text, "sliding_window", None)
-    runner._packable = full and config._attn_implementation in ("sdpa", GROUPED_SDPA)
-    return runner._packable
+    return full and config._attn_implementation in ("sdpa", GROUPED_SDPA)
 
 
-def plan(runner, requests, fed, prefix_len: int, groups) -> list[Group] | None:
+def plan(runner: PackingHost, requests, fed, prefix_len: int, groups) -> list[Group] | None:
     """The groups to pack, or None where packing is off, not exact for this model, or does not pay."""
-    if not (getattr(runner, "share_item_contexts", True) and runner.use_prefix_cache) or not packable(runner):
+    if not (runner.share_item_contexts and runner.use_prefix_cache) or not runner.packable:
         return None
     from promptopt.models.token_prefix import common_prefix_length
 
@@ -112,7 +129,7 @@ def _mask(segment: torch.Tensor, prefix_len: int) -> torch.Tensor:
     return torch.cat([torch.ones(rows, width, prefix_len, dtype=torch.bool), allowed], dim=-1)[:, None]
 
 
-def run(runner, groups: list[Group], first_needed: dict, prefix_len: int, prefix):
+def run(runner: PackingHost, groups: list[Group], first_needed: dict, prefix_len: int, prefix):
     """Run the packed rows, longest first, in batches of at most the tokens the unpacked widest batch would hold;
     return the hidden states every request reads (hidden_states.States)."""
     from tqdm.auto import tqdm
@@ -130,7 +147,7 @@ def run(runner, groups: list[Group], first_needed: dict, prefix_len: int, prefix
     batches.append(current)
     pad = runner.lm.tokenizer.pad_token_id or 0
     dev = runner.lm.device
-    cache_for = runner._scoring_caches(prefix, rows=max(map(len, batches)), width=len(rows[0][1]))
+    cache_for = runner.scoring_caches(prefix, rows=max(map(len, batches)), width=len(rows[0][1]))
     states = States()
     meter, done = progress.meter("scoring", len(rows), "packed rows"), 0
     for batch in tqdm(batches, desc="scoring", disable=not runner.progress, leave=False):
@@ -147,12 +164,12 @@ def run(runner, groups: list[Group], first_needed: dict, prefix_len: int, prefix
             for seq in group.inputs:
                 at = [_index(group, tail_at, seq, p, prefix_len) for p in range(first_needed[seq], len(seq))]
                 reads.append((b, group, seq, torch.tensor(at, dtype=torch.long)))
-        mlp, read = runner._skippable_mlp(), None
+        mlp, read = runner.skippable_mlp(), None
         if mlp is not None:  # each position read once, though several inputs read the common part
             read = torch.cat([b * width + at for b, _, _, at in reads]).unique().to(dev)
         mask = _mask(segment, prefix_len)
         with torch.inference_mode(), last_layer.mlp_only_at(mlp, read):
-            hidden, _ = runner._forward(ids.to(dev), mask.to(dev), positions.to(dev), cache_for(len(batch)))
+            hidden, _ = runner.forward(ids.to(dev), mask.to(dev), positions.to(dev), cache_for(len(batch)))
         for b, group, seq, at in reads:
             states.add(seq, first_needed[seq], hidden[b, at.to(dev)].float().clone(), group.key, group.shared)
         meter.update(done)

@@ -25,7 +25,7 @@ import itertools
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
 
@@ -56,14 +56,36 @@ class LoglikelihoodResult:
     tcb: dict | None = None  # δ_TCB and its companions there (TCBResult's fields as numbers), when asked for
 
 
+@runtime_checkable
+class FollowsRows(Protocol):
+    """A logits processor with per-row state that follows the batch when finished rows leave it (generation drops
+    them: `compact`), like TabooLogitsProcessor."""
+
+    def select_rows(self, index: torch.Tensor, chosen: torch.Tensor) -> None:
+        """Keep the rows at `index` (positions in the current batch); `chosen`: the tokens just chosen, all rows."""
+
+
+@runtime_checkable
+class KeepsLogs(Protocol):
+    """A logits processor that keeps a log per row, returned when generation ends (GenerationResult.processor_logs)."""
+
+    def finalize(self, output_ids: torch.Tensor) -> list:
+        """The per-row logs, given the last chosen tokens (rows, 1)."""
+
+
+@runtime_checkable
+class Truncatable(Protocol):
+    """A row's processor log that can be cut to the steps the row really took."""
+
+    def truncate(self, steps: int): ...
+
+
 def _compactable(processors) -> bool:
     """Finished rows may leave a batch when every processor is stateless across rows (temperature, top-p) or
-    follows them (`select_rows(index, chosen)`, like TabooLogitsProcessor)."""
+    follows them (`FollowsRows`)."""
     from transformers import TemperatureLogitsWarper, TopPLogitsWarper
 
-    return all(
-        hasattr(p, "select_rows") or isinstance(p, (TemperatureLogitsWarper, TopPLogitsWarper)) for p in processors
-    )
+    return all(isinstance(p, (FollowsRows, TemperatureLogitsWarper, TopPLogitsWarper)) for p in processors)
 
 
 def cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:
@@ -116,6 +138,7 @@ class Runner:
         # off: every input whole (the reference behaviour, for tests)
         self.share_item_contexts = True
         self.last_call_packed = False  # whether the last loglikelihood call packed its inputs
+        self._packable: bool | None = None  # `packable`, looked up on the first scoring call
         use_grouped_sdpa(lm.model)
         if lm.device.type == "cpu":
             keep_freed_memory()  # else a process's first scoring call page-faults ~2 GB back in (cpu_memory.py)
@@ -185,7 +208,7 @@ class Runner:
             self._prefixes.popitem(last=False)
         return lcp, template
 
-    def _scoring_caches(self, prefix: Cache | None, *, rows: int, width: int):
+    def scoring_caches(self, prefix: Cache | None, *, rows: int, width: int):
         """batch rows -> the cache a scoring batch of up to `rows` rows and `width` tokens runs on (None without
         a prefix): one cache over `PrefixBuffers` for them all, or with `reuse_prefix_buffers` off a fresh copy
         of the prefix for each."""
@@ -208,7 +231,7 @@ class Runner:
 
         return DynamicCache(config=self.lm.model.config) if prefix is None else prefix_cache.growing_cache(prefix, rows)
 
-    def _skippable_mlp(self) -> torch.nn.Module | None:
+    def skippable_mlp(self) -> torch.nn.Module | None:
         """The last MLP that scoring runs at the positions it reads only (`last_layer.py`), or None."""
         if not self.skip_unread_positions:
             return None
@@ -218,6 +241,20 @@ class Runner:
             )  # what the hidden states flow in (4-bit weights too)
             self._last_mlp = last_layer.position_wise_last_mlp(self.lm.base, self.lm.output_head.hidden_size, dtype)
         return self._last_mlp
+
+    @property
+    def packable(self) -> bool:
+        """Whether this model takes a packed row's mask exactly (packing.py `packable`), looked up once."""
+        if self._packable is None:
+            from promptopt.models import packing
+
+            self._packable = packing.packable(self.lm)
+        return self._packable
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache) -> tuple:
+        """One forward of the base model over a batch (ids, 4-d boolean mask, positions, the cache it extends or
+        None) -> (last hidden states, cache): the scoring paths' one way into the model, packing's included."""
+        return self._forward(ids, mask, positions, cache)
 
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache) -> tuple:
         kwargs = {self.lm.cache_kwarg: cache} if cache is not None else {}
@@ -278,7 +315,7 @@ class Runner:
         sizes = length_batches([len(s) - prefix_len for s in order], self.batch_size, self.forward_overhead_tokens)
         ends = list(itertools.accumulate(sizes))
         batches = [order[end - n : end] for end, n in zip(ends, sizes)]
-        cache_for = self._scoring_caches(prefix, rows=max(sizes), width=len(order[0]) - prefix_len)
+        cache_for = self.scoring_caches(prefix, rows=max(sizes), width=len(order[0]) - prefix_len)
         meter, done = progress.meter("scoring", len(order), "inputs"), 0
         for batch in tqdm(batches, desc="scoring", disable=not self.progress, leave=False):
             done += len(batch)
@@ -292,7 +329,7 @@ class Runner:
                 mask[row, prefix_len : prefix_len + len(suffix)] = 1
             positions = (prefix_len + torch.arange(width)).expand(len(batch), -1)
             dev = self.lm.device
-            mlp, read = self._skippable_mlp(), None
+            mlp, read = self.skippable_mlp(), None
             if mlp is not None:  # the flattened (row × position) indices whose final hidden state is read below
                 read = torch.cat(
                     [
@@ -404,7 +441,7 @@ class Runner:
 
         `logits_processor` is a transformers `LogitsProcessor` (or a list of them); it sees the full ids so
         far and the raw scores, exactly as inside `model.generate`. `processor_factory` instead builds a
-        fresh one for each batch; a processor with a `finalize(output_ids)` method returns per-row logs,
+        fresh one for each batch; a processor that `KeepsLogs` (`finalize(output_ids)`) returns per-row logs,
         which land in each result's `processor_logs`.
         """
         from tqdm.auto import tqdm
@@ -539,12 +576,12 @@ class Runner:
                 if compact and len(keep) < len(active):  # finished rows cost nothing from here on
                     index = torch.tensor(keep, device=dev)
                     for p in processors:
-                        if hasattr(p, "select_rows"):
+                        if isinstance(p, FollowsRows):
                             p.select_rows(index, nxt)
                     cache.batch_select_indices(index)
                     step_ids, full_ids, mask, step_pos = step_ids[index], full_ids[index], mask[index], step_pos[index]
                     active = [active[pos] for pos in keep]
-        logs = [p.finalize(nxt[:, None]) for p in processors if hasattr(p, "finalize") and nxt is not None]
+        logs = [p.finalize(nxt[:, None]) for p in processors if isinstance(p, KeepsLogs) and nxt is not None]
         results = []
         for row in range(b):
             ends = [
@@ -552,6 +589,6 @@ class Runner:
             ]
             h = torch.stack(hiddens[row]) if hiddens[row] else torch.empty(0, geometry.hidden_size)
             steps = len(generated[row]) + (reasons[row] == "eos")  # steps this row really took
-            row_logs = [log[row].truncate(steps) if hasattr(log[row], "truncate") else log[row] for log in logs]
+            row_logs = [log[row].truncate(steps) if isinstance(log[row], Truncatable) else log[row] for log in logs]
             results.append(GenerationResult(generated[row], texts[row], reasons[row], h, ends, row_logs))
         return results

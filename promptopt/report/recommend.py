@@ -19,6 +19,7 @@ import pandas as pd
 
 from promptopt.report.numbers import esc, estimate, finite, note, num
 from promptopt.report.verdict import disagreement, pvalue, test_name
+from promptopt.workflows.compare.records import ACCURACY, DELTA_ACCURACY, interval_columns
 
 
 def _paired(source, a: list[bool], b: list[bool], ids: list[str], names: tuple[str, str] | None = None) -> dict:
@@ -64,15 +65,17 @@ def flipped(row: dict) -> dict:
     for key in row:
         if key.startswith("delta_") and not key.endswith(("_ci_low", "_ci_high")):
             out[key] = -row[key]
-            low, high = row.get(f"{key}_ci_low"), row.get(f"{key}_ci_high")
+            low_column, high_column = interval_columns(key)
+            low, high = row.get(low_column), row.get(high_column)
             if low is not None and high is not None:
-                out[f"{key}_ci_low"], out[f"{key}_ci_high"] = -high, -low
+                out[low_column], out[high_column] = -high, -low
     return out
 
 
 def against(row: dict, first: str, second: str) -> str:
     """'Δ accuracy +0.05 [−0.10, 0.20], McNemar p = 0.75 (3 / 1 discordant), not significant' (first − second)."""
-    low, high, p = row["delta_acc_ci_low"], row["delta_acc_ci_high"], row["mcnemar_p"]
+    low, high = (row[c] for c in interval_columns(DELTA_ACCURACY))
+    p = row["mcnemar_p"]
     test = test_name(row)
     if int(row["only_a_correct"]) == int(row["only_b_correct"]) == 0:
         return (
@@ -80,11 +83,11 @@ def against(row: dict, first: str, second: str) -> str:
             f"{pvalue(p)} (no discordant item), not significant"
         )
     text = (
-        f"Δ accuracy {estimate(row['delta_acc'], low, high, signed=True)}, {test} p = {pvalue(p)} "
+        f"Δ accuracy {estimate(row[DELTA_ACCURACY], low, high, signed=True)}, {test} p = {pvalue(p)} "
         f"({int(row['only_a_correct'])} right only with {first}, {int(row['only_b_correct'])} only with {second})"
     )
     if row["significant"]:
-        return text + f", significant (favours {first if row['delta_acc'] > 0 else second})"
+        return text + f", significant (favours {first if row[DELTA_ACCURACY] > 0 else second})"
     return text + ", not significant" + disagreement(low, high, p, test)
 
 
@@ -257,7 +260,7 @@ def _winners_above(source, default: dict) -> str:
     frame = source.candidates
     ensemble = frame["strategy"].astype(str).str.contains(r"\+ens\d+$", regex=True)
     winners = frame[frame["winner"].astype(str).str.lower().eq("true") & (frame["strategy"] != "baseline") & ~ensemble]
-    above = winners[winners["avg_acc"] > default["accuracy"]]
+    above = winners[winners[ACCURACY] > default["accuracy"]]
     if above.empty:
         return ""
     names = ", ".join(

@@ -24,6 +24,17 @@ from promptopt.report.numbers import (
     td,
     tr,
 )
+from promptopt.workflows.compare.records import (
+    ACCURACY,
+    ACCURACY_CI,
+    PPL_MEAN,
+    SEARCH_SECONDS,
+    SELECTED_BY,
+    TCB_GEOMEAN,
+    TCB_MEDIAN,
+    interval_columns,
+    sd_column,
+)
 
 _METRIC = re.compile(r"^delta_(acc_worst|format_spread|pdr|acc)(?:_(seen|unseen))?$")
 _LABELS = {"acc": "accuracy", "acc_worst": "Acc_worst", "pdr": "PDR", "format_spread": "format spread"}
@@ -287,29 +298,27 @@ def strategy_section(compare: pd.DataFrame, candidates: pd.DataFrame | None, sum
             td(str(int(r["n_seeds"])) if finite(r.get("n_seeds")) else "1"),
             td(str(int(r["n_test"])), value=r["n_test"], col="n_test"),
             cell_estimate(
-                r["avg_acc"],
-                r.get("acc_ci_low"),
-                r.get("acc_ci_high"),
-                col="avg_acc",
-                sd=r.get("avg_acc_sd") if many else None,
+                r[ACCURACY],
+                *(r.get(c) for c in ACCURACY_CI),
+                col=ACCURACY,
+                sd=r.get(sd_column(ACCURACY)) if many else None,
             ),
             *([td(str(n_robust) if n_robust else "—")] if robust else []),
             *[
                 cell_estimate(
                     r.get(key),
-                    r.get(f"{key}_ci_low"),
-                    r.get(f"{key}_ci_high"),
+                    *(r.get(c) for c in interval_columns(key)),
                     col=key,
-                    sd=r.get(f"{key}_sd") if many else None,
+                    sd=r.get(sd_column(key)) if many else None,
                 )
                 for key, _ in robust
             ],
             td(sig(r.get("acc_var_pert")), value=r.get("acc_var_pert")),
             td(str(r.get("acc_worst_family")) if isinstance(r.get("acc_worst_family"), str) else "—", left=True),
-            td(sig(r.get("tcb_median")), value=r.get("tcb_median")),  # not the mean: one item can be all of it
-            td(sig(r.get("tcb_geomean")), value=r.get("tcb_geomean")),
-            td(sig(r.get("avg_ppl")), value=r.get("avg_ppl")),
-            td(f"{sig(r.get('search_seconds'))} s" if finite(r.get("search_seconds")) else "—"),
+            td(sig(r.get(TCB_MEDIAN)), value=r.get(TCB_MEDIAN)),  # not the mean: one item can be all of it
+            td(sig(r.get(TCB_GEOMEAN)), value=r.get(TCB_GEOMEAN)),
+            td(sig(r.get(PPL_MEAN)), value=r.get(PPL_MEAN)),
+            td(f"{sig(r.get(SEARCH_SECONDS))} s" if finite(r.get(SEARCH_SECONDS)) else "—"),
         ]
         rows.append(tr(cells, strategy=r["strategy"]))
     out = [table(headers, rows, table_id="strategies-table")]
@@ -327,9 +336,9 @@ def strategy_section(compare: pd.DataFrame, candidates: pd.DataFrame | None, sum
             )
         )
     chosen = [
-        (r["strategy"], r["selected_by"])
+        (r["strategy"], r[SELECTED_BY])
         for _, r in compare.iterrows()
-        if r["strategy"] != "baseline" and isinstance(r.get("selected_by"), str)
+        if r["strategy"] != "baseline" and isinstance(r.get(SELECTED_BY), str)
     ]
     if chosen:
         out.append(
@@ -360,9 +369,9 @@ def _candidates(candidates: pd.DataFrame, seeds: int) -> str:
                     td("✓" if str(r.get("winner")).lower() == "true" else ""),
                     td(str(int(trial)) if finite(trial) else "—"),
                     td(num(r.get("dev_accuracy"), 3)),
-                    cell_estimate(r["avg_acc"], r.get("acc_ci_low"), r.get("acc_ci_high"), col="avg_acc"),
+                    cell_estimate(r[ACCURACY], *(r.get(c) for c in ACCURACY_CI), col=ACCURACY),
                     *[
-                        cell_estimate(r.get(key), r.get(f"{key}_ci_low"), r.get(f"{key}_ci_high"), col=key)
+                        cell_estimate(r.get(key), *(r.get(c) for c in interval_columns(key)), col=key)
                         for key, _ in robust
                     ],
                 ],

@@ -26,7 +26,9 @@ class ScorerFactory:
         cache = (
             ResultCache(Path(self.cache_path)) if self.cache_path else None
         )  # a corrupt cache fails before the model loads
-        scorer = Scorer(self.model.load(), data, batch_size=self.batch_size, progress=progress)
+        stand_in = self.model.stand_in()  # a ModelRunner the Python API was given scores instead of a Runner
+        lm = stand_in.lm if stand_in is not None else self.model.load()
+        scorer = Scorer(lm, data, batch_size=self.batch_size, progress=progress, runner=stand_in)
         return CachedScorer(scorer, cache, keep_hidden=self.keep_hidden) if cache is not None else scorer
 
     def __call__(self) -> Scorer | CachedScorer:

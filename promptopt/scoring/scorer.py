@@ -22,7 +22,7 @@ import torch
 from promptopt.errors import ConfigError, PromptTooLongError, UserError
 from promptopt.metrics.stats import wilson_interval
 from promptopt.metrics.tcb import OutputGeometry
-from promptopt.models import GenerationResult, LoadedModel, Runner
+from promptopt.models import GenerationResult, LoadedModel, ModelRunner, Runner
 from promptopt.prompts import Prompt
 from promptopt.scoring.tokens import encode_texts
 from promptopt.tasks import Item, TaskData
@@ -45,10 +45,18 @@ class Scorer:
     """Scores prompts of one task on one model; holds the runner so prefix caches survive across calls."""
 
     def __init__(
-        self, lm: LoadedModel, data: TaskData, *, batch_size: int | str = 16, progress: bool = False, eps: float = 1.0
+        self,
+        lm: LoadedModel,
+        data: TaskData,
+        *,
+        batch_size: int | str = 16,
+        progress: bool = False,
+        eps: float = 1.0,
+        runner: ModelRunner | None = None,
     ):
+        """`runner`: a ModelRunner to score with instead of promptopt's Runner over `lm` (its `lm` is `lm`)."""
         self.lm, self.data, self.eps = lm, data, eps
-        self.runner = Runner(lm, batch_size=batch_size, progress=progress)
+        self.runner = runner if runner is not None else Runner(lm, batch_size=batch_size, progress=progress)
 
     # --- tokenization --------------------------------------------------------------------------
     def _encode(self, texts: list[str], prompt: Prompt) -> list[list[int]]:

@@ -108,10 +108,13 @@ class Server:
                 dtype = recorded["dtype"]
             quantize = quantize_of(recorded.get("quantization")) if quantize is None else quantize
             quantize = None if quantize == "none" else quantize  # "none": full precision, whatever the card's
-            lm = ModelConfig(spec=self.model_spec, device=device, dtype=dtype, quantize=quantize).load()
+            config = ModelConfig(spec=self.model_spec, device=device, dtype=dtype, quantize=quantize)
+            stand_in = config.stand_in()  # a ModelRunner the Python API was given (promptopt.serve)
+            lm = stand_in.lm if stand_in is not None else config.load()
         else:
+            stand_in = None
             self.model_spec = model or getattr(lm, "name", self.model_spec)
-        self.scorer = Scorer(lm, TaskData(spec, [], [], []), batch_size=batch_size)
+        self.scorer = Scorer(lm, TaskData(spec, [], [], []), batch_size=batch_size, runner=stand_in)
         self._lock = threading.Lock()
         self._ids = itertools.count()
         self.identity = self._identity()

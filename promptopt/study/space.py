@@ -71,7 +71,20 @@ class SearchSpace:
         """The candidate exemplars for this task; errors when the pool cannot supply them.
 
         pool_draw: None takes the first `candidates` pool items; an integer takes a seeded random draw of
-        them from the whole pool (several seeds of one comparison search different candidate sets)."""
+        them from the whole pool (several seeds of one comparison search different candidate sets).
+
+        Args:
+            data: the task's carved items.
+            pool_draw: None, or a seed for a random draw of the candidates.
+
+        Returns:
+            The candidate exemplars.
+
+        Raises:
+            ConfigError: the space is for another task (its `task:` is not the task's `name:`), or asks for more
+                shots or candidates than the pool holds, or label words that do not match the choices.
+            DataError: an empty pool, or a pool item that is also a dev/test item.
+        """
         if data.spec.name != self.task:
             raise ConfigError(f"{self.where}: task: the space is for '{self.task}', not '{data.spec.name}'")
         if not data.pool:
@@ -147,6 +160,18 @@ def _suggest_permutation(trial, k: int) -> list[int]:
 
 
 def parse_space(data: dict, where: str) -> SearchSpace:
+    """A search space from its YAML mapping (every key: docs/search.md#a-space-file).
+
+    Args:
+        data: the space file's mapping.
+        where: how errors name it (the file).
+
+    Returns:
+        The space; `check_against(task_data)` then checks it against a task (its `task:` must be the task's `name:`).
+
+    Raises:
+        ConfigError: an unknown key or an invalid value, naming the file and the key.
+    """
     f = Fields(data, where)
     f.reject_unknown(
         {"task", "description", "instructions", "exemplars", "templates", "formats", "proposals", "decision"}
@@ -224,5 +249,15 @@ def builtin_space_names() -> list[str]:
 
 
 def load_space(name_or_path: str) -> SearchSpace:
-    """A built-in space (by task name) or a space YAML by path (--space)."""
+    """A built-in space (by task name) or a space YAML by path (--space).
+
+    Args:
+        name_or_path: a built-in task's name, or a space YAML's path.
+
+    Returns:
+        The parsed space (see `parse_space`).
+
+    Raises:
+        ConfigError: no such space, or an invalid one (naming the file and the key).
+    """
     return parse_space(*load_named_yaml(name_or_path, BUILTIN_DIR, "search space"))

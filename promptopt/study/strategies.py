@@ -145,7 +145,26 @@ def pareto_values(table: pd.DataFrame) -> tuple[float, float]:
 class Strategy:
     """What a trial is worth and how the winner is chosen. Single-objective strategies give a value per dev
     item (`item_values`; the trial value is their mean, reported to the paired pruner as items arrive);
-    multi-objective ones give the trial's values directly (`trial_values`)."""
+    multi-objective ones give the trial's values directly (`trial_values`). Keyword arguments only; register one
+    with `register_strategy` (docs/recipes.md).
+
+    Attributes:
+        name: what `--strategy` and the registry call it.
+        description: one line for tables and help.
+        item_values: table of one trial's dev items -> one value per item (single objective).
+        trial_values: table -> the trial's values (multi-objective); give exactly one of the two.
+        criterion: the per-item dev column the tie set is paired on (`correct`, or `robust_correct`).
+        tie_break: how the selection rule chooses among tied trials (None: the run's `--tie-break`).
+        needs_variants: its values read perturbed variants of the dev items.
+        multi_fidelity: score variants only for trials that can still win (needs `screen_values`).
+        screen_values: the clean upper bound of `item_values` a multi-fidelity strategy reports to the pruner.
+        version: what its values mean; bump it when that changes, so `--resume` refuses older studies.
+        reads_tcb: its values read δ_TCB.
+        replace_on: what the incumbent's replacement test pairs: "criterion" or "values".
+
+    Raises:
+        ValueError: both or neither of `item_values` and `trial_values`, or inconsistent multi-fidelity settings.
+    """
 
     name: str
     description: str
@@ -194,7 +213,19 @@ class Strategy:
 
 
 def select_winner(strategy: Strategy, candidates: list[dict], *, tie_break: str | None = None) -> tuple[dict, str]:
-    """The winning trial and a sentence saying how it was chosen (`selection_of`)."""
+    """The winning trial and a sentence saying how it was chosen (`selection_of`).
+
+    Args:
+        strategy: the search's strategy (its tie-break, unless `tie_break` is given).
+        candidates: the finished trials, as dicts (number, value(s), correct, signed_stability, ...).
+        tie_break: the run's `--tie-break`, which overrides the strategy's.
+
+    Returns:
+        (the winning candidate, the sentence a card records as `provenance.selection`).
+
+    Raises:
+        ValueError: no candidate.
+    """
     selection = selection_of(strategy, candidates, tie_break=tie_break)
     return next(c for c in candidates if c["number"] == selection.winner.key), selection.describe()
 

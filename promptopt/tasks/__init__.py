@@ -9,6 +9,10 @@ numpy, the data loaders or the answer-type registry.
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from promptopt.tasks.data import TaskData
 
 _LAZY = {
     "ANSWER_TYPES": "answers",
@@ -25,8 +29,20 @@ _LAZY = {
 }
 
 
-def load_task(name_or_path: str, *, subsets: list[str] | None = None):
-    """A task by built-in name or YAML path, with its pool/dev/test carved."""
+def load_task(name_or_path: str, *, subsets: list[str] | None = None) -> TaskData:
+    """A task by built-in name or YAML path, with its pool/dev/test carved.
+
+    Args:
+        name_or_path: a built-in task's name (`promptopt tasks` lists them) or a task YAML's path.
+        subsets: the subsets to read (e.g. MMLU subjects); None: the task's own.
+
+    Returns:
+        The task's spec and its `pool`, `dev` and `test` items.
+
+    Raises:
+        ConfigError: an unknown task, or a task file with an invalid field (naming the file and the field).
+        DataError: data that cannot be read or carved (naming the task file, then the data file's line and field).
+    """
     from promptopt.tasks.catalog import load_task_spec
     from promptopt.tasks.data import load_task_data
 

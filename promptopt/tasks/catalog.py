@@ -23,7 +23,18 @@ LMEVAL_PREFIX = "lmeval:"
 def load_task_spec(name_or_path: str, *, trust_task_code: bool = False) -> TaskSpec:
     """A built-in task by name, a task YAML by path (promptopt's schema, or lm-eval's as it is), or `lmeval:NAME`
     (a task of lm-eval's own index, through lm-eval's TaskManager; `lmeval:NAME@FOLDER` adds FOLDER's task files).
-    `trust_task_code` lets the task file's `!function` hooks run (tasks/task_code.py)."""
+    `trust_task_code` lets the task file's `!function` hooks run (tasks/task_code.py).
+
+    Args:
+        name_or_path: a built-in name, a task YAML path, or "lmeval:NAME[@FOLDER]".
+        trust_task_code: run the task file's own Python (off by default: docs/guarantees.md#task-code).
+
+    Returns:
+        The parsed, validated task (no data read yet).
+
+    Raises:
+        ConfigError: an unknown task, or an invalid field (naming the file and the field).
+    """
     from promptopt.errors import ConfigError
 
     if name_or_path.startswith(LMEVAL_PREFIX):

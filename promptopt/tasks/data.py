@@ -101,8 +101,11 @@ def read_file(path: Path, where: str, split: str) -> list[Row]:
             with opener(path, "rt", encoding="utf-8") as handle:
                 text = handle.read()
         except (OSError, UnicodeDecodeError) as exc:
-            raise DataError(f"{path}: cannot read: {exc}") from None
-        rows = _json_rows(text, path, kind)
+            raise DataError(f"{where}: {path}: cannot read: {exc}") from None
+        try:
+            rows = _json_rows(text, path, kind)
+        except DataError as exc:  # the data file's line; the task file that reads it goes first
+            raise DataError(f"{where}: {exc}") from None
     else:
         import pandas as pd
 
@@ -110,7 +113,7 @@ def read_file(path: Path, where: str, split: str) -> list[Row]:
             frame = pd.read_csv(path, keep_default_na=False) if kind == "csv" else pd.read_parquet(path)
         except Exception as exc:  # pandas and pyarrow raise many types for malformed files
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise DataError(f"{path}: cannot read {kind.upper()}: {first}") from None
+            raise DataError(f"{where}: {path}: cannot read {kind.upper()}: {first}") from None
         rows = [(f"{path} row {i + 1}", row) for i, row in enumerate(frame.to_dict("records"))]
     if not rows:
         raise DataError(f"{where}: data file {path} has no rows")
@@ -283,8 +286,8 @@ def _to_items(spec: TaskSpec, rows: list[Row], indices) -> list[Item]:
     for i in indices:
         try:
             items.append(to_item(spec, *rows[i]))
-        except RowError as exc:
-            raise _every_row(spec, rows, exc) from None
+        except RowError as exc:  # names the data file's row; the task file whose fields read it goes first
+            raise DataError(f"{spec.where}: {_every_row(spec, rows, exc)}") from None
     return items
 
 

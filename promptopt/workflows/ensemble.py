@@ -10,7 +10,7 @@ objective (an item counts when it is right clean and under every variant of the 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -32,6 +32,41 @@ class Member:
     dev: pd.DataFrame  # decided dev table: item_id, gold, correct, decision_scores
     dev_variants: pd.DataFrame | None = None  # decided dev variants: item_id, family, variant, decision_scores
     extra: dict = field(default_factory=dict)
+
+
+DEV_COLUMNS = [
+    "item_id",
+    "gold",
+    "correct",
+    "decision_scores",
+]  # a member's decided dev answers, as selection reads them
+
+
+def ensemble_candidates(
+    prompts: Iterable[tuple[object, dict]],
+    scorer,
+    dev: list,
+    *,
+    limit: int,
+    variants: Callable | None = None,
+) -> list[Member]:
+    """The candidates an ensemble is chosen from, built in this one place for `compare --ensembles` and `export
+    --ensemble`: the first `limit` of `prompts` ((prompt, source) pairs, distinct and in the caller's order of
+    preference), each with its decision rule fit on the `dev` items and its dev answers decided by that rule
+    (as its card would answer). `variants(prompt, deciding_scorer)`: its decided answers to the dev variants
+    (compare's robust objective)."""
+    from itertools import islice
+
+    from promptopt.scoring.calibration import deciding_scorer
+
+    out = []
+    for prompt, source in islice(prompts, limit):
+        deciding, rule = deciding_scorer(scorer, prompt, dev)
+        member = Member(prompt=prompt, rule=rule, source=source, dev=deciding.score(prompt, dev).table[DEV_COLUMNS])
+        if variants is not None:
+            member.dev_variants = variants(prompt, deciding)
+        out.append(member)
+    return out
 
 
 def accuracy_objective(members: Sequence[Member]) -> float:
@@ -82,7 +117,15 @@ def greedy_select(
     return chosen, trace
 
 
-__all__ = ["Member", "OBJECTIVES", "combined_decisions", "greedy_select", "objective_of"]
+__all__ = [
+    "DEV_COLUMNS",
+    "OBJECTIVES",
+    "Member",
+    "combined_decisions",
+    "ensemble_candidates",
+    "greedy_select",
+    "objective_of",
+]
 
 
 # --- an ensemble's answers from its members' ---------------------------------------------------------------------

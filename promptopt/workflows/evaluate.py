@@ -61,6 +61,23 @@ def score(session: Session, *, card: Path | None, split: str, limit: int | None,
     return result
 
 
+def card_precision(card, dtype: str | None, quantize: str | None) -> tuple[str | None, str | None]:
+    """(dtype, quantize) that `score --prompt CARD` loads: the flags where given, else a version-2 card's recorded
+    model.dtype and model.quantization, so the card is scored in the precision it was measured in; `none`: full
+    precision."""
+    if card is not None and (dtype is None or quantize is None):
+        from promptopt.models.load import quantize_of
+        from promptopt.yamlio import load_yaml
+
+        data = load_yaml(card)
+        recorded = data.get("model") if data.get("promptopt_card") == 2 and isinstance(data.get("model"), dict) else {}
+        if dtype is None and recorded.get("dtype") in ("float32", "bfloat16", "float16"):
+            dtype = recorded["dtype"]
+        if quantize is None:
+            quantize = quantize_of(recorded.get("quantization"))
+    return dtype, None if quantize == "none" else quantize
+
+
 def trace(
     text: str,
     *,

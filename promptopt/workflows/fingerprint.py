@@ -81,10 +81,15 @@ def folder_fingerprint(folder: Path) -> tuple[str, str]:
 
 
 def model_fingerprint(spec: str) -> dict:
-    """{kind, weights_sha256, weights_method} of a model spec, without loading the model."""
+    """{kind, weights_sha256, weights_method} of a model spec, without loading the model (an in-memory model: over
+    its tensors as they are, models/memory.py)."""
     from promptopt.models.load import _resolve
 
     kind, location, gguf_file = _resolve(spec)
+    if kind == "memory":
+        from promptopt.models import memory
+
+        return memory.fingerprint(spec)
     if kind == "gguf":
         return {
             "kind": "gguf",

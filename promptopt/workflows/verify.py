@@ -77,6 +77,18 @@ class Verification:
         return out
 
 
+def _alive(spec: str) -> bool:
+    """Whether `spec` names a model this process can use now (an in-memory one: its object is still alive)."""
+    from promptopt.errors import ModelNotFoundError
+    from promptopt.models import handles
+
+    try:
+        handles.get(spec)
+    except ModelNotFoundError:
+        return False
+    return True
+
+
 def _short(digest: str | None) -> str:
     return digest[:12] if digest else "none"
 
@@ -191,6 +203,7 @@ def _verify(
     """Steps 2-5 of verify_card: the model, the task and items, the rendering, the re-score."""
     from promptopt.errors import ModelNotFoundError
     from promptopt.metrics.stats import wilson_interval
+    from promptopt.models import handles, memory
     from promptopt.models.load import ModelConfig, precision_name, quantization_info, quantize_of
     from promptopt.production import card_prompt
     from promptopt.prompts import prompt_from_card
@@ -207,10 +220,18 @@ def _verify(
 
     recorded_model, spec = card["model"], result.model
 
-    # 2. the model (weights) — before anything loads
+    # 2. the model (weights) — before anything loads; a card measured on an in-memory model recorded its tensors'
+    # fingerprint, which a model given by spec has only once loaded (step 4)
+    in_memory_card = recorded_model.get("weights_method") == memory.METHOD
+    if in_memory_card and not model and not _alive(spec):
+        raise UserError(
+            f"{where}: model.spec: the card was measured on a model passed as an object ('{spec}', weights "
+            f"{_short(recorded_model.get('weights_sha256'))} over its tensors in memory): give those weights, "
+            "promptopt.verify(card, model=promptopt.Model(model, tokenizer)) or --model with a folder they were saved to"
+        )
     progress.step(f"fingerprinting the weights of {spec}")
     try:
-        fingerprint = model_fingerprint(spec)
+        fingerprint = None if in_memory_card and not handles.is_in_memory(spec) else model_fingerprint(spec)
     except ModelNotFoundError as exc:
         field_name = "--model" if model else f"{where}: model.spec"
         raise UserError(
@@ -221,13 +242,14 @@ def _verify(
         if not model or model == recorded_model["spec"]
         else f"model weights ({spec} instead of {recorded_model['spec']})"
     )
-    _same(
-        result,
-        name,
-        recorded_model["weights_sha256"],
-        fingerprint["weights_sha256"],
-        f"{fingerprint['weights_method']} ",
-    )
+    if fingerprint is not None:
+        _same(
+            result,
+            name,
+            recorded_model["weights_sha256"],
+            fingerprint["weights_sha256"],
+            f"{fingerprint['weights_method']} ",
+        )
 
     # 3. the task, data and items
     progress.step(f"loading task {card['data']['task']}")
@@ -263,6 +285,8 @@ def _verify(
 
     # 4. precision (what the load quantized), tokenizer, chat template, rendering
     lm = session.lm
+    if fingerprint is None:  # an in-memory card verified on a loaded spec: its tensors, hashed the same way
+        _same(result, name, recorded_model["weights_sha256"], memory.tensors_sha256(lm.model), f"{memory.METHOD} ")
     recorded_precision = precision_name(recorded_model.get("dtype"), recorded_quantization)
     now_dtype, now_quantization = str(lm.model.dtype).removeprefix("torch."), quantization_info(lm.model)
     now_precision = precision_name(now_dtype, now_quantization)

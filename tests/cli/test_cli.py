@@ -149,3 +149,28 @@ def test_diagnose_help_points_to_its_docs_page():
     text = " ".join(run("diagnose", "--help", env={"COLUMNS": "200"}).stdout.split())
     assert "docs/diagnose.md" in text and "README" not in text
     assert (REPO / "docs" / "diagnose.md").exists()
+
+
+def test_help_lists_every_registered_name_including_one_registered_in_this_process():
+    """`compare --help` lists every strategy and `evaluate --help` every perturbation operator, read from the
+    registries when help is shown: a plugin's entry, registered here, appears beside the built-in ones."""
+    from promptopt.robustness.perturb import OPERATORS
+    from promptopt.study.strategies import STRATEGIES, Strategy, accuracy_values
+
+    class PluginOperator:
+        name = "zz_plugin_operator"
+
+    plugin = Strategy(name="zz_plugin_strategy", description="a plugin's strategy", item_values=accuracy_values)
+    STRATEGIES.register(plugin)
+    OPERATORS.register(PluginOperator)
+    try:
+        compare = " ".join(run("compare", "--help", env={"COLUMNS": "400"}).stdout.split())
+        evaluate = " ".join(run("evaluate", "--help", env={"COLUMNS": "400"}).stdout.split())
+        strategies, operators = STRATEGIES.names(), OPERATORS.names()
+    finally:
+        STRATEGIES.unregister("zz_plugin_strategy")
+        OPERATORS.unregister("zz_plugin_operator")
+    assert "zz_plugin_strategy" in strategies and "zz_plugin_operator" in operators
+    assert f"strategies of {', '.join(strategies)}," in compare
+    assert f"perturbation operators: {', '.join(operators)} " in evaluate
+    assert "built-in suite (cheap, default, quick, unseen)" in evaluate

@@ -228,7 +228,7 @@ def test_a_4bit_card_verifies_serves_as_the_scorer_and_fails_verify_in_float32(c
 
 @pytest.mark.slow
 def test_cli_verify_in_float32_fails_naming_the_precision_and_score_loads_the_cards(card_4bit):
-    from promptopt.cli.score import card_precision
+    from promptopt.workflows.evaluate import card_precision
 
     result = promptopt("verify", card_4bit, "--device", "cpu", "--quantize", "none", "--limit", "3")
     assert result.code == 1, result.stderr

@@ -339,6 +339,27 @@ def test_cli_reports_a_bad_choice_column_in_one_line_before_loading_any_model(tm
     assert run.returncode == 2 and len(lines) == 1 and "data.jsonl line 2: invalid JSON" in lines[0], run.stderr
 
 
+@pytest.mark.parametrize(
+    ("data", "mistake"),
+    [
+        ('{"goal": "a", "sol1": "x", "sol2": "y", "label": 0}\n{oops}\n', "data.jsonl line 2: invalid JSON"),
+        (
+            '{"goal": "a", "sol1": "x", "sol2": "y", "label": 0}\n' * 6,
+            "data.jsonl line 1: fields.choices: 'sol1' holds",
+        ),
+    ],
+)
+def test_a_data_file_error_names_the_task_file_that_reads_it(tmp_path, data, mistake):
+    """A data file may be read by several task files (or a task found by name): its error names the task YAML first,
+    then the data file's line and the field."""
+    path = _write(tmp_path, [], {"name": "piqa", "fields": {"question": "goal", "choices": "sol1", "answer": "label"}})
+    (tmp_path / "data.jsonl").write_text(data)
+    run = _cli("score", "--task", str(path), "--model", str(tmp_path / "no-such-model.gguf"))
+    lines = run.stderr.strip().splitlines()
+    assert run.returncode == 2 and len(lines) == 1, run.stderr
+    assert lines[0].startswith(f"error: {path}: {tmp_path / 'data.jsonl'}") and mistake in lines[0], lines[0]
+
+
 @pytest.mark.slow
 def test_worked_example_scores_with_plain_transformers(embedded_lm):
     """examples/custom_task: the COPA JSONL task; scored by plain transformers code, it gives promptopt's accuracy."""

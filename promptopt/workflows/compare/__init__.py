@@ -31,13 +31,15 @@ one resumed, missing ones created) and reuses every finished evaluation (`evalua
 directory), so a compare killed anywhere ends with the tables the uninterrupted run writes. Whether each
 study may be resumed or created is decided before anything is scored.
 
-- workflow.py: run_compare, top to bottom · plan.py: study configs per (strategy, seed), what may be resumed
+- workflow.py: run_compare, stage by stage (plan, evaluator and its resume key, baseline, searches, tables, files)
+- plan.py: study configs per (strategy, seed), what may be resumed
+- records.py: what compare hands export and the report: RunRow (a compare_runs.csv row) and the column names
 - evaluate.py: a prompt's test answers and stress, once per distinct prompt, kept on disk for a resumed compare
 - choose.py: which of a search's top trials wins · tables.py: per-candidate rows, per-strategy table
 - paired.py: strategies paired on the same items, seeds pooled · write.py: the files of the run directory
 """
 
-from promptopt.workflows.compare.choose import SELECTIONS
+from promptopt.workflows.compare.choose import WINNER_SELECTIONS
 from promptopt.workflows.compare.evaluate import Evaluated
 from promptopt.workflows.compare.paired import SPLITS, cluster_resamples, paired_table
 from promptopt.workflows.compare.workflow import CompareResult, run_compare
@@ -45,7 +47,7 @@ from promptopt.workflows.compare.write import ITEMS_FILE, TEST_ITEMS_FILE
 
 __all__ = [
     "ITEMS_FILE",
-    "SELECTIONS",
+    "WINNER_SELECTIONS",
     "SPLITS",
     "TEST_ITEMS_FILE",
     "CompareResult",

@@ -5,7 +5,7 @@ tied trials only. Dev items only: the test items stay held out."""
 
 from __future__ import annotations
 
-SELECTIONS = ("strategy", "robust")
+WINNER_SELECTIONS = ("strategy", "robust")  # compare --select: how each search's winner is chosen among its top-N
 
 
 def choose_winner(select, ranked, result, evaluator, dev):

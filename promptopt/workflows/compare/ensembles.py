@@ -8,31 +8,29 @@ import math
 
 from promptopt.scoring.ensemble import ensemble_test
 from promptopt.workflows.compare.evaluate import Evaluated
-from promptopt.workflows.compare.tables import run_row
-from promptopt.workflows.ensemble import Member, ensemble_items, greedy_select
+from promptopt.workflows.compare.tables import run_record
+from promptopt.workflows.ensemble import Member, ensemble_candidates, ensemble_items, greedy_select
 
 MAX_CANDIDATES = 16  # the search's best distinct trials (in its strategy's order) that may become members
 
 
 def _members(result, evaluator, dev, objective: str) -> list[Member]:
-    members = []
-    for entry in result.ranking[:MAX_CANDIDATES]:
-        prompt = entry["prompt"]
-        scorer, rule = evaluator.scorer_for(prompt)
-        member = Member(
-            prompt=prompt,
-            rule=rule,
-            source={"trial": entry["number"]},
-            dev=scorer.score(prompt, dev).table[["item_id", "gold", "correct", "decision_scores"]],
-        )
-        if objective == "robust":  # every candidate stressed on dev items under the search suite
-            *_, items = evaluator._stress(prompt, dev[: evaluator.robust_limit], evaluator.search_suite, scorer=scorer)
-            variants = items[items["family"].notna()]
-            member.dev_variants = variants.rename(columns={"perturbed_scores": "decision_scores"})[
-                ["item_id", "family", "variant", "decision_scores"]
-            ]
-        members.append(member)
-    return members
+    """The search's best distinct trials in its strategy's order, as ensemble candidates (workflows/ensemble.py)."""
+
+    def variants(prompt, scorer):  # every candidate stressed on dev items under the search suite
+        *_, items = evaluator._stress(prompt, dev[: evaluator.robust_limit], evaluator.search_suite, scorer=scorer)
+        stressed = items[items["family"].notna()]
+        return stressed.rename(columns={"perturbed_scores": "decision_scores"})[
+            ["item_id", "family", "variant", "decision_scores"]
+        ]
+
+    return ensemble_candidates(
+        ((entry["prompt"], {"trial": entry["number"]}) for entry in result.ranking),
+        evaluator.session.scorer,
+        dev,
+        limit=MAX_CANDIDATES,
+        variants=variants if objective == "robust" else None,
+    )
 
 
 def build_ensembles(result, sizes, evaluator, dev, *, objective: str, seed: int, entry: str) -> dict:
@@ -69,14 +67,17 @@ def build_ensembles(result, sizes, evaluator, dev, *, objective: str, seed: int,
             f"greedy forward selection of {k} members on dev ({objective} {trace[k - 1]:.3f}) among the "
             f"{len(candidates)} best distinct trials of the {entry} search: trials {trials}"
         )
-        row = run_row(
+        row = run_record(
             f"{entry}+ens{k}",
             seed,
             0,
             evaluated,
             winner=True,
             how=how,
-            extra={"trial": trials[0], "dev_accuracy": trace[k - 1], "card": "", "members": trials},
+            trial=trials[0],
+            dev_accuracy=trace[k - 1],
+            card="",
+            members=trials,
         )
         out[k] = (evaluated, row)
     return out

@@ -13,6 +13,7 @@ import pandas as pd
 from promptopt.metrics.stats import PerItemRobustness, bootstrap_resamples, percentile_interval
 from promptopt.metrics.stats.binomial import clustered_paired_exact, paired_test_name
 from promptopt.workflows.compare.evaluate import Evaluated
+from promptopt.workflows.compare.records import DELTA_ACCURACY, interval_columns
 
 SPLITS = ("unseen", "seen")
 PAIRED_KEYS = ("acc_worst", "pdr")  # the robustness numbers paired (and given pooled intervals), per split too
@@ -35,7 +36,7 @@ def pooled_acc_worst_intervals(evaluations: list[Evaluated], *, seed: int) -> di
         n_items = len(pooled.items) // n_seeds
         name = f"acc_worst_{split}" if split else "acc_worst"
         resamples = cluster_resamples(n_items, n_seeds, n_boot=_N_BOOT // 4, seed=seed)
-        out[f"{name}_ci_low"], out[f"{name}_ci_high"] = (
+        out[interval_columns(name)[0]], out[interval_columns(name)[1]] = (
             percentile_interval(pooled.resampled_metrics(resamples)["acc_worst"]) if n_items else (math.nan, math.nan)
         )
     return out
@@ -60,9 +61,10 @@ def paired_table(winners: dict, *, seed: int) -> pd.DataFrame:
         n_seeds = len(winners[a])
         n_items = len(acc_a) // n_seeds
         row["n_pairs"] = len(acc_a)
-        row["delta_acc"] = float(acc_a.mean() - acc_b.mean())
+        row[DELTA_ACCURACY] = float(acc_a.mean() - acc_b.mean())
         resamples = cluster_resamples(n_items, n_seeds, n_boot=_N_BOOT, seed=seed)
-        row["delta_acc_ci_low"], row["delta_acc_ci_high"] = (
+        delta_ci = interval_columns(DELTA_ACCURACY)
+        row[delta_ci[0]], row[delta_ci[1]] = (
             percentile_interval(acc_a[resamples].mean(-1) - acc_b[resamples].mean(-1))
             if n_items
             else (math.nan, math.nan)
@@ -78,7 +80,8 @@ def paired_table(winners: dict, *, seed: int) -> pd.DataFrame:
                 if split and not _has_families(winners[a], split):
                     for key in PAIRED_KEYS:
                         name = f"delta_{key}{suffix}"
-                        row[name] = row[f"{name}_ci_low"] = row[f"{name}_ci_high"] = math.nan
+                        low, high = interval_columns(name)
+                        row[name] = row[low] = row[high] = math.nan
                     continue
                 pa, pb = _pooled(winners[a], split), _pooled(winners[b], split)
                 n_robust = len(pa.items) // n_seeds
@@ -91,12 +94,11 @@ def paired_table(winners: dict, *, seed: int) -> pd.DataFrame:
                 for key in PAIRED_KEYS:
                     name = f"delta_{key}{suffix}"
                     row[name] = float(whole_a[key] - whole_b[key])
-                    row[f"{name}_ci_low"], row[f"{name}_ci_high"] = (
+                    low, high = interval_columns(name)
+                    row[low], row[high] = (
                         percentile_interval(each_a[key] - each_b[key]) if n_robust else (math.nan, math.nan)
                     )
-        row["significant"] = bool(
-            row["mcnemar_p"] < 0.05 and not (row["delta_acc_ci_low"] <= 0 <= row["delta_acc_ci_high"])
-        )
+        row["significant"] = bool(row["mcnemar_p"] < 0.05 and not (row[delta_ci[0]] <= 0 <= row[delta_ci[1]]))
         rows.append(row)
     return pd.DataFrame(rows)
 

@@ -24,13 +24,13 @@ from promptopt.workflows.export.runs import (
     pick_trial,
     winner_number,
 )
-from promptopt.workflows.export.select import SELECTIONS, compare_candidates, select_by_dev
+from promptopt.workflows.export.select import EXPORT_SELECTIONS, compare_candidates, select_by_dev
 from promptopt.workflows.export.workflow import FORMATS, MIN_CLEAN_CORRECT, Exported, export_run
 
 __all__ = [
     "FORMATS",
     "MIN_CLEAN_CORRECT",
-    "SELECTIONS",
+    "EXPORT_SELECTIONS",
     "Exported",
     "Run",
     "answer_section",

@@ -10,6 +10,7 @@ from pathlib import Path
 from promptopt.errors import UserError
 from promptopt.study.tableset import check_table_set
 from promptopt.workflows.ensemble import Member, greedy_select
+from promptopt.workflows.ensemble import ensemble_candidates as build_candidates
 from promptopt.workflows.export.runs import Run, decode_trial, load_study, open_run, read_json
 from promptopt.workflows.export.select import is_compare_dir
 
@@ -42,9 +43,6 @@ def ensemble_candidates(runs: list[Run], session, dev_items: list) -> list[Membe
     ordered by dev accuracy (ties: the run's order, then the trial number); at most MAX_CANDIDATES."""
     from optuna.trial import TrialState
 
-    from promptopt.scoring.card_answers import answer_table
-    from promptopt.workflows.export.build import fitted_members
-
     seen, members = set(), []
     for order, run in enumerate(runs):
         study = load_study(run, session.data)
@@ -64,12 +62,7 @@ def ensemble_candidates(runs: list[Run], session, dev_items: list) -> list[Membe
             }
             members.append((-(accuracy if accuracy == accuracy else -1.0), order, trial.number, prompt, source))
     members.sort(key=lambda m: m[:3])
-    out = []
-    for *_, prompt, source in members[:MAX_CANDIDATES]:
-        fitted = fitted_members(session.scorer, [prompt], dev_items)[0]
-        dev = answer_table(session.scorer, [fitted], dev_items)
-        out.append(Member(prompt=prompt, rule=fitted.rule, source=source, dev=dev))
-    return out
+    return build_candidates([m[3:] for m in members], session.scorer, dev_items, limit=MAX_CANDIDATES)
 
 
 def choose_ensemble(runs: list[Run], session, dev_items: list, k: int, objective: str) -> dict:

@@ -53,21 +53,25 @@ def measured(table) -> dict:
 def robustness_section(row: dict | None, families: dict | None = None) -> dict | None:
     """The compare's robustness numbers of a winner, over all judged families and split seen/unseen (`families`:
     the compare summary's families_seen / families_unseen lists)."""
+    from promptopt.workflows.compare.records import interval_columns
+
     measured = ("pdr", "acc_worst", "taboo_retention_i1")
     if not row or all(row.get(k) is None or (isinstance(row.get(k), float) and math.isnan(row[k])) for k in measured):
         return None  # compared without a suite: the columns exist but hold nothing
     keys = ("pdr", "acc_worst", "acc_worst_family", "acc_var_pert", "taboo_retention_i1")
     out = {"n": (families or {}).get("n_robust"), **{k: row.get(k) for k in keys}}
     for key in ("pdr", "acc_worst"):  # intervals, where compare recorded them
-        if row.get(f"{key}_ci_low") is not None and row.get(f"{key}_ci_high") is not None:
-            out[f"{key}_ci95"] = [row[f"{key}_ci_low"], row[f"{key}_ci_high"]]
+        low, high = (row.get(c) for c in interval_columns(key))
+        if low is not None and high is not None:
+            out[f"{key}_ci95"] = [low, high]
     for split in ("unseen", "seen"):  # the same over the families no search saw, and the ones it saw
         for key in ("pdr", "acc_worst"):
             name = f"{key}_{split}"
             if name in row:
                 out[name] = row[name]
-                if row.get(f"{name}_ci_low") is not None and row.get(f"{name}_ci_high") is not None:
-                    out[f"{name}_ci95"] = [row[f"{name}_ci_low"], row[f"{name}_ci_high"]]
+                low, high = (row.get(c) for c in interval_columns(name))
+                if low is not None and high is not None:
+                    out[f"{name}_ci95"] = [low, high]
         if f"acc_worst_family_{split}" in row:
             out[f"acc_worst_family_{split}"] = row[f"acc_worst_family_{split}"]
     if families:

@@ -10,9 +10,9 @@ from pathlib import Path
 from promptopt.errors import UserError
 from promptopt.study.tableset import check_table_set
 from promptopt.workflows.compare.entries import ENSEMBLE_SUFFIX
+from promptopt.workflows.compare.records import EXPORT_COLUMNS, RunRow
 
-SELECTIONS = ("dev", "robust")
-_CANDIDATE_COLUMNS = {"strategy", "seed", "rank", "winner", "trial", "dev_accuracy", "dev_correct"}
+EXPORT_SELECTIONS = ("dev", "robust")  # export --select: which of a compare's candidates a card is made from
 
 
 def is_compare_dir(root: Path) -> bool:
@@ -30,7 +30,7 @@ def compare_candidates(root: Path):
     if not path.is_file():
         raise UserError(f"{root}: compare_runs.csv missing: the compare did not finish (rerun it with --resume)")
     runs = pd.read_csv(path)
-    missing = _CANDIDATE_COLUMNS - set(runs.columns)
+    missing = EXPORT_COLUMNS - set(runs.columns)
     if missing:
         raise UserError(
             f"{path}: written by an older promptopt (no {', '.join(sorted(missing))} column): rerun the compare"
@@ -65,29 +65,23 @@ def candidate_of(row):
     from promptopt.decision import parse_rule
     from promptopt.metrics.stats.selection import Candidate, decode_answers
 
-    entry = str(row["strategy"])
+    run = RunRow.from_columns(row)
+    entry = run.strategy
     rule = entry.split("@", 1)[1] if "@" in entry else "argmax"
-    correct = decode_answers(row["dev_correct"])
+    correct = decode_answers(run.dev_correct)
     if correct is None:
         raise UserError(
-            f"compare_runs.csv: {entry} seed {row['seed']}: no per-item dev answers (dev_correct): rerun the compare"
+            f"compare_runs.csv: {entry} seed {run.seed}: no per-item dev answers (dev_correct): rerun the compare"
         )
     return Candidate(
         key=int(row["order"]),
-        label=f"{entry} seed {int(row['seed'])} trial {int(row['trial'])}",
+        label=f"{entry} seed {run.seed} trial {int(row['trial'])}",
         correct=correct,
         order=int(row["order"]),
-        stability=_number(row.get("dev_signed_stability")),
-        cost=_number(row.get("cost")),
+        stability=math.nan if run.dev_signed_stability is None else run.dev_signed_stability,
+        cost=math.nan if run.cost is None else run.cost,
         calibrated=parse_rule(rule).calibrated,
     )
-
-
-def _number(value) -> float:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return math.nan
 
 
 def strategy_rows(candidates, strategy: str | None, root: Path):

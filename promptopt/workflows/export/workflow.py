@@ -24,7 +24,7 @@ from promptopt.workflows.export.runs import (
     read_json,
     winner_number,
 )
-from promptopt.workflows.export.select import SELECTIONS, compare_candidates, is_compare_dir, strategy_rows
+from promptopt.workflows.export.select import EXPORT_SELECTIONS, compare_candidates, is_compare_dir, strategy_rows
 from promptopt.workflows.session import Session
 from promptopt.yamlio import check_output
 
@@ -70,8 +70,8 @@ def export_run(
 
     if fmt not in FORMATS:
         raise UserError(f"--format {fmt}: expected one of {', '.join(FORMATS)}")
-    if select not in SELECTIONS:
-        raise UserError(f"--select {select}: expected one of {', '.join(SELECTIONS)}")
+    if select not in EXPORT_SELECTIONS:
+        raise UserError(f"--select {select}: expected one of {', '.join(EXPORT_SELECTIONS)}")
     if tie_break is not None:
         from promptopt.metrics.stats.selection import check_tie_break
 

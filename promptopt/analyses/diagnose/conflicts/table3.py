@@ -8,6 +8,7 @@ import pandas as pd
 
 from promptopt.analyses.diagnose.conflicts.classes import log10_tcb
 from promptopt.metrics.stats import wilson_interval
+from promptopt.workflows.compare.records import ACCURACY_CI
 
 # δ_TCB paper, Table 3 ("illustrative of observed trends"). The paper prints PDR for the VCQ rows as
 # fractions (0.10) and for the AQ rows as percentages (30) under one "PDR (%)" header; all are fractions here.
@@ -39,8 +40,8 @@ def table3_row(set_name: str, prompt_name: str, clean: pd.DataFrame, robust: dic
         "prompt": prompt_name,
         "n": n,
         "acc": k / n if n else float("nan"),
-        "acc_ci_low": low,
-        "acc_ci_high": high,
+        ACCURACY_CI[0]: low,  # the accuracy interval's columns of compare's tables
+        ACCURACY_CI[1]: high,
         "tcb_mean": float(finite.mean()) if len(finite) else float("nan"),
         "tcb_geomean": float(10 ** log10_tcb(finite).mean()) if len(finite) else float("nan"),
         "tcb_infinite": int(np.isposinf(tcb).sum()),
