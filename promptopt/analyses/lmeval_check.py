@@ -43,6 +43,7 @@ class LmEvalCheck:
 def lm_eval_target(task: str, lmeval_task: str | None, spec, trust: bool) -> tuple[str, str | None, str]:
     """(lm-eval task name, include folder or None, how to show it) of the task lm-eval is to run."""
     from promptopt.tasks.lm_eval_task import _with_includes
+    from promptopt.tasks.paths import task_root
     from promptopt.tasks.task_code import TRUST_FLAG, contains_function, read_task_yaml
 
     target = lmeval_task or (task if spec.dialect == "lm-eval" else None)
@@ -56,7 +57,8 @@ def lm_eval_target(task: str, lmeval_task: str | None, spec, trust: bool) -> tup
         if folder and not trust:
             raise UserError(f"{target}: lm-eval imports the Python of {folder}'s task files: pass {TRUST_FLAG}")
         return name, folder or None, target
-    data = _with_includes(read_task_yaml(target), target)
+    # includes resolved as the task reader resolves them: inside the task's folder tree unless the task is trusted
+    data, _ = _with_includes(read_task_yaml(target), target, None if trust else task_root(target))
     if contains_function(data) and not trust:
         raise UserError(f"{target}: lm-eval runs its !function hooks (the task's own Python): pass {TRUST_FLAG}")
     if not isinstance(data.get("task"), str):

@@ -46,6 +46,7 @@ def fault_point(phase: str) -> None:
     storage is opened: in a new run, its study.db claimed and empty); study-row (Optuna made the new study's row,
     its config and identity not recorded yet); checkpoint (the run's
     outputs written, its storage about to be closed and SQLite's write-ahead log folded into study.db);
+    incumbent (the incumbent scored, its trial not added yet); scan (the scan done, its record not stored yet);
     search-table-write / compare-table-write (a table's temporary file made, nothing in it yet) and
     search-tables / compare-tables (after each file of the run's table set is in place: study/tableset.py).
     With PROMPTOPT_FAULT_WORKER=<i> only worker i of a --n-workers run stops (the announcement names its pid)."""

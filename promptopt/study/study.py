@@ -83,7 +83,6 @@ def run_search(
     data = data if data is not None else scorer.data if scorer is not None else config.data.load()
     ctx = build_context(config, data, expand)  # task, space, strategy
     require_variants(ctx)
-    warn_once(dev_size_note(config, len(ctx.dev)))  # a winner chosen on too few dev items is said before the run
     if scorer is None:
         config.model.check()  # the model resolves, the device exists, 4/8-bit has CUDA
     current = identity(ctx)
@@ -109,6 +108,9 @@ def run_search(
         )
     fit_space_to_model(ctx, scorer.lm.tokenizer, note(show_progress))
     check_prompts_fit(ctx, scorer)
+    # a winner chosen on too few dev items is said before the run, once every input check has passed (a run that
+    # fails on input prints its one error line alone)
+    warn_once(dev_size_note(config, len(ctx.dev)))
     creates = not exists and sqlite_path(config.storage_url) is not None
     fault_point("create-storage")
     if creates:
@@ -181,6 +183,7 @@ def _scan(ctx: SearchContext, study, cached, incumbent, say) -> dict | None:
                 "why": "the space holds fewer than 2 prompts other than the incumbent: no spread to measure",
             }
         )
+        fault_point("scan")
         study.set_user_attr("scan", record)
     if say is not None:
         say(f"scan: {record['verdict']}: {record['why']}")

@@ -163,6 +163,7 @@ def add_incumbent(ctx: SearchContext, study, cached: CachingScorer):
             "ordinal": -1,
         },
     )
+    fault_point("incumbent")
     study.add_trial(trial)
     return find(study)
 

@@ -870,6 +870,7 @@ def worse_dir(tmp_path_factory) -> Path:
         dev_limit=6,
         test_limit=16,
         space=str(folder / "space.yaml"),
+        incumbent="none",  # the strategy's own winner, which may be worse (with the default incumbent it is kept)
     )
     run_search(config, show_progress=False)
     return folder / "run"

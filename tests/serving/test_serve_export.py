@@ -24,6 +24,8 @@ def tiny_run(tiny_llama_dir, tmp_path_factory):
         test_limit=4,
         minibatch=4,
         device="cpu",
+        incumbent="none",  # cards of searched trials and ensembles of them (an ensemble needs two finished trials)
+        scan="off",
     )
     run_search(config, show_progress=False)
     return config.out

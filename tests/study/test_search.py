@@ -265,6 +265,10 @@ def test_killed_worker_trial_is_failed_and_rerun(config, tmp_path, tiny_llama_di
         str(out),
         "--device",
         "cpu",
+        "--incumbent",  # as the `config` fixture the run is resumed with
+        "none",
+        "--scan",
+        "off",
     ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     db = out / "study.db"

@@ -77,6 +77,8 @@ def tiny_run(tiny_llama_dir, tmp_path_factory):
         test_limit=6,
         minibatch=4,
         device="cpu",
+        incumbent="none",  # export of a searched trial (of a kept incumbent: tests/study/test_incumbent.py)
+        scan="off",
     )
     run_search(config, show_progress=False)
     return root / "run"

@@ -47,6 +47,11 @@ LIMITS = [
     "cpu",
     "--strategy",
     "tcb",
+    # the trials' own kill-and-resume mechanics (the incumbent's and the scan's: test_kill_9_while_the_incumbent_or_the_scan_is_scored)
+    "--incumbent",
+    "none",
+    "--scan",
+    "off",
 ]
 SPACE = REPO / "promptopt" / "search_spaces" / "sst2.yaml"
 
@@ -133,11 +138,13 @@ def assert_ok(run: Run) -> None:
     assert run.proc.returncode == 0, run.stderr
 
 
-_NOISE = re.compile(r"^(search \S+: +\d+%\||fault-point )")  # the progress bar, the test hook's announcements
+# the progress bar, the progress lines (`search: loading model ...`) and the test hook's announcements
+_NOISE = re.compile(r"^(search \S+: +\d+%\||fault-point |(search|compare): )")
 
 
 def message_lines(run: Run | Result) -> list[str]:
-    """stderr without the progress bar (its \r-separated redraws) and the fault-point announcements."""
+    """stderr without the progress bar (its \r-separated redraws), the progress lines and the fault-point
+    announcements."""
     return [line for line in re.split(r"[\r\n]", run.stderr) if line.strip() and not _NOISE.match(line)]
 
 
@@ -162,12 +169,13 @@ def load(url: str, name: str = "sst2-tcb") -> optuna.Study:
 def assert_nothing_lost_or_double(study: optuna.Study, budget: int, *, exact: bool = True) -> None:
     """Nothing RUNNING or WAITING; every failed trial's parameters re-run to the end (a skipped duplicate
     prompt is not re-run); the budget met (exactly, for one worker) by COMPLETE/PRUNED trials, each a
-    distinct trial."""
+    distinct trial; the incumbent's trial, if any, once and outside the budget."""
     trials = study.get_trials(deepcopy=False)
     states = [t.state.name for t in trials]
     assert "RUNNING" not in states and "WAITING" not in states, states
     assert len({t.number for t in trials}) == len(trials)
-    done = [t for t in trials if t.state.name in ("COMPLETE", "PRUNED")]
+    assert sum("incumbent" in t.params for t in trials) <= 1, states  # the incumbent is scored once per study
+    done = [t for t in trials if t.state.name in ("COMPLETE", "PRUNED") and "incumbent" not in t.params]
     assert len(done) == budget if exact else budget <= len(done) <= budget + 1, states
     for failed in (t for t in trials if t.state.name == "FAIL" and "duplicate_of" not in t.user_attrs):
         retries = [t for t in done if failed.number in t.system_attrs.get("retry_history", [])]
@@ -311,6 +319,8 @@ def test_trial_of_a_vanished_host_is_awaited_until_stale_then_rerun(run_dir, mod
         trials=3,
         heartbeat_interval=1,
         grace_period=3,
+        incumbent="none",  # as LIMITS made the study
+        scan="off",
     )
     storage = make_storage(config)
     study = optuna.load_study(study_name="sst2-tcb", storage=storage)
@@ -453,7 +463,8 @@ def test_ctrl_c_then_two_workers_join_together(run_dir, model):
     interrupted.proc.send_signal(signal.SIGINT)
     interrupted.finish()
     assert interrupted.code == 130, interrupted.stderr
-    assert message_lines(interrupted) == ["interrupted"], interrupted.stderr
+    said = [line for line in message_lines(interrupted) if not line.startswith("warning: 12 dev items")]
+    assert said == ["interrupted"], interrupted.stderr  # (the dev-size warning is said before the run, rightly)
     study = load(sqlite_url(run_dir))
     assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE", "FAIL", "WAITING"]
     assert study.trials[3].params == study.trials[2].params  # the interrupted trial's parameters, queued
@@ -800,3 +811,21 @@ def test_out_on_a_read_only_file_system(tmp_path, model):
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     assert lines[0].startswith("error: --out") and "read-only file system or permission denied" in lines[0]
     assert not any(target.iterdir())
+
+
+@pytest.mark.parametrize("phase", ["incumbent", "scan"])
+def test_kill_9_while_the_incumbent_or_the_scan_is_scored_then_resume(tmp_path, model, phase):
+    """Killed after the incumbent was scored but before its trial was stored, or after the scan but before its record
+    was: --resume scores what was lost once, keeps one incumbent trial and one scan record, and meets the budget."""
+    limits = LIMITS[: LIMITS.index("--incumbent")]  # the defaults: the task's default prompt, the scan advising
+    search = ["search", *limits, "--model", model, "--trials", "3", "--out", str(tmp_path / "run")]
+    kill_at(search, phase)
+    assert_ok(cli(*search, "--resume"))
+    study = load(sqlite_url(tmp_path / "run"))
+    incumbents = [t for t in study.trials if "incumbent" in t.params]
+    assert len(incumbents) == 1 and incumbents[0].state.name == "COMPLETE"
+    assert study.user_attrs["scan"]["verdict"]
+    searched = [t for t in study.trials if t.state.name in ("COMPLETE", "PRUNED") and "incumbent" not in t.params]
+    assert len(searched) == 3
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["incumbent"]["trial"] == incumbents[0].number and summary["scan"] == study.user_attrs["scan"]

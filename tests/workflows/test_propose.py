@@ -13,6 +13,7 @@ import yaml
 
 from promptopt.errors import ConfigError, UserError
 from promptopt.models.load import ModelConfig
+from promptopt.prompts import load_card
 from promptopt.study.space import load_space, parse_space
 from promptopt.tasks.data import DataConfig
 from promptopt.workflows.propose import ProposeRequest, propose_space
@@ -247,10 +248,12 @@ def test_search_rounds_warm_start_one_table_and_resume(tiny_llama_dir, tmp_path)
     trials = pd.read_parquet(out / "trials.parquet")
     assert sorted(trials["round"].unique()) == [0, 1]
     first_of_round1 = trials[(trials["round"] == 1) & (trials["number"] == 0)].iloc[0]
-    best0 = rounds[0]["best_trial"]
-    row0 = trials[(trials["round"] == 0) & (trials["number"] == best0)].iloc[0]
+    # round 1 started from round 0's card: its incumbent (trial 0), that card's prompt
+    assert first_of_round1["params_incumbent"] == str(out / "round0" / "best_card.yaml")
+    kept = json.loads((out / "round1" / "summary.json").read_text())["incumbent"]["kept"]
+    same_card = load_card(out / "round0" / "best_card.yaml")[0] == load_card(out / "round1" / "best_card.yaml")[0]
+    assert same_card == kept  # kept: round 1 ships round 0's card; replaced: another prompt (never a duplicate)
     params = [c for c in trials.columns if c.startswith("params_")]
-    assert first_of_round1[params].equals(row0[params])  # round 1 started from round 0's best
     space1 = load_space(str(out / "round1" / "space.yaml"))
     for entry in rounds[1]["proposed"]:
         assert space1.proposals[entry["name"]]["mode"] == "history" and space1.proposals[entry["name"]]["round"] == 1
@@ -266,7 +269,8 @@ def test_search_rounds_warm_start_one_table_and_resume(tiny_llama_dir, tmp_path)
     assert history and all(
         a["round"] == 1 and a["parents"] for a in history
     )  # every round-1 attempt saw round 0's instructions
-    tried0 = set(trials.loc[(trials["round"] == 0) & (trials["state"] == "COMPLETE"), "params_instruction"])
+    searched0 = (trials["round"] == 0) & (trials["state"] == "COMPLETE") & trials["params_incumbent"].isna()
+    tried0 = set(trials.loc[searched0, "params_instruction"])  # the instructions round 0 scored (not its incumbent)
     assert all(set(a["parents"]) == tried0 for a in history)
     assert set(load_space(str(out / "round0" / "space.yaml")).instructions) <= set(space1.instructions)
     assert (out / "best_card.yaml").read_text() == (out / "round1" / "best_card.yaml").read_text()
@@ -375,6 +379,8 @@ def test_a_proposed_winner_carries_its_provenance_into_both_cards(tiny_llama_dir
         out,
         "--device",
         "cpu",
+        "--incumbent",  # the proposed instruction is the space's only one: its trial ships
+        "none",
     )
     assert result.code == 0, result.stderr
     best = yaml.safe_load((out / "best_card.yaml").read_text())

@@ -47,6 +47,10 @@ COMPARE = [
     "1",
     "--device",
     "cpu",
+    "--incumbent",  # every search ships its own winner, so each phase runs (a kept default prompt reuses the baseline's)
+    "none",
+    "--scan",
+    "off",
 ]
 TABLES = ("compare.csv", "compare_paired.csv", "compare_runs.csv")
 WALL = ("search_seconds", "search_seconds_sd")

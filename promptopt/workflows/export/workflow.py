@@ -258,19 +258,19 @@ def warnings_for(session: Session, card: dict, run: Run, prompt: Prompt, default
     default = default_answers(session) if default is None else default
     default, ours = default["accuracy"], card["metrics"]["test"]["accuracy"]
     out = []
-    if prompt == session.data.default_prompt():  # the search kept the prompt it started from: say why, not "no better"
-        kept = (run.summary.get("incumbent") or {}).get("why")
-        out.append(
-            "the card is the task's default prompt"
-            + (f": {kept}" if kept else " (no searched prompt was chosen over it)")
-        )
-    elif ours <= default:
+    if ours <= default:
         out.append(
             f"the exported prompt is not better than the task's default prompt on the same {len(test_items)} test "
             f"items ({ours:.3f} vs {default:.3f})"
         )
     if (card.get("fragility") or {}).get("warning"):
         out.append(f"fragility flag: {card['fragility']['warning']}")
+    if prompt == session.data.default_prompt():  # the search kept the prompt it started from: say why
+        kept = (run.summary.get("incumbent") or {}).get("why")
+        out.append(
+            "the card is the task's default prompt"
+            + (f": {kept}" if kept else " (no searched prompt was chosen over it)")
+        )
     robust = card["metrics"].get("robustness")
     n_robust = read_json(run.cache_dir / "summary.json", missing={}).get("n_robust")
     if robust and robust.get("pdr") is not None and n_robust:

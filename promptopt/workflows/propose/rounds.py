@@ -6,8 +6,9 @@ One round (`--propose N`): N proposals (any mode but `history`) join the space, 
 R rounds (OPRO-style): round 0 searches the space (with `--propose N` proposals of a non-history mode
 added); round r ≥ 1 proposes N instructions in `history` mode from round r−1's instructions with their best
 dev accuracy, listed worst first, and searches the grown space in its own study (`<name>-round<r>`, all in
-one storage), warm-started with round r−1's best parameters (`enqueue_trial`), so a round can only keep or
-beat its predecessor's best dev value. Each round is a run directory `<out>/round<r>/`; `<out>` holds
+one storage), starting from round r−1's card as its incumbent (study/incumbent.py: kept unless a searched prompt
+beats it on dev, paired; with `--incumbent none`, warm-started with round r−1's best parameters instead), so a round
+can only keep or beat its predecessor. Each round is a run directory `<out>/round<r>/`; `<out>` holds
 one trials table over all rounds (column `round`), `rounds.json`, and the last round's winning card.
 Proposals are cached in `<out>/proposals/`, so `--resume` rebuilds the same spaces and joins the same studies.
 """
@@ -139,6 +140,8 @@ def search_rounds(
             round_config = round_config.replace(resume=bool(config.study.resume and exists))
         proposals.append(made.proposals if made is not None else None)
         warm = (results[-1].best_params,) if results else ()
+        if results and config.study.incumbent != "none":  # round r starts from round r−1's card: its incumbent
+            round_config, warm = round_config.replace(incumbent=str(results[-1].card_path)), ()
         results.append(
             run_search(round_config, scorer=session.scorer, expand=expand, show_progress=show_progress, enqueue=warm)
         )
