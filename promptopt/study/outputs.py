@@ -174,7 +174,7 @@ def _ship(
         quantity(winner),
         quantity(incumbent),
         binary=binary,
-        winner_name=f"trial {winner['number']}",
+        winner_name=f"trial #{winner['number']}",  # "#N", as the selection rule names trials (readers map it)
         incumbent_name=incumbent_label(study),
         seed=seed,
     )

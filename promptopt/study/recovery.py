@@ -115,11 +115,17 @@ def _fail_trial(study, trial_id: int) -> bool:
 
 
 def _enqueue_retry(study, trial_id: int) -> None:
+    """Queue the trial's retry through the storage's retry callback. A trial that failed before all its parameters
+    were stored (no `prompt_key` yet: killed, or the disk full, while they were written) is retried from its
+    ordinal with none of them, so the sampler draws its whole point again rather than completing a partial one."""
     callback = study._storage.get_heartbeat_stale_trial_callback()
     if callback is not None:
+        trial = copy.deepcopy(study._storage.get_trial(trial_id))
+        if "prompt_key" not in trial.user_attrs:
+            trial.params, trial.distributions = {}, {}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            callback(study, copy.deepcopy(study._storage.get_trial(trial_id)))
+            callback(study, trial)
 
 
 def _process_gone(attrs: dict) -> bool:
@@ -176,6 +182,20 @@ def recover(study, grace_period: int) -> None:
         unowned = "worker" not in trial.user_attrs
         if _process_gone(trial.user_attrs) or (unowned and (now - started).total_seconds() > grace_period):
             _fail_trial(study, trial._trial_id)
+    _requeue_lost_retries(study)
+
+
+def _requeue_lost_retries(study) -> None:
+    """A trial FAILed with its parameters whose retry was never queued (the storage refused the enqueue: a full disk
+    as it failed) is queued now, so its parameters still run once (the retry callback counts its retries)."""
+    from optuna.trial import TrialState
+
+    trials = study.get_trials(deepcopy=False)
+    retried = {t.system_attrs.get("failed_trial") for t in trials}
+    for trial in trials:
+        lost = trial.state == TrialState.FAIL and trial.params and trial.number not in retried
+        if lost and "duplicate_of" not in trial.user_attrs and "incumbent" not in trial.params:
+            _enqueue_retry(study, trial._trial_id)
 
 
 def counts(study) -> tuple[int, int, int]:
