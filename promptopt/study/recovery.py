@@ -115,13 +115,14 @@ def _fail_trial(study, trial_id: int) -> bool:
 
 
 def _enqueue_retry(study, trial_id: int) -> None:
-    """Queue the trial's retry through the storage's retry callback. A trial that failed before all its parameters
-    were stored (no `prompt_key` yet: killed, or the disk full, while they were written) is retried from its
-    ordinal with none of them, so the sampler draws its whole point again rather than completing a partial one."""
+    """Queue the trial's retry through the storage's retry callback. A trial of a search (its `worker` recorded first)
+    that failed before all its parameters were stored (no `prompt_key` yet: killed, or the disk full, while they were
+    written) is retried from its ordinal with none of them, so the sampler draws its whole point again rather than
+    completing a partial one."""
     callback = study._storage.get_heartbeat_stale_trial_callback()
     if callback is not None:
         trial = copy.deepcopy(study._storage.get_trial(trial_id))
-        if "prompt_key" not in trial.user_attrs:
+        if "worker" in trial.user_attrs and "prompt_key" not in trial.user_attrs:  # a trial of ours, cut mid-sampling
             trial.params, trial.distributions = {}, {}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
