@@ -21,7 +21,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the documented return types, without importing what they need at import time
+    from fastapi import FastAPI
+
+    from promptopt.scoring.scorer import ScoreResult
+    from promptopt.study import SearchConfig, SearchResult
+    from promptopt.workflows.compare import CompareResult
+    from promptopt.workflows.verify import Verification
 
 EMBEDDED_DEFAULT = "smollm2-135m-instruct"  # promptopt.models.load.EMBEDDED_DEFAULT, without importing torch here
 
@@ -63,7 +71,7 @@ def _model_spec(model: Any, *, n_workers: int = 1, device: str = "auto", dtype=N
         quantize: the call's quantize; for an object, None or how it is quantized.
 
     Returns:
-        The spec that the run, its study and its cards record.
+        str: The spec that the run, its study and its cards record.
 
     Raises:
         ConfigError: `model` is neither a spec nor a model object, or an object is given with `n_workers > 1`.
@@ -185,14 +193,14 @@ def _task_name(task: Any, subsets: str | Sequence[str] | None = None, trust_task
     return name
 
 
-def search_config(**flat):
+def search_config(**flat: object) -> SearchConfig:
     """A SearchConfig from the CLI's flat names (`task=`, `strategy=`, `dev_limit=`, `subsets="a,b"` ...).
 
     Args:
         **flat: the settings by the CLI's names; `subsets` may be a comma-separated string or a sequence.
 
     Returns:
-        The validated `promptopt.study.SearchConfig`.
+        The validated settings.
 
     Raises:
         ConfigError: an unknown setting or a bad value, in one line naming it.
@@ -241,7 +249,7 @@ def search(
     scan: str = "advise",
     budget: float | None = None,
     progress: bool = False,
-):
+) -> SearchResult:
     """`promptopt search`: one Optuna study over the task's search space with `strategy`.
 
     Args:
@@ -256,12 +264,26 @@ def search(
         decision: one decision rule for every trial: a name (`contextual`, `batch:acc_norm` ...), an unfitted
             `promptopt.decision.DecisionRule`, or a `RuleKind` of your own.
         tie_break: how the winner is chosen among trials dev cannot tell apart (default: the strategy's).
-        seed, storage, study_name, resume, n_workers, minibatch, pruning: the study's (`promptopt search --help`);
+        seed: the study's (`promptopt search --help`);
             `n_workers > 1` takes names only (worker processes cannot receive objects).
-        subsets, batch_size, device, dtype, quantize, trust_task_code: the data's and the model load's; an in-memory
+        storage: as `seed` above.
+        study_name: as `seed` above.
+        resume: as `seed` above.
+        n_workers: as `seed` above.
+        minibatch: as `seed` above.
+        pruning: as `seed` above.
+        subsets: the data's and the model load's; an in-memory
             model is used as it is (`device`, `dtype`, `quantize` may only say what it is).
+        batch_size: as `subsets` above.
+        device: as `subsets` above.
+        dtype: as `subsets` above.
+        quantize: as `subsets` above.
+        trust_task_code: as `subsets` above.
         search_suite: the perturbation suite a `robust` search trains on (`none`: none).
-        propose, propose_mode, proposer, screen_items: add `propose` proposed instructions to the space first.
+        propose: add `propose` proposed instructions to the space first.
+        propose_mode: as `propose` above.
+        proposer: as `propose` above.
+        screen_items: as `propose` above.
         incumbent: the prompt the run starts from and keeps unless a searched one beats it on dev (`default`, a
             card's path, or `none`).
         scan: `advise`, `stop` or `off` (docs/search.md#the-scan).
@@ -269,7 +291,7 @@ def search(
         progress: show progress bars.
 
     Returns:
-        The `SearchResult` (`.trials`, `.study`, `.card_path`, `.prompt`, `.dev`, `.test`, `.proposals`).
+        The run's result (`.trials`, `.study`, `.card_path`, `.prompt`, `.dev`, `.test`, `.proposals`).
 
     Raises:
         ConfigError: a bad value (an unknown name, an object of the wrong kind, an object with `n_workers > 1`).
@@ -370,7 +392,7 @@ def compare(
     incumbent: str = "default",
     scan: str = "advise",
     progress: bool = False,
-):
+) -> CompareResult:
     """`promptopt compare`: every strategy searched with the same budget and items, the winners measured on held-out
     test items and stressed under `suite`, paired on the same items.
 
@@ -380,18 +402,27 @@ def compare(
             or (strategy, rule) pairs whose rule is a name, a `DecisionRule` or a `RuleKind`.
         model: a model spec or a loaded model (as `search`).
         out: the compare directory.
-        seeds, top_n, select: searches per strategy, winners kept per search, and how the table's rows are chosen.
-        suite, search_suite, robust_limit: the stress suite for the winners, the suite a `robust` search trains on,
+        seeds: searches per strategy, winners kept per search, and how the table's rows are chosen.
+        top_n: as `seeds` above.
+        select: as `seeds` above.
+        suite: the stress suite for the winners, the suite a `robust` search trains on,
             and how many test items are stressed.
-        ensembles, ensemble_of, ensemble_objective: ensembles of K winners to measure besides.
+        search_suite: as `suite` above.
+        robust_limit: as `suite` above.
+        ensembles: ensembles of K winners to measure besides.
+        ensemble_of: as `ensembles` above.
+        ensemble_objective: as `ensembles` above.
         incumbent: `none` compares each strategy's own winner (as the δ_TCB paper did); the default keeps the
             task's default prompt unless a winner beats it on dev.
-        trials, dev_limit, test_limit, tie_break, space, seed, storage, resume, n_workers, minibatch, pruning,
-            subsets, batch_size, device, dtype, quantize, trust_task_code, propose, propose_mode, proposer,
-            screen_items, scan, progress: as `search`.
+        scan: as `search`.
+        progress: show progress bars.
+
+    The other keyword arguments (`trials`, `dev_limit`, `test_limit`, `tie_break`, `space`, `seed`, `storage`,
+    `resume`, `n_workers`, `minibatch`, `pruning`, `subsets`, `batch_size`, `device`, `dtype`, `quantize`,
+    `trust_task_code`, `propose`, `propose_mode`, `proposer`, `screen_items`) mean what they mean for `search`.
 
     Returns:
-        The `CompareResult` (`.table`, `.runs`, `.paired` as pandas tables, `.summary`, `.out`, `.studies()`).
+        The compare's result (`.table`, `.runs`, `.paired` as pandas tables, `.summary`, `.out`, `.studies()`).
 
     Raises:
         ConfigError: a bad value (as `search`).
@@ -461,7 +492,7 @@ def score(
     quantize: str | None = None,
     trust_task_code: bool = False,
     progress: bool = False,
-):
+) -> ScoreResult:
     """`promptopt score`: one prompt on a split of the task's items, answered as its card answers (its decision rule;
     an ensemble card's members combined).
 
@@ -472,13 +503,18 @@ def score(
         split: `pool`, `dev` or `test`.
         limit: score only the first N items of the split as carved.
         out: also write the per-item table here (.parquet or .csv) and its summary beside it (.json).
-        subsets, order, batch_size, trust_task_code: the data's and the scorer's (`promptopt score --help`).
-        device, dtype, quantize: the model load's (default: a version-2 card's recorded precision).
+        subsets: the data's and the scorer's (`promptopt score --help`).
+        order: as `subsets` above.
+        batch_size: as `subsets` above.
+        trust_task_code: as `subsets` above.
+        device: the model load's (default: a version-2 card's recorded precision).
+        dtype: as `device` above.
+        quantize: as `device` above.
         progress: show progress bars.
 
     Returns:
-        The `ScoreResult`: `.table` (one row per item: correct, pred, δ_TCB, V_eff, margin, PPL ...) and
-        `.summary` (accuracy with its 95% interval, δ_TCB's mean, median and geometric mean ...).
+        `.table` (one row per item: correct, pred, δ_TCB, V_eff, margin, PPL ...) and
+            `.summary` (accuracy with its 95% interval, δ_TCB's mean, median and geometric mean ...).
 
     Raises:
         ConfigError: a bad value (as `search`).
@@ -527,21 +563,26 @@ def serve(
     api_key_file: str | Path | None = None,
     run: bool = True,
     log_level: str = "info",
-):
+) -> FastAPI:
     """`promptopt serve CARD`: the card's prompt over HTTP (POST /v1/answer, GET /healthz; docs/serving.md).
 
     Args:
         card: a version-2 card (`promptopt export`).
         model: what answers: None (the card's recorded model), a model spec, or a loaded model (as `search`).
-        device, dtype, quantize, batch_size: the model load's (default: the card's recorded precision).
-        settings: a `promptopt.serving.ServeSettings` (batching, limits, timeouts; default: the CLI's defaults).
-        host, port, api_key_file: where to listen, and the file holding the API key (needed off loopback).
+        device: the model load's (default: the card's recorded precision).
+        dtype: as `device` above.
+        quantize: as `device` above.
+        batch_size: as `device` above.
+        settings (ServeSettings): a `promptopt.serving.ServeSettings` (batching, limits, timeouts; default: the CLI's defaults).
+        host: where to listen, and the file holding the API key (needed off loopback).
+        port: as `host` above.
+        api_key_file: as `host` above.
         run: listen and serve until SIGTERM or SIGINT; False: return the app without listening (to mount it in your
             own ASGI server, or to call it with a test client), with no bind check.
         log_level: uvicorn's.
 
     Returns:
-        The FastAPI app (once the server stops, when `run`); `app.state` holds the server and its settings.
+        The app (once the server stops, when `run`); `app.state` holds the server and its settings.
 
     Raises:
         ConfigError: a card that cannot be served, or a bad value.
@@ -615,7 +656,7 @@ def verify(
     model: Any = None,
     device: str = "auto",
     quantize: str | None = None,
-):
+) -> Verification:
     """`promptopt verify CARD`: the card re-scored on its recorded items with its recorded model, every fingerprint
     and hash checked, loaded in the card's recorded precision unless `quantize` says otherwise.
 
@@ -629,7 +670,7 @@ def verify(
         quantize: `4bit`, `8bit` or `none` instead of the card's recorded precision.
 
     Returns:
-        A `Verification` (`.ok`, `.checks`, `.lines()`).
+        The checks (`.ok`, `.checks`, `.lines()`).
 
     Raises:
         UserError: a card that cannot be read, or a recorded model or task that is not here (one line saying what
