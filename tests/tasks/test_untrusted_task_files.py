@@ -175,7 +175,11 @@ def test_a_template_fails_in_one_line_within_seconds_and_a_bounded_memory(tmp_pa
     rss_file = tmp_path / "rss"
     wrapper = (
         "import atexit, resource, runpy, sys\n"
-        f"atexit.register(lambda: open({str(rss_file)!r}, 'w').write(str(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)))\n"
+        # the peak of this process's own memory (VmHWM, reset by exec): getrusage's ru_maxrss keeps the forking
+        # pytest worker's peak across fork and exec, 1.7 GB after a worker had loaded a model
+        "def peak():\n"
+        "    return next(l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM:'))\n"
+        f"atexit.register(lambda: open({str(rss_file)!r}, 'w').write(peak()))\n"
         f"sys.argv = ['promptopt', 'score', '--task', {str(path)!r}, '--model', {NO_MODEL!r}]\n"
         "runpy.run_module('promptopt', run_name='__main__')\n"
     )
