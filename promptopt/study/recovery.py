@@ -191,11 +191,13 @@ def _requeue_lost_retries(study) -> None:
     as it failed) is queued now, so its parameters still run once (the retry callback counts its retries)."""
     from optuna.trial import TrialState
 
+    from promptopt.study.incumbent import is_incumbent
+
     trials = study.get_trials(deepcopy=False)
     retried = {t.system_attrs.get("failed_trial") for t in trials}
     for trial in trials:
         lost = trial.state == TrialState.FAIL and trial.params and trial.number not in retried
-        if lost and "duplicate_of" not in trial.user_attrs and "incumbent" not in trial.params:
+        if lost and "duplicate_of" not in trial.user_attrs and not is_incumbent(trial):
             _enqueue_retry(study, trial._trial_id)
 
 
