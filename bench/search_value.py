@@ -81,7 +81,8 @@ def run_search(arm: str, name: str, seed: int, args, out: Path) -> dict:
     if done.returncode != 0:
         raise SystemExit(f"{arm} {name} seed {seed}: search failed ({done.returncode}): {done.stderr[-2000:]}")
     summary = json.loads((out / "summary.json").read_text())
-    return {"cpu_seconds": cpu, "wall_seconds": wall, "summary": summary}
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True, text=True)
+    return {"cpu_seconds": cpu, "wall_seconds": wall, "summary": summary, "commit": commit.stdout.strip()}
 
 
 class Scorer:
@@ -218,6 +219,7 @@ def main() -> None:
                         "task": name,
                         "seed": seed,
                         "arm": arm,
+                        "commit": run["commit"],  # the searched tree's: a rerun of an arm on new code is told apart
                         **settings,
                         "cpu_seconds": run["cpu_seconds"],
                         "wall_seconds": run["wall_seconds"],

@@ -116,7 +116,12 @@ def print_search_result(result) -> None:
     states = result.trials["state"].value_counts().to_dict()
     skipped = f"{result.duplicates_skipped} duplicate prompt{'' if result.duplicates_skipped == 1 else 's'} skipped (FAIL, not counted)"
     spent = result.dev_items_spent
-    items = f"; dev items scored {spent['trials']} (+{spent['scan_pairs']} by the scan)" if spent else ""
+    items = (
+        f"; dev items scored {spent['trials']} (the scan scored {spent['scan_pairs']}, "
+        f"{spent.get('scan_extra', spent['scan_pairs'])} of them beyond its trials)"
+        if spent
+        else ""
+    )
     console.print(
         f"trials: {states}; {skipped}; wall {result.wall_seconds:.1f}s; cache hit rate {result.cache_hit_rate:.2f}"
         f"{items}"

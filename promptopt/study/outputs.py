@@ -190,14 +190,21 @@ def incumbent_label(study) -> str:
 
 
 def _dev_items_spent(study) -> dict:
-    """Dev items scored per trial (user attr `dev_items`; the incumbent's included), and their sum."""
-    per_trial = {
-        t.number: int(t.user_attrs["dev_items"])
-        for t in study.get_trials(deepcopy=False)
-        if "dev_items" in t.user_attrs
-    }
+    """Dev items scored per trial (user attr `dev_items`; the incumbent's included), and their sum; the scan's pairs
+    and how many of them its prompts' own trials did not score again (`scan_extra`: what the scan cost beyond the
+    search, a slice longer than where racing dropped the trial, or a trial the run never reached)."""
+    trials = study.get_trials(deepcopy=False)
+    per_trial = {t.number: int(t.user_attrs["dev_items"]) for t in trials if "dev_items" in t.user_attrs}
     scan = study.user_attrs.get("scan") or {}
-    return {"per_trial": per_trial, "trials": sum(per_trial.values()), "scan_pairs": scan.get("pairs", 0)}
+    pairs = int(scan.get("pairs") or 0)
+    slice_items = int(scan.get("n_items") or 0)
+    reused = sum(min(slice_items, per_trial.get(t.number, 0)) for t in trials if t.user_attrs.get("scanned"))
+    return {
+        "per_trial": per_trial,
+        "trials": sum(per_trial.values()),
+        "scan_pairs": pairs,
+        "scan_extra": max(0, pairs - reused),
+    }
 
 
 def _named_partial_values(trials: pd.DataFrame) -> pd.DataFrame:

@@ -11,13 +11,18 @@ Statistics (items × prompts, binary correctness, every prompt on the same items
 - What dev can detect: the paired minimum detectable effect on all N dev items (80% power, α 0.05) at the
   discordance the sample shows against the incumbent (metrics/stats/selection.py).
 
-Verdict (one of `VERDICTS`): `search` when the headroom reaches the detectable difference; otherwise `widen the
-space` when the space's spread is not distinguishable from 0 (its interval reaches 0), `add dev items` when the
-headroom is positive (with the dev size that would detect it), else `keep the incumbent`.
+Verdict (one of `VERDICTS`), read against the interval, not only the point (an interval that reaches 0 is no
+evidence that the space is flat, only that the slice is too small to tell): `search` when the headroom, or the
+headroom at the interval's upper σ, reaches the detectable difference (the scan cannot rule out a gain the dev items
+would show); otherwise `keep the incumbent` when even that optimistic headroom is ≤ 0, `add dev items` when the space
+does move accuracy (the interval excludes 0) and the headroom is positive (with the dev size that would detect it),
+else `widen the space`.
 
-The cost: `n_prompts` prompts on `n_items` dev items, sized to a tenth of the search's own scoring
-(trials × dev items); the rows land in the result cache, so a trial that later samples one of these prompts pays
-nothing for the slice."""
+The scan is the search's first phase, not an extra: its prompts are enqueued as the study's first trials (random
+draws, as TPE's start-up trials are), so their slices are cache hits when those trials run. What it costs beyond the
+search is the part of a slice a raced trial would not have scored (a trial dropped after the first minibatch): the
+slice is the longest racing slice whose worst case of that stays within `SCAN_SHARE` of the search's scoring
+(trials × dev items), at least a minibatch."""
 
 from __future__ import annotations
 
@@ -40,13 +45,14 @@ class ScanResult:
     space_sd: float  # σ_space, net of item noise
     space_sd_ci95: tuple[float, float]
     headroom: float
+    headroom_high: float  # the headroom at the top of σ's interval: what the scan cannot rule out
     mde: float  # on all dev items
     dev_items: int
     dev_items_needed: int | None  # for `add dev items`: the dev size at which the headroom is detectable
     pairs: int  # (prompt, item) pairs the scan scored
     seconds: float = 0.0
     why: str = ""
-    extra: dict = field(default_factory=dict)
+    params: list = field(default_factory=list)  # the sampled prompts' parameters: the study's first trials
 
     def record(self) -> dict:
         def r(x):
@@ -63,6 +69,7 @@ class ScanResult:
             "space_sd": r(self.space_sd),
             "space_sd_ci95": [r(self.space_sd_ci95[0]), r(self.space_sd_ci95[1])],
             "headroom": r(self.headroom),
+            "headroom_high": r(self.headroom_high),
             "mde": r(self.mde),
             "dev_items": self.dev_items,
             "dev_items_needed": self.dev_items_needed,
@@ -72,13 +79,19 @@ class ScanResult:
 
 
 def scan_size(trials: int, dev_items: int, minibatch: int) -> tuple[int, int]:
-    """(prompts, slice items) costing about SCAN_SHARE of trials × dev items: as many prompts as that buys on a slice
-    of at least a minibatch (and at most half of dev), within [MIN_PROMPTS, MAX_PROMPTS]."""
+    """(prompts, slice items): half the trials' prompts within [MIN_PROMPTS, MAX_PROMPTS] and never more than the
+    trials (they become the first trials); the slice is the longest racing slice end (study/racing.py) whose extra
+    cost, what the prompts' trials might not score themselves had racing dropped them after the first minibatch,
+    stays within SCAN_SHARE of trials × dev items."""
+    from promptopt.study.racing import slice_ends
+
+    n_prompts = min(trials, max(MIN_PROMPTS, min(MAX_PROMPTS, trials // 2)))
+    first = min(minibatch, dev_items)
     budget = SCAN_SHARE * trials * dev_items
-    n_items = min(dev_items, max(minibatch, dev_items // 2))
-    n_prompts = int(max(MIN_PROMPTS, min(MAX_PROMPTS, budget // n_items)))
-    if n_prompts * n_items > budget:  # a small budget: keep MIN_PROMPTS prompts, shorten the slice
-        n_items = int(max(min(minibatch, dev_items), min(n_items, budget // n_prompts)))
+    n_items = first
+    for end in slice_ends(dev_items, minibatch):
+        if n_prompts * (end - first) <= budget:
+            n_items = max(n_items, end)
     return n_prompts, n_items
 
 
@@ -134,6 +147,7 @@ def analyse(matrix, incumbent, *, trials: int, dev_items: int, seed: int = 0, n_
     else:
         discordance = float(np.mean([(x[i] != x[j]).mean() for i in range(m) for j in range(i + 1, m)]))
     mde = minimum_detectable_effect(dev_items, discordance)
+    optimistic = float(acc.mean() + high * expected_max_normal(trials) - reference)
     needed = None
     if headroom >= mde:
         verdict = "search"
@@ -142,25 +156,34 @@ def analyse(matrix, incumbent, *, trials: int, dev_items: int, seed: int = 0, n_
             f"{acc.max() - acc.min():.3f} over {m} prompts); the best of {trials} trials is expected {headroom:+.3f} "
             f"over the incumbent, at least the {mde:.3f} that {dev_items} dev items detect"
         )
-    elif low <= 0:
-        verdict = "widen the space"
+    elif optimistic >= mde:
+        verdict = "search"
         why = (
-            f"the space's spread is indistinguishable from item noise (σ {sd:.3f} [{low:.3f}, {high:.3f}] over {m} "
-            f"prompts on {n} items); expected gain {headroom:+.3f} against the {mde:.3f} that {dev_items} dev items "
-            "detect: widen the space (other instructions, templates, shots) or keep the incumbent"
+            f"the scan cannot rule out a gain dev would detect: σ {sd:.3f} [{low:.3f}, {high:.3f}] over {m} prompts "
+            f"on {n} items puts the best of {trials} trials at {headroom:+.3f} over the incumbent, up to "
+            f"{optimistic:+.3f} at the interval's top, against the {mde:.3f} that {dev_items} dev items detect"
         )
-    elif headroom > 0:
+    elif optimistic <= 0:
+        verdict = "keep the incumbent"
+        why = (
+            f"the incumbent ({reference:.3f} on the slice) is at or above what the best of {trials} trials reaches "
+            f"even at the top of the space's interval (gain up to {optimistic:+.3f}; σ {sd:.3f} [{low:.3f}, {high:.3f}])"
+        )
+    elif low > 0 and headroom > 0:
         verdict = "add dev items"
         needed = dev_items_for(headroom, discordance)
         why = (
-            f"the space moves accuracy (σ {sd:.3f} [{low:.3f}, {high:.3f}]) but the expected gain {headroom:+.3f} is "
-            f"below the {mde:.3f} that {dev_items} dev items detect; about {needed} dev items would detect it"
+            f"the space moves accuracy (σ {sd:.3f} [{low:.3f}, {high:.3f}]) but the expected gain {headroom:+.3f} "
+            f"(at most {optimistic:+.3f}) is below the {mde:.3f} that {dev_items} dev items detect; about {needed} "
+            "dev items would detect it"
         )
     else:
-        verdict = "keep the incumbent"
+        verdict = "widen the space"
         why = (
-            f"the incumbent ({reference:.3f} on the slice) is at or above what the best of {trials} trials is "
-            f"expected to reach (gain {headroom:+.3f}; σ {sd:.3f} [{low:.3f}, {high:.3f}])"
+            f"even at the top of the space's interval (σ {sd:.3f} [{low:.3f}, {high:.3f}] over {m} prompts on {n} "
+            f"items) the best of {trials} trials gains at most {optimistic:+.3f}, below the {mde:.3f} that "
+            f"{dev_items} dev items detect: widen the space (other instructions, templates, shots) or keep the "
+            "incumbent"
         )
     return ScanResult(
         verdict=verdict,
@@ -172,6 +195,7 @@ def analyse(matrix, incumbent, *, trials: int, dev_items: int, seed: int = 0, n_
         space_sd=sd,
         space_sd_ci95=(low, high),
         headroom=headroom,
+        headroom_high=optimistic,
         mde=mde,
         dev_items=dev_items,
         dev_items_needed=needed,
@@ -182,9 +206,11 @@ def analyse(matrix, incumbent, *, trials: int, dev_items: int, seed: int = 0, n_
 
 def run_scan(ctx, cached, incumbent_correct=None) -> ScanResult | None:
     """Sample the space (seeded, independent of the study's sampler), score each prompt on the first dev slice under
-    the run's decision rule, and `analyse`. `incumbent_correct`: the incumbent's correctness on every dev item. None
-    when the space holds fewer than 2 prompts other than the incumbent (no spread to measure)."""
+    the run's decision rule, and `analyse`; the result carries the prompts' parameters for the study to enqueue.
+    `incumbent_correct`: the incumbent's correctness on every dev item. None when the space holds fewer than 2
+    prompts other than the incumbent (no spread to measure)."""
     import time
+    from dataclasses import replace
 
     import optuna
 
@@ -197,11 +223,12 @@ def run_scan(ctx, cached, incumbent_correct=None) -> ScanResult | None:
     items = ctx.dev[:n_items]
     sampler = optuna.samplers.RandomSampler(seed=config.seed + 7919)  # its own stream: not the study's
     draft = optuna.create_study(sampler=sampler)
-    rows, seen = [], {prompt_key(ctx.incumbent)} if ctx.incumbent is not None else set()
+    rows, params, seen = [], [], {prompt_key(ctx.incumbent)} if ctx.incumbent is not None else set()
     for _ in range(n_prompts * 5):  # a small space may not hold n_prompts other prompts
         if len(rows) == n_prompts:
             break
-        prompt = ctx.space.suggest(draft.ask(), ctx.candidates, ctx.data.spec, config.decision)
+        trial = draft.ask()
+        prompt = ctx.space.suggest(trial, ctx.candidates, ctx.data.spec, config.decision)
         key = prompt_key(prompt)
         if key in seen:
             continue
@@ -209,13 +236,12 @@ def run_scan(ctx, cached, incumbent_correct=None) -> ScanResult | None:
         running = RunningDecision(cached, prompt)
         running.add(items)
         rows.append(running.decided()["correct"].astype(bool).tolist())
+        params.append(dict(trial.params))
     if len(rows) < 2:
         return None
     base = None if incumbent_correct is None else list(incumbent_correct)[:n_items]
     result = analyse(rows, base, trials=config.trials, dev_items=len(ctx.dev), seed=config.seed)
-    from dataclasses import replace
-
-    return replace(result, seconds=time.perf_counter() - start)
+    return replace(result, seconds=time.perf_counter() - start, params=params)
 
 
 __all__ = [

@@ -217,6 +217,11 @@ def test_a_search_that_keeps_the_incumbent_exports_the_default_prompt(tiny_confi
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["incumbent"]["kept"] is True and summary["scan"]["verdict"]
     assert summary["dev_items_spent"]["per_trial"]["0"] == 12
+    # the scan is the search's first phase: its 3 prompts (4 items each) are trials 1-3, their slices cache hits
+    scanned = result.trials[result.trials["user_attrs_scanned"].fillna(False).astype(bool)]
+    assert list(scanned["number"]) == [1, 2, 3] and summary["scan"]["pairs"] == 12
+    assert summary["dev_items_spent"]["scan_extra"] == 0
+    assert summary["pairs_scored"] == summary["dev_items_spent"]["trials"]
     assert load_card(tmp_path / "run" / "best_card.yaml")[0] == default
     exported = promptopt.export(str(tmp_path / "run"), out=str(tmp_path / "card.yaml"))
     assert load_card(tmp_path / "card.yaml")[0] == default
