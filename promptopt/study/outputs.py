@@ -208,7 +208,8 @@ def _dev_items_spent(study) -> dict:
 
 
 def _named_partial_values(trials: pd.DataFrame) -> pd.DataFrame:
-    """A PRUNED trial's value is what it scored on the dev items it saw (Optuna stores its last per-item report):
+    """A PRUNED trial's value is what it scored on the dev items it saw (`partial_value`; Optuna's own value is the
+    same since trials report it last, study/trial.py `report_partial`, and was the last item's 0/1 in older studies):
     `value_over` says which items a row's value is over."""
     # single-objective: "value", or "value_<metric name>" once the study names its metric
     value = next((c for c in trials.columns if c == "value" or c.startswith("value_")), None)

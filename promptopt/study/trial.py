@@ -209,10 +209,12 @@ def make_objective(ctx: SearchContext, cached: CachingScorer, worker: str):
             if end < len(ctx.dev) and trial.should_prune():
                 partial = pd.concat(frames, ignore_index=True) if strategy.needs_variants else decider.decided()
                 trial.set_user_attr("metrics", trial_summary(partial))
-                trial.set_user_attr("partial_value", float(strategy.item_values(partial).mean()))
+                partial_value = float(strategy.item_values(partial).mean())
+                trial.set_user_attr("partial_value", partial_value)
                 trial.set_user_attr("dev_items", end)
                 _record_reason(trial)
-                raise optuna.TrialPruned()  # Optuna keeps the last per-item report as the value; see partial_value
+                report_partial(trial, partial_value, len(ctx.dev))
+                raise optuna.TrialPruned()
         full = pd.concat(frames, ignore_index=True) if strategy.needs_variants else decider.decided()
         trial.set_user_attr("metrics", trial_summary(full))
         trial.set_user_attr("dev_items", len(ctx.dev))
@@ -239,13 +241,22 @@ def _record_reason(trial) -> None:
         trial.set_user_attr("pruned_because", reason)
 
 
-def _prune(trial, table: pd.DataFrame, rung: str, upper: float):
+def report_partial(trial, value: float, n_items: int) -> None:
+    """A pruned trial's value on the items it saw, reported at step `n_items` (one past the last dev item) just
+    before it is pruned. Optuna stores a pruned trial's last report as its value, and TPE ranks pruned trials by their
+    last step, then that value: without this both were the last item's 0/1, so the sampler learnt nothing from a
+    trial racing dropped. The racing pruner reads steps 0..k−1 only (study/racing.py `_values`)."""
+    trial.report(float(value), step=n_items)
+
+
+def _prune(trial, table: pd.DataFrame, rung: str, upper: float, n_items: int):
     import optuna
 
     trial.set_user_attr("metrics", trial_summary(table))
     trial.set_user_attr("dev_items", len(table))
     trial.set_user_attr("rung", rung)
     trial.set_user_attr("partial_value", upper)  # an upper bound of the trial's value (robust_i <= correct_i)
+    report_partial(trial, upper, n_items)
     return optuna.TrialPruned()
 
 
@@ -265,12 +276,12 @@ def multi_fidelity_value(ctx: SearchContext, cached: CachingScorer, trial, promp
         if end < n and trial.should_prune():
             partial = pd.concat(frames, ignore_index=True)
             _record_reason(trial)
-            raise _prune(trial, partial, "clean", float(strategy.screen_values(partial).mean()))
+            raise _prune(trial, partial, "clean", float(strategy.screen_values(partial).mean()), n)
     clean = decider.decided()
     variant_scorer = decider.scorer_for_variants()
     open_items = int(clean["correct"].astype(bool).sum())  # clean-correct items whose variants are not scored yet
     if pruning and cannot_win(open_items, incumbent(trial.study, n), trial.number):
-        raise _prune(trial, clean, "promotion", open_items / n)
+        raise _prune(trial, clean, "promotion", open_items / n, n)
     robust, frames = 0, []
     for start in range(0, n, minibatch):  # rung 2: variants of the clean-correct items, while the trial can win
         batch, table = dev[start : start + minibatch], clean.iloc[start : start + minibatch]
@@ -286,7 +297,7 @@ def multi_fidelity_value(ctx: SearchContext, cached: CachingScorer, trial, promp
             and pruning
             and cannot_win(robust + open_items, incumbent(trial.study, n), trial.number)
         ):
-            raise _prune(trial, clean, "variants", (robust + open_items) / n)
+            raise _prune(trial, clean, "variants", (robust + open_items) / n, n)
     full = pd.concat(frames, ignore_index=True)
     trial.set_user_attr("metrics", trial_summary(full))
     trial.set_user_attr("dev_items", n)

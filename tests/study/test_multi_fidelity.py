@@ -113,8 +113,9 @@ def _config(tmp_path, strategy="robust", **kw):
     )
 
 
-def _fixed_order_search(tmp_path, strategy, order, **kw):
-    """Every prompt of the space once, in `order` (enqueued), through the search's own trial function and pruner."""
+def _fixed_order_search(tmp_path, strategy, order, studies: list | None = None, **kw):
+    """Every prompt of the space once, in `order` (enqueued), through the search's own trial function and pruner
+    (the study appended to `studies` when given)."""
     import optuna
 
     from promptopt.study.context import build_context
@@ -135,6 +136,8 @@ def _fixed_order_search(tmp_path, strategy, order, **kw):
     for name in order:
         study.enqueue_trial({"instruction": name, "template": "plain", "k": 0})
     study.optimize(make_objective(ctx, scorer, "test"), n_trials=len(order))
+    if studies is not None:
+        studies.append(study)
     winner, _ = select_winner(strategy, _candidates(study, strategy))
     values = {t.params["instruction"]: t.value for t in study.trials if t.state.name == "COMPLETE"}
     rungs = {t.params["instruction"]: (t.state.name, t.user_attrs.get("rung")) for t in study.trials}
@@ -163,6 +166,33 @@ def test_multi_fidelity_robust_scores_fewer_pairs_and_picks_the_same_winner(tmp_
             for name in CASE
             if CASE[name][0] <= 19 and name != "steady"
         )
+
+
+def test_a_pruned_trial_is_valued_at_its_accuracy_on_the_items_it_saw(tmp_path, monkeypatch):
+    """Optuna keeps a pruned trial's last report as its value and TPE ranks pruned trials by it: the trial reports its
+    partial value one step past the dev items before it is pruned, and the racing pruner still reads per-item values
+    (the same trials dropped after the same items as without that report)."""
+    import promptopt.study.trial as trial_module
+
+    def drops(studies):
+        return {
+            t.params["instruction"]: t.user_attrs["dev_items"] for t in studies[0].trials if t.state.name == "PRUNED"
+        }
+
+    studies, without = [], []
+    _fixed_order_search(tmp_path / "with", get_strategy("accuracy"), ORDERS["accuracy-best first"], studies)
+    monkeypatch.setattr(trial_module, "report_partial", lambda trial, value, n_items: None)
+    _fixed_order_search(tmp_path / "without", get_strategy("accuracy"), ORDERS["accuracy-best first"], without)
+    assert drops(studies) == drops(without) and len(drops(studies)) >= 2
+    for t in studies[0].trials:
+        if t.state.name != "PRUNED":
+            continue
+        seen = t.user_attrs["dev_items"]
+        assert sorted(t.intermediate_values) == [*range(seen), DEV]
+        assert t.value == t.user_attrs["partial_value"] == t.intermediate_values[DEV]
+        assert t.value == pytest.approx(sum(t.intermediate_values[i] for i in range(seen)) / seen)
+    # without the report, Optuna's value was the last item's 0/1
+    assert all(t.value in (0.0, 1.0) for t in without[0].trials if t.state.name == "PRUNED")
 
 
 def test_the_bound_prunes_only_trials_that_cannot_win():
