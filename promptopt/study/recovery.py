@@ -187,8 +187,10 @@ def recover(study, grace_period: int) -> None:
 
 
 def _requeue_lost_retries(study) -> None:
-    """A trial FAILed with its parameters whose retry was never queued (the storage refused the enqueue: a full disk
-    as it failed) is queued now, so its parameters still run once (the retry callback counts its retries)."""
+    """A trial FAILed with its parameters, or with the point it was queued with (`fixed_params`: the scan's prompts,
+    study/trial.py `enqueue_next_scanned`), whose retry was never queued (the storage refused the enqueue: a full
+    disk as it failed) is queued now, so its point still runs once, under its ordinal (the retry callback counts
+    its retries)."""
     from optuna.trial import TrialState
 
     from promptopt.study.incumbent import is_incumbent
@@ -196,7 +198,8 @@ def _requeue_lost_retries(study) -> None:
     trials = study.get_trials(deepcopy=False)
     retried = {t.system_attrs.get("failed_trial") for t in trials}
     for trial in trials:
-        lost = trial.state == TrialState.FAIL and trial.params and trial.number not in retried
+        point = trial.params or trial.system_attrs.get("fixed_params")
+        lost = trial.state == TrialState.FAIL and point and trial.number not in retried
         if lost and "duplicate_of" not in trial.user_attrs and not is_incumbent(trial):
             _enqueue_retry(study, trial._trial_id)
 

@@ -46,7 +46,7 @@ from promptopt.study.storage import (
     remove_new_sqlite,
     stored_study,
 )
-from promptopt.study.trial import add_incumbent, is_duplicate, optimize
+from promptopt.study.trial import SCAN_PARAMS, add_incumbent, is_duplicate, optimize
 from promptopt.study.workers import workers
 from promptopt.yamlio import atomic_write_text, check_output
 
@@ -188,9 +188,8 @@ def _scan(ctx: SearchContext, study, cached, incumbent, say) -> dict | None:
                 "why": "the space holds fewer than 2 prompts other than the incumbent: no spread to measure",
             }
         )
-        if found is not None and not _stops(ctx, record):
-            for params in found.params:  # the scan is the search's first phase: its prompts are the first trials
-                study.enqueue_trial(params, user_attrs={"scanned": True}, skip_if_exists=True)
+        if found is not None and not _stops(ctx, record):  # the search's first phase: its prompts, the first trials
+            study.set_user_attr(SCAN_PARAMS, found.params)  # queued one at a time (study/trial.py `optimize`)
         fault_point("scan")
         study.set_user_attr("scan", record)
     if say is not None:

@@ -306,6 +306,22 @@ def multi_fidelity_value(ctx: SearchContext, cached: CachingScorer, trial, promp
     return strategy.values(full)[0]
 
 
+SCAN_PARAMS = "scan_params"  # study user attr: the scan's prompts' parameters, in the order they become trials
+
+
+def enqueue_next_scanned(study) -> bool:
+    """Queue the scan's next prompt no trial has had yet (study/scan.py: the scan is the search's first phase).
+    One at a time, when nothing else waits: a retry that `recover` queued for a trial cut short then runs before
+    the scan's next prompt, in the order of the uninterrupted run. True when one was queued."""
+    params = study.user_attrs.get(SCAN_PARAMS) or []
+    tried = [t.system_attrs.get("fixed_params", t.params) for t in study.get_trials(deepcopy=False)]
+    for point in params:
+        if point not in tried:
+            study.enqueue_trial(point, user_attrs={"scanned": True})
+            return True
+    return False
+
+
 def optimize(
     ctx: SearchContext, study, cached: CachingScorer, progress, worker: str, note=None, deadline: float | None = None
 ) -> None:
@@ -345,6 +361,8 @@ def optimize(
             continue
         waiting_since = None
         objective.current = None
+        if not waiting:
+            enqueue_next_scanned(study)
         try:
             study.optimize(objective, n_trials=1, callbacks=callbacks, gc_after_trial=False, catch=(DuplicatePrompt,))
         except BaseException as exc:

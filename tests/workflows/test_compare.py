@@ -122,8 +122,16 @@ def test_seeds_top_n_and_outputs(tiny_llama_dir, tmp_path):
 
 @pytest.mark.slow
 def test_two_seeds_end_to_end_on_the_embedded_model(embedded_lm, tmp_path):
-    config = SearchConfig.build(
-        task="sst2", trials=2, out=str(tmp_path / "e2e"), dev_limit=8, test_limit=12, minibatch=8, device="cpu"
+    config = SearchConfig.build(  # the strategies' own winners (no incumbent): a second prompt must be stressed
+        task="sst2",
+        trials=2,
+        out=str(tmp_path / "e2e"),
+        dev_limit=8,
+        test_limit=12,
+        minibatch=8,
+        device="cpu",
+        incumbent="none",
+        scan="off",
     )
     result = run_compare(
         config, ["ppl", "tcb"], seeds=2, top_n=1, suite=PLUMBING_SUITE, robust_limit=6, show_progress=False
