@@ -163,8 +163,14 @@ def sample_space(name: str, scorer: Scorer, args) -> dict:
     dev_acc = [sum(c) / len(c) for _, c in rows]
     best = max(range(len(rows)), key=lambda i: dev_acc[i])
     best_test = scorer.correct(rows[best][0], "test")
+    # the scan's analysis on the sample itself (K prompts on every dev item, far above the scan's own budget): what
+    # a scan this large would have said, beside what the search's own scan said on its first slice
+    from promptopt.study.scan import analyse
+
+    wide = analyse([c for _, c in rows], default_dev, trials=args.trials, dev_items=len(default_dev))
     return {
         "sampled": len(rows),
+        "scan_on_sample": wide.record(),
         "dev_accuracies": dev_acc,
         "default_dev": sum(default_dev) / len(default_dev),
         "best_dev_vs_default": paired(rows[best][1], default_dev),
@@ -193,7 +199,7 @@ def main() -> None:
         print(table(results))
         return
     out.mkdir(parents=True, exist_ok=True)
-    arms = args.arms.split(",")
+    arms = [a for a in args.arms.split(",") if a]  # --arms "" with --sample: only the samples
     if "old" in arms and not args.old_tree:
         raise SystemExit("--old-tree: a checkout of the commit before the incumbent (git worktree add DIR 402e3df)")
     settings = {k: getattr(args, k) for k in ("trials", "dev_limit", "test_limit", "model")}

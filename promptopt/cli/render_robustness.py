@@ -29,7 +29,11 @@ def print_dev_choices(choices: list[dict]) -> None:
     known = [c for c in choices if c.get("mde") is not None]
     if not known:
         return
-    tied = ", ".join(f"{c['strategy']}/{c['seed']} {c['tied']} of {c['n_candidates']}" for c in choices)
+    tied = ", ".join(
+        f"{c['strategy']}/{c['seed']} "
+        + (f"{c['tied']} of {c['n_candidates']}" if c.get("n_candidates") else "none finished (the incumbent kept)")
+        for c in choices
+    )
     mde = statistics.median(c["mde"] for c in known)
     console.print(
         f"dev choice: {known[0]['n_dev_items']} dev items detect a difference of {mde:.3f} in accuracy (median over "

@@ -205,10 +205,13 @@ def test_compare_prints_what_the_dev_size_can_detect(capsys):
         [
             {"strategy": "tcb", "seed": 0, "tied": 4, "n_candidates": 12, "n_dev_items": 48, "mde": mde},
             {"strategy": "accuracy", "seed": 0, "tied": 1, "n_candidates": 12, "n_dev_items": 48, "mde": mde},
+            # every trial dropped by racing: the search kept its incumbent, no tie set to count
+            {"strategy": "ppl", "seed": 0, "tied": 0, "n_candidates": None, "n_dev_items": 48, "mde": mde},
         ]
     )
-    out = capsys.readouterr().out
+    out = " ".join(capsys.readouterr().out.split())
     assert f"48 dev items detect a difference of {mde:.3f}" in out and "tcb/0 4 of 12, accuracy/0 1 of 12" in out
+    assert "ppl/0 none finished (the incumbent kept)" in out and "None" not in out
     print_dev_choices([])  # a compare from before the rule: nothing to say
     assert capsys.readouterr().out == ""
 
