@@ -6,17 +6,21 @@ Statistics (items × prompts, binary correctness, every prompt on the same items
 - Per-prompt accuracies a_m on the slice; their range is FormatSpread's spread.
 - The space's own spread, net of item noise: the two-way ANOVA without replication (prompt × item), σ²_space =
   max(0, (MS_prompt − MS_residual) / n_items); its 95% interval from a bootstrap over the slice's items.
-- Headroom: what the best of the search's T trials is expected to reach above the incumbent on the same items,
-  mean(a) + σ_space · e_T − a_incumbent, e_T the expected maximum of T standard normals.
+- Headroom: what the best of the search's T trials is expected to reach above the incumbent on the same items. Each
+  a_m is shrunk towards the sample's mean by σ²_space / (σ²_space + MS_residual / n_items) (the empirical-Bayes
+  estimate of its true accuracy: a prompt that led on 16 items by luck is pulled back), and the best of T draws from
+  those values is taken exactly, Σ_k v_(k)·((k/m)^T − ((k−1)/m)^T) over the sorted values: no shape is assumed (a
+  space of mostly worse prompts and a few better ones is not normal). The optimistic headroom is the same at the top
+  of σ's interval.
 - What dev can detect: the paired minimum detectable effect on all N dev items (80% power, α 0.05) at the
-  discordance the sample shows against the incumbent (metrics/stats/selection.py).
+  discordance with the incumbent of the sampled prompts that could replace it (those at least as accurate on the
+  slice; all of them when none is): a prompt far worse than the incumbent disagrees with it more, and is not the one
+  the replacement test will face.
 
-Verdict (one of `VERDICTS`), read against the interval, not only the point (an interval that reaches 0 is no
-evidence that the space is flat, only that the slice is too small to tell): `search` when the headroom, or the
-headroom at the interval's upper σ, reaches the detectable difference (the scan cannot rule out a gain the dev items
-would show); otherwise `keep the incumbent` when even that optimistic headroom is ≤ 0, `add dev items` when the space
-does move accuracy (the interval excludes 0) and the headroom is positive (with the dev size that would detect it),
-else `widen the space`.
+Verdict (one of `VERDICTS`): `search` when the headroom reaches the detectable difference; `keep the incumbent` when
+even the optimistic headroom is ≤ 0; `add dev items` when the headroom is positive but below what dev detects (with
+the dev size that would detect it); else `widen the space` (the sample does not beat the incumbent; the top of the
+interval might).
 
 The scan is the search's first phase, not an extra: its prompts are enqueued as the study's first trials (random
 draws, as TPE's start-up trials are), so their slices are cache hits when those trials run. What it costs beyond the
@@ -95,16 +99,25 @@ def scan_size(trials: int, dev_items: int, minibatch: int) -> tuple[int, int]:
     return n_prompts, n_items
 
 
-def expected_max_normal(k: int) -> float:
-    """E[max of k independent standard normals] (0 for k = 1), by numerical integration."""
+def expected_best_of(values, draws: int) -> float:
+    """E[max of `draws` draws, with replacement, from `values`]: Σ_k v_(k)·((k/m)^T − ((k−1)/m)^T) over the sorted
+    values (the k-th smallest is the maximum when every draw is among the k smallest and not all among the k − 1)."""
     import numpy as np
-    from scipy.stats import norm
 
-    if k <= 1:
-        return 0.0
-    x = np.linspace(-8, 8, 4001)
-    density = k * norm.pdf(x) * norm.cdf(x) ** (k - 1)
-    return float(np.trapezoid(x * density, x))
+    v = np.sort(np.asarray(values, dtype=float))
+    k = np.arange(1, len(v) + 1)
+    weights = (k / len(v)) ** draws - ((k - 1) / len(v)) ** draws
+    return float((v * weights).sum())
+
+
+def _mean_squares(x) -> tuple[float, float]:
+    """(MS_prompt, MS_residual) of the two-way ANOVA without replication on a prompts × items matrix."""
+    m, n = x.shape
+    grand = x.mean()
+    rows, cols = x.mean(axis=1), x.mean(axis=0)
+    ms_prompt = n * ((rows - grand) ** 2).sum() / (m - 1)
+    residual = x - rows[:, None] - cols[None, :] + grand
+    return float(ms_prompt), float((residual**2).sum() / ((m - 1) * (n - 1)))
 
 
 def space_sd(matrix) -> float:
@@ -116,12 +129,20 @@ def space_sd(matrix) -> float:
     m, n = x.shape
     if m < 2 or n < 2:
         return math.nan
-    grand = x.mean()
-    rows, cols = x.mean(axis=1), x.mean(axis=0)
-    ms_prompt = n * ((rows - grand) ** 2).sum() / (m - 1)
-    residual = x - rows[:, None] - cols[None, :] + grand
-    ms_residual = (residual**2).sum() / ((m - 1) * (n - 1))
+    ms_prompt, ms_residual = _mean_squares(x)
     return float(math.sqrt(max(0.0, (ms_prompt - ms_residual) / n)))
+
+
+def shrunk_accuracies(matrix, sd: float):
+    """Each prompt's accuracy pulled towards the sample's mean by σ² / (σ² + MS_residual / n_items): the
+    empirical-Bayes estimate of its true accuracy given the space's spread `sd` (0: every prompt at the mean)."""
+    import numpy as np
+
+    x = np.asarray(matrix, dtype=float)
+    acc = x.mean(axis=1)
+    noise = _mean_squares(x)[1] / x.shape[1]
+    weight = sd**2 / (sd**2 + noise) if sd > 0 and sd**2 + noise > 0 else 0.0
+    return acc.mean() + weight * (acc - acc.mean())
 
 
 def analyse(matrix, incumbent, *, trials: int, dev_items: int, seed: int = 0, n_boot: int = 1000) -> ScanResult:
@@ -141,49 +162,42 @@ def analyse(matrix, incumbent, *, trials: int, dev_items: int, seed: int = 0, n_
     low, high = percentile_interval(boot)
     base = np.asarray(incumbent, dtype=bool) if incumbent is not None else None
     reference = float(base.mean()) if base is not None else float(acc.mean())
-    headroom = float(acc.mean() + sd * expected_max_normal(trials) - reference)
+    headroom = expected_best_of(shrunk_accuracies(x, sd), trials) - reference
+    optimistic = expected_best_of(shrunk_accuracies(x, high), trials) - reference
     if base is not None:
-        discordance = float(np.mean([(row != base).mean() for row in x]))
+        contenders = [row for row, a in zip(x, acc) if a >= reference] or list(x)
+        discordance = float(np.mean([(row != base).mean() for row in contenders]))
     else:
         discordance = float(np.mean([(x[i] != x[j]).mean() for i in range(m) for j in range(i + 1, m)]))
     mde = minimum_detectable_effect(dev_items, discordance)
-    optimistic = float(acc.mean() + high * expected_max_normal(trials) - reference)
     needed = None
+    spread = f"σ {sd:.3f} [{low:.3f}, {high:.3f}] net of item noise over {m} prompts on {n} items"
     if headroom >= mde:
         verdict = "search"
         why = (
-            f"the space moves dev accuracy (σ {sd:.3f} [{low:.3f}, {high:.3f}] net of item noise, spread "
-            f"{acc.max() - acc.min():.3f} over {m} prompts); the best of {trials} trials is expected {headroom:+.3f} "
-            f"over the incumbent, at least the {mde:.3f} that {dev_items} dev items detect"
-        )
-    elif optimistic >= mde:
-        verdict = "search"
-        why = (
-            f"the scan cannot rule out a gain dev would detect: σ {sd:.3f} [{low:.3f}, {high:.3f}] over {m} prompts "
-            f"on {n} items puts the best of {trials} trials at {headroom:+.3f} over the incumbent, up to "
-            f"{optimistic:+.3f} at the interval's top, against the {mde:.3f} that {dev_items} dev items detect"
+            f"the space moves dev accuracy ({spread}); the best of {trials} trials is expected {headroom:+.3f} over "
+            f"the incumbent, at least the {mde:.3f} that {dev_items} dev items detect"
         )
     elif optimistic <= 0:
         verdict = "keep the incumbent"
         why = (
-            f"the incumbent ({reference:.3f} on the slice) is at or above what the best of {trials} trials reaches "
-            f"even at the top of the space's interval (gain up to {optimistic:+.3f}; σ {sd:.3f} [{low:.3f}, {high:.3f}])"
+            f"the incumbent ({reference:.3f} on the slice) is at or above what the best of {trials} trials is "
+            f"expected to reach, even at the top of the space's interval (gain {headroom:+.3f}, at most "
+            f"{optimistic:+.3f}; {spread})"
         )
-    elif low > 0 and headroom > 0:
+    elif headroom > 0:
         verdict = "add dev items"
         needed = dev_items_for(headroom, discordance)
         why = (
-            f"the space moves accuracy (σ {sd:.3f} [{low:.3f}, {high:.3f}]) but the expected gain {headroom:+.3f} "
-            f"(at most {optimistic:+.3f}) is below the {mde:.3f} that {dev_items} dev items detect; about {needed} "
-            "dev items would detect it"
+            f"the best of {trials} trials is expected {headroom:+.3f} over the incumbent ({spread}), below the "
+            f"{mde:.3f} that {dev_items} dev items detect; about {needed} dev items would detect it"
         )
     else:
         verdict = "widen the space"
         why = (
-            f"even at the top of the space's interval (σ {sd:.3f} [{low:.3f}, {high:.3f}] over {m} prompts on {n} "
-            f"items) the best of {trials} trials gains at most {optimistic:+.3f}, below the {mde:.3f} that "
-            f"{dev_items} dev items detect: widen the space (other instructions, templates, shots) or keep the "
-            "incumbent"
+            f"the sample does not beat the incumbent (the best of {trials} trials expected {headroom:+.3f}, at "
+            f"most {optimistic:+.3f} at the top of the interval; {spread}): widen the space (other instructions, "
+            "templates, shots) or keep the incumbent"
         )
     return ScanResult(
         verdict=verdict,
@@ -249,8 +263,9 @@ __all__ = [
     "VERDICTS",
     "ScanResult",
     "analyse",
-    "expected_max_normal",
+    "expected_best_of",
     "run_scan",
     "scan_size",
+    "shrunk_accuracies",
     "space_sd",
 ]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from promptopt.metrics.stats.selection import dev_items_for, minimum_detectable_effect
-from promptopt.study.scan import analyse, expected_max_normal, scan_size, space_sd
+from promptopt.study.scan import analyse, expected_best_of, scan_size, shrunk_accuracies, space_sd
 
 
 def test_space_sd_by_hand():
@@ -20,10 +20,21 @@ def test_space_sd_by_hand():
     assert math.isnan(space_sd([[1, 0, 1]]))
 
 
-def test_expected_max_normal_by_hand():
-    assert expected_max_normal(1) == 0.0
-    assert expected_max_normal(2) == pytest.approx(1 / math.sqrt(math.pi), abs=1e-6)
-    assert expected_max_normal(3) == pytest.approx(3 / (2 * math.sqrt(math.pi)), abs=1e-6)
+def test_expected_best_of_by_hand():
+    assert expected_best_of([0.0, 1.0], 1) == 0.5
+    assert expected_best_of([1.0, 0.0], 2) == 0.75  # 1 unless both draws are the 0: 1 − 1/4
+    # sorted 0.2, 0.5, 0.9 with T = 2: weights 1/9, 4/9 − 1/9, 1 − 4/9
+    assert expected_best_of([0.9, 0.2, 0.5], 2) == pytest.approx((0.2 + 3 * 0.5 + 5 * 0.9) / 9)
+
+
+def test_shrunk_accuracies_by_hand():
+    # no residual: nothing to shrink
+    assert shrunk_accuracies([[1, 1, 1, 1], [0, 0, 0, 0]], math.sqrt(0.5)).tolist() == [1.0, 0.0]
+    # MS_residual 7/36 on 4 items: weight σ² / (σ² + 7/144) = 36/43 at σ = 0.5; σ = 0 puts every prompt at the mean
+    matrix, mean = [[1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 1, 0]], 7 / 12
+    expected = [mean + 36 / 43 * (a - mean) for a in (0.5, 0.5, 0.75)]
+    assert shrunk_accuracies(matrix, 0.5) == pytest.approx(expected)
+    assert shrunk_accuracies(matrix, 0.0) == pytest.approx([mean] * 3)
 
 
 @pytest.mark.parametrize(
@@ -52,25 +63,22 @@ def test_search_when_the_expected_gain_reaches_what_dev_detects():
     result = analyse(matrix, incumbent, trials=10, dev_items=40)
     sd = math.sqrt((2.5 - 7.5 / 117) / 40)
     assert result.space_sd == pytest.approx(sd)
-    assert result.headroom == pytest.approx(0.625 + sd * expected_max_normal(10) - 0.5)
+    weight = sd**2 / (sd**2 + 7.5 / 117 / 40)
+    top, rest = 0.625 + weight * 0.375, 0.625 - weight * 0.125
+    best = top * (1 - 0.75**10) + rest * 0.75**10  # the best of 10 draws is the top prompt unless all miss it
+    assert result.headroom == pytest.approx(best - 0.5)
+    # every sampled prompt is at least as accurate as the incumbent: discordance (20 + 0 + 0 + 0) / 4 / 40
     assert result.mde == pytest.approx(minimum_detectable_effect(40, 0.125))
     assert result.verdict == "search" and result.why.startswith("the space moves dev accuracy")
     assert result.spread == 0.5 and result.pairs == 160
 
 
-def test_search_when_the_slice_cannot_rule_a_detectable_gain_out():
-    """A 16-item slice of a noisy sample: the point estimate of σ is 0, but its interval reaches far enough that the
-    best of 10 trials could beat the incumbent by what 60 dev items detect; an interval reaching 0 is no evidence
-    that the space is flat (SST-2's first bench unit said `widen the space` here, where the space held a prompt
-    +0.17 better on test)."""
-    rng = np.random.default_rng(0)
-    matrix, incumbent = rng.random((4, 16)) < 0.55, rng.random(16) < 0.55
-    result = analyse(matrix, incumbent, trials=10, dev_items=60)
-    assert result.space_sd == 0.0 and result.space_sd_ci95[0] == 0.0
-    assert result.headroom < result.mde <= result.headroom_high
-    assert result.verdict == "search" and result.why.startswith("the scan cannot rule out")
-    # the same sample for a single trial: no best-of-T lift, nothing to search for
-    assert analyse(matrix, incumbent, trials=1, dev_items=60).verdict != "search"
+def test_the_detectable_difference_reads_the_prompts_that_could_replace_the_incumbent():
+    # two prompts above the incumbent (right on its 20 items and 4 more), two far below it (right on 4): the MDE is
+    # the contenders' discordance with the incumbent, 4/40, not the sample's, (4 + 4 + 16 + 16)/4/40
+    matrix, incumbent = _nested([24, 24, 4, 4], 40), _nested([20], 40)[0]
+    result = analyse(matrix, incumbent, trials=10, dev_items=40)
+    assert result.mde == pytest.approx(minimum_detectable_effect(40, 0.1))
 
 
 def test_keep_the_incumbent_when_even_the_top_of_the_interval_gains_nothing():
@@ -79,20 +87,31 @@ def test_keep_the_incumbent_when_even_the_top_of_the_interval_gains_nothing():
     assert result.headroom_high <= 0 and result.verdict == "keep the incumbent"
 
 
-def test_add_dev_items_when_the_space_moves_but_dev_is_too_small():
-    # nested rows 200, 208, 216, 224 of 400 right: σ is well above 0, but 50 dev items detect ≈ 0.056 only
+def test_add_dev_items_when_the_gain_is_below_what_dev_detects():
+    # nested rows 200, 208, 216, 224 of 400 right: the best of 3 is about +0.03, but 50 dev items detect ≈ 0.056
     matrix, incumbent = _nested([200, 208, 216, 224], 400), _nested([208], 400)[0]
     result = analyse(matrix, incumbent, trials=3, dev_items=50)
-    assert result.space_sd_ci95[0] > 0 and 0 < result.headroom < result.headroom_high < result.mde
-    assert result.verdict == "add dev items"
-    assert result.dev_items_needed == dev_items_for(result.headroom, 0.02)  # discordance (8 + 0 + 8 + 16)/4/400
+    assert 0 < result.headroom < result.mde and result.verdict == "add dev items"
+    # the contenders (208, 216, 224 right) disagree with the incumbent on (0 + 8 + 16) / 3 of 400 items
+    assert result.dev_items_needed == dev_items_for(result.headroom, 0.02)
 
 
-def test_widen_the_space_when_its_prompts_are_alike():
-    # four identical prompts, 10 items of 400 above the incumbent: σ = 0 in every resample, gain 0.025 < mde
+def test_alike_prompts_a_little_above_the_incumbent_are_a_gain_to_add_dev_items_for():
+    # four identical prompts, 10 items of 400 above the incumbent: σ = 0 in every resample, so every prompt is at
+    # the mean, 0.025 above the incumbent: below what 50 dev items detect
     matrix, incumbent = _nested([210] * 4, 400), _nested([200], 400)[0]
     result = analyse(matrix, incumbent, trials=10, dev_items=50)
     assert result.space_sd_ci95 == (0.0, 0.0)
-    assert result.headroom_high == pytest.approx(0.025)
+    assert result.headroom == pytest.approx(0.025) == result.headroom_high
     assert result.mde == pytest.approx(minimum_detectable_effect(50, 0.025))
-    assert result.verdict == "widen the space"
+    assert result.verdict == "add dev items"
+
+
+def test_widen_the_space_when_the_sample_does_not_beat_the_incumbent_but_its_interval_might():
+    """A noisy 16-item slice (seeded): σ's point estimate is 0, so every prompt is at the sample's mean, below the
+    incumbent; at the top of σ's interval the best of 10 would pass it."""
+    rng = np.random.default_rng(6)
+    matrix, incumbent = rng.random((4, 16)) < 0.5, rng.random(16) < 0.6
+    result = analyse(matrix, incumbent, trials=10, dev_items=60)
+    assert result.space_sd == 0.0 and result.headroom == pytest.approx(matrix.mean() - incumbent.mean())
+    assert result.headroom <= 0 < result.headroom_high and result.verdict == "widen the space"
