@@ -139,7 +139,7 @@ def sample_space(name: str, scorer: Scorer, args) -> dict:
     import optuna
 
     from promptopt.study import SearchConfig
-    from promptopt.study.context import build_context
+    from promptopt.study.context import build_context, fit_space_to_model
     from promptopt.study.trial import prompt_key
 
     task, space = TASKS[name]
@@ -148,6 +148,7 @@ def sample_space(name: str, scorer: Scorer, args) -> dict:
         task=task, space=str(ROOT / space) if space else None, dev_limit=args.dev_limit, test_limit=args.test_limit
     )
     ctx = build_context(config, scorer.session.data)
+    fit_space_to_model(ctx, scorer.session.scorer.lm.tokenizer)  # as the search does: no chat templates without one
     draft = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=20261206))
     default = scorer.default()
     default_dev, default_test = scorer.correct(default, "dev"), scorer.correct(default, "test")
