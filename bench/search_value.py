@@ -75,13 +75,13 @@ def run_search(arm: str, name: str, seed: int, args, out: Path) -> dict:
     if arm == "new-stop":
         command += ["--scan", "stop"]
     env = {**os.environ, "PYTHONPATH": str(tree)}
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True, text=True)
     cpu, wall = children_cpu(), time.perf_counter()
     done = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True)
     cpu, wall = children_cpu() - cpu, time.perf_counter() - wall
     if done.returncode != 0:
         raise SystemExit(f"{arm} {name} seed {seed}: search failed ({done.returncode}): {done.stderr[-2000:]}")
     summary = json.loads((out / "summary.json").read_text())
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True, text=True)
     return {"cpu_seconds": cpu, "wall_seconds": wall, "summary": summary, "commit": commit.stdout.strip()}
 
 
