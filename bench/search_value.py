@@ -168,7 +168,7 @@ def sample_space(name: str, scorer: Scorer, args) -> dict:
     # a scan this large would have said, beside what the search's own scan said on its first slice
     from promptopt.study.scan import analyse
 
-    wide = analyse([c for _, c in rows], default_dev, trials=args.trials, dev_items=len(default_dev))
+    wide = analyse([c for _, c in rows], default_dev, dev_items=len(default_dev))
     return {
         "sampled": len(rows),
         "scan_on_sample": wide.record(),

@@ -196,7 +196,9 @@ def _requeue_lost_retries(study) -> None:
     from promptopt.study.incumbent import is_incumbent
 
     trials = study.get_trials(deepcopy=False)
-    retried = {t.system_attrs.get("failed_trial") for t in trials}
+    # every trial that got a retry: Optuna's callback copies the failed trial's system attrs over its own, so a retry
+    # of a retry keeps the first `failed_trial`; `retry_history` lists each trial retried on the way
+    retried = {number for t in trials for number in t.system_attrs.get("retry_history", [])}
     for trial in trials:
         point = trial.params or trial.system_attrs.get("fixed_params")
         lost = trial.state == TrialState.FAIL and point and trial.number not in retried

@@ -6,12 +6,12 @@ Statistics (items × prompts, binary correctness, every prompt on the same items
 - Per-prompt accuracies a_m on the slice; their range is FormatSpread's spread.
 - The space's own spread, net of item noise: the two-way ANOVA without replication (prompt × item), σ²_space =
   max(0, (MS_prompt − MS_residual) / n_items); its 95% interval from a bootstrap over the slice's items.
-- Headroom: what the best of the search's T trials is expected to reach above the incumbent on the same items. Each
-  a_m is shrunk towards the sample's mean by σ²_space / (σ²_space + MS_residual / n_items) (the empirical-Bayes
-  estimate of its true accuracy: a prompt that led on 16 items by luck is pulled back), and the best of T draws from
-  those values is taken exactly, Σ_k v_(k)·((k/m)^T − ((k−1)/m)^T) over the sorted values: no shape is assumed (a
-  space of mostly worse prompts and a few better ones is not normal). The optimistic headroom is the same at the top
-  of σ's interval.
+- Headroom: what the search's best trial is expected to reach above the incumbent on the same items. Each a_m is
+  shrunk towards the sample's mean by σ²_space / (σ²_space + MS_residual / n_items) (the empirical-Bayes estimate of
+  its true accuracy: a prompt that led on 16 items by luck is pulled back); every sampled prompt becomes a trial, so
+  the search's best is at least the best of these, and no assumption about the rest of the space adds to it (a
+  conservative reading: further trials may find better). The optimistic headroom is the same at the top of σ's
+  interval.
 - What dev can detect: the paired minimum detectable effect on all N dev items (80% power, α 0.05) at the
   discordance with the incumbent of the sampled prompts that could replace it (those at least as accurate on the
   slice; all of them when none is): a prompt far worse than the incumbent disagrees with it more, and is not the one
@@ -22,8 +22,9 @@ even the optimistic headroom is ≤ 0; `add dev items` when the headroom is posi
 the dev size that would detect it); else `widen the space` (the sample does not beat the incumbent; the top of the
 interval might).
 
-The scan is the search's first phase, not an extra: its prompts are enqueued as the study's first trials (random
-draws, as TPE's start-up trials are), so their slices are cache hits when those trials run. What it costs beyond the
+The scan is the search's first phase, not an extra: its prompts are queued, one at a time, as the study's first
+trials (random draws, as TPE's start-up trials are; study/trial.py `enqueue_next_scanned`), so their slices are cache
+hits when those trials run. What it costs beyond the
 search is the part of a slice a raced trial would not have scored (a trial dropped after the first minibatch): the
 slice is the longest racing slice whose worst case of that stays within `SCAN_SHARE` of the search's scoring
 (trials × dev items), at least a minibatch."""
@@ -99,17 +100,6 @@ def scan_size(trials: int, dev_items: int, minibatch: int) -> tuple[int, int]:
     return n_prompts, n_items
 
 
-def expected_best_of(values, draws: int) -> float:
-    """E[max of `draws` draws, with replacement, from `values`]: Σ_k v_(k)·((k/m)^T − ((k−1)/m)^T) over the sorted
-    values (the k-th smallest is the maximum when every draw is among the k smallest and not all among the k − 1)."""
-    import numpy as np
-
-    v = np.sort(np.asarray(values, dtype=float))
-    k = np.arange(1, len(v) + 1)
-    weights = (k / len(v)) ** draws - ((k - 1) / len(v)) ** draws
-    return float((v * weights).sum())
-
-
 def _mean_squares(x) -> tuple[float, float]:
     """(MS_prompt, MS_residual) of the two-way ANOVA without replication on a prompts × items matrix."""
     m, n = x.shape
@@ -145,7 +135,7 @@ def shrunk_accuracies(matrix, sd: float):
     return acc.mean() + weight * (acc - acc.mean())
 
 
-def analyse(matrix, incumbent, *, trials: int, dev_items: int, seed: int = 0, n_boot: int = 1000) -> ScanResult:
+def analyse(matrix, incumbent, *, dev_items: int, seed: int = 0, n_boot: int = 1000) -> ScanResult:
     """The scan's statistics and verdict from the sampled prompts' correctness (prompts × slice items) and the
     incumbent's on the same items (None: no incumbent; the headroom is then read against the sample's mean)."""
     import numpy as np
@@ -162,8 +152,10 @@ def analyse(matrix, incumbent, *, trials: int, dev_items: int, seed: int = 0, n_
     low, high = percentile_interval(boot)
     base = np.asarray(incumbent, dtype=bool) if incumbent is not None else None
     reference = float(base.mean()) if base is not None else float(acc.mean())
-    headroom = expected_best_of(shrunk_accuracies(x, sd), trials) - reference
-    optimistic = expected_best_of(shrunk_accuracies(x, high), trials) - reference
+    # every scanned prompt becomes a trial (scan_size: never more prompts than trials), so the search's best is at
+    # least the best of them: no draw from their distribution can exceed its maximum
+    headroom = float(shrunk_accuracies(x, sd).max()) - reference
+    optimistic = max(headroom, float(shrunk_accuracies(x, max(high, sd)).max()) - reference)
     if base is not None:
         contenders = [row for row, a in zip(x, acc) if a >= reference] or list(x)
         discordance = float(np.mean([(row != base).mean() for row in contenders]))
@@ -172,30 +164,31 @@ def analyse(matrix, incumbent, *, trials: int, dev_items: int, seed: int = 0, n_
     mde = minimum_detectable_effect(dev_items, discordance)
     needed = None
     spread = f"σ {sd:.3f} [{low:.3f}, {high:.3f}] net of item noise over {m} prompts on {n} items"
-    if headroom >= mde:
+    if headroom > 0 and headroom >= mde:  # a sample identical to the incumbent: no gain, and an MDE of 0
         verdict = "search"
         why = (
-            f"the space moves dev accuracy ({spread}); the best of {trials} trials is expected {headroom:+.3f} over "
-            f"the incumbent, at least the {mde:.3f} that {dev_items} dev items detect"
+            f"the space moves dev accuracy ({spread}); its best sampled prompt, shrunk for item noise, is expected "
+            f"{headroom:+.3f} over the incumbent, at least the {mde:.3f} that {dev_items} dev items detect"
         )
     elif optimistic <= 0:
         verdict = "keep the incumbent"
         why = (
-            f"the incumbent ({reference:.3f} on the slice) is at or above what the best of {trials} trials is "
-            f"expected to reach, even at the top of the space's interval (gain {headroom:+.3f}, at most "
-            f"{optimistic:+.3f}; {spread})"
+            f"the incumbent ({reference:.3f} on the slice) is at or above the best sampled prompt, shrunk for item "
+            f"noise, even at the top of the space's interval (gain {headroom:+.3f}, at most {optimistic:+.3f}; "
+            f"{spread})"
         )
     elif headroom > 0:
         verdict = "add dev items"
         needed = dev_items_for(headroom, discordance)
         why = (
-            f"the best of {trials} trials is expected {headroom:+.3f} over the incumbent ({spread}), below the "
-            f"{mde:.3f} that {dev_items} dev items detect; about {needed} dev items would detect it"
+            f"the best sampled prompt, shrunk for item noise, is expected {headroom:+.3f} over the incumbent "
+            f"({spread}), below the {mde:.3f} that {dev_items} dev items detect; about {needed} dev items would "
+            "detect it"
         )
     else:
         verdict = "widen the space"
         why = (
-            f"the sample does not beat the incumbent (the best of {trials} trials expected {headroom:+.3f}, at "
+            f"the sample does not beat the incumbent (its best prompt, shrunk for item noise, {headroom:+.3f}; at "
             f"most {optimistic:+.3f} at the top of the interval; {spread}): widen the space (other instructions, "
             "templates, shots) or keep the incumbent"
         )
@@ -247,14 +240,14 @@ def run_scan(ctx, cached, incumbent_correct=None) -> ScanResult | None:
         if key in seen:
             continue
         seen.add(key)
-        running = RunningDecision(cached, prompt)
+        running = RunningDecision(cached, prompt, hidden=ctx.strategy.reads_tcb)  # as trials score: cache hits
         running.add(items)
         rows.append(running.decided()["correct"].astype(bool).tolist())
         params.append(dict(trial.params))
     if len(rows) < 2:
         return None
     base = None if incumbent_correct is None else list(incumbent_correct)[:n_items]
-    result = analyse(rows, base, trials=config.trials, dev_items=len(ctx.dev), seed=config.seed)
+    result = analyse(rows, base, dev_items=len(ctx.dev), seed=config.seed)
     return replace(result, seconds=time.perf_counter() - start, params=params)
 
 
@@ -263,7 +256,6 @@ __all__ = [
     "VERDICTS",
     "ScanResult",
     "analyse",
-    "expected_best_of",
     "run_scan",
     "scan_size",
     "shrunk_accuracies",

@@ -188,8 +188,8 @@ def _scan(ctx: SearchContext, study, cached, incumbent, say) -> dict | None:
                 "why": "the space holds fewer than 2 prompts other than the incumbent: no spread to measure",
             }
         )
-        if found is not None and not _stops(ctx, record):  # the search's first phase: its prompts, the first trials
-            study.set_user_attr(SCAN_PARAMS, found.params)  # queued one at a time (study/trial.py `optimize`)
+        if found is not None:  # the search's first phase: its prompts, the first trials (queued one at a time by
+            study.set_user_attr(SCAN_PARAMS, found.params)  # study/trial.py `optimize`, unless the scan is off)
         fault_point("scan")
         study.set_user_attr("scan", record)
     if say is not None:

@@ -361,7 +361,7 @@ def optimize(
             continue
         waiting_since = None
         objective.current = None
-        if not waiting:
+        if not waiting and study_config.scan != "off":  # a study scanned earlier, resumed with --scan off: no queue
             enqueue_next_scanned(study)
         try:
             study.optimize(objective, n_trials=1, callbacks=callbacks, gc_after_trial=False, catch=(DuplicatePrompt,))

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from promptopt.metrics.stats.selection import dev_items_for, minimum_detectable_effect
-from promptopt.study.scan import analyse, expected_best_of, scan_size, shrunk_accuracies, space_sd
+from promptopt.study.scan import analyse, scan_size, shrunk_accuracies, space_sd
 
 
 def test_space_sd_by_hand():
@@ -18,13 +18,6 @@ def test_space_sd_by_hand():
     # MS_prompt = 4·(2·(1/12)² + (1/6)²)/2 = 1/12 below MS_residual = (7/6)/6 = 7/36: no spread beyond item noise
     assert space_sd([[1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 1, 0]]) == 0.0
     assert math.isnan(space_sd([[1, 0, 1]]))
-
-
-def test_expected_best_of_by_hand():
-    assert expected_best_of([0.0, 1.0], 1) == 0.5
-    assert expected_best_of([1.0, 0.0], 2) == 0.75  # 1 unless both draws are the 0: 1 − 1/4
-    # sorted 0.2, 0.5, 0.9 with T = 2: weights 1/9, 4/9 − 1/9, 1 − 4/9
-    assert expected_best_of([0.9, 0.2, 0.5], 2) == pytest.approx((0.2 + 3 * 0.5 + 5 * 0.9) / 9)
 
 
 def test_shrunk_accuracies_by_hand():
@@ -60,13 +53,11 @@ def _nested(rights: list[int], n: int) -> np.ndarray:
 def test_search_when_the_expected_gain_reaches_what_dev_detects():
     # one prompt right on all 40 items, three on the first 20 as the incumbent: σ² = (2.5 − 7.5/117)/40
     matrix, incumbent = _nested([40, 20, 20, 20], 40), _nested([20], 40)[0]
-    result = analyse(matrix, incumbent, trials=10, dev_items=40)
+    result = analyse(matrix, incumbent, dev_items=40)
     sd = math.sqrt((2.5 - 7.5 / 117) / 40)
     assert result.space_sd == pytest.approx(sd)
     weight = sd**2 / (sd**2 + 7.5 / 117 / 40)
-    top, rest = 0.625 + weight * 0.375, 0.625 - weight * 0.125
-    best = top * (1 - 0.75**10) + rest * 0.75**10  # the best of 10 draws is the top prompt unless all miss it
-    assert result.headroom == pytest.approx(best - 0.5)
+    assert result.headroom == pytest.approx(0.625 + weight * 0.375 - 0.5)  # the best prompt, shrunk, over 0.5
     # every sampled prompt is at least as accurate as the incumbent: discordance (20 + 0 + 0 + 0) / 4 / 40
     assert result.mde == pytest.approx(minimum_detectable_effect(40, 0.125))
     assert result.verdict == "search" and result.why.startswith("the space moves dev accuracy")
@@ -77,20 +68,20 @@ def test_the_detectable_difference_reads_the_prompts_that_could_replace_the_incu
     # two prompts above the incumbent (right on its 20 items and 4 more), two far below it (right on 4): the MDE is
     # the contenders' discordance with the incumbent, 4/40, not the sample's, (4 + 4 + 16 + 16)/4/40
     matrix, incumbent = _nested([24, 24, 4, 4], 40), _nested([20], 40)[0]
-    result = analyse(matrix, incumbent, trials=10, dev_items=40)
+    result = analyse(matrix, incumbent, dev_items=40)
     assert result.mde == pytest.approx(minimum_detectable_effect(40, 0.1))
 
 
 def test_keep_the_incumbent_when_even_the_top_of_the_interval_gains_nothing():
     matrix, incumbent = _nested([24, 22, 20, 18], 40), np.ones(40, dtype=bool)
-    result = analyse(matrix, incumbent, trials=10, dev_items=40)
+    result = analyse(matrix, incumbent, dev_items=40)
     assert result.headroom_high <= 0 and result.verdict == "keep the incumbent"
 
 
 def test_add_dev_items_when_the_gain_is_below_what_dev_detects():
-    # nested rows 200, 208, 216, 224 of 400 right: the best of 3 is about +0.03, but 50 dev items detect ≈ 0.056
+    # nested rows 200, 208, 216, 224 of 400 right: the best is about +0.04, but 50 dev items detect ≈ 0.056
     matrix, incumbent = _nested([200, 208, 216, 224], 400), _nested([208], 400)[0]
-    result = analyse(matrix, incumbent, trials=3, dev_items=50)
+    result = analyse(matrix, incumbent, dev_items=50)
     assert 0 < result.headroom < result.mde and result.verdict == "add dev items"
     # the contenders (208, 216, 224 right) disagree with the incumbent on (0 + 8 + 16) / 3 of 400 items
     assert result.dev_items_needed == dev_items_for(result.headroom, 0.02)
@@ -100,7 +91,7 @@ def test_alike_prompts_a_little_above_the_incumbent_are_a_gain_to_add_dev_items_
     # four identical prompts, 10 items of 400 above the incumbent: σ = 0 in every resample, so every prompt is at
     # the mean, 0.025 above the incumbent: below what 50 dev items detect
     matrix, incumbent = _nested([210] * 4, 400), _nested([200], 400)[0]
-    result = analyse(matrix, incumbent, trials=10, dev_items=50)
+    result = analyse(matrix, incumbent, dev_items=50)
     assert result.space_sd_ci95 == (0.0, 0.0)
     assert result.headroom == pytest.approx(0.025) == result.headroom_high
     assert result.mde == pytest.approx(minimum_detectable_effect(50, 0.025))
@@ -112,6 +103,13 @@ def test_widen_the_space_when_the_sample_does_not_beat_the_incumbent_but_its_int
     incumbent; at the top of σ's interval the best of 10 would pass it."""
     rng = np.random.default_rng(6)
     matrix, incumbent = rng.random((4, 16)) < 0.5, rng.random(16) < 0.6
-    result = analyse(matrix, incumbent, trials=10, dev_items=60)
+    result = analyse(matrix, incumbent, dev_items=60)
     assert result.space_sd == 0.0 and result.headroom == pytest.approx(matrix.mean() - incumbent.mean())
     assert result.headroom <= 0 < result.headroom_high and result.verdict == "widen the space"
+
+
+def test_a_sample_that_answers_as_the_incumbent_does_is_no_reason_to_search():
+    # no gain and no discordance (an MDE of 0): not `search` (a model that gives one label to everything)
+    incumbent = _nested([20], 40)[0]
+    result = analyse([incumbent] * 4, incumbent, dev_items=40)
+    assert result.headroom == 0 and result.mde == 0 and result.verdict == "keep the incumbent"

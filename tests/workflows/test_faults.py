@@ -559,6 +559,31 @@ def test_workers_recovering_at_once_requeue_each_abandoned_trial_once(tmp_path):
     assert retried == sorted(t.params["x"] for t in trials if t.state.name == "FAIL")
 
 
+def test_a_retry_that_fails_again_is_requeued_once(tmp_path):
+    """A trial FAILed with its retry queued, the retry FAILed in turn with its own retry queued: nothing is lost,
+    so recovering again and again queues nothing more (`failed_trial` of a retry of a retry names the first trial;
+    `retry_history` names both)."""
+    from promptopt.study.recovery import _enqueue_retry, _requeue_lost_retries
+    from promptopt.study.storage import make_storage
+
+    config = _study_db_config(tmp_path)
+    study = optuna.create_study(study_name="retries", storage=make_storage(config))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Optuna's retry callback is experimental
+        first = study.ask()
+        first.suggest_int("x", 0, 100)
+        study.tell(first, state=optuna.trial.TrialState.FAIL)
+        _enqueue_retry(study, first._trial_id)
+        retry = study.ask()  # the queued retry
+        study.tell(retry, state=optuna.trial.TrialState.FAIL)
+        _enqueue_retry(study, retry._trial_id)
+        for _ in range(3):
+            _requeue_lost_retries(study)
+    states = [t.state.name for t in study.get_trials()]
+    assert states == ["FAIL", "FAIL", "WAITING"], states
+    assert study.get_trials()[-1].system_attrs["retry_history"] == [0, 1]
+
+
 def test_worker_seeds():
     from promptopt.study.storage import worker_seed
 
