@@ -162,11 +162,6 @@ def study_exists(config: SearchConfig, data, expand=None) -> bool:
     return stored is not None
 
 
-def _stops(ctx: SearchContext, scan: dict | None) -> bool:
-    """`--scan stop` and a verdict other than `search`: no trial runs."""
-    return ctx.config.study.scan == "stop" and scan is not None and scan["verdict"] not in ("search", "none")
-
-
 def _scan(ctx: SearchContext, study, cached, incumbent, say) -> dict | None:
     """The sensitivity scan (study/scan.py), once per study (a resumed study keeps its record): its verdict printed,
     its record in the study's user attrs and summary.json. None when off."""
@@ -259,7 +254,7 @@ def _run(
     spent = float(study.user_attrs.get("search_seconds", 0.0)) + time.perf_counter() - start
     budget_minutes = config.study.budget_minutes
     deadline = None if budget_minutes is None else time.monotonic() + 60 * budget_minutes - spent
-    stop = _stops(ctx, scan)
+    stop = config.study.scan == "stop" and scan is not None and scan["verdict"] not in ("search", "none")
     if stop and show_progress:
         note(True)(f"scan: {scan['verdict']}: no trial is run (--scan stop); the incumbent is kept")
     try:
