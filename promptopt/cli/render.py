@@ -118,7 +118,7 @@ def print_search_result(result) -> None:
     spent = result.dev_items_spent
     items = (
         f"; dev items scored {spent['trials']} (the scan scored {spent['scan_pairs']}, "
-        f"{spent.get('scan_extra', spent['scan_pairs'])} of them beyond its trials)"
+        f"{spent['scan_extra']} of them beyond its trials)"
         if spent
         else ""
     )

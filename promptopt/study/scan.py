@@ -24,10 +24,9 @@ interval might).
 
 The scan is the search's first phase, not an extra: its prompts are queued, one at a time, as the study's first
 trials (random draws, as TPE's start-up trials are; study/trial.py `enqueue_next_scanned`), so their slices are cache
-hits when those trials run. What it costs beyond the
-search is the part of a slice a raced trial would not have scored (a trial dropped after the first minibatch): the
-slice is the longest racing slice whose worst case of that stays within `SCAN_SHARE` of the search's scoring
-(trials × dev items), at least a minibatch."""
+hits when those trials run. What it costs beyond the search is the part of a slice a raced trial would not have
+scored (a trial dropped after the first minibatch): the slice is the longest racing slice whose worst case of that
+stays within `SCAN_SHARE` of the search's scoring (trials × dev items), at least a minibatch."""
 
 from __future__ import annotations
 

@@ -170,8 +170,6 @@ def add_incumbent(ctx: SearchContext, study, cached: CachingScorer):
 
 def make_objective(ctx: SearchContext, cached: CachingScorer, worker: str):
     """The trial function; `objective.current` is the id of the trial it is running (for `give_back`)."""
-    import optuna
-
     strategy, space = ctx.strategy, ctx.space
     minibatch = ctx.config.study.minibatch
 
@@ -208,13 +206,8 @@ def make_objective(ctx: SearchContext, cached: CachingScorer, worker: str):
                 trial.report(float(value), step=start + offset)  # one step per dev item: paired pruning
             if end < len(ctx.dev) and trial.should_prune():
                 partial = pd.concat(frames, ignore_index=True) if strategy.needs_variants else decider.decided()
-                trial.set_user_attr("metrics", trial_summary(partial))
-                partial_value = float(strategy.item_values(partial).mean())
-                trial.set_user_attr("partial_value", partial_value)
-                trial.set_user_attr("dev_items", end)
                 _record_reason(trial)
-                report_partial(trial, partial_value, len(ctx.dev))
-                raise optuna.TrialPruned()
+                raise _prune(trial, partial, float(strategy.item_values(partial).mean()), len(ctx.dev))
         full = pd.concat(frames, ignore_index=True) if strategy.needs_variants else decider.decided()
         trial.set_user_attr("metrics", trial_summary(full))
         trial.set_user_attr("dev_items", len(ctx.dev))
@@ -249,14 +242,17 @@ def report_partial(trial, value: float, n_items: int) -> None:
     trial.report(float(value), step=n_items)
 
 
-def _prune(trial, table: pd.DataFrame, rung: str, upper: float, n_items: int):
+def _prune(trial, table: pd.DataFrame, value: float, n_items: int, rung: str | None = None):
+    """The TrialPruned to raise, the trial's record written first: its metrics and value on the `table` it was
+    scored on (of `n_items` dev items), and the multi-fidelity rung it stopped at."""
     import optuna
 
     trial.set_user_attr("metrics", trial_summary(table))
     trial.set_user_attr("dev_items", len(table))
-    trial.set_user_attr("rung", rung)
-    trial.set_user_attr("partial_value", upper)  # an upper bound of the trial's value (robust_i <= correct_i)
-    report_partial(trial, upper, n_items)
+    if rung is not None:
+        trial.set_user_attr("rung", rung)
+    trial.set_user_attr("partial_value", value)
+    report_partial(trial, value, n_items)
     return optuna.TrialPruned()
 
 
@@ -276,12 +272,12 @@ def multi_fidelity_value(ctx: SearchContext, cached: CachingScorer, trial, promp
         if end < n and trial.should_prune():
             partial = pd.concat(frames, ignore_index=True)
             _record_reason(trial)
-            raise _prune(trial, partial, "clean", float(strategy.screen_values(partial).mean()), n)
+            raise _prune(trial, partial, float(strategy.screen_values(partial).mean()), n, "clean")
     clean = decider.decided()
     variant_scorer = decider.scorer_for_variants()
     open_items = int(clean["correct"].astype(bool).sum())  # clean-correct items whose variants are not scored yet
     if pruning and cannot_win(open_items, incumbent(trial.study, n), trial.number):
-        raise _prune(trial, clean, "promotion", open_items / n, n)
+        raise _prune(trial, clean, open_items / n, n, "promotion")  # upper bounds: robust_i <= correct_i
     robust, frames = 0, []
     for start in range(0, n, minibatch):  # rung 2: variants of the clean-correct items, while the trial can win
         batch, table = dev[start : start + minibatch], clean.iloc[start : start + minibatch]
@@ -297,7 +293,7 @@ def multi_fidelity_value(ctx: SearchContext, cached: CachingScorer, trial, promp
             and pruning
             and cannot_win(robust + open_items, incumbent(trial.study, n), trial.number)
         ):
-            raise _prune(trial, clean, "variants", (robust + open_items) / n, n)
+            raise _prune(trial, clean, (robust + open_items) / n, n, "variants")
     full = pd.concat(frames, ignore_index=True)
     trial.set_user_attr("metrics", trial_summary(full))
     trial.set_user_attr("dev_items", n)
@@ -309,17 +305,14 @@ def multi_fidelity_value(ctx: SearchContext, cached: CachingScorer, trial, promp
 SCAN_PARAMS = "scan_params"  # study user attr: the scan's prompts' parameters, in the order they become trials
 
 
-def enqueue_next_scanned(study) -> bool:
+def enqueue_next_scanned(study) -> None:
     """Queue the scan's next prompt no trial has had yet (study/scan.py: the scan is the search's first phase).
     One at a time, when nothing else waits: a retry that `recover` queued for a trial cut short then runs before
-    the scan's next prompt, in the order of the uninterrupted run. True when one was queued."""
-    params = study.user_attrs.get(SCAN_PARAMS) or []
+    the scan's next prompt, in the order of the uninterrupted run."""
     tried = [t.system_attrs.get("fixed_params", t.params) for t in study.get_trials(deepcopy=False)]
-    for point in params:
-        if point not in tried:
-            study.enqueue_trial(point, user_attrs={"scanned": True})
-            return True
-    return False
+    point = next((p for p in study.user_attrs.get(SCAN_PARAMS) or [] if p not in tried), None)
+    if point is not None:
+        study.enqueue_trial(point, user_attrs={"scanned": True})
 
 
 def optimize(
