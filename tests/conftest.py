@@ -149,64 +149,115 @@ def tiny_lm(tiny_llama_dir):
     return load_model(str(tiny_llama_dir), device="cpu")
 
 
-# Seconds each file took (summed test time, quiet, `-n 2`, 2026-12-01). pytest-xdist hands out one file at a
-# time (--dist loadfile, --no-loadscope-reorder): the longest first, so that the last file a worker takes is a
-# short one and neither worker waits on the other at the end (longest-processing-time-first). A file not
-# listed counts as 10 s. The numbers only order the files; a stale one costs a little wall time, nothing else.
-FILE_SECONDS = {
-    "test_full_disk": 130,  # estimates from busy runs on 2026-12-04 (no quiet measurement yet)
-    "test_calibrated_cards": 100,
-    "test_pmi_cards": 200,  # a busy run on 2026-12-05 (load 10-15): 390 s; lm-eval's check (skipped in CI) 640 s more
-    "test_pmi": 25,
-    "test_docs": 50,
-    "test_decision": 10,
-    "test_card_integrity": 35,  # busy runs, 2026-12-04
-    "test_table_sets": 25,
-    "test_tasks_rte_mrpc": 5,
-    "test_serve": 145,  # busy runs on 2026-12-04: the embedded model scores 50 + 17 items twice
-    "test_gpu_check": 230,  # busy run, 2026-12-05: prepare (two cards) and the CPU dry run, in subprocesses
-    "test_quantization": 150,  # busy runs, 2026-12-05
-    "test_batch_size": 60,
-    "test_serve_export": 50,
-    "test_serve_units": 10,
-    "test_propose": 128,
-    "test_reliability": 110,
-    "test_faults": 105,
-    "test_export": 103,
-    "test_search": 93,
-    "test_compare": 92,
-    "test_report": 64,
-    "test_custom_tasks": 60,
-    "test_gemma": 59,
-    "test_robustness": 56,
-    "test_runner_floor": 43,
-    "test_scoring": 40,
-    "test_models": 35,
-    "test_diagnose": 31,
-    "test_seen_unseen": 28,
-    "test_stress_protocol": 26,
-    "test_taboo": 21,
-    "test_architecture": 20,
-    "test_tcb": 17,
-    "test_sandbox": 15,
-    "test_diagnose_conflicts": 11,
-    "test_multi_fidelity": 10,
+# Seconds each file's tests took, summed (`-n 2` beside a one-core benchmark, 2026-12-06; busy-machine numbers, so
+# about 1.6x a quiet run's): QUICK_SECONDS for the tests `make test` runs, LONG_SECONDS for its `long` ones.
+# pytest-xdist hands out one file at a time (--dist loadfile, --no-loadscope-reorder): the longest first, so that the
+# last file a worker takes is a short one and neither worker waits on the other at the end
+# (longest-processing-time-first). A file not listed counts as 1 s. The numbers only order the files; a stale one
+# costs a little wall time, nothing else.
+QUICK_SECONDS = {
+    "test_report": 50,
+    "test_export": 42,
+    "test_faults": 25,
+    "test_serve": 25,
+    "test_search": 25,
+    "test_batch_size": 21,
+    "test_sandbox": 18,
+    "test_card_integrity": 17,
+    "test_api_objects": 17,
+    "test_seen_unseen": 16,
+    "test_selection": 15,
+    "test_serve_connections": 13,
+    "test_run_folders": 12,
+    "test_architecture": 11,
+    "test_quantization": 11,
+    "test_compare": 10,
+    "test_diagnose": 10,
+    "test_full_disk": 10,
+    "test_serve_export": 10,
+    "test_serve_units": 9,
+    "test_incumbent": 9,
+    "test_runner_floor": 9,
+    "test_robustness": 8,
+    "test_progress": 8,
+    "test_api": 8,
+    "test_yamlio": 8,
     "test_tasks": 7,
-    "test_cli": 6,
-    "test_install": 40,  # 28-52 s on 2 busy cores, 2026-12-06: a venv, a wheel build, pip (cache warm), a search
-    "test_extras": 15,  # six CLI processes with modules hidden
-    "test_api_objects": 75,  # busy run, 2026-12-06: searches, an export, verifies and a served card on tiny models
+    "test_diagnose_conflicts": 7,
+    "test_extras": 7,
+    "test_stress_protocol": 7,
+    "test_propose": 6,
+    "test_scoring": 6,
+    "test_taboo": 5,
+    "test_cli": 5,
+    "test_reliability": 5,
     "test_diagnose_math": 4,
+    "test_lm_eval_tasks": 4,
+    "test_multi_fidelity": 4,
+    "test_stats": 4,
+    "test_tcb": 3,
+    "test_packing": 3,
+    "test_score_out": 3,
     "test_extract_sandbox": 3,
-    "test_prefix_cache": 6,
-    "test_cache": 1,
-    "test_stats": 0.2,
-    "test_formats": 0.2,
-    "test_prompts": 0.1,
-    "test_yamlio": 0.1,
+    "test_prefix_cache": 3,
+    "test_compare_records": 2,
+    "test_untrusted_task_files": 2,
+    "test_models": 2,
+    "test_pmi": 2,
+    "test_custom_tasks": 2,
+    "test_docs": 2,
+    "test_tasks_rte_mrpc": 1,
+    "test_ensembles": 1,
+    "test_dev_size_and_space_keys": 1,
+}
+LONG_SECONDS = {
+    "test_pmi_cards": 222,
+    "test_reliability": 165,
+    "test_calibrated_cards": 155,
+    "test_full_disk": 148,
+    "test_propose": 143,
+    "test_gemma": 121,
+    "test_faults": 121,
+    "test_report": 72,
+    "test_export": 68,
+    "test_run_folders": 55,
+    "test_docs": 52,
+    "test_untrusted_task_files": 51,
+    "test_gpu_check": 49,
+    "test_compare": 45,
+    "test_rule_registry": 44,
+    "test_runner_floor": 40,
+    "test_serve": 39,
+    "test_progress": 37,
+    "test_custom_tasks": 36,
+    "test_scoring": 36,
+    "test_robustness": 32,
+    "test_stress_protocol": 31,
+    "test_quantization": 27,
+    "test_models": 25,
+    "test_api": 24,
+    "test_tcb": 16,
+    "test_install": 14,
+    "test_search": 14,
+    "test_diagnose": 13,
+    "test_ensembles": 12,
+    "test_partial_scoring": 12,
+    "test_serve_connections": 11,
+    "test_table_sets": 11,
+    "test_taboo": 11,
+    "test_packing": 11,
+    "test_batch_size": 9,
+    "test_prefix_cache": 9,
 }
 
 
+@pytest.hookimpl(trylast=True)  # after `-m` has deselected: the order is for the tests that run
 def pytest_collection_modifyitems(items):
-    """Longest files first (see FILE_SECONDS); within a file, the order it was written in."""
-    items.sort(key=lambda item: -FILE_SECONDS.get(item.path.stem, 10))  # sort is stable
+    """Longest files first (see QUICK_SECONDS); within a file, the order it was written in."""
+    with_long = any(item.get_closest_marker("long") for item in items)
+
+    def seconds(item) -> float:
+        stem = item.path.stem
+        return QUICK_SECONDS.get(stem, 1) + (LONG_SECONDS.get(stem, 0) if with_long else 0)
+
+    items.sort(key=lambda item: -seconds(item))  # sort is stable

@@ -125,6 +125,7 @@ SHORTEST = Strategy(
 """
 
 
+@pytest.mark.long
 def test_a_strategy_from_an_installed_package_is_listed_and_runs(tiny_llama_dir, tmp_path):
     site = tmp_path / "site"
     site.mkdir()

@@ -540,6 +540,7 @@ def card_folder(tmp_path_factory) -> Path:
 @pytest.mark.parametrize(
     ("where", "block"), [pytest.param(w, b, id=w) for w, b in python_blocks() if b.marker == RUNNABLE]
 )
+@pytest.mark.long
 def test_runnable_block_runs(where, block, card_folder, monkeypatch):
     monkeypatch.chdir(card_folder)
     with registries_restored():  # docs/recipes.md registers entries in-process: they leave with the block

@@ -15,6 +15,7 @@ from tests.clirun import REPO
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.long
 def test_the_gpu_check_dry_runs_on_the_cpu(tmp_path):
     pytest.importorskip("bitsandbytes")
     script = REPO / "bench" / "gpu_check.py"

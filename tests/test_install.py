@@ -62,6 +62,7 @@ def exported_card(tiny_llama_dir, tmp_path) -> Path:
 
 
 @pytest.mark.slow  # ~25 s: a venv, a wheel build and pip (its cache warm), besides the search that writes the card
+@pytest.mark.long
 def test_the_production_install_loads_a_card_without_torch(exported_card, tmp_path):
     env = tmp_path / "venv"
     venv.create(env, with_pip=False)

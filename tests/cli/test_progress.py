@@ -177,6 +177,7 @@ QUIET = {"propose", "search", "compare", "export", "verify", "report", "evaluate
 
 
 @pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.long
 def test_a_long_command_prints_progress_before_it_ends(command, tiny_llama_dir, files, tmp_path):
     prefix, args = _commands(tiny_llama_dir, files, tmp_path)[command]
     code, events = run(*args)

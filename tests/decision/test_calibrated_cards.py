@@ -16,7 +16,7 @@ from promptopt.workflows.compare import run_compare
 from promptopt.workflows.export import export_run
 from promptopt.workflows.verify import verify_card
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 
 @pytest.fixture(scope="module")

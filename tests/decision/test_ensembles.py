@@ -118,6 +118,7 @@ def test_an_ensemble_of_one_prompt_twice_keeps_its_answers_under_perturbation(ev
         assert ours[key] == pytest.approx(theirs[key], nan_ok=True), key
 
 
+@pytest.mark.long
 def test_a_compare_with_rule_entries_and_ensembles(tiny_llama_dir, tmp_path):
     from promptopt.errors import ConfigError
     from promptopt.study import SearchConfig

@@ -57,6 +57,7 @@ def pmi_card(tmp_path_factory):
     return tmp / "cmp", card_path, exported.card, task
 
 
+@pytest.mark.long
 def test_a_pmi_card_round_trips_to_load_prompt_and_serve(pmi_card):
     import httpx
 
@@ -140,6 +141,7 @@ def test_a_pmi_card_round_trips_to_load_prompt_and_serve(pmi_card):
             assert a["tcb"] == pytest.approx(b["tcb"], rel=1e-3)
 
 
+@pytest.mark.long
 def test_the_production_helper_stays_torch_free_for_pmi(pmi_card):
     _, card_path, _, _ = pmi_card
     code = (

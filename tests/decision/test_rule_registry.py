@@ -87,6 +87,7 @@ def test_a_rule_is_checked_when_registered_and_unknown_names_are_one_line():
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_an_installed_rule_is_listed_searched_and_decided_by_load_prompt(tiny_llama_dir, tmp_path):
     site = tmp_path / "site"
     site.mkdir()

@@ -186,6 +186,7 @@ def test_softcapped_model_against_autograd(tiny_gemma2_dir):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_real_smollm2_positions(embedded_lm):
     """Every position of real SmolLM2 text, peaked ones included, within 1e-5 of the float64 reference."""
     tok = embedded_lm.tokenizer

@@ -82,6 +82,7 @@ def test_auto_generation_halves_too(tiny_lm):
     assert [g.tokens for g in got] == [w.tokens for w in want]
 
 
+@pytest.mark.long
 def test_out_of_memory_at_one_row_is_one_error_and_other_errors_pass_through(tiny_lm):
     from promptopt.errors import UserError
     from promptopt.models.runner import Runner

@@ -9,7 +9,7 @@ import torch
 
 from tests.clirun import promptopt as run
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 GEMMA = "gemma3-270m"
 
 

@@ -129,6 +129,7 @@ def test_load_errors_are_user_errors(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_embedded_gguf_is_parsed_once_and_its_folder_reloads_with_identical_logits(embedded_lm, tmp_path, monkeypatch):
     """De-quantizing in a fresh cache parses the GGUF once (transformers alone would parse it for the config,
     the tokenizer and the weights). The folder it writes holds the session's weights, and reloads with the

@@ -171,6 +171,7 @@ def test_a_sliding_window_model_is_not_packed(request):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_packed_choices_on_smollm2(embedded_lm):
     """The embedded model (30 layers): within the float noise the plain forward itself shows (tests/models/test_runner_floor.py)."""
     requests, groups = _mc_requests(embedded_lm.tokenizer)

@@ -289,6 +289,7 @@ for line in open('/proc/self/smaps'):
 @pytest.mark.skipif(
     not os.path.exists("/sys/kernel/mm/transparent_hugepage/enabled"), reason="no transparent huge pages (not Linux)"
 )
+@pytest.mark.long
 def test_the_cli_asks_torch_for_huge_pages_before_torch_is_imported():
     """`huge_pages_for_large_tensors` (the CLI's first step) sets THP_MEM_ALLOC_ENABLE so that a large CPU tensor's
     mapping is advised for huge pages (VmFlags `hg`); the user's own 0 wins; after torch is imported it is too late

@@ -133,6 +133,7 @@ def test_a_bitsandbytes_without_the_device_is_one_line_naming_its_version(tiny64
         ModelConfig(spec=str(tiny64_dir), device="cpu", quantize="4bit").check()
 
 
+@pytest.mark.long
 def test_the_cli_names_the_version_when_bitsandbytes_cannot_quantize_here(tiny64_dir, tmp_path):
     """In a fresh process: a sitecustomize hides the CPU from bitsandbytes' devices."""
     (tmp_path / "sitecustomize.py").write_text(
@@ -176,6 +177,7 @@ def card_4bit(tiny64_dir, tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_4bit_card_verifies_serves_as_the_scorer_and_fails_verify_in_float32(card_4bit, tmp_path):
     import yaml
 

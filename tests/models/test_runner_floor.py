@@ -104,6 +104,7 @@ def test_grouped_attention_is_transformers_sdpa_bit_for_bit(tiny_lm):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_runner_matches_plain_forward_on_smollm2(embedded_lm):
     # float32 noise on this 30-layer model: one row of a plain forward moves its log-probs by up to 2.1e-5 nats
     # when 7 pad tokens follow it; the cached runner was measured within 2.8e-5, the uncached one 2.7e-5
@@ -125,6 +126,7 @@ def test_smollm2_scores_as_the_runner_did_before(embedded_lm, batch_size):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_sst2_scores_match_plain_forward_per_item(embedded_lm):
     """The scorer's table (gold log-prob, prediction, δ_TCB at the critical state) against one plain forward of
     each item's full prompt per choice."""

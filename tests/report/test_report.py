@@ -290,6 +290,7 @@ def test_report_is_one_self_contained_file(report):
     assert report.stat().st_size < MAX_BYTES
 
 
+@pytest.mark.long
 def test_report_renders_in_headless_chromium(report, dom, tmp_path):
     figures = report.read_text(encoding="utf-8").count("Plotly.newPlot(")
     assert dom.count('class="plot-container plotly"') == figures  # every figure built its SVG after the scripts ran
@@ -877,6 +878,7 @@ def worse_dir(tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize("kind", ["compare", "search", "worse"])
+@pytest.mark.long
 def test_the_first_screen_says_which_card_to_ship(kind, compare_dir, request, tmp_path):
     """In the rendered DOM of headless Chromium, the first 1,000 px of a compare's report, a search's, and a search
     whose winner is worse than the default prompt: the card, why, the export command, and export's warnings."""
@@ -894,6 +896,7 @@ def test_the_first_screen_says_which_card_to_ship(kind, compare_dir, request, tm
     )
 
 
+@pytest.mark.long
 def test_the_first_screen_check_can_fail(compare_dir, tmp_path):
     """Guard against a vacuous check: the same page with the recommendation pushed below the first screen, or a
     warning export prints left out, fails it."""

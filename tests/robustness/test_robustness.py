@@ -156,6 +156,7 @@ def test_similarity_filter_drops_and_counts(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_evaluate_and_stress_cli(tmp_path):
     from tests.clirun import promptopt as run
 
@@ -173,6 +174,7 @@ def test_evaluate_and_stress_cli(tmp_path):
     assert bad.returncode == 2 and "--ranks" in bad.stderr
 
 
+@pytest.mark.long
 def test_variants_are_identical_across_processes_and_hash_seeds():
     import contextlib
     import io

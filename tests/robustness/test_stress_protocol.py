@@ -85,6 +85,7 @@ def test_triviaqa_stops_do_not_cut_washington_dc(paper):
     assert data.spec.answer.read(data.spec, item, text, prompt)[2]
 
 
+@pytest.mark.long
 def test_protocol_is_the_papers_setting(paper):
     for task in ("gsm8k", "mmlu_gen", "triviaqa"):
         data, prompt, items = _applied(paper, task)
@@ -184,6 +185,7 @@ def _sweep(tmp_path, tiny_dir, out, *extra):
     )
 
 
+@pytest.mark.long
 def test_sweep_writes_figures_and_resumes_without_decoding_again(
     tmp_path, tiny_llama_dir, monkeypatch, models_loaded_fresh
 ):

@@ -160,6 +160,7 @@ def test_stress_on_embedded_model(embedded_lm):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_finished_rows_leave_the_batch_without_changing_any_result(embedded_lm):
     """Rows that finish early are dropped from the batch (KV cache, ids, processors follow): every row's tokens,
     text, finish reason and taboo log are those of the plain loop that keeps computing finished rows."""

@@ -52,6 +52,7 @@ def test_prompt_longer_than_context_is_a_clear_error(tiny_lm):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_sst2_on_embedded_model(embedded_lm):
     task = load_task("sst2")
     result = Scorer(embedded_lm, task).score(task.default_prompt(), task.dev[:40])
@@ -174,6 +175,7 @@ def _lm_eval_predictions(lm, prompt, item) -> tuple[int, int, np.ndarray]:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_acc_norm_is_lm_evals_on_real_sciq_and_arc_rows(embedded_lm, tmp_path):
     """acc_norm once divided by len(" " + choice); lm-eval divides by len(choice). On SciQ validation-215
     the two disagree: " ions" wins per character of the continuation, "cations" (gold) per character of

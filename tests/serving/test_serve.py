@@ -96,6 +96,7 @@ def _same(answer: dict, row) -> None:
     assert answer["flag"] == {"signal": "tcb", "value": answer["tcb"], "threshold": 3.0, "direction": "below"}
 
 
+@pytest.mark.long
 def test_the_server_answers_as_the_scorer_on_50_items_batched_and_in_order(server, items, reference):
     import httpx
 
@@ -218,6 +219,7 @@ def test_with_a_key_a_request_without_it_gets_401(server):
     assert ok.status_code == 200 and ok.json()["answer"] in ("negative", "positive")
 
 
+@pytest.mark.long
 def test_an_adaptive_batch_rule_decides_each_request_on_its_own_batch(card_path, embedded_lm, items):
     """Two requests answered in one pass: 16 inputs (re-estimated bias) and 1 input (the stored bias), each exactly
     as the scorer decides those items alone."""

@@ -365,6 +365,7 @@ def _light_latencies(rate_unit: str, seconds: float = 4.0) -> list[float]:
     return latencies
 
 
+@pytest.mark.long
 def test_a_client_sending_batches_over_10_connections_does_not_starve_another():
     """The finding: counted in requests, one address's batches queued so much work that another client's single
     input waited (61 s on the real model; here about 3 s, a pass of 10 x 32 inputs). Counted in inputs (the

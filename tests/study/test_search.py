@@ -239,6 +239,7 @@ def test_missing_split_in_task_is_reported_before_any_study(tmp_path, config):
     assert _study_rows(tmp_path / "run" / "study.db") == 0
 
 
+@pytest.mark.long
 def test_killed_worker_trial_is_failed_and_rerun(config, tmp_path, tiny_llama_dir):
     out = tmp_path / "killed"
     cmd = [

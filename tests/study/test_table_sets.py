@@ -136,6 +136,7 @@ def model(tiny_llama_dir) -> str:
     return str(tiny_llama_dir)
 
 
+@pytest.mark.long
 def test_a_search_killed_while_writing_a_table_is_refused_then_resume_completes_it(model, tmp_path):
     """kill -9 with the trials table's temporary made and nothing in it: the empty temporary stays, there is no
     tables.json, export and report each refuse in one line; --resume removes the temporary and writes the set."""

@@ -361,6 +361,7 @@ def test_a_data_file_error_names_the_task_file_that_reads_it(tmp_path, data, mis
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_worked_example_scores_with_plain_transformers(embedded_lm):
     """examples/custom_task: the COPA JSONL task; scored by plain transformers code, it gives promptopt's accuracy."""
     from tests.clirun import script
@@ -371,6 +372,7 @@ def test_worked_example_scores_with_plain_transformers(embedded_lm):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_mmlu_gen_prints_an_accuracy_on_real_items(embedded_lm):
     from promptopt.scoring import Scorer
 

@@ -128,6 +128,7 @@ def test_a_generated_answer_type_refuses_contexts_as_choices(tmp_path, monkeypat
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_hellaswag_rows_match_plain_forward_on_smollm2(embedded_lm, monkeypatch):
     """0-shot HellaSwag through lm-eval's own file, packed: each choice's log-likelihood, both predictions and δ_TCB
     at the shared critical state against plain forwards on the embedded model."""

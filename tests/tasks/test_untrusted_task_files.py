@@ -170,6 +170,7 @@ TEMPLATE_CAP_MB = 600  # the whole `promptopt score` process (Python, torch, pan
         ("{% macro f(n) %}{{ f(n) }}{{ f(n) }}{% endmacro %}{{ f(1) }}", ""),
     ],
 )
+@pytest.mark.long
 def test_a_template_fails_in_one_line_within_seconds_and_a_bounded_memory(tmp_path, template, limit):
     path = _task(tmp_path / "task", doc_to_text=template)
     rss_file = tmp_path / "rss"

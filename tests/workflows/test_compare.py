@@ -82,6 +82,7 @@ def test_select_robust_picks_the_more_robust_of_two_candidates():
     assert choose_winner("strategy", ranked, _Result(), evaluator, dev=[])[0]["number"] == 3
 
 
+@pytest.mark.long
 def test_seeds_top_n_and_outputs(tiny_llama_dir, tmp_path):
     config = SearchConfig.build(
         task="sst2",
@@ -121,6 +122,7 @@ def test_seeds_top_n_and_outputs(tiny_llama_dir, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_two_seeds_end_to_end_on_the_embedded_model(embedded_lm, tmp_path):
     config = SearchConfig.build(  # the strategies' own winners (no incumbent): a second prompt must be stressed
         task="sst2",

@@ -398,6 +398,7 @@ def test_export_reads_the_study_that_moved_with_the_run_and_leaves_it_as_it_was(
     assert_one_line_error(run_cli("export", run, "--out", tmp_path / "again.yaml"), str(run), "no study 'sst2-tcb'")
 
 
+@pytest.mark.long
 def test_export_from_a_compare_directory_never_reads_the_test_set(tiny_llama_dir, tmp_path):
     """The pick reads dev numbers only: whatever the test columns say (shuffled across the candidates), the same
     card is chosen, and the card says by which rule. Named trials and robust picks after the fact too."""
@@ -583,6 +584,7 @@ def test_continuations_without_choices_needs_the_items_choices():
 
 # --- the embedded model, end to end -----------------------------------------------------------------------
 @pytest.mark.slow
+@pytest.mark.long
 def test_export_verify_and_plain_transformers_on_the_embedded_model(tmp_path):
     """From a search on SmolLM2: export → verify passes → the example scores the card with plain
     transformers via load_prompt and gets the card's accuracy on the same items."""
@@ -602,6 +604,7 @@ def test_export_verify_and_plain_transformers_on_the_embedded_model(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_example_runs_a_generative_card(tmp_path):
     """A number task (basic_arithmetic, 8 new tokens): greedy transformers decoding + card.parse agrees with
     promptopt's judge on every item."""
@@ -681,6 +684,7 @@ templates:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_an_ensemble_worse_than_the_default_prompt_is_warned_on_the_embedded_model(tmp_path):
     """`export --ensemble 2` of a search whose every prompt swaps SST-2's label words (a real model reads the
     words, so every member and the ensemble are worse than the task's default prompt): the warning on stderr."""

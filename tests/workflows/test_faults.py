@@ -263,6 +263,7 @@ def kill_at(search: list[str], phase: str, nth: int = 1) -> None:
     run.finish()
 
 
+@pytest.mark.long
 def test_kill_9_during_a_trial_the_rescore_and_the_card_then_resume(run_dir, model):
     """One run directory, killed three times at three points, resumed each time; then a clean resume."""
     search = ["search", *LIMITS, "--model", model, "--out", str(run_dir), "--resume", "--trials", "4"]
@@ -289,6 +290,7 @@ def test_kill_9_during_a_trial_the_rescore_and_the_card_then_resume(run_dir, mod
     assert {t.user_attrs["worker"].rsplit(":", 1)[-1] for t in study.trials} == {"0"}
 
 
+@pytest.mark.long
 def test_kill_9_before_the_log_is_folded_then_resume_leaves_a_study_db_that_stands_alone(run_dir, model, tmp_path):
     """Killed after its outputs, before SQLite's write-ahead log is folded into study.db: the newest trial lives
     in study.db-wal only, and together the two files are the study. The resume folds it: study.db alone then
@@ -448,6 +450,7 @@ def test_storage_password_is_never_written(lost_storage):
 
 
 # --- Ctrl-C, then workers that join together ------------------------------------------------------------
+@pytest.mark.long
 def test_ctrl_c_then_two_workers_join_together(run_dir, model):
     """Ctrl-C: one 'interrupted' line, exit 130, the trial FAIL and its parameters queued. Then two
     processes join the study at the same moment: exactly one of them re-runs the queued trial, and they
@@ -602,6 +605,7 @@ def sampled_sequence(study: optuna.Study) -> list[tuple]:
     ]
 
 
+@pytest.mark.long
 def test_kill_9_anywhere_then_resume_gives_the_uninterrupted_run(tmp_path, model):
     """search --trials 8 --seed 5, killed during trial 3 (two trials done), resumed and killed before a
     trial sampled its parameters, resumed and killed before the card, resumed to the end: the same trials,
@@ -634,6 +638,7 @@ def test_kill_9_anywhere_then_resume_gives_the_uninterrupted_run(tmp_path, model
     assert cards[0] == cards[1]
 
 
+@pytest.mark.long
 def test_a_prompt_is_evaluated_once_per_study(tmp_path, model):
     """A space of three prompts (k = 0, one instruction, three templates) and a budget of three: samples
     that decode to an evaluated prompt are skipped, not counted, and reported; the three finished trials are
@@ -843,6 +848,7 @@ def test_out_on_a_read_only_file_system(tmp_path, model):
 
 
 @pytest.mark.parametrize("phase", ["incumbent", "scan"])
+@pytest.mark.long
 def test_kill_9_while_the_incumbent_or_the_scan_is_scored_then_resume(tmp_path, model, phase):
     """Killed after the incumbent was scored but before its trial was stored, or after the scan but before its record
     was: --resume scores what was lost once, keeps one incumbent trial and one scan record, and meets the budget."""

@@ -226,6 +226,7 @@ def test_a_search_whose_log_cannot_be_folded_back_is_one_line_then_resumes(disk,
 # (before: exit 0 over a study.db that alone was malformed), and 2 MB suffices. Elsewhere the steps may fall at other
 # levels; what every level must show holds at any of them.
 @pytest.mark.parametrize("free", [600_000, 900_000, 1_000_000, 1_150_000, None])
+@pytest.mark.long
 def test_a_search_on_a_nearly_full_disk_stands_alone_or_is_one_line(disk, model, whole_search, tmp_path, free):
     """With less room than a search needs at one of its steps, or with all of the 2 MB: success with a study.db
     that stands alone, or one line and exit 2; then, with room, the rerun (--resume where a study was kept) is the
@@ -436,6 +437,7 @@ def assert_scores(run, out: Path, expected: pd.DataFrame) -> None:
     )
 
 
+@pytest.mark.long
 def test_a_full_model_cache_is_one_line_and_the_next_run_with_room_succeeds(
     models_loaded_fresh, disk, tiny_gguf, roomy_scores, tmp_path, monkeypatch
 ):
@@ -453,6 +455,7 @@ def test_a_full_model_cache_is_one_line_and_the_next_run_with_room_succeeds(
     assert temporaries(disk.path) == [] and any((disk.path / "models").glob("tiny-*/config.json"))
 
 
+@pytest.mark.long
 def test_a_cache_that_fills_while_the_model_is_written_is_one_line_and_removes_its_temporary(
     models_loaded_fresh, disk, tiny_gguf, roomy_scores, tmp_path, monkeypatch
 ):
@@ -480,6 +483,7 @@ def test_a_cache_that_fills_while_the_model_is_written_is_one_line_and_removes_i
     assert temporaries(disk.path) == []
 
 
+@pytest.mark.long
 def test_a_read_only_model_cache_is_one_line(models_loaded_fresh, disk, tiny_gguf, tmp_path, monkeypatch):
     monkeypatch.setenv("PROMPTOPT_CACHE", str(disk.path / "cache"))
     disk.read_only()
@@ -493,6 +497,7 @@ def test_a_read_only_model_cache_is_one_line(models_loaded_fresh, disk, tiny_ggu
     assert "Traceback" not in run.stderr and disk.left() == []
 
 
+@pytest.mark.long
 def test_a_model_cache_writer_that_fails_leaves_nothing_by_injection(
     models_loaded_fresh, tiny_gguf, tmp_path, monkeypatch
 ):

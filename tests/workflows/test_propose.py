@@ -138,6 +138,7 @@ def _untimed(proposals) -> dict:
     return {k: v for k, v in proposals.to_json().items() if k != "seconds"}
 
 
+@pytest.mark.long
 def test_grounded_proposals_are_seeded_cached_and_carry_provenance(sst2_session, tmp_path, monkeypatch):
     request = ProposeRequest(n=1, mode="grounded", seed=3, screen_items=0)  # generation, not screening (its own tests)
     first = propose_space(sst2_session, request, space=None, out=tmp_path / "a.yaml", cache_dir=tmp_path / "cache_a")
@@ -170,6 +171,7 @@ def test_grounded_proposals_are_seeded_cached_and_carry_provenance(sst2_session,
     assert (tmp_path / "c.yaml").read_bytes() == (tmp_path / "a.yaml").read_bytes()
 
 
+@pytest.mark.long
 def test_reflect_shows_answers_a_perturbation_changed(sst2_session, tmp_path):
     flips = find_flips(sst2_session, "cheap")
     assert flips, "the default SST-2 prompt changes some answers under the cheap suite"
@@ -212,6 +214,7 @@ def test_cli_mistakes_are_one_line(tmp_path):
     assert result.code == 2 and "use --rounds R" in result.stderr and not (tmp_path / "s").exists()
 
 
+@pytest.mark.long
 def test_search_rounds_warm_start_one_table_and_resume(tiny_llama_dir, tmp_path):
     """Plumbing on a tiny random model: its proposals are noise, most are filtered; the rounds still grow
     the space, start from the previous best and resume to the same tables."""
@@ -289,6 +292,7 @@ def test_search_rounds_warm_start_one_table_and_resume(tiny_llama_dir, tmp_path)
     assert pd.read_parquet(out / "trials.parquet")[same].equals(trials[same])
 
 
+@pytest.mark.long
 def test_compare_searches_one_grown_space_for_every_strategy(tiny_llama_dir, tmp_path):
     out = tmp_path / "cmp"
     args = [
@@ -393,6 +397,7 @@ def test_a_proposed_winner_carries_its_provenance_into_both_cards(tiny_llama_dir
     assert verified.code == 0, verified.stderr
 
 
+@pytest.mark.long
 def test_history_proposals_start_from_the_spaces_own_instructions_scored_on_dev(sst2_session, tmp_path):
     import dataclasses
 

@@ -105,6 +105,7 @@ def assert_same_tables(a: Path, b: Path, drop=WALL) -> None:
         pd.testing.assert_frame_equal(tables(b, drop)[name], frame, check_exact=False, rtol=1e-5, atol=1e-9, obj=name)
 
 
+@pytest.mark.long
 def test_compare_killed_at_every_phase_resumes_to_the_uninterrupted_tables(whole, model, tmp_path):
     """One compare directory killed in turn during a prompt's robustness, before a study, during a study's
     first trial and before a winner's test scoring, each time resumed with --resume: it ends with the tables
@@ -126,6 +127,7 @@ def test_compare_killed_at_every_phase_resumes_to_the_uninterrupted_tables(whole
     assert (runs["trial"] != pd.read_csv(whole / "compare_runs.csv")["trial"]).any()  # the retry shifted a number
 
 
+@pytest.mark.long
 def test_a_compare_whose_study_cannot_fold_its_log_is_one_line_then_resumes_to_the_tables(whole, model, tmp_path):
     """The disk fills as the compare's first study is about to fold its write-ahead log into study.db: one line,
     exit 2, no 'wrote'; with room, --resume ends with the uninterrupted compare's tables and a study.db (all
@@ -171,6 +173,7 @@ def assert_readers_refuse(out: Path, whole: Path, tmp_path: Path) -> None:
     assert not card.exists() and not (tmp_path / "report.html").exists()
 
 
+@pytest.mark.long
 def test_a_compare_stopped_between_its_tables_is_refused_then_resume_completes_the_set(whole, model, tmp_path):
     """The issue's two cases. kill -9 with compare.parquet's temporary made and nothing in it: compare.csv alone, an
     empty compare.parquet.*.tmp and no tables.json. The resume, Ctrl-C'd after it rewrote compare.csv: compare.csv
@@ -210,6 +213,7 @@ def test_a_compare_stopped_between_its_tables_is_refused_then_resume_completes_t
     assert paired.code == 0, paired.stderr
 
 
+@pytest.mark.long
 def test_finished_compare_rerun_reuses_everything_and_scores_nothing(whole, model, tmp_path):
     """--resume on a finished compare: every study and evaluation reused, no result-cache miss, no
     evaluation file rewritten, the same tables. Without --resume: one line, before any scoring."""
@@ -237,6 +241,7 @@ def test_finished_compare_rerun_reuses_everything_and_scores_nothing(whole, mode
     assert (walls[1] >= walls[0]).all() and (walls[0] > 0).all()  # a reused study keeps its search's seconds
 
 
+@pytest.mark.long
 def test_compare_resume_refuses_a_changed_study_before_any_work(whole, model, tmp_path):
     """A resume whose studies would mean something else is refused in one line before the baseline is
     scored or stressed; a study that is missing is created (and the finished ones reused)."""
@@ -309,6 +314,7 @@ def test_a_prompt_too_long_for_the_model_names_the_items_file_line_and_field(mod
     assert length == len(rows[number - 1]["text"]) and item.startswith("validation-")
 
 
+@pytest.mark.long
 def test_a_space_whose_longest_shot_does_not_fit_names_that_pool_item(model, tmp_path):
     """One 1 MB pool item: the search's one line names it (its id, file line and size) beside the short query item
     the scorer measured (issue 53: only the 26-character query was named)."""
@@ -403,6 +409,7 @@ def left_on(disk: Path) -> list[str]:
     return sorted(str(p.relative_to(disk)) for p in disk.rglob("*") if p.name != "filler")
 
 
+@pytest.mark.long
 def test_a_full_disk_is_one_line_and_leaves_nothing_for_every_out(small_disk, model, finished_search):
     """score, search, compare, evaluate, export (card and lm-eval's two files) and report with --out on a full
     file system: exit 2, one `error:` line naming what could not be written, nothing left on the disk
@@ -494,6 +501,7 @@ READ_ONLY = (
 )
 
 
+@pytest.mark.long
 def test_a_read_only_study_db_in_a_writable_folder_is_one_line_and_leaves_no_file(model, finished_search, tmp_path):
     """search --resume on a study.db that may not be written (a read-only bind of the file, or chmod a-w as
     another user) beside files that may: one line, exit 2, and the run directory exactly as it was (SQLite,
@@ -550,6 +558,7 @@ def test_a_study_db_another_user_may_not_write_is_refused_before_sqlite_opens_it
         assert sorted(p.name for p in out.iterdir()) == ["study.db"]
 
 
+@pytest.mark.long
 def test_two_searches_started_at_once_on_one_out(model, tmp_path):
     """Both pass the checks before either has created the study (the fault hook holds each just before it
     creates the storage): one runs, the other gets the 'already exists / pass --resume' line."""

@@ -166,6 +166,7 @@ MOMENTS = [
 
 
 @pytest.mark.parametrize(("phase", "nth"), MOMENTS)
+@pytest.mark.long
 def test_a_search_killed_at_any_moment_resumes_or_starts_cleanly(phase, nth, model, tmp_path):
     """kill -9 at five moments of a new run, then `--resume`: it resumes the study or starts it, never refuses;
     the study ends with its budget met once, nothing RUNNING, and every file of the run directory parses."""
@@ -191,6 +192,7 @@ def test_a_search_killed_at_any_moment_resumes_or_starts_cleanly(phase, nth, mod
 
 
 # --- a killed --n-workers worker -----------------------------------------------------------------------------
+@pytest.mark.long
 def test_a_killed_worker_is_noticed_at_once_and_its_trial_rerun(model, tmp_path):
     """`--n-workers 2` on the run's SQLite study: worker 1 is killed (kill -9) during its first trial. It stays a
     zombie of the run until joined, yet its trial is failed and re-run within seconds (not after the 60 s
