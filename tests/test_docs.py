@@ -536,11 +536,18 @@ def card_folder(tmp_path_factory) -> Path:
     return folder
 
 
+LONG_BLOCKS = ("docs/python-api.md",)  # its blocks search, compare and serve: ~40 s on 2 cores, `make test-all`
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("where", "block"), [pytest.param(w, b, id=w) for w, b in python_blocks() if b.marker == RUNNABLE]
+    ("where", "block"),
+    [
+        pytest.param(w, b, id=w, marks=[pytest.mark.long] if w.startswith(LONG_BLOCKS) else [])
+        for w, b in python_blocks()
+        if b.marker == RUNNABLE
+    ],
 )
-@pytest.mark.long
 def test_runnable_block_runs(where, block, card_folder, monkeypatch):
     monkeypatch.chdir(card_folder)
     with registries_restored():  # docs/recipes.md registers entries in-process: they leave with the block
