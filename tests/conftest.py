@@ -211,6 +211,7 @@ QUICK_SECONDS = {
     "test_dev_size_and_space_keys": 1,
 }
 LONG_SECONDS = {
+    "test_lmeval_check": 300,  # with lm-eval installed (`make bench`): its own runs on real rows; skipped without
     "test_pmi_cards": 222,
     "test_reliability": 165,
     "test_calibrated_cards": 155,
@@ -253,11 +254,12 @@ LONG_SECONDS = {
 
 @pytest.hookimpl(trylast=True)  # after `-m` has deselected: the order is for the tests that run
 def pytest_collection_modifyitems(items):
-    """Longest files first (see QUICK_SECONDS); within a file, the order it was written in."""
-    with_long = any(item.get_closest_marker("long") for item in items)
-
-    def seconds(item) -> float:
-        stem = item.path.stem
-        return QUICK_SECONDS.get(stem, 1) + (LONG_SECONDS.get(stem, 0) if with_long else 0)
-
-    items.sort(key=lambda item: -seconds(item))  # sort is stable
+    """Longest files first (see QUICK_SECONDS); within a file, the order it was written in. A file counts the
+    seconds of the tiers it runs in: `-m long` counts a file's long tests only, `make test` its quick ones."""
+    tiers = {(item.path.stem, item.get_closest_marker("long") is not None) for item in items}
+    seconds = {
+        stem: (QUICK_SECONDS.get(stem, 1) if (stem, False) in tiers else 0)
+        + (LONG_SECONDS.get(stem, 1) if (stem, True) in tiers else 0)
+        for stem, _ in tiers
+    }
+    items.sort(key=lambda item: -seconds[item.path.stem])  # sort is stable

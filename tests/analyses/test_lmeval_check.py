@@ -102,6 +102,7 @@ def test_check_lmeval_without_lm_eval_fails_in_one_line(monkeypatch):
 
 @needs_lm_eval
 @pytest.mark.slow
+@pytest.mark.long
 def test_check_lmeval_prints_its_own_lines_only(tmp_path, tiny_llama_dir):
     """Outside a git checkout, lm-eval's `git describe` printed `fatal: not a git repository`, and its progress bars
     (and datasets') reached the terminal: a real process, so that what programs write to the descriptors shows."""
@@ -171,6 +172,7 @@ def _agree(check, n):
         (f"lmeval:winogrande@{EXAMPLES}/winogrande", None),
     ],
 )
+@pytest.mark.long
 def test_promptopt_and_lm_eval_agree_item_by_item(task, lmeval_task, monkeypatch):
     """The first 6 docs (the documented command runs 100: docs/tasks.md, Checking against lm-eval)."""
     from promptopt.analyses.lmeval_check import check_lmeval
@@ -184,6 +186,7 @@ def test_promptopt_and_lm_eval_agree_item_by_item(task, lmeval_task, monkeypatch
 
 @needs_lm_eval
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_generate_until_task_agrees_with_lm_eval(tmp_path, monkeypatch):
     """3-shot arithmetic as an lm-eval generate_until task (until, max_gen_toks, a regex filter, exact_match): the
     same generations, extracted answers and exact_match on every item."""

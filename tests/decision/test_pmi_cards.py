@@ -160,6 +160,7 @@ needs_lm_eval = pytest.mark.skipif(
 
 
 @needs_lm_eval
+@pytest.mark.long
 def test_pmi_is_lm_evals_acc_mutual_info_where_the_forms_coincide(embedded_lm, tmp_path):
     """HellaSwag's 100 shipped validation rows, 0-shot, lm-eval's prompt: the content-free prompt renders as the empty
     text, so pmi's reference is log P(" ending" | BOS), lm-eval's unconditional request. Every decision agrees."""

@@ -595,6 +595,7 @@ def test_a_schema_set_up_by_another_process_at_the_same_moment_is_retried(monkey
     assert make_storage(config) is not None and len(calls) == 2
 
 
+@pytest.mark.long
 def test_pair_reproduces_the_compares_own_paired_numbers(whole, tmp_path):
     """`promptopt pair` rebuilds the winners from what a compare wrote. Pairing the compare with a copy whose ppl and
     tcb labels are swapped must give, for ppl, exactly the compare's own ppl − tcb row (same bootstrap seed), and
