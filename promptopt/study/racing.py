@@ -2,21 +2,19 @@
 is behind, so a contender sees all of dev and a hopeless candidate a first slice (F-race / irace, as an Optuna
 pruner).
 
-A trial reports one value per dev item (study/trial.py), one minibatch at a time (`look_ends`). `RacingPruner`
-compares it, on the items it has seen, with two references:
+A trial reports one value per dev item (study/trial.py). At the end of each slice (`slice_ends`: the first
+minibatch, then doubling) `RacingPruner` compares it, on the items it has seen, with two references:
 
-1. **The leader** (F-race's rule), at the end of each doubling slice only (`slice_ends`: the first minibatch, then
-   doubling), so the uncorrected looks grow with log(dev items), not with the minibatches: the best finished trial,
-   the incumbent included. Binary values (correct or not) by the exact one-sided sign test on the discordant items
-   (McNemar's exact test, one tail), continuous values by the one-sided Wilcoxon signed-rank test; the trial is
-   dropped when p < `alpha` (0.1, Optuna's WilcoxonPruner's default threshold). Like irace's tests, each look is
-   uncorrected: a wrongly dropped candidate only costs what it might have found, never the incumbent's guarantee.
-2. **The incumbent, for futility** (binary values only), after every minibatch. A candidate is shipped only if it
-   beats the incumbent on every dev item by the replacement test (study/incumbent.py). Even if every item still to
-   come went its way (right where the incumbent is wrong, and right where it is right), it needs the exact McNemar
-   p < `alpha_final` with more items right only with it than only with the incumbent; when even that best case
-   fails, no outcome of the remaining items can make it ship, and it is dropped. This rule never drops a candidate
-   that could have shipped, so looking after every minibatch costs no error, only saves items.
+1. **The leader** (F-race's rule): the best finished trial, the incumbent included. Binary values (correct or not)
+   by the exact one-sided sign test on the discordant items (McNemar's exact test, one tail), continuous values by
+   the one-sided Wilcoxon signed-rank test; the trial is dropped when p < `alpha` (0.1, Optuna's WilcoxonPruner's
+   default threshold). Like irace's tests, each look is uncorrected: a wrongly dropped candidate only costs what it
+   might have found, never the incumbent's guarantee.
+2. **The incumbent, for futility** (binary values only): a candidate is shipped only if it beats the incumbent on
+   every dev item by the replacement test (study/incumbent.py). Even if every item still to come went its way
+   (right where the incumbent is wrong, and right where it is right), it needs the exact McNemar p < `alpha_final`
+   with more items right only with it than only with the incumbent; when even that best case fails, no outcome of the
+   remaining items can make it ship, and it is dropped. This rule never drops a candidate that could have shipped.
 
 A multi-fidelity strategy (`robust`) reports clean correctness, an upper bound of its value: only the leader rule
 applies to it (its replacement is decided on robust correctness, which the clean values do not bound from below).
@@ -31,19 +29,12 @@ ALPHA_FINAL = 0.05
 
 
 def slice_ends(n_items: int, first: int) -> list[int]:
-    """Where the slices of `n_items` dev items end: `first`, then doubling, then every item (the leader's looks, and
-    the scan's slice)."""
+    """Where the slices of `n_items` dev items end: `first`, then doubling, then every item."""
     ends, end = [], max(1, first)
     while end < n_items:
         ends.append(end)
         end *= 2
     return ends + [n_items]
-
-
-def look_ends(n_items: int, every: int) -> list[int]:
-    """Where a trial reports and the pruner looks: after every `every` items, then every item (futility's looks;
-    `slice_ends` are among them)."""
-    return [*range(max(1, every), n_items, max(1, every)), n_items]
 
 
 @dataclass(frozen=True)
@@ -138,9 +129,8 @@ def _make_pruner():
     from optuna.pruners import BasePruner
 
     class RacingPruner(BasePruner):
-        """Optuna's face of `race`: looks after each minibatch of `n_items` dev items (`look_ends`), the leader rule
-        at the doubling slices' ends only (`slice_ends`); the reason of the last drop of each trial is kept in
-        `reasons` (trial number -> line) for the run's record."""
+        """Optuna's face of `race`: decides at the end of each slice of `n_items` dev items (`slice_ends`); the
+        reason of the last drop of each trial is kept in `reasons` (trial number -> line) for the run's record."""
 
         def __init__(
             self,
@@ -151,7 +141,7 @@ def _make_pruner():
             alpha: float = ALPHA_RACE,
             alpha_final: float = ALPHA_FINAL,
         ) -> None:
-            self.looks, self.leader_looks = set(look_ends(n_items, first)), set(slice_ends(n_items, first))
+            self.ends = set(slice_ends(n_items, first))
             self.n_items, self.futility = n_items, futility
             self.alpha, self.alpha_final = alpha, alpha_final
             self.reasons: dict[int, str] = {}
@@ -162,7 +152,7 @@ def _make_pruner():
             from promptopt.study.incumbent import is_incumbent
 
             mine = _values(trial)
-            if len(mine) not in self.looks or len(mine) >= self.n_items:
+            if len(mine) not in self.ends or len(mine) >= self.n_items:
                 return False
             finished = [
                 t
@@ -173,9 +163,7 @@ def _make_pruner():
             incumbent = next((t for t in finished if is_incumbent(t)), None)
             verdict = race(
                 mine,
-                leader=None
-                if leader is None or len(mine) not in self.leader_looks
-                else (_name(leader), _values(leader)),
+                leader=None if leader is None else (_name(leader), _values(leader)),
                 incumbent=None if incumbent is None else (_name(incumbent), _values(incumbent)),
                 futility=self.futility and incumbent is not None and len(_values(incumbent)) == self.n_items,
                 alpha=self.alpha,
@@ -204,7 +192,6 @@ __all__ = [
     "ALPHA_RACE",
     "Verdict",
     "race",
-    "look_ends",
     "racing_pruner",
     "slice_ends",
     "versus_incumbent",

@@ -220,11 +220,10 @@ def make_objective(ctx: SearchContext, cached: CachingScorer, worker: str):
 
 
 def slices(n_items: int, first: int) -> list[tuple[int, int]]:
-    """(start, end) of the dev minibatches a trial is scored on, the racing pruner looking after each
-    (study/racing.py `look_ends`)."""
-    from promptopt.study.racing import look_ends
+    """(start, end) of the growing dev slices a trial is scored on (study/racing.py `slice_ends`)."""
+    from promptopt.study.racing import slice_ends
 
-    ends = look_ends(n_items, first)
+    ends = slice_ends(n_items, first)
     return list(zip([0, *ends[:-1]], ends))
 
 

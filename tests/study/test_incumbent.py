@@ -9,7 +9,7 @@ import pytest
 
 from promptopt.study.incumbent import INCUMBENT_PARAM, replacement
 from promptopt.study.outputs import _entries, _ship
-from promptopt.study.racing import look_ends, race, racing_pruner, slice_ends, versus_incumbent, versus_leader
+from promptopt.study.racing import race, racing_pruner, slice_ends, versus_incumbent, versus_leader
 from promptopt.study.strategies import get_strategy
 
 N = 40
@@ -59,15 +59,6 @@ def test_slices_grow_from_the_first_minibatch():
     assert slice_ends(16, 16) == [16]
 
 
-def test_a_trial_is_scored_and_looked_at_minibatch_by_minibatch():
-    from promptopt.study.trial import slices
-
-    assert look_ends(100, 16) == [16, 32, 48, 64, 80, 96, 100]
-    assert look_ends(16, 16) == [16] and look_ends(5, 16) == [5]
-    assert set(slice_ends(100, 16)) <= set(look_ends(100, 16))  # the leader's looks are among them
-    assert slices(40, 16) == [(0, 16), (16, 32), (32, 40)]
-
-
 def test_versus_leader_by_hand():
     leader = [1.0] * 16
     # 0 items ahead, 8 behind: P(X <= 0 | 8, 1/2) = 1/256 < 0.1: dropped
@@ -115,18 +106,18 @@ def _study_with_incumbent(values: list[float]):
 
 
 def _race_candidates(study, outcomes: list[list[float]]) -> list[int | None]:
-    """Run each candidate's known per-item values through the study as a trial, minibatch by minibatch of 16 as a
-    search scores it (study/trial.py `slices`); the number of items each was pruned after (None: it completed)."""
-    from promptopt.study.trial import slices
-
+    """Run each candidate's known per-item values through the study as a trial on slices 16, 32, 40; the number of
+    items each was pruned after (None: it completed)."""
     pruned_after = []
     for values in outcomes:
 
         def objective(trial, values=values):
             trial.suggest_int("x", 0, 10**6)
-            for start, end in slices(len(values), 16):
+            start = 0
+            for end in slice_ends(len(values), 16):
                 for i in range(start, end):
                     trial.report(values[i], step=i)
+                start = end
                 if end < len(values) and trial.should_prune():
                     trial.set_user_attr("dev_items", end)
                     raise optuna.TrialPruned()
@@ -162,23 +153,6 @@ def test_racing_and_the_incumbent_on_known_outcomes():
     shipped, why, detail, kept = _ship(_STRATEGY, None, 0, study, searched, incumbent_entry)
     assert not kept and shipped["number"] == 3, why  # 20 vs 4 discordant: p = 0.0015, interval above 0
     assert detail["incumbent"]["replaced"] is True
-
-
-def test_futility_looks_after_every_minibatch_the_leader_only_at_the_doubling_slices():
-    """60 dev items: looks after 16, 32 and 48 items; the leader's at 16 and 32 only (the slices double to 64)."""
-    incumbent = [1.0, 0.0] * 30  # right on the even items: 0.5, 30 items wrong
-    study = _study_with_incumbent(incumbent)
-    # the incumbent's answers, but wrong on items 32, 34, 36 and 38, where the incumbent is right. After 32 items: a
-    # tie (leader p = 1), and the best case adds the 14 remaining incumbent-wrong items, 14 vs 0: it may still win.
-    # After 48: 0 ahead, 4 behind. The leader's sign test would give p = 2^-4 = 0.0625 < 0.1, but 48 is not the
-    # leader's look; futility's best case adds the 6 remaining incumbent-wrong items (49, 51, ..., 59): 6 vs 4,
-    # exact McNemar p = 0.75: dropped at 48, which looks at the doubling ends only (16, 32, 60) would have let finish
-    slower = list(incumbent)
-    for i in (32, 34, 36, 38):
-        slower[i] = 0.0
-    assert _race_candidates(study, [slower]) == [48]
-    reason = study.pruner.reasons[1]
-    assert "cannot beat the incumbent" in reason and "all 12 remaining" in reason and "6 to 4" in reason, reason
 
 
 def test_the_incumbent_is_kept_when_every_candidate_is_pruned_or_ties():
