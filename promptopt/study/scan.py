@@ -176,6 +176,11 @@ def analyse(matrix, incumbent, *, dev_items: int, seed: int = 0, n_boot: int = 1
             f"noise, even at the top of the space's interval (gain {headroom:+.3f}, at most {optimistic:+.3f}; "
             f"{spread})"
         )
+        if discordance == 0:  # e.g. one label for everything: the slice tells nothing apart, it shows no ceiling
+            why += (
+                f"; but every sampled prompt answered the {n} items as the incumbent did, so the slice cannot tell "
+                "them apart: a search may still find better on the rest of dev"
+            )
     elif headroom > 0:
         verdict = "add dev items"
         needed = dev_items_for(headroom, discordance)

@@ -113,3 +113,6 @@ def test_a_sample_that_answers_as_the_incumbent_does_is_no_reason_to_search():
     incumbent = _nested([20], 40)[0]
     result = analyse([incumbent] * 4, incumbent, dev_items=40)
     assert result.headroom == 0 and result.mde == 0 and result.verdict == "keep the incumbent"
+    assert "every sampled prompt answered the 40 items as the incumbent did" in result.why
+    different = analyse([[not v for v in incumbent]] * 2 + [incumbent] * 2, incumbent, dev_items=40)
+    assert "cannot tell them apart" not in different.why  # only where no item differs
